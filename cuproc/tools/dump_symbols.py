@@ -1,0 +1,154 @@
+"""``cuproc-dump-symbols``: what the registry selects, and what the installed driver resolves.
+
+Without a driver every status is ``not_checked``; the table is still the
+registry's full answer for the requested version and flag.  With a driver
+the status column is the driver's own answer (see ``cuproc.driver``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from ..registry import Registry, Selection, default_registry
+from ..version import CudaVersion
+
+if TYPE_CHECKING:
+    from ..driver import Driver
+
+NOT_CHECKED = "not_checked"
+
+
+def _version_arg(text: str) -> CudaVersion:
+    try:
+        return CudaVersion.parse(text)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cuproc-dump-symbols",
+        description="Show, per CUDA driver symbol, the ABI variant cuproc selects and what the driver resolves.")
+    p.add_argument("patterns", nargs="*", metavar="PATTERN",
+                   help="glob filters on the C name, e.g. 'cuMemcpy*' (default: every symbol)")
+    p.add_argument("--cuda-version", "-V", type=_version_arg, metavar="VERSION",
+                   help="requested CUDA version, e.g. 12.4 or 12040 "
+                        "(default: the driver's, capped at the registry's newest; the registry's newest without one)")
+    p.add_argument("--per-thread-default-stream", "--ptds", action="store_true",
+                   help="select the per-thread default stream entries (_ptds/_ptsz)")
+    p.add_argument("--diff", nargs=2, type=_version_arg, metavar=("A", "B"),
+                   help="list the symbols added, removed or re-versioned between versions A and B")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    driver = p.add_mutually_exclusive_group()
+    driver.add_argument("--no-driver", action="store_true", help="do not open the driver (status: not_checked)")
+    driver.add_argument("--library", metavar="PATH", help="driver library to open (default: CUPROC_LIBCUDA, then libcuda.so.1)")
+    p.add_argument("--newer-only", action="store_true",
+                   help="only the symbols that do not exist at the requested version (newer-driver features)")
+    return p
+
+
+def _open_driver(args: argparse.Namespace) -> tuple[Driver | None, str]:
+    """Open the driver for status checks; (None, why) when there is none."""
+    if args.no_driver:
+        return None, "not opened (--no-driver)"
+    try:
+        from ..driver import Driver
+    except ImportError:  # the resolution layer is not part of this build
+        return None, "not opened (no resolution layer)"
+    try:
+        drv = Driver(args.cuda_version, per_thread_default_stream=args.per_thread_default_stream,
+                     library=args.library)
+        drv.open()
+    except Exception as exc:  # noqa: BLE001 - any failure to open means "no driver" here
+        return None, f"not available ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+    return drv, drv.describe()
+
+
+def symbol_record(sel: Selection, driver: Driver | None) -> dict[str, Any]:
+    """One JSON object per symbol; the keys are a documented interface."""
+    record: dict[str, Any] = {
+        "name": sel.symbol.name,
+        "introduced": int(sel.symbol.introduced),
+        "typedef": sel.typedef,
+        "entry_point": sel.entry_point,
+        "newer_driver_feature": sel.newer_driver_feature,
+        "status": NOT_CHECKED,
+        "query_version": int(sel.query_version) if sel.query_version else None,
+        "per_thread_suffix": sel.symbol.per_thread_suffix,
+        "variants": [{"version": int(v.version), "entry": v.entry, "typedef": v.typedef,
+                      "toolkits": list(v.toolkits)} for v in sel.symbol.variants],
+    }
+    if driver is not None:
+        info = driver.resolution(sel.symbol.name)
+        record["status"] = info.status
+        record["typedef"] = info.typedef if info.typedef else record["typedef"]
+        record["resolved_entry_point"] = info.entry_point
+        record["resolved_at"] = int(info.query_version) if info.query_version else None
+    return record
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*r) for r in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _print_diff(registry: Registry, args: argparse.Namespace) -> int:
+    a, b = args.diff
+    changes = registry.diff(a, b, per_thread=args.per_thread_default_stream, patterns=args.patterns)
+    if args.json:
+        print(json.dumps([{"name": c.name, "kind": c.kind,
+                           "before": {"entry_point": c.before.entry_point, "typedef": c.before.typedef},
+                           "after": {"entry_point": c.after.entry_point, "typedef": c.after.typedef}}
+                          for c in changes], indent=1))
+        return 0
+    print(f"# {len(changes)} symbols differ between CUDA {a} and {b}"
+          f"{' (per-thread default stream)' if args.per_thread_default_stream else ''}")
+    rows = [[c.kind, c.name, c.before.entry_point or "-", c.after.entry_point or "-"] for c in changes]
+    if rows:
+        print(_table(rows, ["change", "symbol", f"entry at {a}", f"entry at {b}"]))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    registry = default_registry()
+    if args.patterns and not registry.filter(args.patterns):
+        parser.exit(1, f"cuproc-dump-symbols: no symbol matches {' '.join(args.patterns)!r}\n")
+    if args.diff:
+        return _print_diff(registry, args)
+
+    driver, driver_line = _open_driver(args)
+    requested = driver.version if driver is not None else (args.cuda_version or registry.newest_version)
+    selections = [registry.select(s.name, requested, per_thread=args.per_thread_default_stream)
+                  for s in registry.filter(args.patterns)]
+    if args.newer_only:
+        selections = [s for s in selections if s.newer_driver_feature]
+    records = [symbol_record(sel, driver) for sel in selections]
+
+    if args.json:
+        print(json.dumps(records, indent=1))
+        return 0
+    print(f"# cuproc registry: {len(registry)} symbols, headers of CUDA {registry_toolkits()}")
+    print(f"# requested CUDA {requested}; per-thread default stream: "
+          f"{'on' if args.per_thread_default_stream else 'off'}")
+    print(f"# driver: {driver_line}")
+    rows = [[r["name"], str(CudaVersion.from_int(r["introduced"])), r["entry_point"] or "-",
+             r["typedef"] or "-", r["status"] + (" (newer-driver feature)" if r["newer_driver_feature"] else "")]
+            for r in records]
+    print(_table(rows, ["symbol", "since", "entry point", "typedef", "status"]))
+    return 0
+
+
+def registry_toolkits() -> str:
+    from .._header_data import TOOLKITS
+    return ", ".join(TOOLKITS)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

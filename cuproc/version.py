@@ -1,0 +1,116 @@
+"""The one CUDA version type.
+
+The driver speaks integers (``cuDriverGetVersion``, the ``cudaVersion``
+argument of ``cuGetProcAddress``): ``major * 1000 + minor * 10``, so 12.4 is
+12040 and 11.1 is 11010 (writing 11100 for 11.1 is the classic bug).  People
+speak strings ("12.4").  Everything in cuproc converts at the edge with
+:meth:`CudaVersion.parse` and compares ``CudaVersion`` objects inside.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Union
+
+    #: Anything :meth:`CudaVersion.parse` accepts.
+    VersionLike = Union["CudaVersion", str, int, tuple[int, ...]]
+
+_DRIVER_INT_MIN = 1000  # ints below this are not driver-encoded versions (CUDA 1.0 is 1000)
+
+
+class CudaVersion:
+    """A CUDA version, ``major.minor``; the patch level never changes an ABI and is dropped.
+
+    Immutable, hashable and ordered; ``int(v)`` is the driver's encoding.
+    """
+
+    __slots__ = ("major", "minor", "_key")
+
+    def __init__(self, major: int, minor: int = 0) -> None:
+        if isinstance(major, bool) or isinstance(minor, bool) or \
+                not (isinstance(major, int) and isinstance(minor, int)):
+            raise TypeError(f"CudaVersion needs ints, got {major!r}.{minor!r}")
+        if major < 1 or not 0 <= minor <= 99:
+            raise ValueError(f"not a CUDA version: {major}.{minor}")
+        object.__setattr__(self, "major", major)
+        object.__setattr__(self, "minor", minor)
+        object.__setattr__(self, "_key", major * 1000 + minor * 10)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("CudaVersion is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CudaVersion) and self._key == other._key
+
+    def __lt__(self, other: CudaVersion) -> bool:
+        return self._key < other._key
+
+    def __le__(self, other: CudaVersion) -> bool:
+        return self._key <= other._key
+
+    def __gt__(self, other: CudaVersion) -> bool:
+        return self._key > other._key
+
+    def __ge__(self, other: CudaVersion) -> bool:
+        return self._key >= other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __reduce__(self) -> tuple:
+        return (CudaVersion, (self.major, self.minor))
+
+    @classmethod
+    def from_int(cls, value: int) -> CudaVersion:
+        """Decode the driver's integer: 12040 -> 12.4, 11010 -> 11.1."""
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"a driver version integer is an int, got {value!r}")
+        if value < _DRIVER_INT_MIN or value % 10:
+            raise ValueError(
+                f"{value} is not a driver-encoded CUDA version (major*1000 + minor*10, e.g. 12040 for 12.4)")
+        return cls(value // 1000, (value % 1000) // 10)
+
+    @classmethod
+    def parse(cls, value: VersionLike) -> CudaVersion:
+        """Accept ``"12.4"``, ``"12.4.1"``, ``"12040"``, ``12040``, ``(12, 4)``, a
+        :class:`packaging.version.Version`, or a ``CudaVersion``."""
+        if isinstance(value, CudaVersion):
+            return value
+        if isinstance(value, bool):
+            raise TypeError(f"not a CUDA version: {value!r}")
+        if isinstance(value, int):
+            if value < _DRIVER_INT_MIN:
+                raise ValueError(
+                    f"ambiguous CUDA version {value}: write \"{value}.0\" or the driver's integer {value * 1000}")
+            return cls.from_int(value)
+        if isinstance(value, (tuple, list)):
+            if not 1 <= len(value) <= 3 or not all(isinstance(p, int) and not isinstance(p, bool) for p in value):
+                raise ValueError(f"not a CUDA version: {value!r} (expected (major, minor[, patch]))")
+            return cls(value[0], value[1] if len(value) > 1 else 0)
+        if isinstance(value, str):
+            text = value.strip()
+            if text.isdigit() and int(text) >= _DRIVER_INT_MIN:  # "12040"; "13" means 13.0
+                return cls.from_int(int(text))
+            from packaging.version import InvalidVersion, Version  # deferred: keeps import cheap
+            try:
+                release = Version(text).release
+            except InvalidVersion:
+                raise ValueError(f"not a CUDA version: {value!r} (expected e.g. \"12.4\" or 12040)") from None
+            return cls.parse(tuple(release[:2]))
+        release = getattr(value, "release", None)  # packaging.version.Version
+        if isinstance(release, tuple):
+            return cls.parse(tuple(release[:2]))
+        raise TypeError(f"not a CUDA version: {value!r}")
+
+    def __int__(self) -> int:
+        return self._key
+
+    def __index__(self) -> int:
+        return int(self)
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}"
+
+    def __repr__(self) -> str:
+        return f"CudaVersion({self.major}, {self.minor})"

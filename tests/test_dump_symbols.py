@@ -1,0 +1,89 @@
+"""The CLI, in-process (fast) and once as the installed console script."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cuproc.tools.dump_symbols import main
+
+ROOT = Path(__file__).resolve().parent.parent
+KEYS = {"name", "introduced", "typedef", "entry_point", "newer_driver_feature", "status"}
+
+
+def run(capsys, *args):
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_json_keys_and_values(capsys):
+    code, out, _ = run(capsys, "--no-driver", "--json", "-V", "12.4", "--ptds", "cuMemcpyHtoD", "cuLibraryLoadData",
+                       "cuGraphGetId")
+    assert code == 0
+    records = {r["name"]: r for r in json.loads(out)}
+    assert set(records) == {"cuMemcpyHtoD", "cuLibraryLoadData", "cuGraphGetId"}
+    for r in records.values():
+        assert KEYS <= set(r)
+        assert r["status"] == "not_checked"
+        assert isinstance(r["introduced"], int)
+    assert records["cuMemcpyHtoD"]["entry_point"] == "cuMemcpyHtoD_v2_ptds"
+    assert records["cuMemcpyHtoD"]["introduced"] == 2000
+    assert records["cuLibraryLoadData"]["entry_point"] == "cuLibraryLoadData"
+    assert records["cuGraphGetId"]["entry_point"] is None
+    assert records["cuGraphGetId"]["newer_driver_feature"] is True
+    assert records["cuGraphGetId"]["typedef"] is None
+
+
+def test_table_default_lists_every_symbol(capsys):
+    code, out, _ = run(capsys, "--no-driver")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("# cuproc registry: 485 symbols")
+    body = [line for line in lines if not line.startswith("#")][2:]
+    assert len(body) == 485
+    assert any(line.split()[:3] == ["cuCtxCreate", "2.0", "cuCtxCreate_v4"] for line in body)
+
+
+def test_filters_are_globs(capsys):
+    code, out, _ = run(capsys, "--no-driver", "--json", "cuCtx[CD]*")
+    names = [r["name"] for r in json.loads(out)]
+    assert names and all(n.startswith(("cuCtxC", "cuCtxD")) for n in names)
+    assert "cuCtxCreate" in names and "cuCtxDestroy" in names
+
+
+def test_diff(capsys):
+    code, out, _ = run(capsys, "--diff", "12.4", "12.5", "--json")
+    changes = {c["name"]: c for c in json.loads(out)}
+    assert changes["cuCtxCreate"]["kind"] == "changed"
+    assert changes["cuCtxCreate"]["after"]["entry_point"] == "cuCtxCreate_v4"
+    code, out, _ = run(capsys, "--diff", "11.8", "12.0")
+    assert code == 0 and "cuLibraryLoadData" in out and "added" in out
+
+
+@pytest.mark.parametrize("args", [["-V", "twelve"], ["--diff", "12.0"], ["--bogus"], ["-V", "12045"]])
+def test_bad_arguments_exit_nonzero_with_message(capsys, args):
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code != 0
+    assert "error" in capsys.readouterr().err
+
+
+def test_unmatched_filter_is_an_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--no-driver", "cuNoSuchThing*"])
+    assert exc.value.code == 1
+    assert "no symbol matches" in capsys.readouterr().err
+
+
+def test_console_script_and_tools_wrapper():
+    script = shutil.which("cuproc-dump-symbols")
+    commands = [[sys.executable, str(ROOT / "tools" / "dump_symbols")]]
+    if script:
+        commands.append([script])
+    for cmd in commands:
+        proc = subprocess.run([*cmd, "--json", "--no-driver", "cuInit"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)[0]["entry_point"] == "cuInit"

@@ -1,0 +1,85 @@
+"""headers/ and the generated ffi: parseable, complete, in sync, deterministic."""
+import filecmp
+import importlib.util
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCAL_TOOLKIT = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
+sys.path.insert(0, str(ROOT / "tools"))
+import build_ffi  # noqa: E402
+import gen_headers  # noqa: E402
+
+
+def test_every_declaration_parses_with_cffi():
+    import cffi
+    ffi = cffi.FFI()
+    ffi.cdef(build_ffi.cdef_source(ROOT / "headers"))
+    typedefs = set(ffi.list_types()[0])
+    pfn = re.findall(r"\(\*(PFN_\w+)\)", (ROOT / "headers" / "cuda_pfn.h").read_text())
+    assert len(pfn) == len(set(pfn)) >= 685
+    assert set(pfn) <= typedefs
+    from cuproc._cffi_abi import ffi as abi_ffi  # typeof() on the in-line ffi re-parses: slow
+    for name in pfn:
+        assert abi_ffi.typeof(name).kind == "function"  # cffi: a function pointer type
+
+
+def test_headers_are_trimmed():
+    for name in ("cuda_types.h", "cuda_pfn.h"):
+        text = (ROOT / "headers" / name).read_text()
+        assert "/*" not in text and "//" not in text
+        assert not re.search(r"^#(?!define \w+ -?\d+$)", text, re.M), "only integer #defines survive"
+        assert "CUDAAPI" not in text and "__attribute__" not in text and "sizeof" not in text
+
+
+def test_generated_modules_match_headers(tmp_path):
+    build_ffi.build_abi_module(ROOT / "headers", tmp_path)
+    build_ffi.build_header_data(ROOT / "headers", tmp_path)
+    for name in ("_cffi_abi.py", "_header_data.py"):
+        assert filecmp.cmp(tmp_path / name, ROOT / "cuproc" / name, shallow=False), \
+            f"cuproc/{name} is stale: run tools/build_ffi.py"
+
+
+def test_ffi_has_types_enums_and_constants():
+    from cuproc._cffi_abi import ffi
+    from cuproc._header_data import DEFINES, POINTER_CONSTANTS
+    assert ffi.sizeof("CUdeviceptr") == 8
+    assert ffi.typeof("CUresult").relements["CUDA_ERROR_NOT_FOUND"] == 500
+    assert ffi.typeof("CUdriverProcAddress_flags").relements["CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM"] == 2
+    assert ffi.sizeof("CUlaunchAttributeValue") == 64
+    assert ffi.sizeof("CUuuid") == 16
+    # older-ABI structs exist for the old typedefs
+    assert ffi.sizeof("CUDA_MEMCPY2D_v1") < ffi.sizeof("CUDA_MEMCPY2D_v2")
+    assert DEFINES["CU_LAUNCH_PARAM_END"] == 0 and DEFINES["CU_LAUNCH_PARAM_BUFFER_POINTER"] == 1
+    assert DEFINES["CU_LAUNCH_PARAM_BUFFER_SIZE"] == 2 and DEFINES["CU_IPC_HANDLE_SIZE"] == 64
+    assert POINTER_CONSTANTS["CU_STREAM_PER_THREAD"] == "CUstream"
+    assert DEFINES["CU_DEVICE_CPU"] == -1
+
+
+def test_typedef_signatures_match_the_abi():
+    from cuproc._cffi_abi import ffi
+    old, new = ffi.typeof("PFN_cuMemAlloc_v2000"), ffi.typeof("PFN_cuMemAlloc_v3020")
+    assert ffi.sizeof(old.args[0].item) == 4 and ffi.sizeof(new.args[0].item) == 8
+    assert len(ffi.typeof("PFN_cuGetProcAddress_v12000").args) == 5
+    assert len(ffi.typeof("PFN_cuGetProcAddress_v11030").args) == 4
+
+
+@pytest.mark.skipif(not (LOCAL_TOOLKIT / "cudaTypedefs.h").exists() or shutil.which("cc") is None,
+                    reason="needs a local CUDA toolkit's include directory and a C preprocessor")
+def test_generator_is_deterministic_on_the_local_toolkit(tmp_path):
+    outs = []
+    for run in ("a", "b"):
+        out = tmp_path / run
+        assert gen_headers.main(["--toolkit", f"13.0={LOCAL_TOOLKIT}", "--out", str(out)]) == 0
+        outs.append(out)
+    for name in ("cuda_types.h", "cuda_pfn.h", "provenance.json"):
+        assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
+    # the local toolkit's typedefs are all in the merged headers/
+    local = set(re.findall(r"\(\*(PFN_\w+)\)", (outs[0] / "cuda_pfn.h").read_text()))
+    merged = set(re.findall(r"\(\*(PFN_\w+)\)", (ROOT / "headers" / "cuda_pfn.h").read_text()))
+    assert local and local <= merged

@@ -1,0 +1,134 @@
+"""The registry against the rules measured on a real driver, restated here independently."""
+import re
+from collections import defaultdict
+
+import pytest
+
+from cuproc.registry import PER_THREAD_MIN_VERSION, Registry, default_registry
+from cuproc.version import CudaVersion
+
+VERSIONS = ["2.0", "3.2", "4.0", "6.5", "7.0", "9.2", "10.0", "10.1", "11.3", "11.4", "11.8", "12.0",
+            "12.3", "12.4", "12.5", "12.8", "12.9", "13.0", "13.1", "13.5"]
+
+
+def expected_entry(typedefs, name, requested, per_thread):
+    """The rule, straight from the measured facts: k-th distinct base version -> name / name_v<k>;
+    per-thread adds the suffix from max(introduced, 7.0) on."""
+    base, suffix = [], None
+    for t in typedefs:
+        m = re.match(rf"^PFN_{name}_v(\d+)(_ptds|_ptsz)?$", t)
+        if not m:
+            continue
+        if m.group(2):
+            suffix = m.group(2)
+        else:
+            base.append(int(m.group(1)))
+    base = sorted(set(base))
+    r = int(CudaVersion.parse(requested))
+    below = [v for v in base if v <= r]
+    if not below:
+        return None
+    k = base.index(below[-1]) + 1
+    entry = name if k == 1 else f"{name}_v{k}"
+    if per_thread and suffix:
+        if r < max(base[0], 7000):
+            return None
+        entry += suffix
+    return entry
+
+
+@pytest.fixture(scope="module")
+def by_symbol(pfn_typedef_names):
+    grouped = defaultdict(list)
+    for t in pfn_typedef_names:
+        grouped[re.match(r"^PFN_(\w+?)_v\d+", t).group(1)].append(t)
+    return grouped
+
+
+def test_symbol_count(by_symbol):
+    assert len(default_registry()) == len(by_symbol) == 485
+
+
+@pytest.mark.parametrize("per_thread", [False, True])
+@pytest.mark.parametrize("requested", VERSIONS)
+def test_every_symbol_selects_by_the_rule(by_symbol, requested, per_thread):
+    reg = default_registry()
+    for name, typedefs in by_symbol.items():
+        sel = reg.select(name, requested, per_thread=per_thread)
+        assert sel.entry_point == expected_entry(typedefs, name, requested, per_thread), (name, requested)
+        if sel.entry_point is not None:
+            assert sel.typedef in typedefs
+            assert sel.query_version <= max(CudaVersion.parse(requested), PER_THREAD_MIN_VERSION)
+            assert sel.variant.version <= CudaVersion.parse(requested)
+
+
+@pytest.mark.parametrize("name,requested,per_thread,entry", [
+    ("cuCtxCreate", "2.0", False, "cuCtxCreate"),
+    ("cuCtxCreate", "3.2", False, "cuCtxCreate_v2"),
+    ("cuCtxCreate", "11.4", False, "cuCtxCreate_v3"),
+    ("cuCtxCreate", "12.5", False, "cuCtxCreate_v4"),
+    ("cuStreamGetCaptureInfo", "10.1", False, "cuStreamGetCaptureInfo"),
+    ("cuStreamGetCaptureInfo", "11.3", False, "cuStreamGetCaptureInfo_v2"),
+    ("cuStreamGetCaptureInfo", "12.3", False, "cuStreamGetCaptureInfo_v3"),
+    ("cuCtxDestroy", "2.0", False, "cuCtxDestroy"),
+    ("cuCtxDestroy", "4.0", False, "cuCtxDestroy_v2"),
+    ("cuMemcpyHtoD", "13.0", True, "cuMemcpyHtoD_v2_ptds"),
+    ("cuLaunchKernel", "13.0", True, "cuLaunchKernel_ptsz"),
+    ("cuStreamBeginCapture", "10.1", True, "cuStreamBeginCapture_v2_ptsz"),
+    ("cuMemcpyHtoD", "6.5", True, None),
+    ("cuMemAlloc", "6.5", True, "cuMemAlloc_v2"),   # no per-thread form: same under every flag
+    ("cuLibraryLoadData", "11.8", False, None),
+    ("cuLibraryLoadData", "12.0", False, "cuLibraryLoadData"),
+])
+def test_measured_facts(name, requested, per_thread, entry):
+    assert default_registry().select(name, requested, per_thread=per_thread).entry_point == entry
+
+
+def test_query_version_is_the_variants_own_never_the_request():
+    reg = default_registry()
+    sel = reg.select("cuCtxCreate", "13.5")
+    assert sel.query_version == CudaVersion(12, 5)
+    pt = reg.select("cuMemcpyHtoD", "13.0", per_thread=True)
+    assert pt.query_version == CudaVersion(7, 0) and pt.typedef == "PFN_cuMemcpyHtoD_v7000_ptds"
+    assert reg.select("cuStreamBeginCapture", "10.0", per_thread=True).typedef == "PFN_cuStreamBeginCapture_v10000_ptsz"
+
+
+def test_newer_driver_feature_is_told_apart():
+    reg = default_registry()
+    assert reg.select("cuLibraryLoadData", "11.8").newer_driver_feature
+    assert not reg.select("cuLibraryLoadData", "12.0").newer_driver_feature
+    assert not reg.select("cuMemcpyHtoD", "6.5", per_thread=True).newer_driver_feature
+    assert reg.select("cuMemcpyHtoD", "6.5", per_thread=True).entry_point is None
+
+
+def test_filter_and_diff():
+    reg = default_registry()
+    names = [s.name for s in reg.filter(["cuCtxCreate*", "cuMemcpyHtoD"])]
+    assert names == sorted(names) and "cuCtxCreate" in names and "cuMemcpyHtoD" in names
+    assert all(n.startswith("cuCtxCreate") or n == "cuMemcpyHtoD" for n in names)
+    changes = {c.name: c for c in reg.diff("12.4", "12.5")}
+    assert changes["cuCtxCreate"].kind == "changed"
+    assert (changes["cuCtxCreate"].before.entry_point, changes["cuCtxCreate"].after.entry_point) == \
+        ("cuCtxCreate_v3", "cuCtxCreate_v4")
+    added = {c.name for c in reg.diff("11.8", "12.0") if c.kind == "added"}
+    assert "cuLibraryLoadData" in added and "cuCtxCreate" not in added
+    assert reg.diff("12.4", "12.4") == []
+
+
+def test_registry_rejects_malformed_typedefs():
+    with pytest.raises(ValueError):
+        Registry.from_typedefs(["PFN_cuFoo"])
+    with pytest.raises(ValueError):
+        Registry.from_typedefs(["PFN_cuFoo_v7000_ptds"])
+    with pytest.raises(ValueError):
+        Registry.from_typedefs(["PFN_cuFoo_v2000", "PFN_cuFoo_v7000_ptds", "PFN_cuFoo_v7000_ptsz"])
+
+
+def test_toolkits_recorded_for_every_variant():
+    for sym in default_registry().values():
+        for v in sym.variants:
+            assert v.toolkits, v
+    # APIs whose prototypes 13.x removed from cuda.h keep their typedefs, so the registry has them
+    for name in ("cuDeviceComputeCapability", "cuTexRefSetArray", "cuTexRefGetAddress", "cuModuleGetTexRef"):
+        assert default_registry().select(name, "13.0").entry_point is not None
+    assert default_registry()["cuLibraryLoadData"].variants[0].toolkits[0] == "12.0"
