@@ -1,0 +1,35 @@
+"""cuproc: the CUDA driver API from Python, every entry point by its C name, at the ABI version you ask for.
+
+Importing cuproc does not touch the driver: ``Driver`` handles open it on
+first use, so forking before first use is safe.
+
+Layers, bottom up: ``headers/`` -> ``cuproc._cffi_abi`` (ffi) -> ``loader`` ->
+``registry`` -> ``driver`` (C names, errors) -> objects -> ``tools``.
+"""
+from __future__ import annotations
+
+from ._cffi_abi import ffi
+from .driver import Driver, default_driver, is_driver_available, set_default_driver
+from .errors import (
+    CudaError,
+    DriverNotFoundError,
+    DriverTooOldError,
+    ForkedProcessError,
+    InvalidContextError,
+    InvalidValueError,
+    NotFoundError,
+    NotInitializedError,
+    OutOfMemoryError,
+    SymbolNotFoundError,
+)
+from .registry import default_registry
+from .version import CudaVersion
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CudaError", "CudaVersion", "Driver", "DriverNotFoundError", "DriverTooOldError", "ForkedProcessError",
+    "InvalidContextError", "InvalidValueError", "NotFoundError", "NotInitializedError", "OutOfMemoryError",
+    "SymbolNotFoundError", "default_driver", "default_registry", "ffi", "is_driver_available",
+    "set_default_driver",
+]

@@ -6,35 +6,10 @@ import pytest
 
 from cuproc.registry import PER_THREAD_MIN_VERSION, Registry, default_registry
 from cuproc.version import CudaVersion
+from rules import expected_entry
 
 VERSIONS = ["2.0", "3.2", "4.0", "6.5", "7.0", "9.2", "10.0", "10.1", "11.3", "11.4", "11.8", "12.0",
             "12.3", "12.4", "12.5", "12.8", "12.9", "13.0", "13.1", "13.5"]
-
-
-def expected_entry(typedefs, name, requested, per_thread):
-    """The rule, straight from the measured facts: k-th distinct base version -> name / name_v<k>;
-    per-thread adds the suffix from max(introduced, 7.0) on."""
-    base, suffix = [], None
-    for t in typedefs:
-        m = re.match(rf"^PFN_{name}_v(\d+)(_ptds|_ptsz)?$", t)
-        if not m:
-            continue
-        if m.group(2):
-            suffix = m.group(2)
-        else:
-            base.append(int(m.group(1)))
-    base = sorted(set(base))
-    r = int(CudaVersion.parse(requested))
-    below = [v for v in base if v <= r]
-    if not below:
-        return None
-    k = base.index(below[-1]) + 1
-    entry = name if k == 1 else f"{name}_v{k}"
-    if per_thread and suffix:
-        if r < max(base[0], 7000):
-            return None
-        entry += suffix
-    return entry
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +30,8 @@ def test_every_symbol_selects_by_the_rule(by_symbol, requested, per_thread):
     reg = default_registry()
     for name, typedefs in by_symbol.items():
         sel = reg.select(name, requested, per_thread=per_thread)
-        assert sel.entry_point == expected_entry(typedefs, name, requested, per_thread), (name, requested)
+        expected = expected_entry(typedefs, name, int(CudaVersion.parse(requested)), per_thread)
+        assert sel.entry_point == expected, (name, requested)
         if sel.entry_point is not None:
             assert sel.typedef in typedefs
             assert sel.query_version <= max(CudaVersion.parse(requested), PER_THREAD_MIN_VERSION)

@@ -1,0 +1,137 @@
+"""Find and open the driver library, and take its symbol-lookup entry point.
+
+Policy
+------
+* Opened on first use, never at import, so ``fork`` before first use is safe.
+* The path is the caller's argument, else ``CUPROC_LIBCUDA``, else the
+  platform's standard names and install locations.  When nothing opens,
+  :class:`~cuproc.errors.DriverNotFoundError` lists every path with its OS error.
+* Lookup prefers ``cuGetProcAddress_v2`` (CUDA 12.0+ drivers, reports a
+  per-symbol status), then ``cuGetProcAddress`` (11.3-11.8 drivers), then
+  plain symbol lookup of the registry's entry names (older drivers).  The
+  one taken, and why, is recorded in :attr:`DriverLibrary.fallbacks`.
+* One :class:`DriverLibrary` per path per process: several ``Driver``
+  handles at different versions share it.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+
+from ._cffi_abi import ffi
+from .errors import DriverNotFoundError
+
+ENV_LIBRARY = "CUPROC_LIBCUDA"
+
+if sys.platform == "win32":
+    DEFAULT_CANDIDATES: tuple[str, ...] = ("nvcuda.dll",)
+else:
+    DEFAULT_CANDIDATES = (
+        "libcuda.so.1",
+        "libcuda.so",
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        "/usr/lib/aarch64-linux-gnu/libcuda.so.1",
+        "/usr/lib64/libcuda.so.1",
+        "/usr/local/nvidia/lib64/libcuda.so.1",
+        "/usr/lib/wsl/lib/libcuda.so.1",
+    )
+
+# How symbols are looked up, best first.
+GET_PROC_ADDRESS_V2 = "cuGetProcAddress_v2"
+GET_PROC_ADDRESS_V1 = "cuGetProcAddress"
+DIRECT_LOOKUP = "dlsym"
+
+
+class DriverLibrary:
+    """An opened driver library and the bootstrap entry points cuproc needs from it."""
+
+    def __init__(self, path: str, handle: ctypes.CDLL) -> None:
+        self.path = path
+        self._handle = handle
+        self.fallbacks: list[str] = []
+        v2 = self.symbol_address(GET_PROC_ADDRESS_V2)
+        v1 = self.symbol_address(GET_PROC_ADDRESS_V1)
+        if v2:
+            self.lookup = GET_PROC_ADDRESS_V2
+            self.get_proc_address = ffi.cast("PFN_cuGetProcAddress_v12000", v2)
+        elif v1:
+            self.lookup = GET_PROC_ADDRESS_V1
+            self.get_proc_address = ffi.cast("PFN_cuGetProcAddress_v11030", v1)
+            self.fallbacks.append(f"{GET_PROC_ADDRESS_V2} not exported (driver before 12.0): "
+                                  f"using {GET_PROC_ADDRESS_V1}, which reports no per-symbol status")
+        else:
+            self.lookup = DIRECT_LOOKUP
+            self.get_proc_address = None
+            self.fallbacks.append(f"neither {GET_PROC_ADDRESS_V2} nor {GET_PROC_ADDRESS_V1} exported "
+                                  "(driver before 11.3): looking up the registry's entry names directly")
+        self.driver_get_version = self._required("cuDriverGetVersion", "PFN_cuDriverGetVersion_v2020")
+        self.get_error_name = self._required("cuGetErrorName", "PFN_cuGetErrorName_v6000")
+        self.get_error_string = self._required("cuGetErrorString", "PFN_cuGetErrorString_v6000")
+
+    def _required(self, name: str, typedef: str):  # noqa: ANN202 - a cffi function pointer
+        address = self.symbol_address(name)
+        if not address:
+            raise DriverNotFoundError([(self.path, f"opened, but it does not export {name}: not a CUDA driver")])
+        return ffi.cast(typedef, address)
+
+    def symbol_address(self, name: str) -> int | None:
+        """The address the dynamic linker gives for ``name`` in this library, or None."""
+        try:
+            return ctypes.cast(getattr(self._handle, name), ctypes.c_void_p).value
+        except AttributeError:
+            return None
+
+    def version_int(self) -> int:
+        out = ffi.new("int *")
+        rc = self.driver_get_version(out)
+        if rc:
+            from .errors import make_error
+            raise make_error(rc, "cuDriverGetVersion")
+        return out[0]
+
+    def describe_error(self, code: int) -> tuple[str | None, str | None]:
+        """(cuGetErrorName, cuGetErrorString) for ``code``; None where the driver has no answer."""
+        out = ffi.new("const char **")
+        name = ffi.string(out[0]).decode() if self.get_error_name(code, out) == 0 and out[0] else None
+        text = ffi.string(out[0]).decode() if self.get_error_string(code, out) == 0 and out[0] else None
+        return name, text
+
+
+_libraries: dict[str, DriverLibrary] = {}
+_lock = threading.Lock()
+
+
+def candidate_paths(path: str | os.PathLike[str] | None = None) -> list[str]:
+    if path is not None:
+        return [os.fspath(path)]
+    env = os.environ.get(ENV_LIBRARY)
+    return [env] if env else list(DEFAULT_CANDIDATES)
+
+
+def open_library(path: str | os.PathLike[str] | None = None) -> DriverLibrary:
+    """Open (once per process and path) the driver library; raise DriverNotFoundError listing every attempt."""
+    attempts: list[tuple[str, str]] = []
+    with _lock:
+        for candidate in candidate_paths(path):
+            if candidate in _libraries:
+                return _libraries[candidate]
+            try:
+                handle = ctypes.CDLL(candidate, mode=getattr(os, "RTLD_NOW", 0) | getattr(os, "RTLD_LOCAL", 0))
+            except OSError as exc:
+                attempts.append((candidate, str(exc) or type(exc).__name__))
+                continue
+            lib = DriverLibrary(candidate, handle)
+            _libraries[candidate] = lib
+            return lib
+    raise DriverNotFoundError(attempts)
+
+
+def is_driver_available(path: str | os.PathLike[str] | None = None) -> bool:
+    """True when a driver library opens and answers cuDriverGetVersion; never raises."""
+    try:
+        open_library(path).version_int()
+    except Exception:  # noqa: BLE001 - the question is yes/no
+        return False
+    return True

@@ -1,0 +1,340 @@
+"""Resolution, the C-named namespace and errors, against the simulated driver (no GPU needed)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import cuproc
+from cuproc import driver as driver_module
+from cuproc import loader
+from cuproc.driver import Driver
+from cuproc.errors import (
+    CudaError,
+    DriverNotFoundError,
+    DriverTooOldError,
+    ForkedProcessError,
+    InvalidContextError,
+    InvalidValueError,
+    NotFoundError,
+    NotInitializedError,
+    OutOfMemoryError,
+    SymbolNotFoundError,
+)
+from rules import expected_resolution, typedefs_by_symbol
+from simdriver import build
+
+REAL_FUNCTIONS = {"cuInit", "cuDriverGetVersion", "cuGetErrorName", "cuGetErrorString", "cuGetProcAddress"}
+VERSIONS = [11030, 11080, 12000, 12040, 12090, 13000, 13050]
+CALL = "CUresult(*)(void)"
+
+
+def call0(fn):
+    """Call an entry stub with no arguments (stubs take none; the real typedef would want them)."""
+    return cuproc.ffi.cast(CALL, fn)()
+
+
+@pytest.fixture(scope="session")
+def sims(tmp_path_factory):
+    try:
+        out = tmp_path_factory.mktemp("simdriver")
+        return {gen: build(out, gen) for gen in ("v2", "v1", "none")}
+    except (RuntimeError, subprocess.CalledProcessError) as exc:  # pragma: no cover - CI has cc
+        pytest.skip(f"cannot build the simulated driver: {exc}")
+
+
+@pytest.fixture()
+def sim(sims):
+    s = sims["v2"]
+    s.set_version(13000)
+    s.set_result(0)
+    return s
+
+
+def sim_for(sims, driver_version):
+    gen = "v2" if driver_version >= 12000 else "v1" if driver_version >= 11030 else "none"
+    s = sims[gen]
+    s.set_version(driver_version)
+    s.set_result(0)
+    return s
+
+
+@pytest.fixture(scope="module")
+def typedefs():
+    return typedefs_by_symbol()
+
+
+@pytest.mark.parametrize("per_thread", [False, True], ids=["legacy", "ptds"])
+@pytest.mark.parametrize("driver_version", VERSIONS)
+def test_compatibility_matrix(sims, typedefs, driver_version, per_thread):
+    """Every requested version x this driver version x flag x every symbol lands in the expected entry."""
+    s = sim_for(sims, driver_version)
+    for requested in VERSIONS:
+        drv = Driver(requested, per_thread_default_stream=per_thread, library=s.path)
+        assert int(drv.driver_version) == driver_version
+        for name, tds in typedefs.items():
+            status, entry = expected_resolution(tds, name, requested, driver_version, per_thread)
+            res = drv.resolution(name)
+            assert res.status == status, (name, requested, driver_version, per_thread, res.message)
+            fn = getattr(drv, name)
+            if status != "resolved":
+                assert not fn
+                with pytest.raises(SymbolNotFoundError):
+                    fn()
+                continue
+            assert res.entry_point == entry
+            if name in REAL_FUNCTIONS:  # implemented for real: compare addresses, do not call blind
+                address = loader.open_library(s.path).symbol_address(entry)
+                assert int(cuproc.ffi.cast("uintptr_t", res.function)) == address
+                continue
+            s.reset_last_called()
+            call0(res.function)
+            assert s.last_called() == entry, (name, requested, driver_version, per_thread)
+
+
+def test_v1_lookup_fallback_is_recorded(sims):
+    s = sim_for(sims, 11080)
+    drv = Driver("11.8", library=s.path)
+    assert drv.library.lookup == "cuGetProcAddress"
+    assert any("cuGetProcAddress_v2 not exported" in f for f in drv.library.fallbacks)
+    assert "fallback" in drv.describe()
+    assert drv.resolution("cuMemAlloc").entry_point == "cuMemAlloc_v2"
+
+
+def test_direct_lookup_fallback(sims):
+    s = sim_for(sims, 11020)
+    drv = Driver(library=s.path, per_thread_default_stream=True)
+    assert drv.library.lookup == "dlsym"
+    assert drv.version == cuproc.CudaVersion(11, 2)
+    s.reset_last_called()
+    call0(drv.cuMemcpyHtoD)
+    assert s.last_called() == "cuMemcpyHtoD_v2_ptds"
+    assert drv.resolution("cuMemAllocAsync").status == "resolved"          # 11.2: there
+    assert drv.resolution("cuLibraryLoadData").status == "driver_too_old"  # 12.0: not yet
+
+
+def test_default_version_is_min_of_driver_and_registry(sim):
+    assert Driver(library=sim.path).version == cuproc.CudaVersion(13, 0)
+    sim.set_version(14000)
+    assert Driver(library=sim.path).version == cuproc.default_registry().newest_version
+    sim.set_version(12040)
+    assert Driver(library=sim.path).version == cuproc.CudaVersion(12, 4)
+
+
+def test_newer_driver_feature_resolves_at_the_drivers_version(sim):
+    drv = Driver("11.8", library=sim.path)
+    res = drv.resolution("cuLibraryLoadData")
+    assert res.status == "resolved" and res.newer_driver_feature
+    sim.reset_last_called()
+    call0(drv.cuLibraryLoadData)
+    assert sim.last_called() == "cuLibraryLoadData"
+    assert drv.has("cuLibraryLoadData")
+
+
+def test_driver_too_old_raises_at_call_time_with_versions(sim):
+    sim.set_version(12000)
+    drv = Driver("12.0", library=sim.path)            # opening is fine
+    fn = drv.cuLibraryGetKernelCount
+    assert not drv.has("cuLibraryGetKernelCount")
+    with pytest.raises(DriverTooOldError) as exc:
+        fn()
+    msg = str(exc.value)
+    assert "cuLibraryGetKernelCount" in msg and "12.4" in msg and "12.0" in msg
+    assert exc.value.call == "cuLibraryGetKernelCount" and exc.value.name == "CUDA_ERROR_NOT_FOUND"
+
+
+def test_requested_above_driver_never_reaches_the_driver(sim):
+    sim.set_version(12000)
+    drv = Driver("13.0", library=sim.path)
+    assert drv.resolution("cuMemAlloc").status == "resolved"           # 3.2 ABI: fine
+    res = drv.resolution("cuCtxCreate")                                # 12.5 ABI selected at 13.0
+    assert res.status == "driver_too_old"
+    assert "12.5" in res.message and "request CUDA 12.0" in res.message
+
+
+def test_explicit_version_for_one_symbol(sim):
+    drv = Driver("13.0", library=sim.path)
+    sim.reset_last_called()
+    call0(drv.resolve("cuCtxCreate", version="11.4"))
+    assert sim.last_called() == "cuCtxCreate_v3"
+    sim.reset_last_called()
+    call0(drv.cuCtxCreate)
+    assert sim.last_called() == "cuCtxCreate_v4"
+    with pytest.raises(SymbolNotFoundError):
+        drv.resolve("cuLibraryLoadData", version="11.8")
+
+
+def test_raw_form_returns_codes_and_checked_form_raises(sim):
+    drv = Driver(library=sim.path)
+    pctx = cuproc.ffi.new("CUcontext *")
+    assert drv.cuCtxGetCurrent(pctx) == 0
+    assert drv.checked.cuCtxGetCurrent(pctx) is None
+    cases = {2: OutOfMemoryError, 3: NotInitializedError, 201: InvalidContextError, 1: InvalidValueError,
+             500: NotFoundError, 999: CudaError}
+    for code, cls in cases.items():
+        sim.set_result(code)
+        assert drv.cuMemAlloc(cuproc.ffi.new("CUdeviceptr *"), 16) == code
+        with pytest.raises(cls) as exc:
+            drv.checked.cuMemAlloc(cuproc.ffi.new("CUdeviceptr *"), 16)
+        err = exc.value
+        assert err.code == code and err.call == "cuMemAlloc"
+        assert err.name == cuproc.errors.result_name(code)
+        assert err.description == "simulated driver error text"
+        assert "cuMemAlloc" in str(err) and err.name in str(err)
+    assert issubclass(OutOfMemoryError, MemoryError) and issubclass(InvalidValueError, ValueError)
+
+
+def test_error_reporting_failure_never_hides_the_error(sim):
+    drv = Driver(library=sim.path)
+    sim.set_result(123456)  # unknown to cuGetErrorName: the driver says no
+    with pytest.raises(CudaError) as exc:
+        drv.checked.cuCtxSynchronize(cuproc.ffi.NULL)  # the 13.0 ABI takes a context
+    assert exc.value.code == 123456 and exc.value.call == "cuCtxSynchronize"
+
+
+def test_constants_and_types_by_c_name(sim):
+    drv = Driver(library=sim.path)
+    assert drv.CU_CTX_SCHED_AUTO == 0 and drv.CUDA_ERROR_OUT_OF_MEMORY == 2
+    assert drv.CU_LAUNCH_PARAM_END_AS_INT == 0
+    assert int(cuproc.ffi.cast("uintptr_t", drv.CU_STREAM_PER_THREAD)) == 2
+    assert cuproc.ffi.typeof(drv.CU_STREAM_LEGACY) is cuproc.ffi.typeof("CUstream")
+    assert drv.CUdeviceptr is cuproc.ffi.typeof("CUdeviceptr")
+    assert drv.checked.CU_MEMHOSTALLOC_PORTABLE == 1
+    with pytest.raises(AttributeError):
+        drv.cuNoSuchFunction
+    assert "cuMemAlloc" in dir(drv)
+
+
+def test_resolution_is_lazy_cached_and_thread_safe(sim):
+    drv = Driver(library=sim.path)
+    assert drv._lib is None                     # nothing opened by construction
+    results = []
+
+    def worker():
+        results.append({n: getattr(drv, n) for n in drv.registry})
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in results[1:]:
+        assert all(r[n] is results[0][n] for n in r)
+    counts = drv.preload()
+    assert sum(counts.values()) == len(drv.registry)
+    assert counts["resolved"] + counts.get("driver_too_old", 0) == len(drv.registry)
+
+
+def test_environment_configuration(sim, monkeypatch):
+    monkeypatch.setenv("CUPROC_LIBCUDA", str(sim.path))
+    monkeypatch.setenv("CUPROC_CUDA_VERSION", "12.4")
+    for value, expected in [("1", True), ("yes", True), ("0", False), ("false", False), ("", False)]:
+        monkeypatch.setenv("CUPROC_PER_THREAD_DEFAULT_STREAM", value)
+        drv = Driver()
+        assert drv.per_thread_default_stream is expected
+        assert drv.version == cuproc.CudaVersion(12, 4)
+    monkeypatch.setenv("CUPROC_CUDA_VERSION", "twelve")
+    with pytest.raises(ValueError, match="CUPROC_CUDA_VERSION"):
+        Driver()
+    assert Driver("11.8", per_thread_default_stream=True).version == cuproc.CudaVersion(11, 8)
+
+
+def test_module_namespace_uses_the_default_handle(sim):
+    driver_module.set_default_driver(Driver("12.0", library=sim.path))
+    try:
+        sim.reset_last_called()
+        assert call0(driver_module.cuCtxCreate) == 0
+        assert sim.last_called() == "cuCtxCreate_v3"
+        assert "cuCtxCreate" in vars(driver_module)   # cached as a plain attribute
+        sim.set_result(2)
+        with pytest.raises(OutOfMemoryError):
+            driver_module.checked.cuMemAlloc(cuproc.ffi.new("CUdeviceptr *"), 1)
+    finally:
+        driver_module.set_default_driver(None)
+    assert "cuCtxCreate" not in vars(driver_module)
+
+
+def test_two_versions_side_by_side(sim):
+    old, new = Driver("11.4", library=sim.path), Driver("13.0", library=sim.path)
+    sim.reset_last_called()
+    call0(old.cuCtxCreate)
+    assert sim.last_called() == "cuCtxCreate_v3"
+    call0(new.cuCtxCreate)
+    assert sim.last_called() == "cuCtxCreate_v4"
+
+
+# ----------------------------------------------------------------------------- loader
+
+def test_loader_error_lists_every_path(monkeypatch, tmp_path):
+    monkeypatch.delenv("CUPROC_LIBCUDA", raising=False)
+    missing = [str(tmp_path / "nope1.so"), str(tmp_path / "nope2.so")]
+    monkeypatch.setattr(loader, "DEFAULT_CANDIDATES", tuple(missing))
+    with pytest.raises(DriverNotFoundError) as exc:
+        loader.open_library()
+    assert [p for p, _ in exc.value.attempts] == missing
+    assert all(err for _, err in exc.value.attempts)
+    assert "CUPROC_LIBCUDA" in str(exc.value) and missing[1] in str(exc.value)
+    assert loader.is_driver_available() is False
+
+
+def test_env_library_path_and_not_a_driver(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUPROC_LIBCUDA", str(tmp_path / "missing.so"))
+    with pytest.raises(DriverNotFoundError, match="missing.so"):
+        Driver().open()
+    libm = "libm.so.6"
+    with pytest.raises(DriverNotFoundError, match="cuDriverGetVersion"):
+        loader.open_library(libm)
+    assert cuproc.is_driver_available() is False
+
+
+def test_import_touches_no_driver(sim):
+    code = ("import cuproc, cuproc.driver; "
+            "maps = open('/proc/self/maps').read(); "
+            "assert 'libsimcuda' not in maps and 'libcuda' not in maps, 'driver loaded at import'; "
+            "d = cuproc.Driver(); assert d._lib is None")
+    env = dict(os.environ, CUPROC_LIBCUDA=str(sim.path))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_use_after_fork_says_so(sim):
+    code = f"""
+import os, sys, cuproc
+drv = cuproc.Driver(library={str(sim.path)!r})
+drv.cuMemAlloc                       # resolved before fork, no cuInit: a child may still use it
+pid = os.fork()
+if pid == 0:
+    drv.cuMemAlloc(cuproc.ffi.new('CUdeviceptr *'), 1)
+    os._exit(0)
+assert os.waitpid(pid, 0)[1] == 0
+assert drv.checked.cuInit(0) is None
+pid = os.fork()
+if pid == 0:
+    try:
+        drv.cuMemAlloc
+    except cuproc.ForkedProcessError as exc:
+        os._exit(7 if 'spawn' in str(exc) else 3)
+    os._exit(4)
+status = os.waitpid(pid, 0)[1]
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 7, proc.stderr
+
+
+def test_dump_symbols_with_a_driver(sim, capsys):
+    from cuproc.tools.dump_symbols import main
+    assert main(["--library", str(sim.path), "--json", "-V", "12.0", "cuLibraryLoadData", "cuGraphGetId",
+                 "cuCtxCreate"]) == 0
+    records = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert records["cuCtxCreate"]["status"] == "resolved"
+    assert records["cuCtxCreate"]["entry_point"] == "cuCtxCreate_v3"
+    assert records["cuGraphGetId"]["status"] == "driver_too_old"
+    assert records["cuLibraryLoadData"]["status"] == "resolved"
+    assert main(["--library", str(sim.path), "cuCtxCreate"]) == 0
+    header = capsys.readouterr().out.splitlines()[2]
+    assert "CUDA 13.0 driver at" in header and "cuGetProcAddress_v2" in header
