@@ -34,12 +34,12 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from . import errors
 from ._cffi_abi import ffi
 from .loader import DIRECT_LOOKUP, GET_PROC_ADDRESS_V2, DriverLibrary, open_library
-from .registry import NOT_YET_INTRODUCED, PER_THREAD_NEEDS_7_0, Registry, Selection, _Record, default_registry
+from .registry import NOT_YET_INTRODUCED, PER_THREAD_NEEDS_7_0, Registry, Selection, default_registry
 from .version import CudaVersion
 
 ENV_VERSION = "CUPROC_CUDA_VERSION"
@@ -65,11 +65,9 @@ _CUDA_SUCCESS = 0
 _CUDA_ERROR_NOT_FOUND = errors.result_code("CUDA_ERROR_NOT_FOUND")
 
 
-class Resolution(_Record):
+class Resolution(NamedTuple):
     """What the driver answered for one symbol: status, the entry and typedef used, the pointer."""
 
-    __slots__ = ("name", "status", "entry_point", "typedef", "query_version", "newer_driver_feature",
-                 "function", "message")
     name: str
     status: str
     entry_point: str | None

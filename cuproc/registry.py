@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .version import CudaVersion
 
@@ -36,31 +36,7 @@ PER_THREAD_SUFFIXES = ("_ptds", "_ptsz")
 _PFN = re.compile(r"^PFN_(\w+?)_v(\d+)(_ptds|_ptsz)?$")
 
 
-class _Record:
-    """Immutable slotted record: cheap to build by the thousand, no dataclasses import."""
-
-    __slots__ = ()
-
-    def __init__(self, *values: object) -> None:
-        for name, value in zip(self.__slots__, values, strict=True):
-            object.__setattr__(self, name, value)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"{type(self).__name__} is immutable")
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and all(
-            getattr(self, n) == getattr(other, n) for n in self.__slots__)
-
-    def __hash__(self) -> int:
-        return hash(tuple(getattr(self, n) for n in self.__slots__))
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
-        return f"{type(self).__name__}({fields})"
-
-
-class Variant(_Record):
+class Variant(NamedTuple):
     """One ABI of one driver function.
 
     ``version`` introduced the ABI; ``typedef`` and ``entry`` name its
@@ -69,7 +45,6 @@ class Variant(_Record):
     toolkits whose cudaTypedefs.h declare ``typedef``.
     """
 
-    __slots__ = ("symbol", "version", "typedef", "entry", "per_thread_typedef", "toolkits")
     symbol: str
     version: CudaVersion
     typedef: str
@@ -78,10 +53,9 @@ class Variant(_Record):
     toolkits: tuple[str, ...]
 
 
-class Symbol(_Record):
+class Symbol(NamedTuple):
     """A driver function and all its ABI variants, oldest first."""
 
-    __slots__ = ("name", "variants", "per_thread_suffix")
     name: str
     variants: tuple[Variant, ...]
     per_thread_suffix: str | None   # "_ptds", "_ptsz" or None
@@ -101,10 +75,9 @@ NOT_YET_INTRODUCED = "not_yet_introduced"      # introduced after R: a newer-dri
 PER_THREAD_NEEDS_7_0 = "per_thread_needs_7_0"  # per-thread entries start at CUDA 7.0
 
 
-class Selection(_Record):
+class Selection(NamedTuple):
     """What the registry picks for one symbol at one requested version and flag."""
 
-    __slots__ = ("symbol", "requested", "per_thread", "variant", "availability")
     symbol: Symbol
     requested: CudaVersion
     per_thread: bool
@@ -147,10 +120,9 @@ class Selection(_Record):
         return self.variant.version
 
 
-class Change(_Record):
+class Change(NamedTuple):
     """One symbol whose selection differs between two versions; kind is added/removed/changed."""
 
-    __slots__ = ("name", "kind", "before", "after")
     name: str
     kind: str
     before: Selection
@@ -158,66 +130,89 @@ class Change(_Record):
 
 
 class Registry(Mapping[str, Symbol]):
-    """All symbols, by C name."""
+    """All symbols, by C name.  Each :class:`Symbol` is built on first use, so resolving
+    one function does not pay for all 485."""
 
-    def __init__(self, symbols: Iterable[Symbol]) -> None:
-        self._symbols = {s.name: s for s in sorted(symbols, key=lambda s: s.name)}
+    def __init__(self, symbol_typedefs: Mapping[str, Iterable[str]],
+                 toolkits: Mapping[str, Iterable[str]] | None = None) -> None:
+        self._typedefs = {name: tuple(symbol_typedefs[name]) for name in sorted(symbol_typedefs)}
+        self._toolkits = toolkits or {}
+        self._symbols: dict[str, Symbol] = {}
+        self._newest: CudaVersion | None = None
 
     @classmethod
     def from_typedefs(cls, typedefs: Mapping[str, Iterable[str]] | Iterable[str]) -> Registry:
         """Build from PFN typedef names (optionally mapped to the toolkits declaring them)."""
         toolkits = dict(typedefs) if isinstance(typedefs, Mapping) else {n: () for n in typedefs}
-        grouped: dict[str, dict[tuple[int, str], str]] = {}
+        grouped: dict[str, list[str]] = {}
         for name in toolkits:
             m = _PFN.match(name)
             if m is None:
                 raise ValueError(f"not a versioned PFN typedef: {name}")
-            grouped.setdefault(m.group(1), {})[(int(m.group(2)), m.group(3) or "")] = name
-        symbols = []
-        for sym, variants in grouped.items():
-            base_versions = sorted({v for v, suffix in variants if not suffix})
-            suffixes = {suffix for _, suffix in variants if suffix}
-            if len(suffixes) > 1:
-                raise ValueError(f"{sym} has both per-thread suffixes {sorted(suffixes)}")
-            if not base_versions:
-                raise ValueError(f"{sym} has per-thread typedefs but no default-stream one")
-            suffix = suffixes.pop() if suffixes else None
-            pt_versions = sorted(v for v, s in variants if s)
-            built = []
-            for k, v in enumerate(base_versions, start=1):
-                typedef = variants[(v, "")]
-                pt_typedef = None
-                if suffix:
-                    # Per-thread typedefs may carry their own version (PFN_cuMemcpyHtoD_v7000_ptds
-                    # serves the 3020 ABI): take the newest one the per-thread query can reach.
-                    reach = max(v, int(PER_THREAD_MIN_VERSION))
-                    own = [p for p in pt_versions if v <= p <= reach]
-                    pt_typedef = variants[(own[-1], suffix)] if own else typedef
-                built.append(Variant(sym, CudaVersion.from_int(v), typedef,
-                                     sym if k == 1 else f"{sym}_v{k}", pt_typedef,
-                                     tuple(toolkits[typedef])))
-            symbols.append(Symbol(sym, tuple(built), suffix))
-        return cls(symbols)
+            grouped.setdefault(m.group(1), []).append(name)
+        registry = cls(grouped, toolkits)
+        for sym in grouped:  # validate eagerly: bad input fails here, not at first use
+            registry[sym]
+        return registry
+
+    def _build(self, sym: str) -> Symbol:
+        variants: dict[tuple[int, str], str] = {}
+        for name in self._typedefs[sym]:
+            m = _PFN.match(name)
+            if m is None or m.group(1) != sym:
+                raise ValueError(f"{name} is not a versioned PFN typedef of {sym}")
+            variants[(int(m.group(2)), m.group(3) or "")] = name
+        base_versions = sorted({v for v, suffix in variants if not suffix})
+        suffixes = {suffix for _, suffix in variants if suffix}
+        if len(suffixes) > 1:
+            raise ValueError(f"{sym} has both per-thread suffixes {sorted(suffixes)}")
+        if not base_versions:
+            raise ValueError(f"{sym} has per-thread typedefs but no default-stream one")
+        suffix = suffixes.pop() if suffixes else None
+        pt_versions = sorted(v for v, s in variants if s)
+        built = []
+        for k, v in enumerate(base_versions, start=1):
+            typedef = variants[(v, "")]
+            pt_typedef = None
+            if suffix:
+                # Per-thread typedefs may carry their own version (PFN_cuMemcpyHtoD_v7000_ptds
+                # serves the 3020 ABI): take the newest one the per-thread query can reach.
+                reach = max(v, int(PER_THREAD_MIN_VERSION))
+                own = [p for p in pt_versions if v <= p <= reach]
+                pt_typedef = variants[(own[-1], suffix)] if own else typedef
+            built.append(Variant(sym, _version(v), typedef, sym if k == 1 else f"{sym}_v{k}", pt_typedef,
+                                 tuple(self._toolkits.get(typedef, ()))))
+        return Symbol(sym, tuple(built), suffix)
 
     # Mapping protocol -----------------------------------------------------------------
     def __getitem__(self, name: str) -> Symbol:
-        return self._symbols[name]
+        symbol = self._symbols.get(name)
+        if symbol is None:
+            if name not in self._typedefs:
+                raise KeyError(name)
+            symbol = self._symbols[name] = self._build(name)  # idempotent: a race builds equal objects
+        return symbol
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._typedefs
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._symbols)
+        return iter(self._typedefs)
 
     def __len__(self) -> int:
-        return len(self._symbols)
+        return len(self._typedefs)
 
     # Queries ---------------------------------------------------------------------------
     @property
     def newest_version(self) -> CudaVersion:
         """The newest ABI version any symbol has: the highest version worth requesting."""
-        return max(s.newest for s in self._symbols.values())
+        if self._newest is None:
+            self._newest = max(self[name].newest for name in self)
+        return self._newest
 
     def select(self, name: str, version: VersionLike, *, per_thread: bool = False) -> Selection:
         """The variant and entry point of ``name`` at requested version ``version``."""
-        symbol = self._symbols[name]
+        symbol = self[name]
         requested = CudaVersion.parse(version)
         chosen = None
         for variant in symbol.variants:
@@ -236,9 +231,9 @@ class Registry(Mapping[str, Symbol]):
         """Symbols whose name matches any of the glob ``patterns`` (all when none given)."""
         pats = list(patterns or [])
         if not pats:
-            return list(self._symbols.values())
+            return [self[n] for n in self]
         from fnmatch import fnmatchcase
-        return [s for n, s in self._symbols.items() if any(fnmatchcase(n, p) for p in pats)]
+        return [self[n] for n in self if any(fnmatchcase(n, p) for p in pats)]
 
     def diff(self, before: VersionLike, after: VersionLike, *, per_thread: bool = False,
              patterns: Iterable[str] | None = None) -> list[Change]:
@@ -254,8 +249,21 @@ class Registry(Mapping[str, Symbol]):
         return changes
 
 
+_versions: dict[int, CudaVersion] = {}
+
+
+def _version(value: int) -> CudaVersion:
+    """Interned versions: a registry holds ~700 of them, mostly the same few dozen."""
+    v = _versions.get(value)
+    if v is None:
+        v = _versions[value] = CudaVersion.from_int(value)
+    return v
+
+
 @cache
 def default_registry() -> Registry:
     """The registry of every toolkit merged into headers/ (built on first use, ~5 ms)."""
-    from ._header_data import PFN_TOOLKITS
-    return Registry.from_typedefs(PFN_TOOLKITS)
+    from ._header_data import NEWEST_VERSION, PFN_TOOLKITS, SYMBOL_TYPEDEFS
+    registry = Registry(SYMBOL_TYPEDEFS, PFN_TOOLKITS)
+    registry._newest = _version(NEWEST_VERSION)
+    return registry

@@ -92,6 +92,9 @@ class CudaVersion:
             text = value.strip()
             if text.isdigit() and int(text) >= _DRIVER_INT_MIN:  # "12040"; "13" means 13.0
                 return cls.from_int(int(text))
+            parts = text.split(".")
+            if 1 <= len(parts) <= 3 and all(p.isdigit() for p in parts):  # the common case, no packaging
+                return cls(int(parts[0]), int(parts[1]) if len(parts) > 1 else 0)
             from packaging.version import InvalidVersion, Version  # deferred: keeps import cheap
             try:
                 release = Version(text).release

@@ -28,6 +28,14 @@ import cffi
 ROOT = Path(__file__).resolve().parent.parent
 HEADER_ORDER = ("cuda_types.h", "cuda_pfn.h")
 _DEFINE = re.compile(r"^#define (\w+) (-?\d+)$", re.M)
+_PFN = re.compile(r"^PFN_(\w+?)_v(\d+)(_ptds|_ptsz)?$")
+
+
+def _group(typedefs: dict) -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
+    for name in typedefs:
+        grouped.setdefault(_PFN.match(name).group(1), []).append(name)
+    return dict(sorted(grouped.items()))
 
 
 def cdef_source(headers: Path) -> str:
@@ -61,7 +69,15 @@ def build_header_data(headers: Path, out_dir: Path) -> Path:
         "#: The toolkits merged into headers/, oldest first.",
         f"TOOLKITS: tuple[str, ...] = {tuple(t['version'] for t in provenance['toolkits'])!r}",
         "",
-        "#: PFN typedef name -> the toolkits whose cudaTypedefs.h declares it.",
+        "#: C function name -> its PFN typedef names (grouping only; the rules live in cuproc.registry).",
+        "SYMBOL_TYPEDEFS: dict[str, tuple[str, ...]] = {",
+        *(f"    {sym!r}: {tuple(names)!r}," for sym, names in _group(provenance["pfn_typedefs"]).items()),
+        "}",
+        "",
+        "#: The newest ABI version any typedef has (driver encoding).",
+        f"NEWEST_VERSION: int = {max(int(_PFN.match(n).group(2)) for n in provenance['pfn_typedefs'])}",
+        "",
+        "#: PFN typedef name -> the toolkits whose cudaTypedefs.h declare it.",
         "PFN_TOOLKITS: dict[str, tuple[str, ...]] = {",
         *(f"    {name!r}: {tuple(tks)!r}," for name, tks in provenance["pfn_typedefs"].items()),
         "}",

@@ -341,10 +341,9 @@ class Extractor:
             key, node = tagged
             self._add_tagged_definition(key, copy.deepcopy(node))
             reference = copy.deepcopy(td)
-            if isinstance(inner, c_ast.Enum):
-                reference.type.type = c_ast.Enum(inner.name, None)
-            else:
-                reference.type.type = type(inner)(inner.name, None)
+            body_less = copy.copy(inner)  # copy, not construct: node signatures vary across pycparser versions
+            setattr(body_less, "values" if isinstance(inner, c_ast.Enum) else "decls", None)
+            reference.type.type = body_less
             td = reference
         else:
             td = copy.deepcopy(td)

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The one GPU check: install what the device lacks, run the whole suite (GPU tests included)
+# and the benchmarks, and print a short summary last.
+# On the device:  bash tools/gpu_check.sh   (carry .whl; results land in $OUT, else ./.device-out)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/.device-out}
+mkdir -p "$OUT"
+if ! python3 -c "import cffi" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+CUPROC_MATRIX_REPORT=$OUT/matrix_mismatches.jsonl timeout 420 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log"
+tests_rc=${PIPESTATUS[0]}
+python3 -m cuproc.tools.dump_symbols --json > "$OUT/dump_symbols.json" 2> "$OUT/dump_symbols.err"
+python3 -m cuproc.tools.dump_symbols 'cuCtxCreate*' 'cuMemcpyHtoD*' 'cuLaunchKernel*' | head -8
+for b in benchmarks/bench_*.py; do timeout 240 python3 "$b" --out "$OUT" > "$OUT/$(basename "$b" .py).log" 2>&1 || echo "benchmark $b failed: see $OUT/$(basename "$b" .py).log"; done
+cat "$OUT"/bench_*.md 2>/dev/null
+echo "SUMMARY: $(tail -1 "$OUT/pytest.log") on $(head -1 "$OUT/gpu.txt") (pytest rc=$tests_rc)"
