@@ -33,3 +33,15 @@ __all__ = [
     "SymbolNotFoundError", "default_driver", "default_registry", "ffi", "is_driver_available",
     "set_default_driver",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """The object layer loads on first use, so ``import cuproc`` stays cheap."""
+    import importlib
+    for module in ("context", "device", "stream", "memory"):
+        mod = importlib.import_module(f".{module}", __name__)
+        if name in getattr(mod, "__all__", ()):
+            value = getattr(mod, name)
+            globals()[name] = value
+            return value
+    raise AttributeError(f"module 'cuproc' has no attribute {name!r}")

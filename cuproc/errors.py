@@ -72,7 +72,7 @@ class CudaError(Exception):
         if self.description:
             text += f": {self.description}"
         if self.hint:
-            text += f". {self.hint[0].upper()}{self.hint[1:]}"
+            text += f". {self.hint}"
         return text
 
     def __reduce__(self) -> tuple:

@@ -1,0 +1,161 @@
+"""Devices: enumeration, identity, attributes and peer access (cuDevice*, cuCtx*PeerAccess).
+
+A :class:`Device` is a value (an ordinal on one driver handle); it owns
+nothing.  Peer access is a property of contexts: :meth:`Device.enable_peer_access`
+uses this device's primary context, which it retains for the duration of the call.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._cffi_abi import ffi
+from ._support import get_driver
+from .driver import Driver
+
+if TYPE_CHECKING:
+    from .context import PrimaryContext
+
+_ATTR_PREFIX = "CU_DEVICE_ATTRIBUTE_"
+CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704
+CUDA_ERROR_PEER_ACCESS_NOT_ENABLED = 705
+
+
+class Device:
+    """One CUDA device, by ordinal."""
+
+    def __init__(self, ordinal: int = 0, *, driver: Driver | None = None) -> None:
+        self.driver = drv = get_driver(driver)
+        out = ffi.new("CUdevice *")
+        drv.checked.cuDeviceGet(out, ordinal)
+        self.ordinal = ordinal
+        self.handle = out[0]
+
+    @classmethod
+    def count(cls, *, driver: Driver | None = None) -> int:
+        out = ffi.new("int *")
+        get_driver(driver).checked.cuDeviceGetCount(out)
+        return out[0]
+
+    @classmethod
+    def all(cls, *, driver: Driver | None = None) -> list[Device]:
+        return [cls(i, driver=driver) for i in range(cls.count(driver=driver))]
+
+    @classmethod
+    def from_pci_bus_id(cls, bus_id: str, *, driver: Driver | None = None) -> Device:
+        """The device at ``bus_id`` ("0000:3b:00.0"), via cuDeviceGetByPCIBusId."""
+        drv = get_driver(driver)
+        out = ffi.new("CUdevice *")
+        drv.checked.cuDeviceGetByPCIBusId(out, bus_id.encode())
+        return cls(out[0], driver=drv)
+
+    # ---------------------------------------------------------------- identity
+    @property
+    def name(self) -> str:
+        buf = ffi.new("char[256]")
+        self.driver.checked.cuDeviceGetName(buf, 256, self.handle)
+        return ffi.string(buf).decode()
+
+    @property
+    def uuid(self) -> str:
+        """The device UUID as NVIDIA tools print it (GPU-xxxxxxxx-...)."""
+        out = ffi.new("CUuuid *")
+        self.driver.checked.cuDeviceGetUuid(out, self.handle)
+        h = bytes(ffi.buffer(out.bytes, 16)).hex()
+        return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+    @property
+    def pci_bus_id(self) -> str:
+        buf = ffi.new("char[64]")
+        self.driver.checked.cuDeviceGetPCIBusId(buf, 64, self.handle)
+        return ffi.string(buf).decode()
+
+    @property
+    def total_memory(self) -> int:
+        out = ffi.new("size_t *")
+        self.driver.checked.cuDeviceTotalMem(out, self.handle)
+        return out[0]
+
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        return (self.attribute("COMPUTE_CAPABILITY_MAJOR"), self.attribute("COMPUTE_CAPABILITY_MINOR"))
+
+    # ---------------------------------------------------------------- attributes
+    def attribute(self, attr: str | int) -> int:
+        """One CUdevice_attribute, by enumerator (``"MULTIPROCESSOR_COUNT"`` or the full name) or value."""
+        if isinstance(attr, str):
+            name = attr if attr.startswith(_ATTR_PREFIX) else _ATTR_PREFIX + attr.upper()
+            try:
+                attr = ffi.typeof("CUdevice_attribute").relements[name]
+            except KeyError:
+                raise KeyError(f"no device attribute {name}") from None
+        out = ffi.new("int *")
+        self.driver.checked.cuDeviceGetAttribute(out, attr, self.handle)
+        return out[0]
+
+    def attributes(self) -> dict[str, int]:
+        """Every attribute this driver answers, by enumerator name without the prefix."""
+        result = {}
+        out = ffi.new("int *")
+        fn = self.driver.cuDeviceGetAttribute
+        for name, value in ffi.typeof("CUdevice_attribute").relements.items():
+            if name.endswith("_MAX") or fn(out, value, self.handle) != 0:
+                continue  # unknown to this driver, or an alias's duplicate
+            result[name[len(_ATTR_PREFIX):]] = out[0]
+        return result
+
+    @property
+    def multiprocessor_count(self) -> int:
+        return self.attribute("MULTIPROCESSOR_COUNT")
+
+    @property
+    def max_threads_per_block(self) -> int:
+        return self.attribute("MAX_THREADS_PER_BLOCK")
+
+    @property
+    def warp_size(self) -> int:
+        return self.attribute("WARP_SIZE")
+
+    # ---------------------------------------------------------------- contexts and peers
+    def primary_context(self) -> PrimaryContext:
+        from .context import PrimaryContext
+        return PrimaryContext(self)
+
+    def can_access_peer(self, peer: Device) -> bool:
+        out = ffi.new("int *")
+        self.driver.checked.cuDeviceCanAccessPeer(out, self.handle, peer.handle)
+        return bool(out[0])
+
+    def enable_peer_access(self, peer: Device) -> bool:
+        """Let this device's primary context access ``peer``'s memory. False if it already could."""
+        peer_ctx = peer.primary_context()
+        with self.primary_context(), peer_ctx.retained():
+            rc = self.driver.cuCtxEnablePeerAccess(peer_ctx.handle, 0)
+        if rc == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED:
+            return False
+        self.driver.check(rc, "cuCtxEnablePeerAccess")
+        return True
+
+    def disable_peer_access(self, peer: Device) -> bool:
+        """Undo :meth:`enable_peer_access`. False if access was not enabled."""
+        peer_ctx = peer.primary_context()
+        with self.primary_context(), peer_ctx.retained():
+            rc = self.driver.cuCtxDisablePeerAccess(peer_ctx.handle)
+        if rc == CUDA_ERROR_PEER_ACCESS_NOT_ENABLED:
+            return False
+        self.driver.check(rc, "cuCtxDisablePeerAccess")
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Device) and other.handle == self.handle and other.driver is self.driver
+
+    def __hash__(self) -> int:
+        return hash(self.handle)
+
+    def __repr__(self) -> str:
+        return f"<cuproc.Device {self.ordinal}>"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a Device belongs to one process's driver handle; pass its ordinal instead")
+
+
+__all__ = ["Device"]
