@@ -28,6 +28,7 @@ from .errors import InvalidContextError, result_code
 _CTX_ERROR = result_code("CUDA_ERROR_INVALID_CONTEXT")
 _wrappers: weakref.WeakValueDictionary[int, Context] = weakref.WeakValueDictionary()
 _wrappers_lock = threading.Lock()
+_recent: list[Context | None] = [None]
 
 
 class Context:
@@ -38,6 +39,7 @@ class Context:
         self.handle = ffi.cast("CUcontext", handle)
         self.owned = owned
         self._destroyed = False
+        self.primary_device: Any = None   # the CUdevice, when this is a primary context held alive
 
     # ---------------------------------------------------------------- lifetime
     @classmethod
@@ -64,11 +66,37 @@ class Context:
 
     @classmethod
     def wrap(cls, handle: Any, *, driver: Driver | None = None) -> Context:
-        """The object for an existing handle: the owning object when cuproc created it, else a non-owning one."""
+        """The one object for an existing handle: the owning object when cuproc created it; for a
+        primary context, an object that holds one retain for as long as anything references it
+        (streams and buffers made in it keep it alive); else a non-owning one."""
         key = handle_int(handle)
+        existing = _wrappers.get(key)
+        if existing is not None and not existing._destroyed:
+            _recent[0] = existing
+            return existing
         with _wrappers_lock:
             existing = _wrappers.get(key)
-        return existing if existing is not None and not existing._destroyed else cls(handle, driver=driver)
+            if existing is not None and not existing._destroyed:
+                return existing
+            ctx = cls(handle, driver=driver)
+            ctx._hold_if_primary()
+            _wrappers[key] = ctx
+            _recent[0] = ctx   # keep the last-used context object alive: alloc/free loops stay cheap
+            return ctx
+
+    def _hold_if_primary(self) -> None:
+        drv = self.driver
+        dev = ffi.new("CUdevice *")
+        if _context_device(drv, self.handle, dev) != 0:
+            return
+        primary = ffi.new("CUcontext *")
+        if drv.cuDevicePrimaryCtxRetain(primary, dev[0]) != 0:
+            return
+        if primary[0] == self.handle:
+            self.primary_device = dev[0]
+            self._hold = weakref.finalize(self, _release_all, drv, dev[0], [1])
+        else:
+            drv.cuDevicePrimaryCtxRelease(dev[0])
 
     def destroy(self) -> None:
         """cuCtxDestroy.  Buffers allocated in it become unusable (their memory went with it)."""
@@ -149,7 +177,10 @@ class Context:
 
     @property
     def device(self) -> Device:
-        return Device(self._query("cuCtxGetDevice", "CUdevice *"), driver=self.driver)
+        self._require_alive("cuCtxGetDevice")
+        out = ffi.new("CUdevice *")
+        self.driver.check(_context_device(self.driver, self.handle, out), "cuCtxGetDevice")
+        return Device(out[0], driver=self.driver)
 
     @property
     def flags(self) -> int:
@@ -273,6 +304,19 @@ class _Retained:
 
     def __exit__(self, *exc: object) -> None:
         self.pc.release()
+
+
+def _context_device(drv: Driver, handle: Any, out: Any) -> int:
+    """cuCtxGetDevice for ``handle``: the 13.0 ABI names the context, older ones read the current one."""
+    if arity(drv, "cuCtxGetDevice") == 2:
+        return drv.cuCtxGetDevice(out, handle)
+    rc = drv.cuCtxPushCurrent(handle)
+    if rc:
+        return rc
+    try:
+        return drv.cuCtxGetDevice(out)
+    finally:
+        drv.cuCtxPopCurrent(ffi.new("CUcontext *"))
 
 
 def _release_all(driver: Driver, device: Any, retains: list[int]) -> None:

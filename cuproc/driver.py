@@ -288,7 +288,7 @@ class Driver:
         status, pointer = self._query(sel)
         if status != RESOLVED:
             return self._failed(sel, status, newer)
-        function = ffi.cast(sel.typedef, pointer)
+        function = ffi.cast(_callable_type(sel.typedef), pointer)
         return Resolution(name, RESOLVED, sel.entry_point, sel.typedef, sel.query_version, newer, function, None)
 
     def _query(self, sel: Selection) -> tuple[str, Any]:
@@ -339,7 +339,7 @@ class Driver:
         res = self.resolution(name, version)
         if res.function is None:
             raise self._unavailable_error(res)
-        return _tracking_cuinit(res.function) if name == "cuInit" else res.function
+        return _public(name, res)
 
     def has(self, name: str) -> bool:
         """Does the installed driver provide ``name`` to this handle?  Never raises."""
@@ -402,7 +402,7 @@ class Driver:
                     if res.function is None:
                         value = Unavailable(res, lambda res=res: self._unavailable_error(res))
                     else:
-                        value = _tracking_cuinit(res.function) if name == "cuInit" else res.function
+                        value = _public(name, res)
                     self.__dict__[name] = value  # later accesses are plain attribute loads
             return value
         table = constants()
@@ -414,6 +414,50 @@ class Driver:
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(self.registry) | set(constants()))
+
+
+# By-value struct parameters that cffi's ABI mode cannot pass (they hold anonymous unions), with the
+# integer type of the same size.  Small structs of integers travel in integer registers on x86-64
+# SysV, AArch64 and Windows x64, so passing their little-endian image as that integer is the same call.
+_BY_VALUE_AS_INTEGER = {"struct CUmemLocation_st": "uint64_t"}
+
+
+def _callable_type(typedef: str) -> Any:
+    """The typedef, or the same signature with unpassable by-value structs as integers."""
+    ctype = ffi.typeof(typedef)
+    if not any(a.cname in _BY_VALUE_AS_INTEGER for a in ctype.args):
+        return ctype
+    args = [_BY_VALUE_AS_INTEGER.get(a.cname, a.cname) for a in ctype.args]
+    return ffi.typeof(f"{ctype.result.cname}(*)({', '.join(args)})")
+
+
+def _public(name: str, res: Resolution) -> Callable[..., int]:
+    """What ``driver.<name>`` is: the cffi pointer itself, except for cuInit (tracked for fork
+    safety) and functions taking a by-value struct as an integer (converted here)."""
+    function = res.function
+    if name == "cuInit":
+        return _tracking_cuinit(function)
+    ctype = ffi.typeof(res.typedef)
+    swapped = [i for i, a in enumerate(ctype.args) if a.cname in _BY_VALUE_AS_INTEGER]
+    if not swapped:
+        return function
+
+    def call(*values: Any) -> int:
+        converted = list(values)
+        for i in swapped:
+            converted[i] = struct_as_integer(ctype.args[i], values[i])
+        return function(*converted)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def struct_as_integer(ctype: Any, value: Any) -> int:
+    """The little-endian integer image of a small by-value struct (a cdata struct or pointer to one)."""
+    if ffi.typeof(value).kind == "pointer":
+        value = value[0]
+    box = ffi.new(ffi.getctype(ctype, "*"), value)
+    return int.from_bytes(ffi.buffer(box), "little")
 
 
 def _tracking_cuinit(function: Callable[[int], int]) -> Callable[[int], int]:

@@ -81,7 +81,7 @@ class Stream:
         drv.checked.cuStreamCreateWithPriority(out, flags, priority)
         self.handle = out[0]
         self._callback_errors: list[BaseException] = []
-        self._finalizer = weakref.finalize(self, _destroy_stream, drv, self.context.handle, self.handle)
+        self._finalizer = weakref.finalize(self, _destroy_stream, drv, self.context, self.handle)
 
     @staticmethod
     def priority_range(*, driver: Driver | None = None) -> tuple[int, int]:
@@ -152,9 +152,10 @@ def launch_host_func(stream: Stream, fn: Callable[[], Any]) -> None:
         stream.driver.check(rc, "cuLaunchHostFunc")
 
 
-def _destroy_stream(driver: Driver, context: Any, handle: Any) -> None:
+def _destroy_stream(driver: Driver, context: Context, handle: Any) -> None:
+    """Finalizer: ``context`` (the object) is held until here, so the context is still alive."""
     try:
-        if driver.cuCtxPushCurrent(context) == 0:
+        if context.alive and driver.cuCtxPushCurrent(context.handle) == 0:
             driver.cuStreamDestroy(handle)
             driver.cuCtxPopCurrent(ffi.new("CUcontext *"))
     except Exception:  # noqa: BLE001 - finalizer
@@ -180,8 +181,7 @@ class Event:
         out = ffi.new("CUevent *")
         drv.checked.cuEventCreate(out, flags)
         self.handle = out[0]
-        ctx = self.context.handle if self.context is not None else ffi.NULL
-        self._finalizer = weakref.finalize(self, _destroy_event, drv, ctx, self.handle)
+        self._finalizer = weakref.finalize(self, _destroy_event, drv, self.context, self.handle)
 
     def record(self, stream: Stream | Any | None = None) -> Event:
         self.driver.checked.cuEventRecord(self.handle, stream_handle(stream, self.driver))
@@ -213,9 +213,10 @@ class Event:
         self.close()
 
 
-def _destroy_event(driver: Driver, context: Any, handle: Any) -> None:
+def _destroy_event(driver: Driver, context: Context | None, handle: Any) -> None:
     try:
-        driver.cuEventDestroy(handle)
+        if context is None or context.alive:
+            driver.cuEventDestroy(handle)
     except Exception:  # noqa: BLE001 - finalizer
         pass
 

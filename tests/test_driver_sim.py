@@ -338,3 +338,20 @@ def test_dump_symbols_with_a_driver(sim, capsys):
     assert main(["--library", str(sim.path), "cuCtxCreate"]) == 0
     header = capsys.readouterr().out.splitlines()[2]
     assert "CUDA 13.0 driver at" in header and "cuGetProcAddress_v2" in header
+
+
+def test_by_value_struct_with_anonymous_union_is_passed_as_its_integer_image(sim):
+    """cuMemAdvise/cuMemPrefetchAsync take CUmemLocation by value; cffi's ABI mode cannot, so the
+    driver layer passes the same 8 bytes as a uint64_t."""
+    from cuproc.driver import struct_as_integer
+    loc = cuproc.ffi.new("CUmemLocation *")
+    loc.type, loc.id = 1, 3
+    assert struct_as_integer(cuproc.ffi.typeof("CUmemLocation"), loc[0]) == (3 << 32) | 1
+    assert struct_as_integer(cuproc.ffi.typeof("CUmemLocation"), loc) == (3 << 32) | 1
+    drv = Driver(library=sim.path)
+    sim.reset_last_called()
+    assert drv.cuMemAdvise(0, 16, 1, loc[0]) == 0
+    assert sim.last_called() == "cuMemAdvise_v2"
+    sim.reset_last_called()
+    assert drv.cuMemPrefetchAsync(0, 16, loc[0], 0, cuproc.ffi.NULL) == 0
+    assert sim.last_called() == "cuMemPrefetchAsync_v2"
