@@ -17,6 +17,7 @@ Policy
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import weakref
 from typing import Any
@@ -589,6 +590,11 @@ def _place(drv: Driver, p: Any, prefix: str, side: _Side) -> None:
         setattr(p, prefix + "Device", side.ptr)
 
 
+def _owning_context(side: _Side) -> Any:
+    """``with`` the context that owns this memory pushed, when cuproc knows it; else a no-op."""
+    return side.context if side.context is not None else contextlib.nullcontext()
+
+
 def memset(dst: Any, value: int, count: int | None = None, *, element_bits: int = 8,
            stream: Stream | Any | None = None, driver: Driver | None = None) -> None:
     """Fill ``count`` elements of 8, 16 or 32 bits (cuMemsetD8/D16/D32, Async with a stream)."""
@@ -609,7 +615,8 @@ def memset(dst: Any, value: int, count: int | None = None, *, element_bits: int 
     if not 0 <= value < (1 << element_bits):
         raise invalid(call, f"value {value} does not fit {element_bits} bits")
     if stream is None:
-        getattr(drv.checked, call)(d.ptr, value, count)
+        with _owning_context(d):   # memset needs the memory's own context (another device's is refused)
+            getattr(drv.checked, call)(d.ptr, value, count)
     else:
         getattr(drv.checked, call + "Async")(d.ptr, value, count, stream_handle(stream, drv))
 
@@ -629,7 +636,8 @@ def memset_2d(dst: Any, pitch: int, value: int, width: int, height: int, *, elem
     if d.nbytes is not None and needed > d.nbytes:
         raise invalid(call, f"the region needs {needed} bytes; the destination has {d.nbytes}")
     if stream is None:
-        getattr(drv.checked, call)(d.ptr, pitch, value, width, height)
+        with _owning_context(d):
+            getattr(drv.checked, call)(d.ptr, pitch, value, width, height)
     else:
         getattr(drv.checked, call + "Async")(d.ptr, pitch, value, width, height, stream_handle(stream, drv))
 
