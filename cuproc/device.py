@@ -126,7 +126,11 @@ class Device:
         return bool(out[0])
 
     def enable_peer_access(self, peer: Device) -> bool:
-        """Let this device's primary context access ``peer``'s memory. False if it already could."""
+        """Let this device's primary context access ``peer``'s memory. False if it already could.
+
+        Peer access is state of the two primary contexts: it lasts only while both are alive, so
+        hold a retain on each (``device.primary_context().retain()``) for as long as you need it.
+        """
         peer_ctx = peer.primary_context()
         with self.primary_context(), peer_ctx.retained():
             rc = self.driver.cuCtxEnablePeerAccess(peer_ctx.handle, 0)

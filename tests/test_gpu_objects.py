@@ -404,8 +404,9 @@ def test_out_of_memory_then_everything_back(primary):
 def test_peer_access_and_copies():
     d0, d1 = Device(0), Device(1)
     assert d0.can_access_peer(d1)
-    d0.enable_peer_access(d1)
-    d1.enable_peer_access(d0)
+    holds = [d0.primary_context().retain(), d1.primary_context().retain()]  # peer access lives in these
+    assert d0.enable_peer_access(d1) and d1.enable_peer_access(d0)
+    assert not d0.enable_peer_access(d1)                   # still enabled: the contexts were held
     host = np.arange(1 << 16, dtype=np.uint32)
     with d0.primary_context():
         a = DeviceBuffer(host.nbytes)
@@ -426,3 +427,6 @@ def test_peer_access_and_copies():
     a.close()
     b.close()
     assert d0.disable_peer_access(d1) and d1.disable_peer_access(d0)
+    assert not d0.disable_peer_access(d1)
+    for pc in holds:
+        pc.release()
