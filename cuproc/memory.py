@@ -199,6 +199,26 @@ class DeviceView:
         return self.buffer.__dlpack_device__()
 
 
+class GlobalView:
+    """A ``__device__`` variable of a module or library: memory its owner holds (never freed here)."""
+
+    def __init__(self, ptr: int, nbytes: int, owner: Any, context: Context | None) -> None:
+        self._ptr, self.nbytes, self.owner, self.context = ptr, nbytes, owner, context
+
+    @property
+    def ptr(self) -> int:
+        if self.context is not None and not self.context.alive:
+            raise InvalidContextError(_CTX_ERROR, "cuModuleGetGlobal", hint="its context was destroyed")
+        return self._ptr
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return _cai(self.ptr, (self.nbytes,), "|u1")
+
+    def __repr__(self) -> str:
+        return f"<cuproc.GlobalView {self.nbytes} bytes at {self._ptr:#x}>"
+
+
 def _cai(ptr: int, shape: tuple[int, ...], typestr: str) -> dict[str, Any]:
     return {"shape": shape, "typestr": typestr, "data": (ptr, False), "version": 3, "strides": None,
             "stream": None}
@@ -456,6 +476,8 @@ def _side(obj: Any, call: str, *, writable: bool) -> _Side:
         return _Side("device", obj.ptr, obj.nbytes, obj, obj.context)
     if isinstance(obj, DeviceView):
         return _Side("device", obj.ptr, obj.nbytes, obj, obj.buffer.context)
+    if isinstance(obj, GlobalView):
+        return _Side("device", obj.ptr, obj.nbytes, obj, obj.context)
     if isinstance(obj, _HostMemory):
         return _Side("host", obj.ptr, obj.nbytes, obj, None)
     if isinstance(obj, int) and not isinstance(obj, bool):
@@ -688,5 +710,5 @@ if sys.version_info < (3, 12):  # no __buffer__ protocol: numpy.frombuffer(buf.b
     del _HostMemory.__buffer__
 
 
-__all__ = ["DeviceBuffer", "DeviceView", "ManagedBuffer", "MemoryPool", "PinnedBuffer", "RegisteredHostMemory",
+__all__ = ["DeviceBuffer", "DeviceView", "GlobalView", "ManagedBuffer", "MemoryPool", "PinnedBuffer", "RegisteredHostMemory",
            "alloc_async", "copy", "copy_2d", "copy_3d", "mem_info", "memset", "memset_2d", "pointer_attributes"]

@@ -1,0 +1,423 @@
+"""Loading code: modules (cubin/PTX/fatbin), JIT linking, context-independent libraries, functions.
+
+Policy
+------
+* JIT info and error logs are always captured; a failed load raises with the
+  error log in the message.  CUDA_ERROR_UNSUPPORTED_PTX_VERSION says which
+  PTX ISA the code needs and which this driver supports.
+* A :class:`Library` loads once and serves every context.  Where the handle
+  lacks ``cuLibraryLoadData`` (drivers or requested versions before 12.0) the
+  same object loads a :class:`Module` into each context it meets.
+* Modules hold their context; libraries hold nothing but the driver.
+"""
+from __future__ import annotations
+
+import os
+import re
+import weakref
+from pathlib import Path
+from typing import Any
+
+from ._cffi_abi import ffi
+from ._support import get_driver, handle_int, invalid
+from .context import Context
+from .driver import Driver
+from .errors import CudaError, result_code
+
+_LOG_SIZE = 1 << 14
+_UNSUPPORTED_PTX = result_code("CUDA_ERROR_UNSUPPORTED_PTX_VERSION")
+# The newest PTX ISA each CUDA release's driver JIT accepts (from the PTX ISA release notes).
+_PTX_ISA_OF_CUDA = {(11, 8): "7.8", (12, 0): "8.0", (12, 1): "8.1", (12, 2): "8.2", (12, 3): "8.3",
+                    (12, 4): "8.4", (12, 5): "8.5", (12, 6): "8.5", (12, 8): "8.7", (12, 9): "8.8",
+                    (13, 0): "9.0"}
+
+
+class JitResult:
+    """What a JIT step reported: wall time (ms) and the info and error logs."""
+
+    def __init__(self, wall_ms: float, info_log: str, error_log: str) -> None:
+        self.wall_ms, self.info_log, self.error_log = wall_ms, info_log, error_log
+
+    def __repr__(self) -> str:
+        return f"<JitResult {self.wall_ms:.2f} ms, info {len(self.info_log)} chars, errors {len(self.error_log)}>"
+
+
+class _JitOptions:
+    """CUjit_option arrays with log buffers and wall time; user options by name or enum value."""
+
+    def __init__(self, options: dict[str | int, Any] | None) -> None:
+        self.info = ffi.new("char[]", _LOG_SIZE)
+        self.error = ffi.new("char[]", _LOG_SIZE)
+        opts: dict[int, Any] = {}
+        jit = ffi.typeof("CUjit_option").relements
+        for key, value in (options or {}).items():
+            if isinstance(key, str):
+                name = key if key.startswith("CU_JIT_") else "CU_JIT_" + key.upper()
+                if name not in jit:
+                    raise invalid("cuModuleLoadDataEx", f"no JIT option {name}")
+                key = jit[name]
+            opts[key] = value
+        opts[jit["CU_JIT_INFO_LOG_BUFFER"]] = self.info
+        opts[jit["CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES"]] = _LOG_SIZE
+        opts[jit["CU_JIT_ERROR_LOG_BUFFER"]] = self.error
+        opts[jit["CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES"]] = _LOG_SIZE
+        opts[jit["CU_JIT_WALL_TIME"]] = 0
+        self._wall_index = list(opts).index(jit["CU_JIT_WALL_TIME"])
+        self.count = len(opts)
+        self.keys = ffi.new("CUjit_option[]", list(opts))
+        self.values = ffi.new("void *[]", [v if isinstance(v, ffi.CData) else ffi.cast("void *", int(v))
+                                           for v in opts.values()])
+
+    def result(self) -> JitResult:
+        wall = ffi.cast("float *", ffi.addressof(self.values, self._wall_index))[0]
+        return JitResult(wall, ffi.string(self.info).decode(errors="replace"),
+                         ffi.string(self.error).decode(errors="replace"))
+
+
+def _image(data: bytes | bytearray | memoryview | str | os.PathLike[str]) -> tuple[Any, bytes]:
+    """(cffi char array, bytes) for a module image; PTX text gets its terminating NUL."""
+    if isinstance(data, (str, os.PathLike)) and not (isinstance(data, str) and data.lstrip().startswith("//")):
+        data = Path(data).read_bytes()
+    if isinstance(data, str):
+        data = data.encode()
+    raw = bytes(data)
+    if raw[:4] != b"\x7fELF" and not raw.endswith(b"\0") and (b".version" in raw[:4096] or b".target" in raw[:4096]):
+        raw += b"\0"
+    return ffi.from_buffer(raw), raw
+
+
+def _load_error(drv: Driver, rc: int, call: str, raw: bytes, jit: _JitOptions | None) -> CudaError:
+    extra = []
+    if jit is not None:
+        log = jit.result().error_log.strip()
+        if log:
+            extra.append(f"JIT error log:\n{log}")
+    if rc == _UNSUPPORTED_PTX:
+        m = re.search(rb"^\s*\.version\s+(\d+\.\d+)", raw, re.M)
+        dv = drv.driver_version
+        supported = _PTX_ISA_OF_CUDA.get((dv.major, dv.minor), "an older ISA")
+        extra.append(f"the PTX declares ISA .version {m.group(1).decode() if m else '?'}, this CUDA {dv} "
+                     f"driver accepts up to PTX ISA {supported}: rebuild with an older toolkit "
+                     f"(or -arch for an older PTX ISA), or upgrade the driver")
+    err = drv.error(rc, call)
+    if extra:
+        err = type(err)(err.code, call, name=err.name, description=err.description,
+                        hint="; ".join(filter(None, [err.hint, *extra])))
+    return err
+
+
+class Module:
+    """A module loaded into the current context (cuModuleLoadDataEx); unloaded by close() or finalizer."""
+
+    def __init__(self, handle: Any, context: Context, driver: Driver, jit: JitResult | None) -> None:
+        self.handle, self.context, self.driver, self.jit = handle, context, driver, jit
+        self._finalizer = weakref.finalize(self, _unload, driver, context, handle)
+
+    @classmethod
+    def load(cls, image: bytes | str | os.PathLike[str], options: dict[str | int, Any] | None = None, *,
+             driver: Driver | None = None) -> Module:
+        """Load cubin, PTX or fatbin (bytes, or a path) into the current context, with JIT options
+        by name (``{"OPTIMIZATION_LEVEL": 4, "MAX_REGISTERS": 64}``)."""
+        drv = get_driver(driver)
+        ctx = Context.current(driver=drv)
+        if ctx is None:
+            from .memory import _current_context
+            _current_context(drv, "cuModuleLoadDataEx")
+        buf, raw = _image(image)
+        jit = _JitOptions(options)
+        out = ffi.new("CUmodule *")
+        rc = drv.cuModuleLoadDataEx(out, buf, jit.count, jit.keys, jit.values)
+        if rc:
+            raise _load_error(drv, rc, "cuModuleLoadDataEx", raw, jit)
+        return cls(out[0], ctx, drv, jit.result())
+
+    def get_function(self, name: str) -> Function:
+        out = ffi.new("CUfunction *")
+        self.driver.checked.cuModuleGetFunction(out, self.handle, name.encode())
+        return Function(out[0], self.driver, name, owner=self)
+
+    def get_global(self, name: str) -> Any:
+        """A device view of a ``__device__`` variable: (address, size) with cuproc's copy/memset."""
+        from .memory import GlobalView
+        ptr, size = ffi.new("CUdeviceptr *"), ffi.new("size_t *")
+        self.driver.checked.cuModuleGetGlobal(ptr, size, self.handle, name.encode())
+        return GlobalView(int(ptr[0]), size[0], self, self.context)
+
+    def unload(self) -> None:
+        if not self._finalizer.alive:
+            raise invalid("cuModuleUnload", "this module was already unloaded")
+        self._finalizer()
+
+    close = unload
+
+    def __enter__(self) -> Module:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._finalizer.alive:
+            self.unload()
+
+
+def _unload(driver: Driver, context: Context, handle: Any) -> None:
+    try:
+        if context.alive:
+            driver.cuModuleUnload(handle)
+    except Exception:  # noqa: BLE001 - finalizer
+        pass
+
+
+class Linker:
+    """JIT linking (cuLinkCreate / cuLinkAddData / cuLinkAddFile / cuLinkComplete)."""
+
+    _TYPES = {"ptx": "CU_JIT_INPUT_PTX", "cubin": "CU_JIT_INPUT_CUBIN", "fatbin": "CU_JIT_INPUT_FATBINARY",
+              "object": "CU_JIT_INPUT_OBJECT", "library": "CU_JIT_INPUT_LIBRARY"}
+
+    def __init__(self, options: dict[str | int, Any] | None = None, *, driver: Driver | None = None) -> None:
+        self.driver = drv = get_driver(driver)
+        self._jit = _JitOptions(options)
+        out = ffi.new("CUlinkState *")
+        drv.checked.cuLinkCreate(self._jit.count, self._jit.keys, self._jit.values, out)
+        self.handle = out[0]
+        self._keep: list[Any] = []
+        self._finalizer = weakref.finalize(self, _destroy_link, drv, self.handle)
+
+    def _input(self, kind: str) -> int:
+        return ffi.typeof("CUjitInputType").relements[self._TYPES[kind]]
+
+    def add_data(self, data: bytes | str, kind: str = "ptx", name: str = "input") -> Linker:
+        buf, raw = _image(data.encode() if isinstance(data, str) else data)
+        self._keep.append(buf)
+        rc = self.driver.cuLinkAddData(self.handle, self._input(kind), buf, len(raw), name.encode(), 0,
+                                       ffi.NULL, ffi.NULL)
+        if rc:
+            raise _load_error(self.driver, rc, "cuLinkAddData", raw, self._jit)
+        return self
+
+    def add_file(self, path: str | os.PathLike[str], kind: str | None = None) -> Linker:
+        kind = kind or {".ptx": "ptx", ".cubin": "cubin", ".fatbin": "fatbin", ".o": "object",
+                        ".a": "library"}[Path(path).suffix]
+        rc = self.driver.cuLinkAddFile(self.handle, self._input(kind), os.fspath(path).encode(), 0, ffi.NULL,
+                                       ffi.NULL)
+        if rc:
+            raise _load_error(self.driver, rc, "cuLinkAddFile", Path(path).read_bytes(), self._jit)
+        return self
+
+    def complete(self) -> tuple[bytes, JitResult]:
+        """Link; returns (cubin bytes, JIT result with wall time and logs).  The linker stays usable
+        for nothing else: close it afterwards (the cubin is already copied out)."""
+        cubin, size = ffi.new("void **"), ffi.new("size_t *")
+        rc = self.driver.cuLinkComplete(self.handle, cubin, size)
+        if rc:
+            raise _load_error(self.driver, rc, "cuLinkComplete", b"", self._jit)
+        return bytes(ffi.buffer(cubin[0], size[0])), self._jit.result()
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def __enter__(self) -> Linker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _destroy_link(driver: Driver, handle: Any) -> None:
+    try:
+        driver.cuLinkDestroy(handle)
+    except Exception:  # noqa: BLE001 - finalizer
+        pass
+
+
+class Library:
+    """Context-independent code (cuLibraryLoadData): load once, launch in whatever context is current.
+
+    Without ``cuLibrary*`` (before 12.0) it keeps the image and loads a Module into
+    each context the first time a kernel is asked for there.
+    """
+
+    def __init__(self, image: bytes | str | os.PathLike[str], options: dict[str | int, Any] | None = None, *,
+                 driver: Driver | None = None) -> None:
+        self.driver = drv = get_driver(driver)
+        self._buf, self._raw = _image(image)
+        self._options = options
+        self.context_independent = drv.has("cuLibraryLoadData")
+        self._modules: dict[int, Module] = {}
+        self.handle = None
+        if self.context_independent:
+            jit = _JitOptions(options)
+            out = ffi.new("CUlibrary *")
+            rc = drv.cuLibraryLoadData(out, self._buf, jit.keys, jit.values, jit.count, ffi.NULL, ffi.NULL, 0)
+            if rc:
+                raise _load_error(drv, rc, "cuLibraryLoadData", self._raw, jit)
+            self.handle = out[0]
+            self.jit = jit.result()
+            self._finalizer = weakref.finalize(self, _unload_library, drv, self.handle)
+
+    def _module(self) -> Module:
+        ctx = Context.current(driver=self.driver)
+        key = handle_int(ctx.handle) if ctx is not None else 0
+        mod = self._modules.get(key)
+        if mod is None or not mod.context.alive:
+            mod = self._modules[key] = Module.load(self._raw, self._options, driver=self.driver)
+        return mod
+
+    def get_kernel(self, name: str) -> Kernel:
+        if not self.context_independent:
+            return Kernel(None, self, name)
+        out = ffi.new("CUkernel *")
+        self.driver.checked.cuLibraryGetKernel(out, self.handle, name.encode())
+        return Kernel(out[0], self, name)
+
+    def get_global(self, name: str) -> Any:
+        """The ``__device__`` variable in the current context."""
+        from .memory import GlobalView
+        if not self.context_independent:
+            return self._module().get_global(name)
+        ptr, size = ffi.new("CUdeviceptr *"), ffi.new("size_t *")
+        self.driver.checked.cuLibraryGetGlobal(ptr, size, self.handle, name.encode())
+        return GlobalView(int(ptr[0]), size[0], self, Context.current(driver=self.driver))
+
+    def get_managed(self, name: str) -> tuple[int, int]:
+        """(address, size) of a ``__managed__`` variable (cuLibraryGetManaged)."""
+        ptr, size = ffi.new("CUdeviceptr *"), ffi.new("size_t *")
+        self.driver.checked.cuLibraryGetManaged(ptr, size, self.handle, name.encode())
+        return int(ptr[0]), size[0]
+
+    def unload(self) -> None:
+        if self.context_independent:
+            self._finalizer()
+        for mod in self._modules.values():
+            if mod._finalizer.alive:
+                mod.unload()
+        self._modules.clear()
+
+    close = unload
+
+    def __enter__(self) -> Library:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.unload()
+
+
+def _unload_library(driver: Driver, handle: Any) -> None:
+    try:
+        driver.cuLibraryUnload(handle)
+    except Exception:  # noqa: BLE001 - finalizer
+        pass
+
+
+class Function:
+    """A launchable function: a CUfunction (module) or a CUkernel (library, any context)."""
+
+    def __init__(self, handle: Any, driver: Driver, name: str, *, owner: Any, kernel: Any = None) -> None:
+        self.handle, self.driver, self.name, self.owner, self.kernel = handle, driver, name, owner, kernel
+
+    def attribute(self, attr: str | int) -> int:
+        if isinstance(attr, str):
+            key = attr if attr.startswith("CU_FUNC_ATTRIBUTE_") else "CU_FUNC_ATTRIBUTE_" + attr.upper()
+            attr = ffi.typeof("CUfunction_attribute").relements[key]
+        out = ffi.new("int *")
+        self.driver.checked.cuFuncGetAttribute(out, attr, self.handle)
+        return out[0]
+
+    def set_attribute(self, attr: str | int, value: int) -> None:
+        if isinstance(attr, str):
+            key = attr if attr.startswith("CU_FUNC_ATTRIBUTE_") else "CU_FUNC_ATTRIBUTE_" + attr.upper()
+            attr = ffi.typeof("CUfunction_attribute").relements[key]
+        self.driver.checked.cuFuncSetAttribute(self.handle, attr, value)
+
+    @property
+    def max_threads_per_block(self) -> int:
+        return self.attribute("MAX_THREADS_PER_BLOCK")
+
+    @property
+    def num_registers(self) -> int:
+        return self.attribute("NUM_REGS")
+
+    @property
+    def shared_size_bytes(self) -> int:
+        return self.attribute("SHARED_SIZE_BYTES")
+
+    @property
+    def max_dynamic_shared_size_bytes(self) -> int:
+        return self.attribute("MAX_DYNAMIC_SHARED_SIZE_BYTES")
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, value: int) -> None:
+        self.set_attribute("MAX_DYNAMIC_SHARED_SIZE_BYTES", value)
+
+    def set_cache_config(self, config: str | int) -> None:
+        if isinstance(config, str):
+            key = config if config.startswith("CU_FUNC_CACHE_") else "CU_FUNC_CACHE_" + config.upper()
+            config = ffi.typeof("CUfunc_cache").relements[key]
+        self.driver.checked.cuFuncSetCacheConfig(self.handle, config)
+
+    def max_active_blocks_per_sm(self, block_size: int, dynamic_shared: int = 0) -> int:
+        out = ffi.new("int *")
+        self.driver.checked.cuOccupancyMaxActiveBlocksPerMultiprocessor(out, self.handle, block_size, dynamic_shared)
+        return out[0]
+
+    def suggested_block_size(self, dynamic_shared: int = 0, block_size_limit: int = 0) -> tuple[int, int]:
+        """(minimum grid size for full occupancy, block size) from cuOccupancyMaxPotentialBlockSize."""
+        grid, block = ffi.new("int *"), ffi.new("int *")
+        self.driver.checked.cuOccupancyMaxPotentialBlockSize(grid, block, self.handle, ffi.NULL, dynamic_shared,
+                                                             block_size_limit)
+        return grid[0], block[0]
+
+    def param_info(self) -> list[tuple[int, int]] | None:
+        """[(offset, size)] of each parameter as the driver reports it (cuFuncGetParamInfo /
+        cuKernelGetParamInfo), or None where the driver cannot say."""
+        if self.kernel is not None and self.driver.has("cuKernelGetParamInfo"):
+            fn, target = self.driver.cuKernelGetParamInfo, self.kernel
+        elif self.driver.has("cuFuncGetParamInfo"):
+            fn, target = self.driver.cuFuncGetParamInfo, self.handle
+        else:
+            return None
+        out, offset, size = [], ffi.new("size_t *"), ffi.new("size_t *")
+        while fn(target, len(out), offset, size) == 0:
+            out.append((offset[0], size[0]))
+        return out
+
+    def prepare(self, signature: Any, grid: Any = 1, block: Any = 1, *, shared_mem: int = 0,
+                stream: Any = None, convention: str = "buffer") -> Any:
+        from .launch import PreparedLaunch
+        return PreparedLaunch(self, signature, grid, block, shared_mem=shared_mem, stream=stream,
+                              convention=convention)
+
+    def launch(self, grid: Any, block: Any, args: tuple = (), **kwargs: Any) -> None:
+        from .launch import launch
+        launch(self, grid, block, args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<cuproc.Function {self.name}>"
+
+
+class Kernel(Function):
+    """A library kernel.  Launches in the current context; ``function()`` gives that context's CUfunction."""
+
+    def __init__(self, handle: Any, library: Library, name: str) -> None:
+        self.library = library
+        if handle is None:   # no cuLibrary: stands for the module loaded in the current context
+            super().__init__(None, library.driver, name, owner=library)
+        else:
+            super().__init__(ffi.cast("CUfunction", handle), library.driver, name, owner=library, kernel=handle)
+
+    def function(self) -> Function:
+        """This kernel's CUfunction in the current context (cuKernelGetFunction, or the per-context module)."""
+        if self.kernel is None:
+            return self.library._module().get_function(self.name)
+        out = ffi.new("CUfunction *")
+        self.driver.checked.cuKernelGetFunction(out, self.kernel)
+        return Function(out[0], self.driver, self.name, owner=self.library)
+
+    @property
+    def handle(self) -> Any:  # type: ignore[override]
+        return self._handle if self.kernel is not None else self.function().handle
+
+    @handle.setter
+    def handle(self, value: Any) -> None:
+        self._handle = value
+
+
+__all__ = ["Function", "JitResult", "Kernel", "Library", "Linker", "Module"]

@@ -1,0 +1,242 @@
+"""Modules, JIT linking, libraries and kernel launches on a real GPU, checked against NumPy."""
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cuproc
+import cuproc.launch as L
+from cuproc import Context, Device, DeviceBuffer, Library, Linker, Module
+from cuproc import memory as mem
+from cuproc.errors import CudaError, InvalidValueError
+
+pytestmark = pytest.mark.gpu
+if not cuproc.is_driver_available():
+    pytest.skip("no CUDA driver on this machine", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parent.parent
+K = ROOT / "kernels"
+
+
+@pytest.fixture()
+def primary():
+    pc = cuproc.use_device(0)
+    yield pc
+    cuproc.driver.default_driver().cuCtxSetCurrent(cuproc.ffi.NULL)
+    pc.release()
+
+
+@pytest.fixture()
+def module(primary):
+    with Module.load(K / "kernels.cubin") as m:
+        yield m
+
+
+def test_vector_add_example():
+    result = runpy.run_path(str(ROOT / "examples" / "vector_add.py"))["main"]()
+    rng = np.random.default_rng(0)
+    a, b = rng.random(50_000, dtype=np.float32), rng.random(50_000, dtype=np.float32)
+    np.testing.assert_allclose(result, a + b)
+
+
+@pytest.mark.parametrize("artifact", ["kernels.cubin", "kernels.ptx", "kernels.fatbin"])
+def test_load_each_format_from_file_and_bytes(primary, artifact):
+    for source in (K / artifact, (K / artifact).read_bytes()):
+        with Module.load(source, {"OPTIMIZATION_LEVEL": 3, "MAX_REGISTERS": 64}) as m:
+            assert m.jit.wall_ms >= 0.0
+            fn = m.get_function("VecAdd_kernel")
+            a = np.arange(1000, dtype=np.float32)
+            with DeviceBuffer(a.nbytes) as da, DeviceBuffer(a.nbytes) as dc:
+                mem.copy(da, a)
+                fn.launch(4, 256, (da, da, dc, np.int32(a.size)))
+                out = np.empty_like(a)
+                mem.copy(out, dc)
+            np.testing.assert_array_equal(out, 2 * a)
+
+
+def test_ptx_error_carries_the_jit_log(primary):
+    bad = (K / "kernels.ptx").read_text().replace("ret;", "this_is_not_ptx;", 1)
+    with pytest.raises(CudaError) as exc:
+        Module.load(bad.encode())
+    assert "JIT error log" in str(exc.value) and "error" in str(exc.value).split("JIT error log")[1]
+
+
+def test_unsupported_ptx_version_is_explained(primary):
+    import re
+    newer = re.sub(r"\.version \d+\.\d+", ".version 99.0", (K / "kernels.ptx").read_text(), count=1)
+    with pytest.raises(CudaError) as exc:
+        Module.load(newer.encode())
+    assert exc.value.name in ("CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "CUDA_ERROR_INVALID_PTX")
+    if exc.value.name == "CUDA_ERROR_UNSUPPORTED_PTX_VERSION":
+        assert "99.0" in str(exc.value) and "PTX ISA" in str(exc.value)
+
+
+def test_globals_and_attributes(module):
+    counter = module.get_global("counter")
+    value = np.zeros(1, np.int32)
+    mem.copy(value, counter)
+    assert value[0] == 42 and counter.nbytes == 4
+    module.get_function("bump").launch(1, 1, (np.int32(5),))
+    mem.copy(value, counter)
+    assert value[0] == 47
+    fn = module.get_function("VecAdd_kernel")
+    assert fn.max_threads_per_block >= 256 and fn.num_registers > 0 and fn.shared_size_bytes == 0
+    fn.max_dynamic_shared_size_bytes = 64 * 1024
+    assert fn.max_dynamic_shared_size_bytes == 64 * 1024
+    fn.set_cache_config("PREFER_L1")
+    assert fn.max_active_blocks_per_sm(256) > 0
+    grid, block = fn.suggested_block_size()
+    assert grid > 0 and 0 < block <= 1024
+    assert fn.param_info() == [(0, 8), (8, 8), (16, 8), (24, 4)]
+
+
+@pytest.mark.parametrize("convention", ["params", "buffer"])
+def test_guide_alignment_example_on_the_gpu(module, convention):
+    out = DeviceBuffer(9 * 4)
+    fn = module.get_function("guide_args")
+    sig = ["int", "float4", "char", "float", "float*", "float2"]
+    fn.launch(1, 1, (3, (1.5, 2.5, 3.5, 4.5), 7, 8.25, out, (9.5, 10.5)), signature=sig, convention=convention)
+    host = np.zeros(9, np.float32)
+    mem.copy(host, out)
+    np.testing.assert_array_equal(host, [3, 1.5, 2.5, 3.5, 4.5, 7, 8.25, 9.5, 10.5])
+    prepared = fn.prepare(sig, 1, 1, convention=convention)
+    prepared(-4, np.array([0, 1, 2, 3], np.float32), 1, 0.5, out, (6, 7))
+    mem.copy(host, out)
+    np.testing.assert_array_equal(host, [-4, 0, 1, 2, 3, 1, 0.5, 6, 7])
+
+
+def test_struct_float4_and_sixteen_mixed_arguments(module):
+    dt = np.dtype([("mass", "f8"), ("id", "i4"), ("pos", "f4", 3)], align=True)
+    out = DeviceBuffer(8 * 5)
+    module.get_function("struct_arg").launch(1, 1, (np.array((2.5, 7, (1, 2, 3)), dt)[()], out))
+    host = np.zeros(5)
+    mem.copy(host, out)
+    np.testing.assert_array_equal(host, [2.5, 7, 1, 2, 3])
+    sig = ["char", "short", "int", "long long", "float", "double", "unsigned char", "unsigned short",
+           "unsigned int", "unsigned long long", "float2", "float4", "int", "double", "char", "double*"]
+    vals = [-3, 300, 70000, 1 << 40, 0.5, 0.25, 200, 60000, 4000000000, 1 << 50, (1.5, 2.5),
+            (1.0, 2.0, 3.0, 4.0), -9, 1e-3, 12]
+    module.get_function("mixed16").launch(1, 1, (*vals, out), signature=sig)
+    mem.copy(host, out)
+    expected = sum(v if not isinstance(v, tuple) else sum(v) for v in vals)
+    assert host[0] == pytest.approx(expected, rel=1e-12)
+
+
+def test_signature_checks_before_launch(module):
+    fn = module.get_function("empty")
+    with pytest.raises(InvalidValueError, match="takes 3 parameters"):
+        fn.launch(1, 32, (np.int32(1), np.int32(2)))
+    with pytest.raises(InvalidValueError, match="4 bytes"):
+        fn.launch(1, 32, (0, 1, 2.0), signature=["float*", "int", "double"])
+    with pytest.raises(InvalidValueError, match="signature"):
+        fn.launch(1, 32, (0, 1, 2.0))                      # bare Python numbers
+
+
+def test_cooperative_launches(module):
+    fn = module.get_function("coop_sum")
+    sms = Device(0).multiprocessor_count
+    blocks = min(sms, fn.max_active_blocks_per_sm(64) * sms)
+    data, out = DeviceBuffer(4 * blocks), DeviceBuffer(4)
+    expected = blocks * (blocks + 1) // 2
+    for how in ("cooperative", "launch_ex"):
+        mem.memset(out, 0)
+        if how == "cooperative":
+            fn.launch(blocks, 64, (data, out), cooperative=True)
+        else:
+            L.launch_ex(fn, blocks, 64, (data, out), cooperative=True, priority=0)
+        host = np.zeros(1, np.int32)
+        mem.copy(host, out)
+        assert host[0] == expected, how
+
+
+def test_cluster_launch(module):
+    if Device(0).compute_capability < (9, 0):
+        pytest.skip("thread block clusters need compute capability 9.0")
+    out = DeviceBuffer(4 * 8)
+    L.launch_ex(module.get_function("cluster_rank"), 8, 32, (out,), cluster=(2, 1, 1))
+    host = np.zeros(8, np.int32)
+    mem.copy(host, out)
+    np.testing.assert_array_equal(host, [0, 1] * 4)
+
+
+def test_ptxjit_linking(primary):
+    with Linker({"LOG_VERBOSE": 1}) as linker:
+        linker.add_file(K / "ptxjit_a.ptx").add_data((K / "ptxjit_b.ptx").read_bytes(), "ptx", "b.ptx")
+        cubin, result = linker.complete()
+    assert cubin[:4] == b"\x7fELF" and result.wall_ms >= 0.0
+    with Module.load(cubin) as m:
+        data = np.arange(512, dtype=np.float32)
+        with DeviceBuffer(data.nbytes) as d:
+            mem.copy(d, data)
+            m.get_function("ptxjit_kernel").launch(2, 256, (d, np.int32(512)))
+            out = np.empty_like(data)
+            mem.copy(out, d)
+    np.testing.assert_array_equal(out, 3 * data + np.arange(512))
+
+
+@pytest.mark.parametrize("requested", ["11.8", None])   # 11.8: no cuLibrary*, the per-context fallback
+def test_library_in_primary_and_created_context(requested):
+    drv = cuproc.Driver(requested) if requested else cuproc.driver.default_driver()
+    lib = Library(K / "kernels.fatbin", driver=drv)
+    assert lib.context_independent is (requested is None)
+    kernel = lib.get_kernel("VecAdd_kernel")
+    a = np.arange(256, dtype=np.float32)
+    results = []
+    primary = Device(0, driver=drv).primary_context()
+    created = None
+    for setup in ("primary", "created"):
+        if setup == "primary":
+            primary.__enter__()
+        else:
+            created = Context.create(0, driver=drv)
+        with DeviceBuffer(a.nbytes, driver=drv) as d:
+            mem.copy(d, a, driver=drv)
+            kernel.launch(1, 256, (d, d, d, np.int32(256)))
+            out = np.empty_like(a)
+            mem.copy(out, d, driver=drv)
+            results.append(out)
+        assert kernel.function().handle is not None
+        if setup == "primary":
+            primary.__exit__(None, None, None)
+        else:
+            Context.pop(driver=drv)
+            created.destroy()
+    for out in results:
+        np.testing.assert_array_equal(out, 2 * a)
+    lib.unload()
+
+
+def test_per_thread_default_stream_launches(primary):
+    drv = cuproc.Driver(per_thread_default_stream=True)
+    with Module.load(K / "kernels.cubin", driver=drv) as m:
+        a = np.arange(4096, dtype=np.float32)
+        with DeviceBuffer(a.nbytes, driver=drv) as d:
+            mem.copy(d, a, driver=drv)
+            vec = m.get_function("VecAdd_kernel")
+            prepared = vec.prepare(["float*", "float*", "float*", "int"], 16, 256)
+            for _ in range(3):
+                prepared(d, d, d, a.size)
+            mem.copy(a, d, driver=drv)
+    np.testing.assert_array_equal(a, np.arange(4096, dtype=np.float32) * 8)
+    assert drv.resolution("cuLaunchKernel").entry_point == "cuLaunchKernel_ptsz"
+
+
+@pytest.mark.multi_gpu
+@pytest.mark.skipif(Device.count() < 2, reason="needs two GPUs")
+def test_one_library_two_gpus():
+    """The context-independent loading post: load once, launch the same CUkernel on two devices."""
+    lib = Library(K / "kernels.fatbin")
+    kernel = lib.get_kernel("VecAdd_kernel")
+    a = np.arange(1024, dtype=np.float32)
+    for ordinal in (0, 1):
+        with Device(ordinal).primary_context():
+            with DeviceBuffer(a.nbytes) as d:
+                mem.copy(d, a)
+                kernel.launch(4, 256, (d, d, d, np.int32(a.size)))
+                out = np.empty_like(a)
+                mem.copy(out, d)
+            np.testing.assert_array_equal(out, 2 * a)
+    lib.unload()
