@@ -4,8 +4,9 @@
 # On the device:  bash tools/gpu_check.sh   (carry .whl; results land in $OUT, else ./.device-out)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/.device-out}
-mkdir -p "$OUT"
+FINAL=${OUT:-$PWD/.device-out}
+OUT=$(mktemp -d)   # everything lands here, then one archive in $FINAL (the device returns few files)
+mkdir -p "$FINAL"
 if ! python3 -c "import cffi" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site
@@ -18,4 +19,7 @@ python3 -m cuproc.tools.dump_symbols --json > "$OUT/dump_symbols.json" 2> "$OUT/
 python3 -m cuproc.tools.dump_symbols 'cuCtxCreate*' 'cuMemcpyHtoD*' 'cuLaunchKernel*' | head -8
 for b in benchmarks/bench_*.py; do timeout 240 python3 "$b" --out "$OUT" > "$OUT/$(basename "$b" .py).log" 2>&1 || echo "benchmark $b failed: see $OUT/$(basename "$b" .py).log"; done
 cat "$OUT"/bench_*.md 2>/dev/null
-echo "SUMMARY: $(tail -1 "$OUT/pytest.log") on $(head -1 "$OUT/gpu.txt") (pytest rc=$tests_rc)"
+summary="SUMMARY: $(tail -1 "$OUT/pytest.log") on $(head -1 "$OUT/gpu.txt") (pytest rc=$tests_rc)"
+echo "$summary" > "$OUT/summary.txt"
+tar -C "$OUT" -czf "$FINAL/gpu_check.tar.gz" .
+echo "$summary"
