@@ -341,12 +341,18 @@ class Driver:
             raise self._unavailable_error(res)
         return _public(name, res)
 
-    def has(self, name: str) -> bool:
-        """Does the installed driver provide ``name`` to this handle?  Never raises."""
+    def has(self, name: str, *, newer_driver_features: bool = True) -> bool:
+        """Does the installed driver provide ``name`` to this handle?  Never raises.
+
+        ``newer_driver_features=False`` asks whether ``name`` exists at the requested version
+        itself: code pinned to an older version uses it to pick the API that version had
+        (Library falls back to per-context modules below 12.0) instead of reaching ahead.
+        """
         try:
-            return self.resolution(name).status == RESOLVED
+            res = self.resolution(name)
         except Exception:  # noqa: BLE001 - a yes/no question
             return False
+        return res.status == RESOLVED and (newer_driver_features or not res.newer_driver_feature)
 
     def preload(self) -> dict[str, int]:
         """Resolve every symbol now; returns the count of each status."""

@@ -23,6 +23,7 @@ Policy
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Sequence
 
 from ._cffi_abi import ffi
@@ -134,13 +135,22 @@ def _writer(t: ArgType, address: Any) -> Callable[[Any], None]:
         slot = ffi.cast(t.ctype + " *", address)
 
         def write(value: Any) -> None:
-            slot[0] = value.item() if hasattr(value, "item") and not isinstance(value, ffi.CData) else value
+            if type(value) not in (int, float) and hasattr(value, "item") and not isinstance(value, ffi.CData):
+                value = value.item()   # NumPy scalar: its exact value, then cffi's range check
+            try:
+                slot[0] = value
+            except (TypeError, OverflowError) as exc:
+                raise invalid("cuLaunchKernel", f"parameter of type {t.name} cannot take {value!r}: {exc}") from None
         return write
     if t.kind == "pointer":
         slot = ffi.cast("uint64_t *", address)
 
         def write(value: Any) -> None:
+            if not isinstance(value, int) and hasattr(value, "__index__") and _device_address(value) is None:
+                value = value.__index__()   # a NumPy integer holding an address
             if isinstance(value, int):
+                if not 0 <= value < 1 << 64:
+                    raise invalid("cuLaunchKernel", f"parameter {t.name} needs a device address, got {value}")
                 slot[0] = value
                 return
             if isinstance(value, ffi.CData):
@@ -226,62 +236,177 @@ def check_signature(function: Any, packed: PackedArgs) -> None:
 class PreparedLaunch:
     """A kernel bound to its signature, grid, block and stream; calling it launches with new values.
 
-    ``launcher(*args)`` writes the values into the reused packed block and calls
-    cuLaunchKernel (raising CudaError on failure).  Nothing else is built per call.
+    ``prepared(*args)`` stores the values into the reused packed block and calls the
+    driver (raising CudaError on failure).  Nothing is built per call: the call itself
+    is Python source generated once per signature (see :func:`_launcher_source`), so
+    the common values (a Python int or float, a cuproc buffer) cost one cffi store each
+    and anything else takes the general writer with its checks and messages.
+
+    ``entry=None`` picks cuLaunchKernelEx where the requested version has it: the same
+    driver work as cuLaunchKernel (benchmarks/bench_launch.py, C loops over both) with
+    the configuration built once, so each call converts four arguments instead of eleven.
     """
 
     def __init__(self, function: Any, signature: Sequence[Any], grid: Any = 1, block: Any = 1, *,
-                 shared_mem: int = 0, stream: Any = None, convention: str = "buffer") -> None:
+                 shared_mem: int = 0, stream: Any = None, convention: str = "buffer",
+                 entry: str | None = None) -> None:
         if convention not in ("buffer", "params"):
             raise invalid("cuLaunchKernel", f"convention is 'buffer' or 'params', not {convention!r}")
+        if hasattr(function, "launch_target"):   # a per-context Kernel binds to the current context's function
+            function = function.launch_target()
         self.function = function
         self.driver = drv = get_driver(function.driver)
+        if entry is None:
+            entry = "cuLaunchKernelEx" if drv.has("cuLaunchKernelEx", newer_driver_features=False) \
+                else "cuLaunchKernel"
+        if entry not in ("cuLaunchKernel", "cuLaunchKernelEx"):
+            raise invalid("cuLaunchKernel", f"entry is 'cuLaunchKernel' or 'cuLaunchKernelEx', not {entry!r}")
         self.packed = packed = PackedArgs([arg_type(s) for s in signature])
         check_signature(function, packed)
-        gx, gy, gz = _dims(grid, "grid")
-        bx, by, bz = _dims(block, "block")
-        params, extra = (ffi.NULL, packed.extra) if convention == "buffer" else (packed.params, ffi.NULL)
-        self._call = (function.handle, gx, gy, gz, bx, by, bz, shared_mem, stream_handle(stream, drv), params, extra)
-        self._launch = drv.cuLaunchKernel
-        self._writers = packed.writers
-        self._error = drv.error
+        self.grid, self.block = _dims(grid, "grid"), _dims(block, "block")
+        if not isinstance(shared_mem, int) or shared_mem < 0:
+            raise invalid("cuLaunchKernel", f"shared_mem must be a non-negative int, got {shared_mem!r}")
+        self.shared_mem, self.convention, self.entry = shared_mem, convention, entry
+        self.stream = stream_handle(stream, drv)
+        self.config = None
+        if entry == "cuLaunchKernelEx":   # the whole launch configuration in one struct, built once
+            self.config = _launch_config(self.grid, self.block, shared_mem, self.stream, [])
+        self._launch = _compile_launcher(self, getattr(drv, entry), drv.error)
+        # Calling the instance runs the generated function directly: a class of its own per
+        # instance saves the extra Python frame a forwarding __call__ would cost on every launch.
+        self.__class__ = type("PreparedLaunch", (PreparedLaunch,), {"__call__": staticmethod(self._launch)})
 
-    def __call__(self, *args: Any) -> None:
-        if len(args) != len(self._writers):
-            raise invalid("cuLaunchKernel", f"{self.function.name} takes {len(self._writers)} arguments, "
-                                            f"got {len(args)}")
-        for write, value in zip(self._writers, args):
-            write(value)
-        rc = self._launch(*self._call)
-        if rc:
-            raise self._error(rc, "cuLaunchKernel")
+    def __call__(self, *args: Any) -> None:   # replaced per instance in __init__
+        self._launch(*args)
+
+    def launcher(self) -> Callable[..., None]:
+        """The generated launch function as a plain function, for the tightest loops."""
+        return self._launch
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a PreparedLaunch holds driver handles and cannot be pickled")
 
 
-_launch_cache: dict[tuple, PackedArgs] = {}
+def _launcher_source(types: Sequence[ArgType], grid: tuple, block: tuple, shared_mem: int,
+                     entry: str = "cuLaunchKernel") -> str:
+    """Python source of a launch function specialised to one signature.
+
+    Why generated: a loop over per-argument writer closures costs more than the
+    launch itself adds in C.  Straight-line stores keep cuproc's time per launch
+    within a few tens of nanoseconds of a bare cffi call.  Only ints (grid, block,
+    shared memory) are formatted into the source; everything else is looked up in
+    the function's globals.  A value cffi refuses (range, type) falls back to the
+    general writers, which say which parameter and why.
+    """
+    n = len(types)
+    names = [f"a{i}" for i in range(n)]
+    # positional-only with a sentinel default: a count check costs one identity test
+    params = "".join(f"{a}=MISSING, " for a in names)
+    lines = [f"def launch({params}/, *rest):" if n else "def launch(*rest):"]
+    last = f" or {names[-1]} is MISSING" if n else ""
+    lines += [f"    if rest{last}:", "        raise count_error(" + ", ".join(["rest"] + names) + ")"]
+    body: list[str] = []
+    for i, t in enumerate(types):
+        a, slot = f"a{i}", f"s{i}[0]"
+        if t.kind == "pointer":
+            body += [f"if {a}.__class__ is DeviceBuffer:", f"    {slot} = {a}.ptr",
+                     f"elif {a}.__class__ is int:", f"    {slot} = {a}",
+                     f"elif {a}.__class__ in buffer_types:", f"    {slot} = {a}.ptr",
+                     "else:", f"    w{i}({a})"]
+        elif t.kind == "scalar" and t.ctype in ("float", "double"):
+            body += [f"{slot} = {a}"]          # cffi takes any real number here; a str raises TypeError
+        elif t.kind == "scalar":
+            # only an exact int is stored directly: cffi would truncate a NumPy float silently
+            body += [f"if {a}.__class__ is int:", f"    {slot} = {a}", "else:", f"    w{i}({a})"]
+        else:
+            body += [f"w{i}({a})"]
+    if body:
+        lines += ["    try:"] + ["        " + line for line in body]
+        lines += ["    except (TypeError, OverflowError):", "        fill((" + ", ".join(names) + ",))"]
+    if entry == "cuLaunchKernelEx":
+        lines.append("    rc = launch_entry(config, handle, params, extra)")
+    else:
+        g, b = ", ".join(map(str, grid)), ", ".join(map(str, block))
+        lines.append(f"    rc = launch_entry(handle, {g}, {b}, {shared_mem}, stream, params, extra)")
+    lines += ["    if rc:", f"        raise error(rc, {entry!r})"]
+    return "\n".join(lines) + "\n"
+
+
+_MISSING = object()
+
+
+def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any) -> Callable[..., None]:
+    packed = prepared.packed
+    n = len(packed.types)
+    name = prepared.function.name
+
+    def count_error(rest: tuple, *given: Any) -> Exception:
+        got = sum(v is not _MISSING for v in given) + len(rest)
+        return invalid("cuLaunchKernel", f"{name} takes {n} arguments, got {got}")
+
+    from .memory import DeviceBuffer
+    env: dict[str, Any] = {
+        "launch_entry": cu_launch, "config": prepared.config, "error": error, "count_error": count_error,
+        "MISSING": _MISSING, "DeviceBuffer": DeviceBuffer, "buffer_types": _buffer_types(),
+        "handle": prepared.function.handle, "stream": prepared.stream, "fill": packed.fill,
+        "params": packed.params if prepared.convention == "params" else ffi.NULL,
+        "extra": packed.extra if prepared.convention == "buffer" else ffi.NULL,
+    }
+    for i, (t, off) in enumerate(zip(packed.types, packed.offsets)):
+        env[f"w{i}"] = packed.writers[i]
+        if t.kind in ("pointer", "scalar"):
+            env[f"s{i}"] = ffi.cast((t.ctype or "uint64_t") + " *", packed.block + off)
+    source = _launcher_source(packed.types, prepared.grid, prepared.block, prepared.shared_mem, prepared.entry)
+    exec(compile(source, f"<cuproc launcher for {name}>", "exec"), env)  # noqa: S102 - our own source, ints only
+    return env["launch"]
+
+
+def _buffer_types() -> frozenset[type]:
+    """cuproc's device-memory classes; their ``ptr`` raises for a freed buffer or a destroyed context."""
+    from .memory import DeviceBuffer, DeviceView, GlobalView, ManagedBuffer
+    return frozenset((DeviceBuffer, DeviceView, GlobalView, ManagedBuffer))
+
+
+_PREPARED_PER_FUNCTION = 64   # distinct (signature, grid, block, ...) one-shot launches remembered per function
 
 
 def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, signature: Sequence[Any] | None = None,
-           shared_mem: int = 0, stream: Any = None, convention: str = "params", cooperative: bool = False) -> None:
-    """Launch once (cuLaunchKernel, or cuLaunchCooperativeKernel with ``cooperative=True``)."""
+           shared_mem: int = 0, stream: Any = None, convention: str = "buffer", cooperative: bool = False,
+           entry: str | None = None) -> None:
+    """Launch once (cuLaunchKernel / cuLaunchKernelEx, or cuLaunchCooperativeKernel with ``cooperative=True``).
+
+    Repeated one-shot launches of the same shape reuse a :class:`PreparedLaunch` kept on the
+    function, so a loop over ``launch`` costs little more than a prepared launch.
+    """
+    if hasattr(function, "launch_target"):
+        function = function.launch_target()
     drv = get_driver(function.driver)
-    types = [arg_type(s) for s in signature] if signature is not None else [infer_type(a) for a in args]
-    key = (id(function), tuple((t.name, t.size, t.align, t.kind) for t in types))
-    packed = _launch_cache.get(key)
-    if packed is None:
+    if cooperative:
+        types = [arg_type(s) for s in signature] if signature is not None else [infer_type(a) for a in args]
         packed = PackedArgs(types)
         check_signature(function, packed)
-        if len(_launch_cache) > 256:
-            _launch_cache.clear()
-        _launch_cache[key] = packed
-    packed.fill(args)
-    g, b = _dims(grid, "grid"), _dims(block, "block")
+        packed.fill(args)
+        drv.checked.cuLaunchCooperativeKernel(function.handle, *_dims(grid, "grid"), *_dims(block, "block"),
+                                              shared_mem, stream_handle(stream, drv), packed.params)
+        return
+    sig: tuple = tuple(signature) if signature is not None else tuple(infer_type(a) for a in args)
     h = stream_handle(stream, drv)
-    if cooperative:
-        drv.checked.cuLaunchCooperativeKernel(function.handle, *g, *b, shared_mem, h, packed.params)
-    elif convention == "buffer":
-        drv.checked.cuLaunchKernel(function.handle, *g, *b, shared_mem, h, ffi.NULL, packed.extra)
-    else:
-        drv.checked.cuLaunchKernel(function.handle, *g, *b, shared_mem, h, packed.params, ffi.NULL)
+    try:
+        key = (sig if signature is not None else tuple((t.name, t.size, t.align, t.kind) for t in sig),
+               grid if isinstance(grid, int) else tuple(grid), block if isinstance(block, int) else tuple(block),
+               shared_mem, int(ffi.cast("uintptr_t", h)), convention, entry)
+        cache = function.__dict__.setdefault("_prepared", {})
+        prepared = cache.get(key)
+    except TypeError:   # an unhashable signature entry: prepare without remembering
+        key, cache, prepared = None, None, None
+    if prepared is None:
+        prepared = PreparedLaunch(function, sig, grid, block, shared_mem=shared_mem, stream=h, convention=convention,
+                                  entry=entry)
+        if cache is not None:
+            if len(cache) >= _PREPARED_PER_FUNCTION:
+                cache.clear()
+            cache[key] = prepared
+    prepared(*args)
 
 
 def launch_ex(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *,
@@ -300,6 +425,12 @@ def launch_ex(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *,
         attrs.append(("CU_LAUNCH_ATTRIBUTE_COOPERATIVE", 1))
     if priority is not None:
         attrs.append(("CU_LAUNCH_ATTRIBUTE_PRIORITY", priority))
+    config = _launch_config(_dims(grid, "grid"), _dims(block, "block"), shared_mem, stream_handle(stream, drv), attrs)
+    drv.checked.cuLaunchKernelEx(config, function.handle, packed.params, ffi.NULL)
+
+
+def _launch_config(grid: tuple, block: tuple, shared_mem: int, stream: Any, attrs: list[tuple[str, Any]]) -> Any:
+    """A CUlaunchConfig with its attribute array (kept alive by the config's owner via ``_keep``)."""
     array = ffi.new("CUlaunchAttribute[]", max(len(attrs), 1))
     ids = ffi.typeof("CUlaunchAttributeID").relements
     for slot, (name, value) in zip(array, attrs):
@@ -311,13 +442,17 @@ def launch_ex(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *,
         else:
             slot.value.priority = value
     config = ffi.new("CUlaunchConfig *")
-    config.gridDimX, config.gridDimY, config.gridDimZ = _dims(grid, "grid")
-    config.blockDimX, config.blockDimY, config.blockDimZ = _dims(block, "block")
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = block
     config.sharedMemBytes = shared_mem
-    config.hStream = stream_handle(stream, drv)
+    config.hStream = stream
     config.attrs = array
     config.numAttrs = len(attrs)
-    drv.checked.cuLaunchKernelEx(config, function.handle, packed.params, ffi.NULL)
+    _config_attrs[config] = array
+    return config
+
+
+_config_attrs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # a config keeps its attribute array
 
 
 def pack_bytes(signature: Sequence[Any], values: Sequence[Any]) -> bytes:

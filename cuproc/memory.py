@@ -77,9 +77,9 @@ class _Allocation:
     @property
     def ptr(self) -> int:
         """The address; raises if the buffer was freed or its context destroyed."""
-        if self._freed:
-            raise invalid(self._free_call, f"this {type(self).__name__} was freed; it cannot be used")
-        if not self.context.alive:
+        if self._freed or self.context._destroyed:   # one test on the launch path; details below
+            if self._freed:
+                raise invalid(self._free_call, f"this {type(self).__name__} was freed; it cannot be used")
             raise InvalidContextError(_CTX_ERROR, self._free_call, hint="the context this buffer was allocated "
                                       "in was destroyed, and its memory with it")
         return self._ptr

@@ -240,7 +240,7 @@ class Library:
         self.driver = drv = get_driver(driver)
         self._buf, self._raw = _image(image)
         self._options = options
-        self.context_independent = drv.has("cuLibraryLoadData")
+        self.context_independent = drv.has("cuLibraryLoadData", newer_driver_features=False)
         self._modules: dict[int, Module] = {}
         self.handle = None
         if self.context_independent:
@@ -379,11 +379,15 @@ class Function:
             out.append((offset[0], size[0]))
         return out
 
+    def launch_target(self) -> Function:
+        """What a launch binds to: this function (a per-context Kernel answers its current context's)."""
+        return self
+
     def prepare(self, signature: Any, grid: Any = 1, block: Any = 1, *, shared_mem: int = 0,
-                stream: Any = None, convention: str = "buffer") -> Any:
+                stream: Any = None, convention: str = "buffer", entry: str = "cuLaunchKernel") -> Any:
         from .launch import PreparedLaunch
         return PreparedLaunch(self, signature, grid, block, shared_mem=shared_mem, stream=stream,
-                              convention=convention)
+                              convention=convention, entry=entry)
 
     def launch(self, grid: Any, block: Any, args: tuple = (), **kwargs: Any) -> None:
         from .launch import launch
@@ -410,6 +414,9 @@ class Kernel(Function):
         out = ffi.new("CUfunction *")
         self.driver.checked.cuKernelGetFunction(out, self.kernel)
         return Function(out[0], self.driver, self.name, owner=self.library)
+
+    def launch_target(self) -> Function:
+        return self if self.kernel is not None else self.function()
 
     @property
     def handle(self) -> Any:  # type: ignore[override]

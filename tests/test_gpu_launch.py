@@ -221,7 +221,34 @@ def test_per_thread_default_stream_launches(primary):
                 prepared(d, d, d, a.size)
             mem.copy(a, d, driver=drv)
     np.testing.assert_array_equal(a, np.arange(4096, dtype=np.float32) * 8)
-    assert drv.resolution("cuLaunchKernel").entry_point == "cuLaunchKernel_ptsz"
+    assert drv.resolution(prepared.entry).entry_point == prepared.entry + "_ptsz"
+
+
+@pytest.mark.parametrize("entry", ["cuLaunchKernelEx", "cuLaunchKernel", "one-shot"])
+@pytest.mark.parametrize("convention", ["buffer", "params"])
+def test_values_change_on_every_launch(module, entry, convention):
+    """The generated launcher stores fresh values each call: N changes, only C[:N] is written."""
+    vec = module.get_function("VecAdd_kernel")
+    sig = ["float*", "float*", "float*", "int"]
+    a, b = np.arange(4096, dtype=np.float32), np.full(4096, 0.5, np.float32)
+    da, db, dc = DeviceBuffer(a.nbytes), DeviceBuffer(b.nbytes), DeviceBuffer(a.nbytes)
+    mem.copy(da, a)
+    mem.copy(db, b)
+    prepared = None if entry == "one-shot" else vec.prepare(sig, 16, 256, convention=convention, entry=entry)
+    for n in (4096, 1000, 17, 0):
+        mem.memset(dc, 0)
+        if prepared is None:
+            vec.launch(16, 256, (da, db, dc.ptr, n), signature=sig, convention=convention)
+        else:
+            prepared(da, db, dc.ptr, n)
+        c = np.empty_like(a)
+        mem.copy(c, dc)
+        np.testing.assert_array_equal(c[:n], a[:n] + b[:n])
+        assert not c[n:].any()
+    for buf in (da, db, dc):
+        buf.free()
+    with pytest.raises(InvalidValueError, match="freed"):
+        (prepared or (lambda *v: vec.launch(16, 256, v, signature=sig)))(da, db, dc, 1)
 
 
 @pytest.mark.multi_gpu

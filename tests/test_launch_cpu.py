@@ -85,3 +85,93 @@ def test_both_conventions_point_at_the_same_block():
     assert extra[0] == consts["CU_LAUNCH_PARAM_BUFFER_POINTER"] and extra[2] == consts["CU_LAUNCH_PARAM_BUFFER_SIZE"]
     assert extra[4] == consts["CU_LAUNCH_PARAM_END"] and extra[1] == packed.block
     assert cuproc.ffi.cast("size_t *", extra[3])[0] == 56
+
+
+# ---------------------------------------------------------------- the generated launcher, on the simulated driver
+
+class _FakeFunction:
+    """What PreparedLaunch needs of a Function, with no parameter info (the user's signature rules)."""
+
+    def __init__(self, drv):
+        self.driver, self.handle, self.name = drv, cuproc.ffi.NULL, "fake"
+
+    def param_info(self):
+        return None
+
+
+@pytest.fixture()
+def sim_driver(sims):
+    sim = sims["v2"]
+    sim.set_version(13000)
+    sim.set_result(0)
+    return sim, cuproc.Driver(library=sim.path)
+
+
+SIG = ["float*", "int", "float", "float4"]
+
+
+@pytest.mark.parametrize("entry", ["cuLaunchKernel", "cuLaunchKernelEx"])
+@pytest.mark.parametrize("convention", ["buffer", "params"])
+def test_prepared_launch_stores_values_then_calls_the_driver(sim_driver, convention, entry):
+    sim, drv = sim_driver
+    prepared = L.PreparedLaunch(_FakeFunction(drv), SIG, (2, 3), 64, convention=convention, entry=entry)
+    if entry == "cuLaunchKernelEx":
+        c = prepared.config
+        assert (c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ) == (2, 3, 1, 64, 1, 1)
+    for values in [(0x1000, 7, 1.5, (1, 2, 3, 4)),
+                   (np.uint64(0x2000), np.int32(-3), np.float32(0.25), np.arange(4, dtype=np.float32)),
+                   (0x3000, 2**31 - 1, 3, [0.5] * 4)]:      # an int for a float parameter: stored as float
+        sim.reset_last_called()
+        prepared(*values)
+        assert sim.last_called() == entry
+        got = bytes(cuproc.ffi.buffer(prepared.packed.block, prepared.packed.size))
+        assert got == L.pack_bytes(SIG, values)
+    ptr_int, n, x = struct.unpack_from("<Qif", got)
+    assert (ptr_int, n, x) == (0x3000, 2**31 - 1, 3.0)
+
+
+def test_prepared_launch_refuses_bad_values_before_the_driver(sim_driver):
+    sim, drv = sim_driver
+    prepared = L.PreparedLaunch(_FakeFunction(drv), SIG, 1, 32)
+    bad = [((1, 2, 3), "takes 4 arguments, got 3"),
+           ((1, 2, 3, (1, 2, 3, 4), 5), "takes 4 arguments, got 5"),
+           ((1, 2**40, 1.0, (0,) * 4), "int"),                 # out of int32 range
+           ((1, 1.5, 1.0, (0,) * 4), "int"),                   # a float for an int parameter
+           ((1, np.float32(2.5), 1.0, (0,) * 4), "int"),       # ... also as a NumPy float
+           ((-1, 1, 1.0, (0,) * 4), "device address"),
+           ((object(), 1, 1.0, (0,) * 4), "device pointer"),
+           ((1, 1, "x", (0,) * 4), "float"),
+           ((1, 1, 1.0, (0,) * 3), "4 components")]
+    for values, words in bad:
+        sim.reset_last_called()
+        with pytest.raises(InvalidValueError) as exc:
+            prepared(*values)
+        assert words in str(exc.value) and "cuLaunchKernel" in str(exc.value), (values, str(exc.value))
+        assert sim.last_called() != "cuLaunchKernel", values
+
+
+def test_prepared_launch_raises_the_drivers_error(sim_driver):
+    sim, drv = sim_driver
+    prepared = L.PreparedLaunch(_FakeFunction(drv), ["int"], 1, 1)
+    sim.set_result(cuproc.driver.CUDA_ERROR_INVALID_HANDLE)
+    try:
+        with pytest.raises(cuproc.CudaError) as exc:
+            prepared(1)
+    finally:
+        sim.set_result(0)
+    assert exc.value.name == "CUDA_ERROR_INVALID_HANDLE" and exc.value.call == prepared.entry
+    assert prepared.entry == "cuLaunchKernelEx"        # 13.0 has it: the four-argument call is the default
+    assert L.PreparedLaunch(_FakeFunction(cuproc.Driver("11.3", library=sim.path)), ["int"]).entry == "cuLaunchKernel"
+
+
+def test_prepared_launch_with_a_freed_buffer_raises(sim_driver):
+    """A freed cuproc buffer is refused on the fast path too (its ptr property checks)."""
+    from cuproc.memory import DeviceBuffer
+    sim, drv = sim_driver
+    buf = DeviceBuffer.__new__(DeviceBuffer)
+    buf._freed, buf._free_call = True, "cuMemFree"
+    prepared = L.PreparedLaunch(_FakeFunction(drv), ["float*"], 1, 1)
+    sim.reset_last_called()
+    with pytest.raises(InvalidValueError, match="freed"):
+        prepared(buf)
+    assert sim.last_called() != "cuLaunchKernel"

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/.device-out}
 OUT=$(mktemp -d)   # everything lands here, then one archive in $FINAL (the device returns few files)
 mkdir -p "$FINAL"
+pack() { tar -C "$OUT" -czf "$FINAL/gpu_check.tar.gz" .; }   # after each stage: a timeout keeps what ran
 if ! python3 -c "import cffi" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site
@@ -15,11 +16,12 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 CUPROC_MATRIX_REPORT=$OUT/matrix_mismatches.jsonl timeout 420 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log"
 tests_rc=${PIPESTATUS[0]}
+pack
 python3 -m cuproc.tools.dump_symbols --json > "$OUT/dump_symbols.json" 2> "$OUT/dump_symbols.err"
 python3 -m cuproc.tools.dump_symbols 'cuCtxCreate*' 'cuMemcpyHtoD*' 'cuLaunchKernel*' | head -8
-for b in benchmarks/bench_*.py; do timeout 240 python3 "$b" --out "$OUT" > "$OUT/$(basename "$b" .py).log" 2>&1 || echo "benchmark $b failed: see $OUT/$(basename "$b" .py).log"; done
+for b in benchmarks/bench_*.py; do timeout 240 python3 "$b" --out "$OUT" > "$OUT/$(basename "$b" .py).log" 2>&1 || echo "benchmark $b failed: see $OUT/$(basename "$b" .py).log"; pack; done
 cat "$OUT"/bench_*.md 2>/dev/null
 summary="SUMMARY: $(tail -1 "$OUT/pytest.log") on $(head -1 "$OUT/gpu.txt") (pytest rc=$tests_rc)"
 echo "$summary" > "$OUT/summary.txt"
-tar -C "$OUT" -czf "$FINAL/gpu_check.tar.gz" .
+pack
 echo "$summary"
