@@ -1,9 +1,12 @@
 """Launch overhead: the empty (float*, int, float) kernel, grid 1, block 32, values changing every launch.
 
-Every launcher in one run on the GPU machine: the C loop (``c_floor_launch.c``), cuproc's prepared
-launch (both conventions), cuproc's one-shot launch, bare cffi with a packed buffer, cuda.bindings,
-cuda.core and CuPy.  Burst: the median host time per enqueue over 200 bursts of 256; steady: 20,000
-launches then a synchronize, per launch.  Goal: cuproc's prepared launch <= 1.25x the C loop's burst.
+Every launcher in one process and one run on the GPU machine: the C loop (``c_floor_launch.c``, built
+as a shared library and called between the Python bursts), cuproc's prepared launch (default and each
+entry x convention), cuproc's one-shot launch, bare cffi, cuda.bindings, cuda.core and CuPy.  The
+bursts go round-robin over all launchers, so drift in clocks or load hits every one alike.  Burst:
+the median host time per enqueue over 200 bursts of 256; steady: 20,000 launches then a synchronize,
+per launch.  The C program in its own process is reported too.  Goal: cuproc's prepared launch
+<= 1.25x the C loop over cuLaunchKernel (burst), and faster than every peer.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -28,43 +32,67 @@ HERE = Path(__file__).resolve().parent
 CUBIN = ROOT / "kernels" / "kernels.cubin"
 BURST, REPS, STEADY = 256, 200, 20_000
 DEFAULT = "cuproc prepared (default)"   # what Function.prepare gives without options
+C_LOOPS = {"C loop over cuLaunchKernel": 0, "C loop over cuLaunchKernel (packed buffer)": 1,
+           "C loop over cuLaunchKernelEx": 2, "C loop over cuLaunchKernelEx (packed buffer)": 3}
+FLOOR = "C loop over cuLaunchKernel"
 
 
-def c_floor() -> dict:
+def build_c(tmp: Path) -> tuple[Path, Path]:
     cc = shutil.which("cc") or shutil.which("gcc")
-    with tempfile.TemporaryDirectory() as tmp:
-        exe = Path(tmp, "c_floor_launch")
-        subprocess.run([cc, "-O2", "-o", str(exe), str(HERE / "c_floor_launch.c"), "-ldl"], check=True)
-        return json.loads(subprocess.run([str(exe), str(CUBIN)], capture_output=True, text=True,
-                                         check=True).stdout)
+    exe, lib = tmp / "c_floor_launch", tmp / "libc_floor_launch.so"
+    src = str(HERE / "c_floor_launch.c")
+    subprocess.run([cc, "-O2", "-o", str(exe), src, "-ldl"], check=True)
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-DC_FLOOR_LIBRARY", "-o", str(lib), src, "-ldl"], check=True)
+    return exe, lib
 
 
-def measure(launch_one, sync) -> dict:
-    for i in range(BURST):  # warm up
-        launch_one(i)
+def c_floor_process(exe: Path) -> dict:
+    """The C program in its own process (its own context): the floor with nothing else around."""
+    return json.loads(subprocess.run([str(exe), str(CUBIN)], capture_output=True, text=True, check=True).stdout)
+
+
+def measure_interleaved(pythons: dict[str, Callable[[int], None]], natives: dict[str, Callable[[int], float]],
+                        sync: Callable[[], object]) -> dict:
+    """Round-robin bursts over every launcher; then a steady run of each."""
+    for f in pythons.values():
+        for i in range(BURST):   # warm up: the generated code, the driver's caches
+            f(i)
+    for native in natives.values():
+        native(BURST)
     sync()
-    bursts = []
+    bursts: dict[str, list[float]] = {name: [] for name in [*natives, *pythons]}
     for _ in range(REPS):
+        for name, native in natives.items():
+            sync()
+            bursts[name].append(native(BURST))
+        for name, f in pythons.items():
+            sync()
+            t = time.perf_counter()
+            for i in range(BURST):
+                f(i)
+            bursts[name].append((time.perf_counter() - t) / BURST)
+    out = {}
+    for name in bursts:
         sync()
         t = time.perf_counter()
-        for i in range(BURST):
-            launch_one(i)
-        bursts.append((time.perf_counter() - t) / BURST)
-    sync()
-    t = time.perf_counter()
-    for i in range(STEADY):
-        launch_one(i)
-    sync()
-    steady = (time.perf_counter() - t) / STEADY
-    return {"burst_us": statistics.median(bursts) * 1e6, "steady_us": steady * 1e6}
+        if name in natives:
+            natives[name](STEADY)
+        else:
+            f = pythons[name]
+            for i in range(STEADY):
+                f(i)
+        sync()
+        out[name] = {"burst_us": statistics.median(bursts[name]) * 1e6,
+                     "steady_us": (time.perf_counter() - t) / STEADY * 1e6}
+    return out
 
 
-def launchers() -> dict:
+def launchers(c_lib: Path) -> tuple[dict, dict]:
     import cuproc
     from cuproc import Module
-    out: dict = {}
+    errors: dict = {}
+    pythons: dict[str, Callable[[int], None]] = {}
     pc = cuproc.use_device(0)
-    data_label = ""
     drv = cuproc.driver.default_driver()
     module = Module.load(CUBIN)
     fn = module.get_function("empty")
@@ -73,58 +101,56 @@ def launchers() -> dict:
         (lambda: drv.checked.cuCtxSynchronize(cuproc.ffi.NULL))
     sig = ["float*", "int", "float"]
 
-    default = fn.prepare(sig, 1, 32)   # the value for the float parameter is an int: stored as float, like C's (float)i
-    out[DEFAULT] = measure(lambda i: default(buf, i, i), sync)
-    out["cuproc prepared, float(i) passed"] = measure(lambda i: default(buf, i, float(i)), sync)
+    lib = ctypes.CDLL(str(c_lib))
+    lib.c_floor_burst.restype = ctypes.c_double
+    lib.c_floor_burst.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_int]
+    f_addr, ptr = int(cuproc.ffi.cast("uintptr_t", fn.handle)), buf.ptr
+    natives = {name: (lambda count, v=v: lib.c_floor_burst(v, f_addr, ptr, count)) for name, v in C_LOOPS.items()}
+
+    # The float parameter gets the int i, stored as float: what C's x = (float)i does.
+    default = fn.prepare(sig, 1, 32)
+    pythons[DEFAULT] = lambda i: default(buf, i, i)
     for entry in ("cuLaunchKernelEx", "cuLaunchKernel"):
         for conv in ("buffer", "params"):
-            if (entry, conv) == (default.entry, default.convention):
-                continue
-            prepared = fn.prepare(sig, 1, 32, convention=conv, entry=entry)
-            out[f"cuproc prepared ({entry}, {conv})"] = measure(lambda i: prepared(buf, i, i), sync)
+            if (entry, conv) != (default.entry, default.convention):
+                prepared = fn.prepare(sig, 1, 32, convention=conv, entry=entry)
+                pythons[f"cuproc prepared ({entry}, {conv})"] = lambda i, p=prepared: p(buf, i, i)
     run = default.launcher()
-    out["cuproc prepared .launcher()"] = measure(lambda i: run(buf, i, i), sync)
-    data_label = f"{default.entry}, {default.convention}"
-    out["cuproc Function.launch (signature)"] = measure(
-        lambda i: fn.launch(1, 32, (buf, i, float(i)), signature=sig), sync)
+    pythons["cuproc prepared .launcher()"] = lambda i: run(buf, i, i)
+    pythons["cuproc Function.launch (signature)"] = lambda i: fn.launch(1, 32, (buf, i, i), signature=sig)
 
-    # bare cffi: the packed buffer by hand, through the same raw function pointer
+    # bare cffi: the packed buffer by hand, through the same raw function pointers
     ffi = cuproc.ffi
     block = ffi.new("char[16]")
     p_ptr, p_n, p_x = ffi.cast("uint64_t *", block), ffi.cast("int *", block + 8), ffi.cast("float *", block + 12)
     p_ptr[0] = buf.ptr
     size = ffi.new("size_t *", 16)
     extra = ffi.new("void *[]", [ffi.cast("void *", 1), block, ffi.cast("void *", 2), size, ffi.cast("void *", 0)])
-    raw = drv.cuLaunchKernel
-    handle = fn.handle
+    raw, raw_ex, handle = drv.cuLaunchKernel, drv.cuLaunchKernelEx, fn.handle
+    config = ffi.new("CUlaunchConfig *", {"gridDimX": 1, "gridDimY": 1, "gridDimZ": 1, "blockDimX": 32,
+                                          "blockDimY": 1, "blockDimZ": 1})
 
     def bare(i):
         p_n[0] = i
         p_x[0] = i
         raw(handle, 1, 1, 1, 32, 1, 1, 0, ffi.NULL, ffi.NULL, extra)
-    out["bare cffi (packed buffer)"] = measure(bare, sync)
-    raw_ex = drv.cuLaunchKernelEx
-    config = ffi.new("CUlaunchConfig *", {"gridDimX": 1, "gridDimY": 1, "gridDimZ": 1, "blockDimX": 32,
-                                          "blockDimY": 1, "blockDimZ": 1})
 
     def bare_ex(i):
         p_n[0] = i
         p_x[0] = i
         raw_ex(config, handle, ffi.NULL, extra)
-    out["bare cffi (cuLaunchKernelEx, packed buffer)"] = measure(bare_ex, sync)
+    pythons["bare cffi (packed buffer)"] = bare
+    pythons["bare cffi (cuLaunchKernelEx, packed buffer)"] = bare_ex
 
     try:
         from cuda.bindings import driver as cbd
         _, cmod = cbd.cuModuleLoadData(CUBIN.read_bytes())
         _, cfn = cbd.cuModuleGetFunction(cmod, b"empty")
-        ptr = buf.ptr
-        types = (None, ctypes.c_int, ctypes.c_float)
-
-        def bindings(i):
-            cbd.cuLaunchKernel(cfn, 1, 1, 1, 32, 1, 1, 0, 0, ((ptr, i, float(i)), (ctypes.c_void_p,) + types[1:]), 0)
-        out["cuda.bindings cuLaunchKernel"] = measure(bindings, sync)
+        types = (ctypes.c_void_p, ctypes.c_int, ctypes.c_float)
+        pythons["cuda.bindings cuLaunchKernel"] = \
+            lambda i: cbd.cuLaunchKernel(cfn, 1, 1, 1, 32, 1, 1, 0, 0, ((ptr, i, float(i)), types), 0)
     except Exception:  # noqa: BLE001 - a peer that fails is reported, not fatal
-        out["cuda.bindings cuLaunchKernel"] = {"error": traceback.format_exc(limit=2)}
+        errors["cuda.bindings cuLaunchKernel"] = {"error": traceback.format_exc(limit=2)}
 
     try:
         try:
@@ -135,32 +161,25 @@ def launchers() -> dict:
         cdev.set_current()
         stream = cdev.default_stream
         kernel = ObjectCode.from_cubin(CUBIN.read_bytes()).get_kernel("empty")
-        config = LaunchConfig(grid=1, block=32)
-        ptr = buf.ptr
-
-        def core(i):
-            core_launch(stream, config, kernel, ptr, np.int32(i), np.float32(i))
-        out["cuda.core launch"] = measure(core, sync)
+        lconfig = LaunchConfig(grid=1, block=32)
+        pythons["cuda.core launch"] = lambda i: core_launch(stream, lconfig, kernel, ptr, np.int32(i), np.float32(i))
     except Exception:  # noqa: BLE001
-        out["cuda.core launch"] = {"error": traceback.format_exc(limit=2)}
+        errors["cuda.core launch"] = {"error": traceback.format_exc(limit=2)}
 
     try:
         import cupy
         rk = cupy.RawModule(path=str(CUBIN)).get_function("empty")
-        ptr = buf.ptr
-
-        def cupy_launch(i):
-            rk((1,), (32,), (ptr, np.int32(i), np.float32(i)))
-        out["CuPy RawModule"] = measure(cupy_launch, sync)
+        pythons["CuPy RawModule"] = lambda i: rk((1,), (32,), (ptr, np.int32(i), np.float32(i)))
     except Exception:  # noqa: BLE001
-        out["CuPy RawModule"] = {"error": traceback.format_exc(limit=2)}
+        errors["CuPy RawModule"] = {"error": traceback.format_exc(limit=2)}
 
+    results = measure_interleaved(pythons, natives, sync)
+    results[DEFAULT]["entry"] = f"{default.entry}, {default.convention}"
     buf.close()
     module.unload()
     drv.cuCtxSetCurrent(ffi.NULL)
     pc.release()
-    out[DEFAULT]["entry"] = data_label
-    return out
+    return results, errors
 
 
 def plot(data: dict, path: Path) -> None:
@@ -170,13 +189,13 @@ def plot(data: dict, path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    rows = [("C loop", data["c_floor"]["params"]["burst_us"])] + [
-        (k, v["burst_us"]) for k, v in data["launchers"].items() if "burst_us" in v]
-    rows.sort(key=lambda r: r[1])
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
+    rows = sorted(((k, v["burst_us"]) for k, v in data["launchers"].items()), key=lambda r: r[1])
+    colours = {"cuproc": "#4c72b0", "C loop": "#55a868", "bare": "#bbbbbb"}
+    fig, ax = plt.subplots(figsize=(9, 0.4 * len(rows) + 1.4))
     ax.barh([r[0] for r in rows], [r[1] for r in rows],
-            color=["#4c72b0" if r[0].startswith("cuproc") else "#999999" for r in rows])
-    ax.axvline(1.25 * data["c_floor"]["params"]["burst_us"], color="red", linestyle="--", label="1.25x C loop")
+            color=[next((c for k, c in colours.items() if r[0].startswith(k)), "#999999") for r in rows])
+    ax.invert_yaxis()
+    ax.axvline(1.25 * data["launchers"][FLOOR]["burst_us"], color="red", linestyle="--", label="1.25x C loop")
     ax.set_xlabel("host time per launch, burst of 256 (µs)")
     ax.set_title(f"Launch overhead, {data['machine'].get('gpu')}, {data['machine']['date']}")
     ax.legend()
@@ -188,25 +207,29 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
-    floor = c_floor()
-    data = {"machine": machine(), "c_floor": floor, "launchers": launchers()}
-    c_names = {"params": "C loop over cuLaunchKernel", "buffer": "C loop over cuLaunchKernel (packed buffer)",
-               "ex_params": "C loop over cuLaunchKernelEx", "ex_buffer": "C loop over cuLaunchKernelEx (packed buffer)"}
-    base = floor["params"]["burst_us"]
-    rows = [[c_names[k], f"{v['burst_us']:.2f}", f"{v['steady_us']:.2f}", f"{v['burst_us'] / base:.2f}"]
-            for k, v in floor.items()]
-    for name, v in data["launchers"].items():
-        if "error" in v:
-            rows.append([name, "error", "", v["error"].strip().splitlines()[-1][:60]])
-        else:
-            rows.append([name, f"{v['burst_us']:.2f}", f"{v['steady_us']:.2f}", f"{v['burst_us'] / base:.2f}"])
-    ours = data["launchers"][DEFAULT]["burst_us"]
-    peers = {k: v["burst_us"] for k, v in data["launchers"].items()
-             if not k.startswith(("cuproc", "bare")) and "burst_us" in v}
-    notes = [f"cuproc prepared launch (the default: {data['launchers'][DEFAULT].get('entry')}) / C loop over "
-             f"cuLaunchKernel (burst): {ours / base:.2f}x (goal <= 1.25x)",
+    with tempfile.TemporaryDirectory() as tmp:
+        exe, lib = build_c(Path(tmp))
+        own_process = c_floor_process(exe)
+        results, errors = launchers(lib)
+    data = {"machine": machine(), "c_floor_own_process": own_process, "launchers": results, "errors": errors}
+    base = results[FLOOR]["burst_us"]
+    rows = []
+    for name, v in results.items():
+        rows.append([name, f"{v['burst_us']:.2f}", f"{v['steady_us']:.2f}", f"{v['burst_us'] / base:.2f}"])
+    for key, name in zip(("params", "buffer", "ex_params", "ex_buffer"), C_LOOPS):
+        v = own_process[key]
+        rows.append([name + ", own process", f"{v['burst_us']:.2f}", f"{v['steady_us']:.2f}",
+                     f"{v['burst_us'] / base:.2f}"])
+    for name, v in errors.items():
+        rows.append([name, "error", "", v["error"].strip().splitlines()[-1][:60]])
+    ours = results[DEFAULT]["burst_us"]
+    peers = {k: v["burst_us"] for k, v in results.items() if not k.startswith(("cuproc", "bare", "C loop"))}
+    notes = [f"cuproc prepared launch (the default: {results[DEFAULT]['entry']}) / C loop over cuLaunchKernel "
+             f"(burst, same process, interleaved): {ours / base:.2f}x (goal <= 1.25x); / the C program in its own "
+             f"process: {ours / own_process['params']['burst_us']:.2f}x",
              "faster than every peer in this run: " + ("yes" if all(ours < v for v in peers.values()) else "NO") +
              " (" + ", ".join(f"{k} {v / ours:.2f}x ours" for k, v in peers.items()) + ")",
+             "ratio column: burst time against the C loop over cuLaunchKernel in the same process and run",
              "plot: bench_launch.png"]
     args.out.mkdir(parents=True, exist_ok=True)
     plot(data, args.out / "bench_launch.png")

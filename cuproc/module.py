@@ -384,7 +384,7 @@ class Function:
         return self
 
     def prepare(self, signature: Any, grid: Any = 1, block: Any = 1, *, shared_mem: int = 0,
-                stream: Any = None, convention: str = "buffer", entry: str = "cuLaunchKernel") -> Any:
+                stream: Any = None, convention: str = "buffer", entry: str | None = None) -> Any:
         from .launch import PreparedLaunch
         return PreparedLaunch(self, signature, grid, block, shared_mem=shared_mem, stream=stream,
                               convention=convention, entry=entry)
