@@ -51,36 +51,32 @@ def c_floor_process(exe: Path) -> dict:
     return json.loads(subprocess.run([str(exe), str(CUBIN)], capture_output=True, text=True, check=True).stdout)
 
 
-def measure_interleaved(pythons: dict[str, Callable[[int], None]], natives: dict[str, Callable[[int], float]],
+def measure_interleaved(loops: dict[str, Callable[[int], object]], natives: set[str],
                         sync: Callable[[], object]) -> dict:
-    """Round-robin bursts over every launcher; then a steady run of each."""
-    for f in pythons.values():
-        for i in range(BURST):   # warm up: the generated code, the driver's caches
-            f(i)
-    for native in natives.values():
-        native(BURST)
-    sync()
-    bursts: dict[str, list[float]] = {name: [] for name in [*natives, *pythons]}
+    """Round-robin bursts over every launcher, then a steady run of each.
+
+    ``loops[name](count)`` runs ``count`` launches; the C loops (``natives``) time themselves and
+    return seconds per launch, the Python ones are timed here around the call.
+    """
+    def burst(name: str, count: int) -> float:
+        if name in natives:
+            return loops[name](count)
+        t = time.perf_counter()
+        loops[name](count)
+        return (time.perf_counter() - t) / count
+
+    for name in loops:   # warm up: the generated code, the driver's caches
+        burst(name, BURST)
+    bursts: dict[str, list[float]] = {name: [] for name in loops}
     for _ in range(REPS):
-        for name, native in natives.items():
+        for name in loops:
             sync()
-            bursts[name].append(native(BURST))
-        for name, f in pythons.items():
-            sync()
-            t = time.perf_counter()
-            for i in range(BURST):
-                f(i)
-            bursts[name].append((time.perf_counter() - t) / BURST)
+            bursts[name].append(burst(name, BURST))
     out = {}
-    for name in bursts:
+    for name in loops:
         sync()
         t = time.perf_counter()
-        if name in natives:
-            natives[name](STEADY)
-        else:
-            f = pythons[name]
-            for i in range(STEADY):
-                f(i)
+        loops[name](STEADY)
         sync()
         out[name] = {"burst_us": statistics.median(bursts[name]) * 1e6,
                      "steady_us": (time.perf_counter() - t) / STEADY * 1e6}
@@ -107,17 +103,32 @@ def launchers(c_lib: Path) -> tuple[dict, dict]:
     f_addr, ptr = int(cuproc.ffi.cast("uintptr_t", fn.handle)), buf.ptr
     natives = {name: (lambda count, v=v: lib.c_floor_burst(v, f_addr, ptr, count)) for name, v in C_LOOPS.items()}
 
-    # The float parameter gets the int i, stored as float: what C's x = (float)i does.
+    # Each Python launcher is measured as the loop a user writes around it, as the C loop is:
+    # no wrapper per launch.  The float parameter gets the int i, stored as float: C's x = (float)i.
     default = fn.prepare(sig, 1, 32)
-    pythons[DEFAULT] = lambda i: default(buf, i, i)
+
+    def cuproc_default(count):
+        for i in range(count):
+            default(buf, i, i)
+    pythons[DEFAULT] = cuproc_default
     for entry in ("cuLaunchKernelEx", "cuLaunchKernel"):
         for conv in ("buffer", "params"):
             if (entry, conv) != (default.entry, default.convention):
-                prepared = fn.prepare(sig, 1, 32, convention=conv, entry=entry)
-                pythons[f"cuproc prepared ({entry}, {conv})"] = lambda i, p=prepared: p(buf, i, i)
+                def cuproc_variant(count, prepared=fn.prepare(sig, 1, 32, convention=conv, entry=entry)):
+                    for i in range(count):
+                        prepared(buf, i, i)
+                pythons[f"cuproc prepared ({entry}, {conv})"] = cuproc_variant
     run = default.launcher()
-    pythons["cuproc prepared .launcher()"] = lambda i: run(buf, i, i)
-    pythons["cuproc Function.launch (signature)"] = lambda i: fn.launch(1, 32, (buf, i, i), signature=sig)
+
+    def cuproc_launcher(count):
+        for i in range(count):
+            run(buf, i, i)
+    pythons["cuproc prepared .launcher()"] = cuproc_launcher
+
+    def cuproc_one_shot(count):
+        for i in range(count):
+            fn.launch(1, 32, (buf, i, i), signature=sig)
+    pythons["cuproc Function.launch (signature)"] = cuproc_one_shot
 
     # bare cffi: the packed buffer by hand, through the same raw function pointers
     ffi = cuproc.ffi
@@ -126,19 +137,21 @@ def launchers(c_lib: Path) -> tuple[dict, dict]:
     p_ptr[0] = buf.ptr
     size = ffi.new("size_t *", 16)
     extra = ffi.new("void *[]", [ffi.cast("void *", 1), block, ffi.cast("void *", 2), size, ffi.cast("void *", 0)])
-    raw, raw_ex, handle = drv.cuLaunchKernel, drv.cuLaunchKernelEx, fn.handle
+    raw, raw_ex, handle, null = drv.cuLaunchKernel, drv.cuLaunchKernelEx, fn.handle, ffi.NULL
     config = ffi.new("CUlaunchConfig *", {"gridDimX": 1, "gridDimY": 1, "gridDimZ": 1, "blockDimX": 32,
                                           "blockDimY": 1, "blockDimZ": 1})
 
-    def bare(i):
-        p_n[0] = i
-        p_x[0] = i
-        raw(handle, 1, 1, 1, 32, 1, 1, 0, ffi.NULL, ffi.NULL, extra)
+    def bare(count):
+        for i in range(count):
+            p_n[0] = i
+            p_x[0] = i
+            raw(handle, 1, 1, 1, 32, 1, 1, 0, null, null, extra)
 
-    def bare_ex(i):
-        p_n[0] = i
-        p_x[0] = i
-        raw_ex(config, handle, ffi.NULL, extra)
+    def bare_ex(count):
+        for i in range(count):
+            p_n[0] = i
+            p_x[0] = i
+            raw_ex(config, handle, null, extra)
     pythons["bare cffi (packed buffer)"] = bare
     pythons["bare cffi (cuLaunchKernelEx, packed buffer)"] = bare_ex
 
@@ -147,8 +160,11 @@ def launchers(c_lib: Path) -> tuple[dict, dict]:
         _, cmod = cbd.cuModuleLoadData(CUBIN.read_bytes())
         _, cfn = cbd.cuModuleGetFunction(cmod, b"empty")
         types = (ctypes.c_void_p, ctypes.c_int, ctypes.c_float)
-        pythons["cuda.bindings cuLaunchKernel"] = \
-            lambda i: cbd.cuLaunchKernel(cfn, 1, 1, 1, 32, 1, 1, 0, 0, ((ptr, i, float(i)), types), 0)
+
+        def bindings(count):
+            for i in range(count):
+                cbd.cuLaunchKernel(cfn, 1, 1, 1, 32, 1, 1, 0, 0, ((ptr, i, float(i)), types), 0)
+        pythons["cuda.bindings cuLaunchKernel"] = bindings
     except Exception:  # noqa: BLE001 - a peer that fails is reported, not fatal
         errors["cuda.bindings cuLaunchKernel"] = {"error": traceback.format_exc(limit=2)}
 
@@ -162,18 +178,26 @@ def launchers(c_lib: Path) -> tuple[dict, dict]:
         stream = cdev.default_stream
         kernel = ObjectCode.from_cubin(CUBIN.read_bytes()).get_kernel("empty")
         lconfig = LaunchConfig(grid=1, block=32)
-        pythons["cuda.core launch"] = lambda i: core_launch(stream, lconfig, kernel, ptr, np.int32(i), np.float32(i))
+
+        def core(count):
+            for i in range(count):
+                core_launch(stream, lconfig, kernel, ptr, np.int32(i), np.float32(i))
+        pythons["cuda.core launch"] = core
     except Exception:  # noqa: BLE001
         errors["cuda.core launch"] = {"error": traceback.format_exc(limit=2)}
 
     try:
         import cupy
         rk = cupy.RawModule(path=str(CUBIN)).get_function("empty")
-        pythons["CuPy RawModule"] = lambda i: rk((1,), (32,), (ptr, np.int32(i), np.float32(i)))
+
+        def cupy_launch(count):
+            for i in range(count):
+                rk((1,), (32,), (ptr, np.int32(i), np.float32(i)))
+        pythons["CuPy RawModule"] = cupy_launch
     except Exception:  # noqa: BLE001
         errors["CuPy RawModule"] = {"error": traceback.format_exc(limit=2)}
 
-    results = measure_interleaved(pythons, natives, sync)
+    results = measure_interleaved({**natives, **pythons}, set(natives), sync)
     results[DEFAULT]["entry"] = f"{default.entry}, {default.convention}"
     buf.close()
     module.unload()

@@ -23,6 +23,7 @@ Policy
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -233,7 +234,7 @@ def check_signature(function: Any, packed: PackedArgs) -> None:
                                             f"the argument given ({t.name}) is {t.size} bytes at offset {ours}")
 
 
-class PreparedLaunch:
+class PreparedLaunch(functools.partial):
     """A kernel bound to its signature, grid, block and stream; calling it launches with new values.
 
     ``prepared(*args)`` stores the values into the reused packed block and calls the
@@ -247,9 +248,36 @@ class PreparedLaunch:
     the configuration built once, so each call converts four arguments instead of eleven.
     """
 
-    def __init__(self, function: Any, signature: Sequence[Any], grid: Any = 1, block: Any = 1, *,
-                 shared_mem: int = 0, stream: Any = None, convention: str = "buffer",
-                 entry: str | None = None) -> None:
+    def __new__(cls, function: Any, signature: Sequence[Any], grid: Any = 1, block: Any = 1, *,
+                shared_mem: int = 0, stream: Any = None, convention: str = "buffer",
+                entry: str | None = None) -> PreparedLaunch:
+        # A partial over the generated function: calling the instance goes straight to it (C-level
+        # vectorcall on 3.12+), where a Python __call__ would add a frame to every launch.
+        spec = _Spec(function, signature, grid, block, shared_mem, stream, convention, entry)
+        self = super().__new__(cls, spec.launch)
+        self.__dict__.update(vars(spec))
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:   # all done in __new__
+        pass
+
+    def launcher(self) -> Callable[..., None]:
+        """The generated launch function as a plain function, for the tightest loops."""
+        return self.func
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a PreparedLaunch holds driver handles and cannot be pickled")
+
+    def __repr__(self) -> str:
+        return (f"<cuproc.PreparedLaunch {self.function.name} grid={self.grid} block={self.block} "
+                f"{self.entry}/{self.convention}>")
+
+
+class _Spec:
+    """Everything a PreparedLaunch fixes once: checked signature, packed block, config, generated call."""
+
+    def __init__(self, function: Any, signature: Sequence[Any], grid: Any, block: Any, shared_mem: int,
+                 stream: Any, convention: str, entry: str | None) -> None:
         if convention not in ("buffer", "params"):
             raise invalid("cuLaunchKernel", f"convention is 'buffer' or 'params', not {convention!r}")
         if hasattr(function, "launch_target"):   # a per-context Kernel binds to the current context's function
@@ -271,20 +299,7 @@ class PreparedLaunch:
         self.config = None
         if entry == "cuLaunchKernelEx":   # the whole launch configuration in one struct, built once
             self.config = _launch_config(self.grid, self.block, shared_mem, self.stream, [])
-        self._launch = _compile_launcher(self, getattr(drv, entry), drv.error)
-        # Calling the instance runs the generated function directly: a class of its own per
-        # instance saves the extra Python frame a forwarding __call__ would cost on every launch.
-        self.__class__ = type("PreparedLaunch", (PreparedLaunch,), {"__call__": staticmethod(self._launch)})
-
-    def __call__(self, *args: Any) -> None:   # replaced per instance in __init__
-        self._launch(*args)
-
-    def launcher(self) -> Callable[..., None]:
-        """The generated launch function as a plain function, for the tightest loops."""
-        return self._launch
-
-    def __reduce__(self) -> Any:
-        raise TypeError("a PreparedLaunch holds driver handles and cannot be pickled")
+        self.launch = _compile_launcher(self, getattr(drv, entry), drv.error)
 
 
 def _launcher_source(types: Sequence[ArgType], grid: tuple, block: tuple, shared_mem: int,
@@ -309,7 +324,10 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple, block: tuple, shared
     for i, t in enumerate(types):
         a, slot = f"a{i}", f"s{i}[0]"
         if t.kind == "pointer":
-            body += [f"if {a}.__class__ is DeviceBuffer:", f"    {slot} = {a}.ptr",
+            # DeviceBuffer.ptr's own test, inlined (a property is a Python frame per launch);
+            # a freed buffer or a destroyed context goes on to the general writer, which raises
+            body += [f"if {a}.__class__ is DeviceBuffer and not ({a}._freed or {a}.context._destroyed):",
+                     f"    {slot} = {a}._ptr",
                      f"elif {a}.__class__ is int:", f"    {slot} = {a}",
                      f"elif {a}.__class__ in buffer_types:", f"    {slot} = {a}.ptr",
                      "else:", f"    w{i}({a})"]
@@ -335,7 +353,7 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple, block: tuple, shared
 _MISSING = object()
 
 
-def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any) -> Callable[..., None]:
+def _compile_launcher(prepared: _Spec, cu_launch: Any, error: Any) -> Callable[..., None]:
     packed = prepared.packed
     n = len(packed.types)
     name = prepared.function.name
