@@ -113,17 +113,17 @@ def launchers(c_lib: Path) -> tuple[dict, dict]:
     pythons[DEFAULT] = cuproc_default
     for entry in ("cuLaunchKernelEx", "cuLaunchKernel"):
         for conv in ("buffer", "params"):
-            if (entry, conv) != (default.entry, default.convention):
+            if (entry, conv) != (default.prepared.entry, default.prepared.convention):
                 def cuproc_variant(count, prepared=fn.prepare(sig, 1, 32, convention=conv, entry=entry)):
                     for i in range(count):
                         prepared(buf, i, i)
                 pythons[f"cuproc prepared ({entry}, {conv})"] = cuproc_variant
-    run = default.launcher()
+    obj = default.prepared
 
-    def cuproc_launcher(count):
+    def cuproc_object(count):
         for i in range(count):
-            run(buf, i, i)
-    pythons["cuproc prepared .launcher()"] = cuproc_launcher
+            obj(buf, i, i)
+    pythons["cuproc PreparedLaunch object call"] = cuproc_object
 
     def cuproc_one_shot(count):
         for i in range(count):
@@ -198,7 +198,7 @@ def launchers(c_lib: Path) -> tuple[dict, dict]:
         errors["CuPy RawModule"] = {"error": traceback.format_exc(limit=2)}
 
     results = measure_interleaved({**natives, **pythons}, set(natives), sync)
-    results[DEFAULT]["entry"] = f"{default.entry}, {default.convention}"
+    results[DEFAULT]["entry"] = f"{default.prepared.entry}, {default.prepared.convention}"
     buf.close()
     module.unload()
     drv.cuCtxSetCurrent(ffi.NULL)

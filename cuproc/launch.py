@@ -23,7 +23,7 @@ Policy
 """
 from __future__ import annotations
 
-import functools
+import re
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -234,50 +234,27 @@ def check_signature(function: Any, packed: PackedArgs) -> None:
                                             f"the argument given ({t.name}) is {t.size} bytes at offset {ours}")
 
 
-class PreparedLaunch(functools.partial):
-    """A kernel bound to its signature, grid, block and stream; calling it launches with new values.
+class PreparedLaunch:
+    """A kernel bound to its signature, grid, block and stream: the checks and the packing, once.
 
-    ``prepared(*args)`` stores the values into the reused packed block and calls the
-    driver (raising CudaError on failure).  Nothing is built per call: the call itself
-    is Python source generated once per signature (see :func:`_launcher_source`), so
-    the common values (a Python int or float, a cuproc buffer) cost one cffi store each
-    and anything else takes the general writer with its checks and messages.
+    Its :attr:`launch` is a function generated for this signature (see
+    :func:`_launcher_source`): ``launch(*args)`` stores the new values into the reused
+    packed block and calls the driver, raising CudaError on failure.  The common values
+    (a Python int or float, a cuproc buffer) cost one cffi store each; anything else
+    takes the general writer with its checks and messages.  ``Function.prepare``
+    returns that function itself: any callable object in front of it (a Python
+    ``__call__``, even a ``functools.partial``) costs 40-100 ns per launch, a few
+    percent of the whole (benchmarks/results).  The function carries this object as
+    ``.prepared``.
 
     ``entry=None`` picks cuLaunchKernelEx where the requested version has it: the same
-    driver work as cuLaunchKernel (benchmarks/bench_launch.py, C loops over both) with
-    the configuration built once, so each call converts four arguments instead of eleven.
+    driver work as cuLaunchKernel (the C loops over both in bench_launch) with the
+    configuration built once, so each call converts four arguments instead of eleven.
     """
 
-    def __new__(cls, function: Any, signature: Sequence[Any], grid: Any = 1, block: Any = 1, *,
-                shared_mem: int = 0, stream: Any = None, convention: str = "buffer",
-                entry: str | None = None) -> PreparedLaunch:
-        # A partial over the generated function: calling the instance goes straight to it (C-level
-        # vectorcall on 3.12+), where a Python __call__ would add a frame to every launch.
-        spec = _Spec(function, signature, grid, block, shared_mem, stream, convention, entry)
-        self = super().__new__(cls, spec.launch)
-        self.__dict__.update(vars(spec))
-        return self
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:   # all done in __new__
-        pass
-
-    def launcher(self) -> Callable[..., None]:
-        """The generated launch function as a plain function, for the tightest loops."""
-        return self.func
-
-    def __reduce__(self) -> Any:
-        raise TypeError("a PreparedLaunch holds driver handles and cannot be pickled")
-
-    def __repr__(self) -> str:
-        return (f"<cuproc.PreparedLaunch {self.function.name} grid={self.grid} block={self.block} "
-                f"{self.entry}/{self.convention}>")
-
-
-class _Spec:
-    """Everything a PreparedLaunch fixes once: checked signature, packed block, config, generated call."""
-
-    def __init__(self, function: Any, signature: Sequence[Any], grid: Any, block: Any, shared_mem: int,
-                 stream: Any, convention: str, entry: str | None) -> None:
+    def __init__(self, function: Any, signature: Sequence[Any], grid: Any = 1, block: Any = 1, *,
+                 shared_mem: int = 0, stream: Any = None, convention: str = "buffer",
+                 entry: str | None = None) -> None:
         if convention not in ("buffer", "params"):
             raise invalid("cuLaunchKernel", f"convention is 'buffer' or 'params', not {convention!r}")
         if hasattr(function, "launch_target"):   # a per-context Kernel binds to the current context's function
@@ -301,6 +278,17 @@ class _Spec:
             self.config = _launch_config(self.grid, self.block, shared_mem, self.stream, [])
         self.launch = _compile_launcher(self, getattr(drv, entry), drv.error)
 
+    def __call__(self, *args: Any) -> None:
+        """Convenience; ``self.launch`` (what Function.prepare returns) skips this frame."""
+        self.launch(*args)
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a PreparedLaunch holds driver handles and cannot be pickled")
+
+    def __repr__(self) -> str:
+        return (f"<cuproc.PreparedLaunch {self.launch.__name__} grid={self.grid} block={self.block} "
+                f"{self.entry}/{self.convention}>")
+
 
 def _launcher_source(types: Sequence[ArgType], grid: tuple, block: tuple, shared_mem: int,
                      entry: str = "cuLaunchKernel") -> str:
@@ -313,16 +301,13 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple, block: tuple, shared
     the function's globals.  A value cffi refuses (range, type) falls back to the
     general writers, which say which parameter and why.
     """
-    n = len(types)
-    names = [f"a{i}" for i in range(n)]
-    # positional-only with a sentinel default: a count check costs one identity test
-    params = "".join(f"{a}=MISSING, " for a in names)
-    lines = [f"def launch({params}/, *rest):" if n else "def launch(*rest):"]
-    last = f" or {names[-1]} is MISSING" if n else ""
-    lines += [f"    if rest{last}:", "        raise count_error(" + ", ".join(["rest"] + names) + ")"]
+    names = [_param_name(i, t) for i, t in enumerate(types)]
+    # plain positional parameters: Python's own count check costs nothing, and its message
+    # names the kernel and the missing parameter (see _compile_launcher for the name)
+    lines = [f"def launch({', '.join(names)}):"]
     body: list[str] = []
     for i, t in enumerate(types):
-        a, slot = f"a{i}", f"s{i}[0]"
+        a, slot = names[i], f"s{i}[0]"
         if t.kind == "pointer":
             # DeviceBuffer.ptr's own test, inlined (a property is a Python frame per launch);
             # a freed buffer or a destroyed context goes on to the general writer, which raises
@@ -350,22 +335,18 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple, block: tuple, shared
     return "\n".join(lines) + "\n"
 
 
-_MISSING = object()
+def _param_name(i: int, t: ArgType) -> str:
+    """``arg3_int``, ``arg0_float_ptr``: what Python's count errors call each parameter."""
+    return f"arg{i}_" + re.sub(r"\W+", "_", t.name.replace("*", "_ptr")).strip("_")
 
 
-def _compile_launcher(prepared: _Spec, cu_launch: Any, error: Any) -> Callable[..., None]:
+def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any) -> Callable[..., None]:
     packed = prepared.packed
-    n = len(packed.types)
     name = prepared.function.name
-
-    def count_error(rest: tuple, *given: Any) -> Exception:
-        got = sum(v is not _MISSING for v in given) + len(rest)
-        return invalid("cuLaunchKernel", f"{name} takes {n} arguments, got {got}")
-
     from .memory import DeviceBuffer
     env: dict[str, Any] = {
-        "launch_entry": cu_launch, "config": prepared.config, "error": error, "count_error": count_error,
-        "MISSING": _MISSING, "DeviceBuffer": DeviceBuffer, "buffer_types": _buffer_types(),
+        "launch_entry": cu_launch, "config": prepared.config, "error": error,
+        "DeviceBuffer": DeviceBuffer, "buffer_types": _buffer_types(),
         "handle": prepared.function.handle, "stream": prepared.stream, "fill": packed.fill,
         "params": packed.params if prepared.convention == "params" else ffi.NULL,
         "extra": packed.extra if prepared.convention == "buffer" else ffi.NULL,
@@ -376,7 +357,13 @@ def _compile_launcher(prepared: _Spec, cu_launch: Any, error: Any) -> Callable[.
             env[f"s{i}"] = ffi.cast((t.ctype or "uint64_t") + " *", packed.block + off)
     source = _launcher_source(packed.types, prepared.grid, prepared.block, prepared.shared_mem, prepared.entry)
     exec(compile(source, f"<cuproc launcher for {name}>", "exec"), env)  # noqa: S102 - our own source, ints only
-    return env["launch"]
+    launch = env["launch"]
+    title = f"{name}[{', '.join(t.name for t in packed.types)}]"   # "VecAdd[float*, int]() takes 2 ..."
+    code = launch.__code__
+    launch.__code__ = code.replace(co_name=title, **({"co_qualname": title} if hasattr(code, "co_qualname") else {}))
+    launch.__name__ = launch.__qualname__ = title
+    launch.prepared = prepared
+    return launch
 
 
 def _buffer_types() -> frozenset[type]:
@@ -419,7 +406,7 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
         key, cache, prepared = None, None, None
     if prepared is None:
         prepared = PreparedLaunch(function, sig, grid, block, shared_mem=shared_mem, stream=h, convention=convention,
-                                  entry=entry)
+                                  entry=entry).launch
         if cache is not None:
             if len(cache) >= _PREPARED_PER_FUNCTION:
                 cache.clear()

@@ -385,9 +385,14 @@ class Function:
 
     def prepare(self, signature: Any, grid: Any = 1, block: Any = 1, *, shared_mem: int = 0,
                 stream: Any = None, convention: str = "buffer", entry: str | None = None) -> Any:
+        """Bind signature, grid, block and stream once; returns the launch function for them.
+
+        ``run = fn.prepare(["float*", "int", "float"], grid, block)`` then ``run(buf, n, x)``
+        per launch.  ``run.prepared`` is the PreparedLaunch (entry, convention, packed block).
+        """
         from .launch import PreparedLaunch
         return PreparedLaunch(self, signature, grid, block, shared_mem=shared_mem, stream=stream,
-                              convention=convention, entry=entry)
+                              convention=convention, entry=entry).launch
 
     def launch(self, grid: Any, block: Any, args: tuple = (), **kwargs: Any) -> None:
         from .launch import launch

@@ -221,7 +221,8 @@ def test_per_thread_default_stream_launches(primary):
                 prepared(d, d, d, a.size)
             mem.copy(a, d, driver=drv)
     np.testing.assert_array_equal(a, np.arange(4096, dtype=np.float32) * 8)
-    assert drv.resolution(prepared.entry).entry_point == prepared.entry + "_ptsz"
+    entry = prepared.prepared.entry
+    assert drv.resolution(entry).entry_point == entry + "_ptsz"
 
 
 @pytest.mark.parametrize("entry", ["cuLaunchKernelEx", "cuLaunchKernel", "one-shot"])

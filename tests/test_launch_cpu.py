@@ -133,9 +133,13 @@ def test_prepared_launch_stores_values_then_calls_the_driver(sim_driver, convent
 def test_prepared_launch_refuses_bad_values_before_the_driver(sim_driver):
     sim, drv = sim_driver
     prepared = L.PreparedLaunch(_FakeFunction(drv), SIG, 1, 32)
-    bad = [((1, 2, 3), "takes 4 arguments, got 3"),
-           ((1, 2, 3, (1, 2, 3, 4), 5), "takes 4 arguments, got 5"),
-           ((1, 2**40, 1.0, (0,) * 4), "int"),                 # out of int32 range
+    sim.reset_last_called()
+    with pytest.raises(TypeError, match=r"fake\[float\*, int, float, float4\]\(\) missing 1 .*'arg3_float4'"):
+        prepared(1, 2, 3)
+    with pytest.raises(TypeError, match=r"fake\[float\*, int, float, float4\]\(\) takes 4 positional"):
+        prepared.launch(1, 2, 3, (1, 2, 3, 4), 5)
+    assert sim.last_called() != "cuLaunchKernel"
+    bad = [((1, 2**40, 1.0, (0,) * 4), "int"),                 # out of int32 range
            ((1, 1.5, 1.0, (0,) * 4), "int"),                   # a float for an int parameter
            ((1, np.float32(2.5), 1.0, (0,) * 4), "int"),       # ... also as a NumPy float
            ((-1, 1, 1.0, (0,) * 4), "device address"),
