@@ -305,17 +305,22 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple, block: tuple, shared
     # plain positional parameters: Python's own count check costs nothing, and its message
     # names the kernel and the missing parameter (see _compile_launcher for the name)
     lines = [f"def launch({', '.join(names)}):"]
+    cached = [f"p{i}" for i, t in enumerate(types) if t.kind == "pointer"]
+    if cached:
+        lines.append(f"    global {', '.join(cached)}")
     body: list[str] = []
     for i, t in enumerate(types):
         a, slot = names[i], f"s{i}[0]"
         if t.kind == "pointer":
             # DeviceBuffer.ptr's own test, inlined (a property is a Python frame per launch);
-            # a freed buffer or a destroyed context goes on to the general writer, which raises
+            # a freed buffer or a destroyed context goes on to the general writer, which raises.
+            # p{i} is the address in the slot: a 64-bit store costs more than the comparison, and
+            # the same buffer launch after launch is the common case.  Other writers reset it.
             body += [f"if {a}.__class__ is DeviceBuffer and not ({a}._freed or {a}.context._destroyed):",
-                     f"    {slot} = {a}._ptr",
-                     f"elif {a}.__class__ is int:", f"    {slot} = {a}",
-                     f"elif {a}.__class__ in buffer_types:", f"    {slot} = {a}.ptr",
-                     "else:", f"    w{i}({a})"]
+                     f"    if {a}._ptr != p{i}:", f"        {slot} = p{i} = {a}._ptr",
+                     f"elif {a}.__class__ is int:",
+                     f"    if {a} != p{i}:", f"        {slot} = p{i} = {a}",
+                     "else:", f"    p{i} = None", f"    w{i}({a})"]
         elif t.kind == "scalar" and t.ctype in ("float", "double"):
             body += [f"{slot} = {a}"]          # cffi takes any real number here; a str raises TypeError
         elif t.kind == "scalar":
@@ -325,7 +330,9 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple, block: tuple, shared
             body += [f"w{i}({a})"]
     if body:
         lines += ["    try:"] + ["        " + line for line in body]
-        lines += ["    except (TypeError, OverflowError):", "        fill((" + ", ".join(names) + ",))"]
+        lines += ["    except (TypeError, OverflowError):"]
+        lines += [f"        {p} = None" for p in cached]
+        lines += ["        fill((" + ", ".join(names) + ",))"]
     if entry == "cuLaunchKernelEx":
         lines.append("    rc = launch_entry(config, handle, params, extra)")
     else:
@@ -346,7 +353,7 @@ def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any) -> C
     from .memory import DeviceBuffer
     env: dict[str, Any] = {
         "launch_entry": cu_launch, "config": prepared.config, "error": error,
-        "DeviceBuffer": DeviceBuffer, "buffer_types": _buffer_types(),
+        "DeviceBuffer": DeviceBuffer,
         "handle": prepared.function.handle, "stream": prepared.stream, "fill": packed.fill,
         "params": packed.params if prepared.convention == "params" else ffi.NULL,
         "extra": packed.extra if prepared.convention == "buffer" else ffi.NULL,
@@ -355,6 +362,8 @@ def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any) -> C
         env[f"w{i}"] = packed.writers[i]
         if t.kind in ("pointer", "scalar"):
             env[f"s{i}"] = ffi.cast((t.ctype or "uint64_t") + " *", packed.block + off)
+        if t.kind == "pointer":
+            env[f"p{i}"] = None   # nothing stored yet
     source = _launcher_source(packed.types, prepared.grid, prepared.block, prepared.shared_mem, prepared.entry)
     exec(compile(source, f"<cuproc launcher for {name}>", "exec"), env)  # noqa: S102 - our own source, ints only
     launch = env["launch"]
@@ -364,12 +373,6 @@ def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any) -> C
     launch.__name__ = launch.__qualname__ = title
     launch.prepared = prepared
     return launch
-
-
-def _buffer_types() -> frozenset[type]:
-    """cuproc's device-memory classes; their ``ptr`` raises for a freed buffer or a destroyed context."""
-    from .memory import DeviceBuffer, DeviceView, GlobalView, ManagedBuffer
-    return frozenset((DeviceBuffer, DeviceView, GlobalView, ManagedBuffer))
 
 
 _PREPARED_PER_FUNCTION = 64   # distinct (signature, grid, block, ...) one-shot launches remembered per function

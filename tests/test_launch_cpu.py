@@ -120,14 +120,15 @@ def test_prepared_launch_stores_values_then_calls_the_driver(sim_driver, convent
         assert (c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ) == (2, 3, 1, 64, 1, 1)
     for values in [(0x1000, 7, 1.5, (1, 2, 3, 4)),
                    (np.uint64(0x2000), np.int32(-3), np.float32(0.25), np.arange(4, dtype=np.float32)),
-                   (0x3000, 2**31 - 1, 3, [0.5] * 4)]:      # an int for a float parameter: stored as float
+                   (0x1000, 2**31 - 1, 3, [0.5] * 4)]:      # an int for a float parameter: stored as float
+        # (the third address equals the first: the launcher's cached address must not hide the second)
         sim.reset_last_called()
         prepared(*values)
         assert sim.last_called() == entry
         got = bytes(cuproc.ffi.buffer(prepared.packed.block, prepared.packed.size))
         assert got == L.pack_bytes(SIG, values)
     ptr_int, n, x = struct.unpack_from("<Qif", got)
-    assert (ptr_int, n, x) == (0x3000, 2**31 - 1, 3.0)
+    assert (ptr_int, n, x) == (0x1000, 2**31 - 1, 3.0)
 
 
 def test_prepared_launch_refuses_bad_values_before_the_driver(sim_driver):
@@ -179,3 +180,26 @@ def test_prepared_launch_with_a_freed_buffer_raises(sim_driver):
     with pytest.raises(InvalidValueError, match="freed"):
         prepared(buf)
     assert sim.last_called() != "cuLaunchKernel"
+
+
+def test_prepared_launch_rechecks_a_buffer_every_launch(sim_driver):
+    """The address cache never skips the freed / destroyed-context test."""
+    from cuproc.errors import InvalidContextError
+    from cuproc.memory import DeviceBuffer
+    sim, drv = sim_driver
+
+    class FakeContext:
+        _destroyed = False
+        alive = True
+
+    buf = DeviceBuffer.__new__(DeviceBuffer)
+    buf._freed, buf._free_call, buf._ptr, buf.context = False, "cuMemFree", 0x5000, FakeContext()
+    prepared = L.PreparedLaunch(_FakeFunction(drv), ["float*"], 1, 1)
+    prepared(buf)
+    assert struct.unpack_from("<Q", cuproc.ffi.buffer(prepared.packed.block, 8))[0] == 0x5000
+    buf.context._destroyed, buf.context.alive = True, False
+    with pytest.raises(InvalidContextError):
+        prepared(buf)
+    buf.context._destroyed, buf.context.alive, buf._freed = False, True, True
+    with pytest.raises(InvalidValueError, match="freed"):
+        prepared(buf)
