@@ -430,3 +430,16 @@ def test_peer_access_and_copies():
     assert not d0.disable_peer_access(d1)
     for pc in holds:
         pc.release()
+
+
+def test_dropped_buffers_are_freed_by_the_safety_net(primary):
+    """Never freed explicitly: the last reference going away frees the memory (device, async, pinned)."""
+    free0, _ = mem.mem_info()
+    bufs = [DeviceBuffer(64 << 20) for _ in range(4)] + [mem.alloc_async(64 << 20) for _ in range(4)]
+    pinned = mem.PinnedBuffer(1 << 20)
+    assert mem.mem_info()[0] <= free0 - 8 * (64 << 20)
+    del bufs, pinned
+    gc.collect()
+    primary.context.synchronize()
+    mem.MemoryPool.default().trim(0)     # stream-ordered frees go back to the pool first
+    assert mem.mem_info()[0] >= free0 - (2 << 20)
