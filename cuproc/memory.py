@@ -247,7 +247,9 @@ def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: Memory
     if nbytes < 0:
         raise invalid("cuMemAllocAsync", f"size must be >= 0, got {nbytes}")
     drv = get_driver(driver)
-    ctx = _current_context(drv, "cuMemAllocAsync")
+    # a Stream knows its context (the one its memory belongs with): no cuCtxGetCurrent per allocation
+    ctx = stream.context if isinstance(stream, Stream) and stream.driver is drv else \
+        _current_context(drv, "cuMemAllocAsync")
     out = ffi.new("CUdeviceptr *")
     h = stream_handle(stream, drv)
     if pool is None:
