@@ -24,7 +24,6 @@ Policy
 from __future__ import annotations
 
 import re
-import weakref
 from typing import Any, Callable, Sequence
 
 from ._cffi_abi import ffi
@@ -275,7 +274,7 @@ class PreparedLaunch:
         self.stream = stream_handle(stream, drv)
         self.config = None
         if entry == "cuLaunchKernelEx":   # the whole launch configuration in one struct, built once
-            self.config = _launch_config(self.grid, self.block, shared_mem, self.stream, [])
+            self.config, self._config_attrs = _launch_config(self.grid, self.block, shared_mem, self.stream, [])
         self.launch = _compile_launcher(self, getattr(drv, entry), drv.error)
 
     def __call__(self, *args: Any) -> None:
@@ -433,12 +432,14 @@ def launch_ex(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *,
         attrs.append(("CU_LAUNCH_ATTRIBUTE_COOPERATIVE", 1))
     if priority is not None:
         attrs.append(("CU_LAUNCH_ATTRIBUTE_PRIORITY", priority))
-    config = _launch_config(_dims(grid, "grid"), _dims(block, "block"), shared_mem, stream_handle(stream, drv), attrs)
+    config, _attrs = _launch_config(_dims(grid, "grid"), _dims(block, "block"), shared_mem,
+                                    stream_handle(stream, drv), attrs)
     drv.checked.cuLaunchKernelEx(config, function.handle, packed.params, ffi.NULL)
 
 
-def _launch_config(grid: tuple, block: tuple, shared_mem: int, stream: Any, attrs: list[tuple[str, Any]]) -> Any:
-    """A CUlaunchConfig with its attribute array (kept alive by the config's owner via ``_keep``)."""
+def _launch_config(grid: tuple, block: tuple, shared_mem: int, stream: Any,
+                   attrs: list[tuple[str, Any]]) -> tuple[Any, Any]:
+    """(CUlaunchConfig, its attribute array): the config points into the array, so keep both."""
     array = ffi.new("CUlaunchAttribute[]", max(len(attrs), 1))
     ids = ffi.typeof("CUlaunchAttributeID").relements
     for slot, (name, value) in zip(array, attrs):
@@ -456,11 +457,7 @@ def _launch_config(grid: tuple, block: tuple, shared_mem: int, stream: Any, attr
     config.hStream = stream
     config.attrs = array
     config.numAttrs = len(attrs)
-    _config_attrs[config] = array
-    return config
-
-
-_config_attrs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # a config keeps its attribute array
+    return config, array
 
 
 def pack_bytes(signature: Sequence[Any], values: Sequence[Any]) -> bytes:
