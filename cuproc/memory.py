@@ -129,7 +129,25 @@ class _Allocation:
         return f"<cuproc.{type(self).__name__} {self.nbytes} bytes at {state}>"
 
 
-class DeviceBuffer(_Allocation):
+class _DeviceArray:
+    """``__cuda_array_interface__`` (v3) and DLPack from ``ptr``, ``shape``, ``typestr`` and
+    ``__dlpack_device__``: what a buffer and its typed views export alike."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    typestr: str
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return _cai(self.ptr, self.shape, self.typestr)
+
+    def __dlpack__(self, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: Any = None) -> Any:
+        from ._dlpack import to_capsule
+        return to_capsule(self, self.ptr, self.shape, self.typestr, self.__dlpack_device__())
+
+
+class DeviceBuffer(_DeviceArray, _Allocation):
     """Linear device memory from cuMemAlloc (or cuMemAllocAsync, see :func:`alloc_async`).
 
     Exports ``__cuda_array_interface__`` (v3) and DLPack as a 1-D uint8 array;
@@ -154,15 +172,6 @@ class DeviceBuffer(_Allocation):
     def view(self, dtype: Any, shape: tuple[int, ...] | int | None = None) -> DeviceView:
         return DeviceView(self, dtype, shape)
 
-    @property
-    def __cuda_array_interface__(self) -> dict[str, Any]:
-        return _cai(self.ptr, self.shape, self.typestr)
-
-    def __dlpack__(self, stream: Any = None, max_version: Any = None, dl_device: Any = None,
-                   copy: Any = None) -> Any:
-        from ._dlpack import to_capsule
-        return to_capsule(self, self.ptr, self.shape, self.typestr, self.__dlpack_device__())
-
     def __dlpack_device__(self) -> tuple[int, int]:
         return (KDL_CUDA, self.context.device.ordinal)
 
@@ -173,7 +182,7 @@ class DeviceBuffer(_Allocation):
         self.driver.checked.cuMemFreeAsync(ptr, stream_handle(stream, self.driver))
 
 
-class DeviceView:
+class DeviceView(_DeviceArray):
     """A typed, shaped, C-contiguous view of a DeviceBuffer (keeps the buffer alive)."""
 
     def __init__(self, buffer: DeviceBuffer, dtype: Any, shape: tuple[int, ...] | int | None) -> None:
@@ -193,15 +202,6 @@ class DeviceView:
     @property
     def ptr(self) -> int:
         return self.buffer.ptr
-
-    @property
-    def __cuda_array_interface__(self) -> dict[str, Any]:
-        return _cai(self.ptr, self.shape, self.typestr)
-
-    def __dlpack__(self, stream: Any = None, max_version: Any = None, dl_device: Any = None,
-                   copy: Any = None) -> Any:
-        from ._dlpack import to_capsule
-        return to_capsule(self, self.ptr, self.shape, self.typestr, self.__dlpack_device__())
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return self.buffer.__dlpack_device__()
