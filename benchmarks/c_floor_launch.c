@@ -26,7 +26,6 @@ static launch_ex_fn launch_ex;
 enum { BURST = 256, REPS = 200, STEADY = 20000 };
 
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
-__attribute__((unused)) static int cmp(const void *a, const void *b) { double x = *(double *)a, y = *(double *)b; return (x > y) - (x < y); }
 
 /* count launches of variant v (0: kernelParams, 1: packed buffer, 2/3: the same through cuLaunchKernelEx),
  * the argument values changed before each, as the Python launchers do; seconds per launch */
@@ -59,6 +58,8 @@ double c_floor_burst(int variant, void *f, unsigned long long p, int count) {
   return loop(variant, (CUfunction)f, (CUdeviceptr)p, count);
 }
 #else
+static int cmp(const void *a, const void *b) { double x = *(double *)a, y = *(double *)b; return (x > y) - (x < y); }
+
 int main(int argc, char **argv) {
   void *h = dlopen("libcuda.so.1", RTLD_NOW);
   if (!h || !bind(h) || argc < 2) { fprintf(stderr, "usage: c_floor_launch kernels.cubin (needs libcuda.so.1)\n"); return 1; }
