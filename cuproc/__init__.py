@@ -11,7 +11,9 @@ from __future__ import annotations
 from ._cffi_abi import ffi
 from .driver import Driver, default_driver, is_driver_available, set_default_driver
 from .errors import (
+    ClosedResourceError,
     CudaError,
+    CudaWarning,
     DriverNotFoundError,
     DriverTooOldError,
     ForkedProcessError,
@@ -28,7 +30,7 @@ from .version import CudaVersion
 __version__ = "0.1.0"
 
 __all__ = [
-    "CudaError", "CudaVersion", "Driver", "DriverNotFoundError", "DriverTooOldError", "ForkedProcessError",
+    "ClosedResourceError", "CudaWarning", "CudaError", "CudaVersion", "Driver", "DriverNotFoundError", "DriverTooOldError", "ForkedProcessError",
     "InvalidContextError", "InvalidValueError", "NotFoundError", "NotInitializedError", "OutOfMemoryError",
     "SymbolNotFoundError", "default_driver", "default_registry", "ffi", "is_driver_available",
     "set_default_driver",

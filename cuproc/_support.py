@@ -8,14 +8,14 @@ raw version numbers.
 """
 from __future__ import annotations
 
-import threading
 from typing import Any
 
+from . import _fork
 from ._cffi_abi import ffi
 from .driver import Driver, default_driver
-from .errors import CudaError, InvalidValueError, result_code
+from .errors import CudaError, InvalidValueError, refusal, result_code
 
-_init_lock = threading.Lock()
+_init_lock = _fork.lock()
 _initialized: set[int] = set()
 
 CUDA_ERROR_INVALID_VALUE = result_code("CUDA_ERROR_INVALID_VALUE")
@@ -45,8 +45,8 @@ def arity(driver: Driver, name: str) -> int:
 
 
 def invalid(call: str, message: str) -> InvalidValueError:
-    """An argument rejected before the driver saw it: named like a driver error."""
-    return InvalidValueError(CUDA_ERROR_INVALID_VALUE, call, hint=message)
+    """An argument rejected before the driver saw it: the message says ``call`` was not made."""
+    return refusal(call, message, InvalidValueError)  # type: ignore[return-value]
 
 
 def handle_int(handle: Any) -> int:

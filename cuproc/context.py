@@ -1,47 +1,82 @@
-"""Contexts: created contexts, the context stack, and primary contexts.
+"""Contexts: created contexts, the context stack, primary contexts, and running a call in a context.
 
 Policy
 ------
-* The driver keeps one context stack per host thread; cuproc keeps no copy of
-  it.  :meth:`Context.current` asks the driver every time.
-* :meth:`Context.create` uses whichever ``cuCtxCreate`` ABI the handle selected:
-  v2 ``(pctx, flags, dev)``, v3 with execution-affinity parameters, or v4
-  with ``CUctxCreateParams`` -- told apart by the selected typedef's arity.
-* One Python object per created context handle, so that destroying it is
-  seen by every buffer that holds it (:attr:`Context.alive`).
-* Primary contexts are reference counted by the driver.  A
-  :class:`PrimaryContext` releases exactly what it retained, never more,
-  and a finalizer returns what is still held.
+* **Kinds.**  A :class:`Context` is *created* (made by :meth:`Context.create`;
+  owned: :meth:`~Context.destroy`, or dropping the last reference, destroys it),
+  *primary* (a device's primary context while a :class:`PrimaryContext` holds
+  retains on it) or *adopted* (a handle some other code made current; cuproc
+  owns nothing of it and never retains, creates or releases anything to
+  classify it).  One live object per handle, so destroying it is seen by
+  everything made in it.
+* **Binding.**  Every operation runs in its object's context, from any
+  thread, through :meth:`Context.call`: the call is made as is, and only when
+  the driver answers that the current context is wrong (or absent) is the
+  object's context pushed for a second attempt and popped again.  The calling
+  thread's stack is never changed behind its back, and a thread whose current
+  context is already right pays nothing.
+* **Primary contexts** are reference counted by the driver.  cuproc retains
+  one exactly as often as :meth:`PrimaryContext.retain` (or
+  :func:`use_device`) is called, and releases exactly that: explicitly, or
+  when the PrimaryContext and everything made in its context are gone.  When
+  the last release (or :meth:`PrimaryContext.reset`) ends the driver's
+  context, the :class:`Context` object ends with it and its dependents refuse.
+* **Host memory views** (NumPy arrays over pinned memory) cannot be
+  invalidated, so destroying, resetting or releasing the last retain of a
+  context while such views exist is refused with ``BufferError``.
 """
 from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any
+from typing import Any, Callable
 
+from . import _fork
 from ._cffi_abi import ffi
+from ._resource import Resource
 from ._support import arity, get_driver, handle_int, invalid
 from .device import Device
 from .driver import Driver
-from .errors import InvalidContextError, result_code
+from .errors import InvalidContextError, refusal, result_code
 
 _CTX_ERROR = result_code("CUDA_ERROR_INVALID_CONTEXT")
-_wrappers: weakref.WeakValueDictionary[int, Context] = weakref.WeakValueDictionary()
-_wrappers_lock = threading.Lock()
-_recent: list[Context | None] = [None]
+_HANDLE_ERROR = result_code("CUDA_ERROR_INVALID_HANDLE")
+CREATED, PRIMARY, ADOPTED = "created", "primary", "adopted"
+
+_known: weakref.WeakValueDictionary[tuple[int, int], Context] = weakref.WeakValueDictionary()
+_known_lock = _fork.lock()
+_scratch = threading.local()   # per-thread out-parameters for the binding retry
 
 
-class Context:
-    """A CUDA context handle.  Owned when made by :meth:`create` (then :meth:`destroy` frees it)."""
+def _popped() -> Any:
+    out = getattr(_scratch, "ctx", None)
+    if out is None:
+        out = _scratch.ctx = ffi.new("CUcontext *")
+    return out
 
-    def __init__(self, handle: Any, *, driver: Driver | None = None, owned: bool = False) -> None:
+
+class Context(Resource):
+    """A CUDA context handle (see the module docstring for the three kinds)."""
+
+    __slots__ = ("handle", "kind", "primary", "_host_exporters")
+    _release_call = "cuCtxDestroy"
+    _ended_word = "destroyed"
+
+    def __init__(self, handle: Any, *, driver: Driver | None = None, kind: str = ADOPTED,
+                 primary: PrimaryContext | None = None) -> None:
         self.driver = get_driver(driver)
         self.handle = ffi.cast("CUcontext", handle)
-        self.owned = owned
-        self._destroyed = False
-        self.primary_device: Any = None   # the CUdevice, when this is a primary context held alive
+        self.kind = kind
+        self.primary = primary          # the PrimaryContext whose retains keep a primary context alive
+        self._host_exporters: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.ended = None
 
-    # ---------------------------------------------------------------- lifetime
+    # ---------------------------------------------------------------- kinds and lookup
+    @property
+    def owned(self) -> bool:
+        """True for a context cuproc created (and destroys)."""
+        return self.kind == CREATED
+
     @classmethod
     def create(cls, device: Device | int = 0, flags: int = 0, *, driver: Driver | None = None,
                exec_affinity: list[Any] | None = None, params: Any = None) -> Context:
@@ -59,77 +94,123 @@ class Context:
             drv.checked.cuCtxCreate(out, array, len(exec_affinity or []), flags, dev.handle)
         else:                                               # v4: (pctx, CUctxCreateParams*, flags, dev)
             drv.checked.cuCtxCreate(out, params if params is not None else ffi.NULL, flags, dev.handle)
-        ctx = cls(out[0], driver=drv, owned=True)
-        with _wrappers_lock:
-            _wrappers[handle_int(ctx.handle)] = ctx
-        return ctx
+        return _register(cls(out[0], driver=drv, kind=CREATED))
 
     @classmethod
-    def wrap(cls, handle: Any, *, driver: Driver | None = None) -> Context:
-        """The one object for an existing handle: the owning object when cuproc created it; for a
-        primary context, an object that holds one retain for as long as anything references it
-        (streams and buffers made in it keep it alive); else a non-owning one."""
-        key = handle_int(handle)
-        existing = _wrappers.get(key)
-        if existing is not None and not existing._destroyed:
-            _recent[0] = existing
-            return existing
-        with _wrappers_lock:
-            existing = _wrappers.get(key)
-            if existing is not None and not existing._destroyed:
-                return existing
-            ctx = cls(handle, driver=driver)
-            ctx._hold_if_primary()
-            _wrappers[key] = ctx
-            _recent[0] = ctx   # keep the last-used context object alive: alloc/free loops stay cheap
+    def adopt(cls, handle: Any, *, driver: Driver | None = None) -> Context:
+        """The one live object for ``handle``: cuproc's own when it created or retained it, else an
+        adopted (not owned) one.  Never retains, creates or releases anything."""
+        drv = get_driver(driver)
+        key = (id(drv), handle_int(handle))
+        found = _known.get(key)
+        if found is not None and found.ended is None:
+            return found
+        with _known_lock:
+            found = _known.get(key)
+            if found is not None and found.ended is None:
+                return found
+            ctx = cls(handle, driver=drv, kind=ADOPTED)
+            _known[key] = ctx
             return ctx
 
-    def _hold_if_primary(self) -> None:
-        drv = self.driver
-        dev = ffi.new("CUdevice *")
-        if _context_device(drv, self.handle, dev) != 0:
-            return
-        primary = ffi.new("CUcontext *")
-        if drv.cuDevicePrimaryCtxRetain(primary, dev[0]) != 0:
-            return
-        if primary[0] == self.handle:
-            self.primary_device = dev[0]
-            self._hold = weakref.finalize(self, _release_all, drv, dev[0], [1])
-        else:
-            drv.cuDevicePrimaryCtxRelease(dev[0])
+    wrap = adopt
 
-    def destroy(self) -> None:
-        """cuCtxDestroy.  Buffers allocated in it become unusable (their memory went with it)."""
-        if not self.owned:
-            raise invalid("cuCtxDestroy", "this Context does not own its handle (adopted or primary); "
-                                          "only contexts made by Context.create are destroyed here")
-        if self._destroyed:
-            raise invalid("cuCtxDestroy", "this context was already destroyed")
-        self.driver.checked.cuCtxDestroy(self.handle)
-        self._destroyed = True
-
-    close = destroy
-
-    @property
-    def alive(self) -> bool:
-        return not self._destroyed
-
-    def _require_alive(self, call: str) -> None:
-        if self._destroyed:
-            raise InvalidContextError(_CTX_ERROR, call, hint="the context was destroyed: its memory, modules "
-                                                             "and streams went with it")
-
-    # ---------------------------------------------------------------- the stack
     @classmethod
     def current(cls, *, driver: Driver | None = None) -> Context | None:
         """The context current on this thread, as the driver says; None when there is none."""
         drv = get_driver(driver)
-        out = ffi.new("CUcontext *")
+        out = _popped()
         drv.checked.cuCtxGetCurrent(out)
-        return None if out[0] == ffi.NULL else cls.wrap(out[0], driver=drv)
+        return None if out[0] == ffi.NULL else cls.adopt(out[0], driver=drv)
 
+    @classmethod
+    def require_current(cls, call: str, *, driver: Driver | None = None) -> Context:
+        """The current context, or an error saying ``call`` needs one (before the driver is asked)."""
+        ctx = cls.current(driver=driver)
+        if ctx is None:
+            raise refusal(call, "no context is current on this thread: call cuproc.use_device(0) (or retain "
+                                "a primary context / create one) first", InvalidContextError,
+                          "CUDA_ERROR_INVALID_CONTEXT")
+        ctx.check(call)
+        return ctx
+
+    @classmethod
+    def given_or_current(cls, context: Context | None, call: str, *, driver: Driver | None = None) -> Context:
+        """``context`` if given, else the current one; checked usable for ``call`` either way."""
+        if context is None:
+            return cls.require_current(call, driver=driver)
+        context.check(call)
+        return context
+
+    # ---------------------------------------------------------------- lifetime
+    def describe(self) -> str:
+        return f"context {handle_int(self.handle):#x} ({self.kind})"
+
+    def destroy(self) -> None:
+        """cuCtxDestroy.  Everything made in it (memory, streams, modules) ends with it and refuses use.
+        Idempotent.  Only a created context can be destroyed."""
+        if self.kind != CREATED:
+            raise invalid("cuCtxDestroy", f"{self.describe()} is not owned by this object: only contexts made by "
+                                          "Context.create are destroyed here (release a PrimaryContext instead)")
+        if self.ended is None:
+            self.refuse_if_host_views("cuCtxDestroy")
+        self.close()
+
+    def close(self) -> None:
+        """Destroy a created context (idempotent); a primary or adopted one owns nothing: no-op."""
+        if self.kind == CREATED:
+            super().close()
+            _forget(self)
+
+    def _release(self) -> int:
+        return self.driver.cuCtxDestroy(self.handle) if self.kind == CREATED else 0
+
+    def end(self, how: str) -> None:
+        """The driver's context is gone (last primary release, reset): this object and its dependents
+        refuse from now on.  For the resource model's owners (PrimaryContext), not for users."""
+        if self._claim(how):
+            _forget(self)
+
+    def add_host_exporter(self, allocation: Any) -> None:
+        """Note host memory with live views (destroying the context under them is refused)."""
+        self._host_exporters.add(allocation)
+
+    def refuse_if_host_views(self, call: str) -> None:
+        for allocation in list(self._host_exporters):
+            if allocation.has_views():
+                raise BufferError(f"{call} was not called: host memory allocated in {self.describe()} still "
+                                  f"has views ({allocation.describe()}: NumPy arrays, memoryviews); drop them first")
+
+    @property
+    def alive(self) -> bool:
+        return self.ended is None
+
+    # ---------------------------------------------------------------- binding
+    def call(self, function: Callable[..., int], *args: Any) -> int:
+        """``function(*args)`` in this context; returns the CUresult (see the module docstring).
+
+        A thread whose current context is right pays one driver call.  On
+        CUDA_ERROR_INVALID_CONTEXT / INVALID_HANDLE this context is pushed, the
+        call made again, and the context popped: the thread's stack is as before.
+        """
+        rc = function(*args)
+        if rc == _CTX_ERROR or rc == _HANDLE_ERROR:
+            drv = self.driver
+            if drv.cuCtxPushCurrent(self.handle) == 0:
+                try:
+                    rc = function(*args)
+                finally:
+                    drv.cuCtxPopCurrent(_popped())
+        return rc
+
+    def run(self, call: str, *args: Any) -> None:
+        """``call`` (a C name) in this context, raising CudaError on failure."""
+        self.check(call)
+        self.driver.check(self.call(getattr(self.driver, call), *args), call)
+
+    # ---------------------------------------------------------------- the stack
     def push(self) -> Context:
-        self._require_alive("cuCtxPushCurrent")
+        self.check("cuCtxPushCurrent")
         self.driver.checked.cuCtxPushCurrent(self.handle)
         return self
 
@@ -143,10 +224,10 @@ class Context:
             raise InvalidContextError(rc, "cuCtxPopCurrent",
                                       hint="this thread's context stack is empty: nothing to pop")
         drv.check(rc, "cuCtxPopCurrent")
-        return cls.wrap(out[0], driver=drv)
+        return cls.adopt(out[0], driver=drv)
 
     def set_current(self) -> None:
-        self._require_alive("cuCtxSetCurrent")
+        self.check("cuCtxSetCurrent")
         self.driver.checked.cuCtxSetCurrent(self.handle)
 
     def __enter__(self) -> Context:
@@ -159,25 +240,23 @@ class Context:
             raise InvalidContextError(_CTX_ERROR, "cuCtxPopCurrent", hint="the context on top of the stack at "
                                       "the end of a `with ctx:` block was not ctx: a push inside was not popped")
 
-    # ---------------------------------------------------------------- queries (this context made current)
+    # ---------------------------------------------------------------- queries (in this context)
     def _query(self, call: str, ctype: str, *args: Any) -> Any:
         out = ffi.new(ctype)
-        with self:
-            getattr(self.driver.checked, call)(out, *args)
+        self.run(call, out, *args)
         return out[0]
 
     def synchronize(self) -> None:
         """Wait for all work in this context (cuCtxSynchronize; the 13.0 ABI names the context)."""
-        self._require_alive("cuCtxSynchronize")
         if arity(self.driver, "cuCtxSynchronize") == 1:
+            self.check("cuCtxSynchronize")
             self.driver.checked.cuCtxSynchronize(self.handle)
         else:
-            with self:
-                self.driver.checked.cuCtxSynchronize()
+            self.run("cuCtxSynchronize")
 
     @property
     def device(self) -> Device:
-        self._require_alive("cuCtxGetDevice")
+        self.check("cuCtxGetDevice")
         out = ffi.new("CUdevice *")
         self.driver.check(_context_device(self.driver, self.handle, out), "cuCtxGetDevice")
         return Device(out[0], driver=self.driver)
@@ -188,6 +267,7 @@ class Context:
 
     @property
     def api_version(self) -> int:
+        self.check("cuCtxGetApiVersion")
         out = ffi.new("unsigned int *")
         self.driver.checked.cuCtxGetApiVersion(self.handle, out)
         return out[0]
@@ -196,8 +276,7 @@ class Context:
         return self._query("cuCtxGetLimit", "size_t *", _enum("CUlimit", "CU_LIMIT_", limit))
 
     def set_limit(self, limit: str | int, value: int) -> None:
-        with self:
-            self.driver.checked.cuCtxSetLimit(_enum("CUlimit", "CU_LIMIT_", limit), value)
+        self.run("cuCtxSetLimit", _enum("CUlimit", "CU_LIMIT_", limit), value)
 
     @property
     def cache_config(self) -> int:
@@ -205,62 +284,123 @@ class Context:
 
     @cache_config.setter
     def cache_config(self, value: str | int) -> None:
-        with self:
-            self.driver.checked.cuCtxSetCacheConfig(_enum("CUfunc_cache", "CU_FUNC_CACHE_", value))
+        self.run("cuCtxSetCacheConfig", _enum("CUfunc_cache", "CU_FUNC_CACHE_", value))
 
     @property
     def shared_mem_config(self) -> int:
         return self._query("cuCtxGetSharedMemConfig", "CUsharedconfig *")
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Context) and handle_int(other.handle) == handle_int(self.handle)
-
-    def __hash__(self) -> int:
-        return handle_int(self.handle)
-
     def __repr__(self) -> str:
-        state = "destroyed" if self._destroyed else ("owned" if self.owned else "not owned")
+        state = self.ended or self.kind
         return f"<cuproc.Context {handle_int(self.handle):#x} {state}>"
 
 
+def call_in(context: Context | None, function: Callable[..., int], *args: Any) -> int:
+    """``function(*args)`` bound to ``context`` (:meth:`Context.call`), or as is when there is none
+    (a raw address or a library kernel: the current context)."""
+    return context.call(function, *args) if context is not None else function(*args)
+
+
+def _register(ctx: Context) -> Context:
+    with _known_lock:
+        _known[(id(ctx.driver), handle_int(ctx.handle))] = ctx
+    return ctx
+
+
+def _forget(ctx: Context) -> None:
+    key = (id(ctx.driver), handle_int(ctx.handle))
+    with _known_lock:
+        if _known.get(key) is ctx:
+            del _known[key]
+
+
 class PrimaryContext:
-    """A device's primary context.  Retain/release pair up; ``with`` retains and makes it current."""
+    """A device's primary context, one object per (driver handle, device).
+
+    ``retain()``/``release()`` pair up; ``with pc:`` retains and makes it current.
+    The :class:`Context` it hands out holds this object, so retains not yet
+    released are given back only when nothing made in the context is left.
+    """
+
+    _instances: weakref.WeakValueDictionary[tuple[int, int], PrimaryContext] = weakref.WeakValueDictionary()
+    _instances_lock = _fork.lock()
+
+    def __new__(cls, device: Device) -> PrimaryContext:
+        key = (id(device.driver), device.ordinal)
+        with cls._instances_lock:
+            found = cls._instances.get(key)
+            if found is None:
+                found = super().__new__(cls)
+                found.device, found.driver = device, device.driver
+                found._retains, found._handle, found._context = 0, None, None
+                found._lock = _fork.lock()
+                cls._instances[key] = found
+            return found
 
     def __init__(self, device: Device) -> None:
-        self.device = device
-        self.driver = device.driver
-        self._handle: Any = None
-        self._retains = [0]  # shared with the finalizer
-        self._finalizer = weakref.finalize(self, _release_all, self.driver, device.handle, self._retains)
+        """Shared per device: see ``__new__``."""
 
     def retain(self) -> PrimaryContext:
+        """cuDevicePrimaryCtxRetain: one more retain held by this object."""
         out = ffi.new("CUcontext *")
-        self.driver.checked.cuDevicePrimaryCtxRetain(out, self.device.handle)
-        self._handle = out[0]
-        self._retains[0] += 1
+        with self._lock:
+            self.driver.checked.cuDevicePrimaryCtxRetain(out, self.device.handle)
+            self._retains += 1
+            if self._context_object() is None or handle_int(out[0]) != handle_int(self._handle):
+                self._handle = out[0]
+                self._context = None
         return self
 
     def release(self) -> None:
-        if self._retains[0] == 0:
-            raise invalid("cuDevicePrimaryCtxRelease", "this PrimaryContext holds no retain to release "
-                                                       "(never release what you did not retain)")
-        self.driver.checked.cuDevicePrimaryCtxRelease(self.device.handle)
-        self._retains[0] -= 1
+        """cuDevicePrimaryCtxRelease of one retain this object holds.  When it was the last retain in the
+        process, the driver destroys the context: its Context object and dependents end with it."""
+        with self._lock:
+            if self._retains == 0:
+                raise invalid("cuDevicePrimaryCtxRelease", "this PrimaryContext holds no retain to release "
+                                                           "(never release what you did not retain)")
+            ctx = self._context_object()
+            if self._retains == 1 and ctx is not None:
+                ctx.refuse_if_host_views("cuDevicePrimaryCtxRelease")
+            self.driver.checked.cuDevicePrimaryCtxRelease(self.device.handle)
+            self._retains -= 1
+            if self._retains == 0:
+                self._context = None      # the object no longer keeps its Context (and their cycle) alive
+                self._end_if_inactive(ctx, "released (its last retain)")
+
+    def _context_object(self) -> Context | None:
+        ctx = self._context
+        return ctx if ctx is not None and ctx.ended is None else None
+
+    def _end_if_inactive(self, ctx: Context | None, how: str) -> None:
+        flags, active = ffi.new("unsigned int *"), ffi.new("int *")
+        self.driver.checked.cuDevicePrimaryCtxGetState(self.device.handle, flags, active)
+        if not active[0]:
+            self._handle, self._context = None, None
+            if ctx is not None:
+                ctx.end(how)
 
     @property
     def retain_count(self) -> int:
         """How many retains this object holds (the driver's own count includes other holders)."""
-        return self._retains[0]
+        return self._retains
 
     @property
     def handle(self) -> Any:
-        if self._retains[0] == 0:
+        if self._retains == 0:
             raise invalid("cuDevicePrimaryCtxRetain", "retain() the primary context before using its handle")
         return self._handle
 
     @property
     def context(self) -> Context:
-        return Context.wrap(self.handle, driver=self.driver)
+        """The Context object of the retained primary context (it keeps this object alive)."""
+        with self._lock:
+            ctx = self._context_object()
+            if ctx is None:
+                handle = self.handle
+                ctx = Context(handle, driver=self.driver, kind=PRIMARY, primary=self)
+                _register(ctx)
+                self._context = ctx   # held while retained; the Context holds this object in turn
+            return ctx
 
     def retained(self) -> _Retained:
         """``with pc.retained():`` holds a retain without making the context current."""
@@ -291,8 +431,36 @@ class PrimaryContext:
         return flags[0], bool(active[0])
 
     def reset(self) -> None:
-        """cuDevicePrimaryCtxReset: destroys all its allocations and state, for every holder."""
-        self.driver.checked.cuDevicePrimaryCtxReset(self.device.handle)
+        """cuDevicePrimaryCtxReset: destroys all its allocations and state, for every holder.  Everything
+        cuproc made in it ends and refuses use; retains stay held (the driver does not release them)."""
+        with self._lock:
+            ctx = self._context_object()
+            if ctx is not None:
+                ctx.refuse_if_host_views("cuDevicePrimaryCtxReset")
+            self.driver.checked.cuDevicePrimaryCtxReset(self.device.handle)
+            if ctx is not None:
+                ctx.end("reset")
+            self._context = None
+            if self._retains:           # still retained: learn the (possibly new) handle without a net retain
+                out = ffi.new("CUcontext *")
+                self.driver.checked.cuDevicePrimaryCtxRetain(out, self.device.handle)
+                self.driver.checked.cuDevicePrimaryCtxRelease(self.device.handle)
+                self._handle = out[0]
+            else:
+                self._handle = None
+
+    def __del__(self) -> None:
+        """The safety net: give back retains still held.  Never raises."""
+        try:
+            retains, self._retains, self._context = self._retains, 0, None
+            if retains and not _fork.FORKED[0]:
+                for _ in range(retains):
+                    self.driver.cuDevicePrimaryCtxRelease(self.device.handle)
+        except Exception:  # noqa: BLE001 - a finalizer never raises (interpreter shutdown)
+            pass
+
+    def __repr__(self) -> str:
+        return f"<cuproc.PrimaryContext device {self.device.ordinal}, {self._retains} retain(s)>"
 
 
 class _Retained:
@@ -319,16 +487,6 @@ def _context_device(drv: Driver, handle: Any, out: Any) -> int:
         drv.cuCtxPopCurrent(ffi.new("CUcontext *"))
 
 
-def _release_all(driver: Driver, device: Any, retains: list[int]) -> None:
-    """Finalizer: give back retains still held.  Never raises."""
-    try:
-        while retains[0] > 0:
-            retains[0] -= 1
-            driver.cuDevicePrimaryCtxRelease(device)
-    except Exception:  # noqa: BLE001 - finalizers must not raise (interpreter shutdown, dead driver)
-        pass
-
-
 def _enum(ctype: str, prefix: str, value: str | int) -> int:
     if isinstance(value, int):
         return value
@@ -339,12 +497,12 @@ def _enum(ctype: str, prefix: str, value: str | int) -> int:
 def use_device(ordinal: int = 0, *, driver: Driver | None = None) -> PrimaryContext:
     """The one-liner: retain device ``ordinal``'s primary context and make it current on this thread.
 
-    Returns the retained :class:`PrimaryContext`; release it (or let it be
-    collected) when done.
+    Returns the retained :class:`PrimaryContext`; ``release()`` it when done
+    (what is still held is released once it and everything made in it are gone).
     """
     pc = Device(ordinal, driver=driver).primary_context().retain()
     pc.context.set_current()
     return pc
 
 
-__all__ = ["Context", "PrimaryContext", "use_device"]
+__all__ = ["Context", "PrimaryContext", "call_in", "use_device"]

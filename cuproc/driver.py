@@ -32,11 +32,10 @@ Policy
 from __future__ import annotations
 
 import os
-import threading
 import weakref
 from typing import Any, Callable, NamedTuple
 
-from . import errors
+from . import _fork, errors
 from ._cffi_abi import ffi
 from .loader import DIRECT_LOOKUP, GET_PROC_ADDRESS_V2, DriverLibrary, open_library
 from .registry import NOT_YET_INTRODUCED, PER_THREAD_NEEDS_7_0, Registry, Selection, default_registry
@@ -99,21 +98,14 @@ class Unavailable:
 
 # --------------------------------------------------------------------------- fork safety
 
-_initialized_in_pid: int | None = None   # set when cuInit succeeds
-_forked_from: int | None = None          # set in a child forked after cuInit
 _live_drivers: weakref.WeakSet[Driver] = weakref.WeakSet()
 _module_cache: set[str] = set()
 
 
-def _note_initialized() -> None:
-    global _initialized_in_pid
-    _initialized_in_pid = os.getpid()
-
-
-def _after_fork_in_child() -> None:
-    global _forked_from, _initialized_in_pid
-    if _initialized_in_pid is not None:
-        _forked_from, _initialized_in_pid = _initialized_in_pid, None
+def _forget_after_fork() -> None:
+    """In a child forked after cuInit: drop every cached pointer so each access re-checks."""
+    if not _fork.FORKED[0]:
+        return
     for drv in list(_live_drivers):
         drv._forget_resolutions()
     module = globals()
@@ -122,8 +114,12 @@ def _after_fork_in_child() -> None:
     _module_cache.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_fork.on_fork_in_child(_forget_after_fork)
+
+
+def forked_error(call: str) -> errors.ForkedProcessError:
+    """The refusal every cuproc callable gives in a child forked after CUDA was initialized."""
+    return errors.ForkedProcessError(errors.result_code("CUDA_ERROR_NOT_INITIALIZED"), call, hint=errors.FORK_HINT)
 
 
 # --------------------------------------------------------------------------- names that are not functions
@@ -195,7 +191,7 @@ class Driver:
         self._lib: DriverLibrary | None = None
         self._version: CudaVersion | None = None
         self._driver_version: CudaVersion | None = None
-        self._lock = threading.RLock()
+        self._lock = _fork.rlock()
         self._resolutions: dict[str, Resolution] = {}
         self._checked: Checked | None = None
         _live_drivers.add(self)
@@ -377,7 +373,7 @@ class Driver:
     # ---------------------------------------------------------------- errors
     def error(self, code: int, call: str | None = None) -> errors.CudaError:
         """The exception for CUresult ``code`` from ``call``, named and described by the driver."""
-        extra = errors.FORK_HINT if _forked_from is not None else None
+        extra = errors.FORK_HINT if _fork.FORKED[0] else None
         describe = self._lib.describe_error if self._lib is not None else None
         return errors.make_error(code, call, describe, extra)
 
@@ -398,9 +394,8 @@ class Driver:
         if name.startswith("_"):
             raise AttributeError(name)
         if name in self.registry:
-            if _forked_from is not None:
-                raise errors.ForkedProcessError(errors.result_code("CUDA_ERROR_NOT_INITIALIZED"), name,
-                                                hint=errors.FORK_HINT)
+            if _fork.FORKED[0]:
+                raise forked_error(name)
             res = self.resolution(name)
             with self._lock:  # one published object per name, whichever thread gets here first
                 value = self.__dict__.get(name)
@@ -471,7 +466,7 @@ def _tracking_cuinit(function: Callable[[int], int]) -> Callable[[int], int]:
     def cuInit(flags: int) -> int:  # noqa: N802 - the C name
         rc = function(flags)
         if rc == _CUDA_SUCCESS:
-            _note_initialized()
+            _fork.note_initialized()
         return rc
     return cuInit
 
@@ -501,7 +496,9 @@ class Checked:
 
 def _make_checked(function: Callable[..., int], name: str,
                   error: Callable[[int, str], errors.CudaError]) -> Callable[..., None]:
-    def call(*args: Any) -> None:
+    def call(*args: Any, _forked: list[bool] = _fork.FORKED) -> None:
+        if _forked[0]:   # a checked function captured before fork() refuses in the child
+            raise forked_error(name)
         rc = function(*args)
         if rc:
             raise error(rc, name)
@@ -513,7 +510,7 @@ def _make_checked(function: Callable[..., int], name: str,
 # --------------------------------------------------------------------------- the module as namespace
 
 _default: Driver | None = None
-_default_lock = threading.Lock()
+_default_lock = _fork.lock()
 
 
 def default_driver() -> Driver:

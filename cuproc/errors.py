@@ -57,6 +57,10 @@ class CudaError(Exception):
     the C name of the function that failed.
     """
 
+    #: True when cuproc refused the call before the driver saw anything (``code`` is then the
+    #: CUresult the driver would have given, and the message does not claim the driver answered).
+    refused = False
+
     def __init__(self, code: int, call: str | None = None, *, name: str | None = None,
                  description: str | None = None, hint: str | None = None) -> None:
         self.code = code
@@ -67,6 +71,8 @@ class CudaError(Exception):
         super().__init__(self._message())
 
     def _message(self) -> str:
+        if self.refused:
+            return f"{self.call} was not called: {self.hint}" if self.call else str(self.hint)
         where = f"{self.call} failed: " if self.call else ""
         text = f"{where}{self.name} ({self.code})"
         if self.description:
@@ -76,11 +82,14 @@ class CudaError(Exception):
         return text
 
     def __reduce__(self) -> tuple:
-        return (_rebuild, (type(self), self.code, self.call, self.name, self.description, self.hint))
+        return (_rebuild, (type(self), self.code, self.call, self.name, self.description, self.hint,
+                           self.refused))
 
 
-def _rebuild(cls: type, code: int, call: str | None, name: str, description: str, hint: str) -> CudaError:
+def _rebuild(cls: type, code: int, call: str | None, name: str, description: str, hint: str,
+             refused: bool = False) -> CudaError:
     err = cls.__new__(cls)
+    err.refused = refused
     CudaError.__init__(err, code, call, name=name, description=description, hint=hint)
     return err
 
@@ -115,6 +124,41 @@ class DriverTooOldError(SymbolNotFoundError):
 
 class ForkedProcessError(CudaError):
     """CUDA was initialized before this process was forked; the child cannot use it."""
+
+
+class ClosedResourceError(InvalidValueError):
+    """An object was used after it, or something it depends on, was closed or destroyed.
+
+    Raised by cuproc before any handle reaches the driver (``refused`` is True).
+    ``resource`` describes the object used; ``closed`` the one that was closed
+    (the object itself, or its context, module, stream, ...).
+    """
+
+    refused = True
+
+    def __init__(self, call: str, resource: str, closed: str, how: str) -> None:
+        self.resource, self.closed_resource = resource, closed
+        if resource == closed:
+            hint = f"{resource} was {how}; it cannot be used any more"
+        else:
+            hint = f"{resource} cannot be used: {closed}, which it depends on, was {how}"
+        super().__init__(result_code("CUDA_ERROR_INVALID_VALUE"), call, hint=hint)
+
+
+class CudaWarning(ResourceWarning):
+    """A driver call made on cuproc's own initiative failed where raising is impossible
+    (a finalizer freeing a dropped object).  Reported once per failure, never silently."""
+
+
+def refusal(call: str, message: str, cls: type[CudaError] | None = None,
+            code_name: str = "CUDA_ERROR_INVALID_VALUE") -> CudaError:
+    """An error for a call cuproc refused before the driver saw it: it says so instead of
+    claiming that ``call`` failed with a driver error."""
+    err_cls = cls or error_class(code_name)
+    err = err_cls.__new__(err_cls)
+    err.refused = True
+    CudaError.__init__(err, result_code(code_name), call, hint=message)
+    return err
 
 
 class DriverNotFoundError(OSError):

@@ -23,13 +23,20 @@ Policy
 """
 from __future__ import annotations
 
+import functools
 import re
+import weakref
 from typing import Any, Callable, Sequence
 
+from . import _fork
 from ._cffi_abi import ffi
 from ._header_data import DEFINES
+from ._resource import EPOCH, FORKED, Resource
 from ._support import get_driver, invalid
-from .stream import stream_handle
+from .context import call_in
+from .driver import forked_error
+from .errors import result_code
+from .stream import Stream, stream_handle
 
 # Vector types: (component C type, count, device alignment) per the CUDA headers' __align__.
 VECTOR_TYPES = {
@@ -47,6 +54,7 @@ _SCALAR_ALIASES = {"char": "int8_t", "signed char": "int8_t", "unsigned char": "
 _PARAM_BUFFER_POINTER = ffi.cast("void *", DEFINES["CU_LAUNCH_PARAM_BUFFER_POINTER"])
 _PARAM_BUFFER_SIZE = ffi.cast("void *", DEFINES["CU_LAUNCH_PARAM_BUFFER_SIZE"])
 _PARAM_END = ffi.cast("void *", DEFINES["CU_LAUNCH_PARAM_END"])
+_CONTEXT_ERRORS = (result_code("CUDA_ERROR_INVALID_CONTEXT"), result_code("CUDA_ERROR_INVALID_HANDLE"))
 _NUMPY_KINDS = {("i", 1): "int8_t", ("i", 2): "int16_t", ("i", 4): "int32_t", ("i", 8): "int64_t",
                 ("u", 1): "uint8_t", ("u", 2): "uint16_t", ("u", 4): "uint32_t", ("u", 8): "uint64_t",
                 ("f", 4): "float", ("f", 8): "double", ("b", 1): "uint8_t"}
@@ -253,7 +261,7 @@ class PreparedLaunch:
 
     def __init__(self, function: Any, signature: Sequence[Any], grid: Any = 1, block: Any = 1, *,
                  shared_mem: int = 0, stream: Any = None, convention: str = "buffer",
-                 entry: str | None = None) -> None:
+                 entry: str | None = None, hold_stream: bool = True) -> None:
         if convention not in ("buffer", "params"):
             raise invalid("cuLaunchKernel", f"convention is 'buffer' or 'params', not {convention!r}")
         if hasattr(function, "launch_target"):   # a per-context Kernel binds to the current context's function
@@ -265,17 +273,69 @@ class PreparedLaunch:
                 else "cuLaunchKernel"
         if entry not in ("cuLaunchKernel", "cuLaunchKernelEx"):
             raise invalid("cuLaunchKernel", f"entry is 'cuLaunchKernel' or 'cuLaunchKernelEx', not {entry!r}")
+        function.check(entry)
         self.packed = packed = PackedArgs([arg_type(s) for s in signature])
         check_signature(function, packed)
         self.grid, self.block = _dims(grid, "grid"), _dims(block, "block")
         if not isinstance(shared_mem, int) or shared_mem < 0:
             raise invalid("cuLaunchKernel", f"shared_mem must be a non-negative int, got {shared_mem!r}")
         self.shared_mem, self.convention, self.entry = shared_mem, convention, entry
-        self.stream = stream_handle(stream, drv)
+        self.stream = stream_handle(stream, drv, entry)
+        stream_object = stream if isinstance(stream, Stream) else None
+        # What every launch depends on: verified again whenever any resource has ended since (EPOCH).
+        held: list[Resource] = [function, *function.ancestors()]
+        if stream_object is not None and hold_stream:
+            held += [stream_object, *stream_object.ancestors()]
+        self.stream_object = stream_object if hold_stream else None   # holds the Stream: its handle stays valid
+        self.resources = tuple(dict.fromkeys(held))
+        # The context the launch is bound to: the function's, else the stream's; a library kernel on a
+        # default stream launches in the current context.
+        self.context = function.context if function.context is not None else \
+            (stream_object.context if stream_object is not None else None)
         self.config = None
         if entry == "cuLaunchKernelEx":   # the whole launch configuration in one struct, built once
             self.config, self._config_attrs = _launch_config(self.grid, self.block, shared_mem, self.stream, [])
+        self.seen = [EPOCH[0]]
+        self.lock = _fork.lock()
         self.launch = _compile_launcher(self, getattr(drv, entry), drv.error)
+
+    def verify(self) -> None:
+        """Raise unless the function, its module and context, and the stream are all still usable
+        (the generated launcher calls this only when some resource ended since it last looked)."""
+        epoch = EPOCH[0]
+        if FORKED[0]:
+            raise forked_error(self.entry)
+        for resource in self.resources:
+            if resource.ended is not None:        # say it from the launch's point of view
+                self.function.check(self.entry)
+                if self.stream_object is not None:
+                    self.stream_object.check(self.entry)
+                resource.check(self.entry)
+        self.seen[0] = epoch
+
+    def fixed_arguments(self, packed: PackedArgs | None = None) -> tuple[Any, ...]:
+        """The driver call's arguments for an argument block (default: the shared one)."""
+        packed = packed if packed is not None else self.packed
+        params = packed.params if self.convention == "params" else ffi.NULL
+        extra = packed.extra if self.convention == "buffer" else ffi.NULL
+        if self.entry == "cuLaunchKernelEx":
+            return (self.config, self.function.handle, params, extra)
+        return (self.function.handle, *self.grid, *self.block, self.shared_mem, self.stream, params, extra)
+
+    def launch_private(self, values: Sequence[Any]) -> None:
+        """One launch with its own argument block: what a thread does when another is mid-launch
+        with the shared one (the shared block is never written by two threads)."""
+        packed = PackedArgs(self.packed.types)
+        packed.fill(values)
+        rc = call_in(self.context, getattr(self.driver, self.entry), *self.fixed_arguments(packed))
+        if rc:
+            raise self.driver.error(rc, self.entry)
+
+    def rebind(self, rc: int) -> int:
+        """After a context error: the same launch again with this launch's context pushed (under the lock)."""
+        if self.context is None or rc not in _CONTEXT_ERRORS:
+            return rc
+        return self.context.call(self._again)
 
     def __call__(self, *args: Any) -> None:
         """Convenience; ``self.launch`` (what Function.prepare returns) skips this frame."""
@@ -307,16 +367,21 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple, block: tuple, shared
     cached = [f"p{i}" for i, t in enumerate(types) if t.kind == "pointer"]
     if cached:
         lines.append(f"    global {', '.join(cached)}")
+    # One comparison stands for "nothing this launch holds has ended, and this is not a forked child".
+    lines += ["    if epoch[0] != seen[0]:", "        verify()"]
+    # The shared argument block belongs to one thread at a time; a thread that finds it busy
+    # launches with a private block instead of waiting (the driver copies the arguments at launch).
+    lines += ["    if not acquire(False):", "        return private((" + "".join(n + ", " for n in names) + "))"]
     body: list[str] = []
     for i, t in enumerate(types):
         a, slot = names[i], f"s{i}[0]"
         if t.kind == "pointer":
             # DeviceBuffer.ptr's own test, inlined (a property is a Python frame per launch);
-            # a freed buffer or a destroyed context goes on to the general writer, which raises.
+            # a freed buffer or an ended context goes on to the general writer, which raises.
             # p{i} is the address in the slot: a 64-bit store costs more than the comparison, and
             # the same buffer launch after launch is the common case.  Other writers reset it.
-            body += [f"if {a}.__class__ is DeviceBuffer and not ({a}._freed or {a}.context._destroyed):",
-                     f"    if {a}._ptr != p{i}:", f"        {slot} = p{i} = {a}._ptr",
+            body += [f"if {a}.__class__ is DeviceBuffer and {a}.ended is None and {a}.context.ended is None:",
+                     f"    if {a}.address != p{i}:", f"        {slot} = p{i} = {a}.address",
                      f"elif {a}.__class__ is int:",
                      f"    if {a} != p{i}:", f"        {slot} = p{i} = {a}",
                      "else:", f"    p{i} = None", f"    w{i}({a})"]
@@ -327,16 +392,21 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple, block: tuple, shared
             body += [f"if {a}.__class__ is int:", f"    {slot} = {a}", "else:", f"    w{i}({a})"]
         else:
             body += [f"w{i}({a})"]
+    lines.append("    try:")
     if body:
-        lines += ["    try:"] + ["        " + line for line in body]
-        lines += ["    except (TypeError, OverflowError):"]
-        lines += [f"        {p} = None" for p in cached]
-        lines += ["        fill((" + ", ".join(names) + ",))"]
+        lines += ["        try:"] + ["            " + line for line in body]
+        lines += ["        except (TypeError, OverflowError):"]
+        lines += [f"            {p} = None" for p in cached]
+        lines += ["            fill((" + "".join(n + ", " for n in names) + "))"]
+        lines += ["        except BaseException:"]
+        lines += [f"            {p} = None" for p in cached] or ["            pass"]
+        lines += ["            raise"]
     if entry == "cuLaunchKernelEx":
-        lines.append("    rc = launch_entry(config, handle, params, extra)")
+        lines.append("        rc = launch_entry(config, handle, params, extra)")
     else:
         g, b = ", ".join(map(str, grid)), ", ".join(map(str, block))
-        lines.append(f"    rc = launch_entry(handle, {g}, {b}, {shared_mem}, stream, params, extra)")
+        lines.append(f"        rc = launch_entry(handle, {g}, {b}, {shared_mem}, stream, params, extra)")
+    lines += ["        if rc:", "            rc = rebind(rc)", "    finally:", "        release()"]
     lines += ["    if rc:", f"        raise error(rc, {entry!r})"]
     return "\n".join(lines) + "\n"
 
@@ -349,10 +419,13 @@ def _param_name(i: int, t: ArgType) -> str:
 def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any) -> Callable[..., None]:
     packed = prepared.packed
     name = prepared.function.name
-    from .memory import DeviceBuffer
+    from .device_memory import DeviceBuffer
+    prepared._again = functools.partial(cu_launch, *prepared.fixed_arguments())
     env: dict[str, Any] = {
         "launch_entry": cu_launch, "config": prepared.config, "error": error,
-        "DeviceBuffer": DeviceBuffer,
+        "DeviceBuffer": DeviceBuffer, "epoch": EPOCH, "seen": prepared.seen, "verify": prepared.verify,
+        "acquire": prepared.lock.acquire, "release": prepared.lock.release, "private": prepared.launch_private,
+        "rebind": prepared.rebind,
         "handle": prepared.function.handle, "stream": prepared.stream, "fill": packed.fill,
         "params": packed.params if prepared.convention == "params" else ffi.NULL,
         "extra": packed.extra if prepared.convention == "buffer" else ffi.NULL,
@@ -383,36 +456,40 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
     """Launch once (cuLaunchKernel / cuLaunchKernelEx, or cuLaunchCooperativeKernel with ``cooperative=True``).
 
     Repeated one-shot launches of the same shape reuse a :class:`PreparedLaunch` kept on the
-    function, so a loop over ``launch`` costs little more than a prepared launch.
+    function, so a loop over ``launch`` costs little more than a prepared launch.  The cache
+    never keeps a Stream alive: an entry for a Stream remembers it weakly and is used only for
+    that very object (the caller holds it for the call).
     """
     if hasattr(function, "launch_target"):
         function = function.launch_target()
-    drv = get_driver(function.driver)
     if cooperative:
-        types = [arg_type(s) for s in signature] if signature is not None else [infer_type(a) for a in args]
-        packed = PackedArgs(types)
-        check_signature(function, packed)
-        packed.fill(args)
-        drv.checked.cuLaunchCooperativeKernel(function.handle, *_dims(grid, "grid"), *_dims(block, "block"),
-                                              shared_mem, stream_handle(stream, drv), packed.params)
+        _launch_cooperative(function, grid, block, args, signature, shared_mem, stream)
         return
     sig: tuple = tuple(signature) if signature is not None else tuple(infer_type(a) for a in args)
-    h = stream_handle(stream, drv)
+    if isinstance(stream, Stream):
+        stream.check("cuLaunchKernel")
+        stream_key: Any = ("stream", id(stream))
+    else:
+        stream_key = None if stream is None else int(ffi.cast("uintptr_t", stream_handle(stream, function.driver)))
     try:
         key = (sig if signature is not None else tuple((t.name, t.size, t.align, t.kind) for t in sig),
                grid if isinstance(grid, int) else tuple(grid), block if isinstance(block, int) else tuple(block),
-               shared_mem, int(ffi.cast("uintptr_t", h)), convention, entry)
-        cache = function.__dict__.setdefault("_prepared", {})
-        prepared = cache.get(key)
+               shared_mem, stream_key, convention, entry)
+        cache = function.launch_cache
+        cached = cache.get(key)
     except TypeError:   # an unhashable signature entry: prepare without remembering
-        key, cache, prepared = None, None, None
-    if prepared is None:
-        prepared = PreparedLaunch(function, sig, grid, block, shared_mem=shared_mem, stream=h, convention=convention,
-                                  entry=entry).launch
+        key, cache, cached = None, None, None
+    if cached is not None and isinstance(stream, Stream) and cached[1]() is not stream:
+        cached = None   # a new Stream object at a dead one's id
+    if cached is None:
+        prepared = PreparedLaunch(function, sig, grid, block, shared_mem=shared_mem, stream=stream,
+                                  convention=convention, entry=entry, hold_stream=False).launch
         if cache is not None:
             if len(cache) >= _PREPARED_PER_FUNCTION:
                 cache.clear()
-            cache[key] = prepared
+            cache[key] = (prepared, weakref.ref(stream) if isinstance(stream, Stream) else None)
+    else:
+        prepared = cached[0]
     prepared(*args)
 
 
@@ -420,11 +497,10 @@ def launch_ex(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *,
               signature: Sequence[Any] | None = None, shared_mem: int = 0, stream: Any = None,
               cluster: Any = None, cooperative: bool = False, priority: int | None = None) -> None:
     """cuLaunchKernelEx with launch attributes: cluster dimensions, cooperative, priority."""
-    drv = get_driver(function.driver)
-    types = [arg_type(s) for s in signature] if signature is not None else [infer_type(a) for a in args]
-    packed = PackedArgs(types)
-    check_signature(function, packed)
-    packed.fill(args)
+    if hasattr(function, "launch_target"):
+        function = function.launch_target()
+    packed = _packed_once(function, "cuLaunchKernelEx", args, signature)
+    drv = function.driver
     attrs = []
     if cluster is not None:
         attrs.append(("CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION", _dims(cluster, "cluster")))
@@ -432,9 +508,38 @@ def launch_ex(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *,
         attrs.append(("CU_LAUNCH_ATTRIBUTE_COOPERATIVE", 1))
     if priority is not None:
         attrs.append(("CU_LAUNCH_ATTRIBUTE_PRIORITY", priority))
-    config, _attrs = _launch_config(_dims(grid, "grid"), _dims(block, "block"), shared_mem,
-                                    stream_handle(stream, drv), attrs)
-    drv.checked.cuLaunchKernelEx(config, function.handle, packed.params, ffi.NULL)
+    h = stream_handle(stream, drv, "cuLaunchKernelEx")
+    config, _attrs = _launch_config(_dims(grid, "grid"), _dims(block, "block"), shared_mem, h, attrs)
+    rc = call_in(_binding(function, stream), drv.cuLaunchKernelEx, config, function.handle, packed.params, ffi.NULL)
+    drv.check(rc, "cuLaunchKernelEx")
+
+
+def _binding(function: Any, stream: Any) -> Any:
+    """The context a launch runs in: the function's, else the stream's, else None (the current one)."""
+    if function.context is not None:
+        return function.context
+    return stream.context if isinstance(stream, Stream) else None
+
+
+def _launch_cooperative(function: Any, grid: Any, block: Any, args: Sequence[Any], signature: Sequence[Any] | None,
+                        shared_mem: int, stream: Any) -> None:
+    """cuLaunchCooperativeKernel (kernelParams convention: it takes no ``extra``)."""
+    packed = _packed_once(function, "cuLaunchCooperativeKernel", args, signature)
+    drv = function.driver
+    call_args = (function.handle, *_dims(grid, "grid"), *_dims(block, "block"), shared_mem,
+                 stream_handle(stream, drv, "cuLaunchCooperativeKernel"), packed.params)
+    drv.check(call_in(_binding(function, stream), drv.cuLaunchCooperativeKernel, *call_args),
+              "cuLaunchCooperativeKernel")
+
+
+def _packed_once(function: Any, call: str, args: Sequence[Any], signature: Sequence[Any] | None) -> PackedArgs:
+    """A fresh argument block for one launch, after the function's and the signature's checks."""
+    function.check(call)
+    types = [arg_type(s) for s in signature] if signature is not None else [infer_type(a) for a in args]
+    packed = PackedArgs(types)
+    check_signature(function, packed)
+    packed.fill(args)
+    return packed
 
 
 def _launch_config(grid: tuple, block: tuple, shared_mem: int, stream: Any,

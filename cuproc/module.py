@@ -8,19 +8,24 @@ Policy
 * A :class:`Library` loads once and serves every context.  Where the handle
   lacks ``cuLibraryLoadData`` (drivers or requested versions before 12.0) the
   same object loads a :class:`Module` into each context it meets.
-* Modules hold their context; libraries hold nothing but the driver.
+* Modules, libraries, linkers and functions are resources
+  (:mod:`cuproc._resource`): a module holds its context, a function its
+  module (or its library kernel and context); unloading refuses further use
+  of everything that depended on it.
 """
 from __future__ import annotations
 
 import os
 import re
-import weakref
 from pathlib import Path
 from typing import Any
 
+from . import _fork
 from ._cffi_abi import ffi
+from ._resource import Resource
 from ._support import get_driver, handle_int, invalid
-from .context import Context
+from .context import Context, call_in
+from .device_memory import GlobalView
 from .driver import Driver
 from .errors import CudaError, result_code
 
@@ -106,85 +111,94 @@ def _load_error(drv: Driver, rc: int, call: str, raw: bytes, jit: _JitOptions | 
     return err
 
 
-class Module:
-    """A module loaded into the current context (cuModuleLoadDataEx); unloaded by close() or finalizer."""
+class Module(Resource):
+    """A module loaded into a context (cuModuleLoadDataEx), which it holds.
+
+    ``unload()``/``close()`` (idempotent) or dropping it -- once no Function of it
+    is left -- unloads it.  Its functions and globals refuse use afterwards.
+    """
+
+    _release_call = "cuModuleUnload"
+    _ended_word = "unloaded"
 
     def __init__(self, handle: Any, context: Context, driver: Driver, jit: JitResult | None) -> None:
-        self.handle, self.context, self.driver, self.jit = handle, context, driver, jit
-        self._finalizer = weakref.finalize(self, _unload, driver, context, handle)
+        self.handle, self.context, self.driver, self.jit, self.ended = handle, context, driver, jit, None
 
     @classmethod
     def load(cls, image: bytes | str | os.PathLike[str], options: dict[str | int, Any] | None = None, *,
-             driver: Driver | None = None) -> Module:
-        """Load cubin, PTX or fatbin (bytes, or a path) into the current context, with JIT options
-        by name (``{"OPTIMIZATION_LEVEL": 4, "MAX_REGISTERS": 64}``)."""
-        drv = get_driver(driver)
-        ctx = Context.current(driver=drv)
-        if ctx is None:
-            from .memory import _current_context
-            _current_context(drv, "cuModuleLoadDataEx")
+             context: Context | None = None, driver: Driver | None = None) -> Module:
+        """Load cubin, PTX or fatbin (bytes, or a path) into ``context`` (default: the current one),
+        with JIT options by name (``{"OPTIMIZATION_LEVEL": 4, "MAX_REGISTERS": 64}``)."""
+        ctx = Context.given_or_current(context, "cuModuleLoadDataEx", driver=driver)
+        drv = ctx.driver
         buf, raw = _image(image)
         jit = _JitOptions(options)
         out = ffi.new("CUmodule *")
-        rc = drv.cuModuleLoadDataEx(out, buf, jit.count, jit.keys, jit.values)
+        rc = ctx.call(drv.cuModuleLoadDataEx, out, buf, jit.count, jit.keys, jit.values)
         if rc:
             raise _load_error(drv, rc, "cuModuleLoadDataEx", raw, jit)
         return cls(out[0], ctx, drv, jit.result())
 
-    def get_function(self, name: str) -> Function:
-        out = ffi.new("CUfunction *")
-        self.driver.checked.cuModuleGetFunction(out, self.handle, name.encode())
-        return Function(out[0], self.driver, name, owner=self)
+    def parents(self) -> tuple[Resource, ...]:
+        return (self.context,)
 
-    def get_global(self, name: str) -> Any:
-        """A device view of a ``__device__`` variable: (address, size) with cuproc's copy/memset."""
-        from .memory import GlobalView
-        ptr, size = ffi.new("CUdeviceptr *"), ffi.new("size_t *")
-        self.driver.checked.cuModuleGetGlobal(ptr, size, self.handle, name.encode())
-        return GlobalView(int(ptr[0]), size[0], self, self.context)
+    def describe(self) -> str:
+        return f"module {handle_int(self.handle):#x}"
+
+    def _release(self) -> int:
+        return self.context.call(self.driver.cuModuleUnload, self.handle)
 
     def unload(self) -> None:
-        if not self._finalizer.alive:
-            raise invalid("cuModuleUnload", "this module was already unloaded")
-        self._finalizer()
+        self.close()
 
-    close = unload
+    def get_function(self, name: str) -> Function:
+        self.check("cuModuleGetFunction")
+        out = ffi.new("CUfunction *")
+        self.driver.check(self.context.call(self.driver.cuModuleGetFunction, out, self.handle, name.encode()),
+                          "cuModuleGetFunction")
+        return Function(out[0], self.driver, name, owner=self, context=self.context)
 
-    def __enter__(self) -> Module:
-        return self
+    def get_global(self, name: str) -> GlobalView:
+        """A device view of a ``__device__`` variable: (address, size) with cuproc's copy/memset."""
+        self.check("cuModuleGetGlobal")
+        ptr, size = ffi.new("CUdeviceptr *"), ffi.new("size_t *")
+        self.driver.check(self.context.call(self.driver.cuModuleGetGlobal, ptr, size, self.handle, name.encode()),
+                          "cuModuleGetGlobal")
+        return GlobalView(int(ptr[0]), size[0], self, self.context)
 
-    def __exit__(self, *exc: object) -> None:
-        if self._finalizer.alive:
-            self.unload()
-
-
-def _unload(driver: Driver, context: Context, handle: Any) -> None:
-    try:
-        if context.alive:
-            driver.cuModuleUnload(handle)
-    except Exception:  # noqa: BLE001 - finalizer
-        pass
+    def __repr__(self) -> str:
+        return f"<cuproc.Module {handle_int(self.handle):#x}{' ' + self.ended if self.ended else ''}>"
 
 
-class Linker:
+class Linker(Resource):
     """JIT linking (cuLinkCreate / cuLinkAddData / cuLinkAddFile / cuLinkComplete)."""
+
+    _release_call = "cuLinkDestroy"
+    _ended_word = "destroyed"
 
     _TYPES = {"ptx": "CU_JIT_INPUT_PTX", "cubin": "CU_JIT_INPUT_CUBIN", "fatbin": "CU_JIT_INPUT_FATBINARY",
               "object": "CU_JIT_INPUT_OBJECT", "library": "CU_JIT_INPUT_LIBRARY"}
 
     def __init__(self, options: dict[str | int, Any] | None = None, *, driver: Driver | None = None) -> None:
         self.driver = drv = get_driver(driver)
+        self.ended = None
         self._jit = _JitOptions(options)
         out = ffi.new("CUlinkState *")
         drv.checked.cuLinkCreate(self._jit.count, self._jit.keys, self._jit.values, out)
         self.handle = out[0]
         self._keep: list[Any] = []
-        self._finalizer = weakref.finalize(self, _destroy_link, drv, self.handle)
+
+    def describe(self) -> str:
+        return f"linker {handle_int(self.handle):#x}"
+
+    def _release(self) -> int:
+        return self.driver.cuLinkDestroy(self.handle)
 
     def _input(self, kind: str) -> int:
         return ffi.typeof("CUjitInputType").relements[self._TYPES[kind]]
 
     def add_data(self, data: bytes | str, kind: str = "ptx", name: str = "input") -> Linker:
+        self.check("cuLinkAddData")
         buf, raw = _image(data.encode() if isinstance(data, str) else data)
         self._keep.append(buf)
         rc = self.driver.cuLinkAddData(self.handle, self._input(kind), buf, len(raw), name.encode(), 0,
@@ -194,6 +208,7 @@ class Linker:
         return self
 
     def add_file(self, path: str | os.PathLike[str], kind: str | None = None) -> Linker:
+        self.check("cuLinkAddFile")
         kind = kind or {".ptx": "ptx", ".cubin": "cubin", ".fatbin": "fatbin", ".o": "object",
                         ".a": "library"}[Path(path).suffix]
         rc = self.driver.cuLinkAddFile(self.handle, self._input(kind), os.fspath(path).encode(), 0, ffi.NULL,
@@ -205,44 +220,36 @@ class Linker:
     def complete(self) -> tuple[bytes, JitResult]:
         """Link; returns (cubin bytes, JIT result with wall time and logs).  The linker stays usable
         for nothing else: close it afterwards (the cubin is already copied out)."""
+        self.check("cuLinkComplete")
         cubin, size = ffi.new("void **"), ffi.new("size_t *")
         rc = self.driver.cuLinkComplete(self.handle, cubin, size)
         if rc:
             raise _load_error(self.driver, rc, "cuLinkComplete", b"", self._jit)
         return bytes(ffi.buffer(cubin[0], size[0])), self._jit.result()
 
-    def close(self) -> None:
-        self._finalizer()
 
-    def __enter__(self) -> Linker:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _destroy_link(driver: Driver, handle: Any) -> None:
-    try:
-        driver.cuLinkDestroy(handle)
-    except Exception:  # noqa: BLE001 - finalizer
-        pass
-
-
-class Library:
+class Library(Resource):
     """Context-independent code (cuLibraryLoadData): load once, launch in whatever context is current.
 
-    Without ``cuLibrary*`` (before 12.0) it keeps the image and loads a Module into
-    each context the first time a kernel is asked for there.
+    Without ``cuLibrary*`` at the requested version (before 12.0) it keeps the image
+    and loads a Module into each context the first time a kernel is asked for there;
+    those modules (and so their contexts) are held until the library is unloaded.
     """
+
+    _release_call = "cuLibraryUnload"
+    _ended_word = "unloaded"
 
     def __init__(self, image: bytes | str | os.PathLike[str], options: dict[str | int, Any] | None = None, *,
                  driver: Driver | None = None) -> None:
         self.driver = drv = get_driver(driver)
+        self.ended = None
         self._buf, self._raw = _image(image)
         self._options = options
         self.context_independent = drv.has("cuLibraryLoadData", newer_driver_features=False)
         self._modules: dict[int, Module] = {}
+        self._modules_lock = _fork.lock()
         self.handle = None
+        self.jit: JitResult | None = None
         if self.context_independent:
             jit = _JitOptions(options)
             out = ffi.new("CUlibrary *")
@@ -251,82 +258,101 @@ class Library:
                 raise _load_error(drv, rc, "cuLibraryLoadData", self._raw, jit)
             self.handle = out[0]
             self.jit = jit.result()
-            self._finalizer = weakref.finalize(self, _unload_library, drv, self.handle)
 
-    def _module(self) -> Module:
-        ctx = Context.current(driver=self.driver)
-        key = handle_int(ctx.handle) if ctx is not None else 0
-        mod = self._modules.get(key)
-        if mod is None or not mod.context.alive:
-            mod = self._modules[key] = Module.load(self._raw, self._options, driver=self.driver)
-        return mod
+    def describe(self) -> str:
+        return f"library {handle_int(self.handle):#x}" if self.handle is not None else "library (per-context modules)"
+
+    def _release(self) -> int:
+        rc = 0
+        with self._modules_lock:
+            modules, self._modules = list(self._modules.values()), {}
+        for mod in modules:
+            try:
+                mod.close()
+            except CudaError as exc:
+                rc = rc or exc.code
+        if self.context_independent:
+            rc = self.driver.cuLibraryUnload(self.handle) or rc
+        return rc
+
+    def unload(self) -> None:
+        self.close()
+
+    def module_for(self, context: Context) -> Module:
+        """The per-context module standing in for this library where cuLibrary* is not used."""
+        self.check("cuModuleLoadDataEx")
+        with self._modules_lock:
+            mod = self._modules.get(id(context))
+            if mod is None or mod.closed or mod.context is not context:
+                mod = self._modules[id(context)] = Module.load(self._raw, self._options, context=context)
+            return mod
 
     def get_kernel(self, name: str) -> Kernel:
+        self.check("cuLibraryGetKernel")
         if not self.context_independent:
             return Kernel(None, self, name)
         out = ffi.new("CUkernel *")
         self.driver.checked.cuLibraryGetKernel(out, self.handle, name.encode())
         return Kernel(out[0], self, name)
 
-    def get_global(self, name: str) -> Any:
-        """The ``__device__`` variable in the current context."""
-        from .memory import GlobalView
+    def get_global(self, name: str, *, context: Context | None = None) -> GlobalView:
+        """The ``__device__`` variable in ``context`` (default: the current one)."""
+        ctx = Context.given_or_current(context, "cuLibraryGetGlobal", driver=self.driver)
         if not self.context_independent:
-            return self._module().get_global(name)
+            return self.module_for(ctx).get_global(name)
+        self.check("cuLibraryGetGlobal")
         ptr, size = ffi.new("CUdeviceptr *"), ffi.new("size_t *")
-        self.driver.checked.cuLibraryGetGlobal(ptr, size, self.handle, name.encode())
-        return GlobalView(int(ptr[0]), size[0], self, Context.current(driver=self.driver))
+        self.driver.check(ctx.call(self.driver.cuLibraryGetGlobal, ptr, size, self.handle, name.encode()),
+                          "cuLibraryGetGlobal")
+        return GlobalView(int(ptr[0]), size[0], self, ctx)
 
     def get_managed(self, name: str) -> tuple[int, int]:
         """(address, size) of a ``__managed__`` variable (cuLibraryGetManaged)."""
+        self.check("cuLibraryGetManaged")
         ptr, size = ffi.new("CUdeviceptr *"), ffi.new("size_t *")
         self.driver.checked.cuLibraryGetManaged(ptr, size, self.handle, name.encode())
         return int(ptr[0]), size[0]
 
-    def unload(self) -> None:
-        if self.context_independent:
-            self._finalizer()
-        for mod in self._modules.values():
-            if mod._finalizer.alive:
-                mod.unload()
-        self._modules.clear()
 
-    close = unload
-
-    def __enter__(self) -> Library:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.unload()
+_FUNC_ERROR_END = result_code("CUDA_ERROR_INVALID_VALUE")
 
 
-def _unload_library(driver: Driver, handle: Any) -> None:
-    try:
-        driver.cuLibraryUnload(handle)
-    except Exception:  # noqa: BLE001 - finalizer
-        pass
+class Function(Resource):
+    """A launchable function: a CUfunction of a module (bound to its context) or a library's CUkernel
+    (``context`` None: it launches in the current context).  Holds its owner; refuses use once the
+    owner or the context ended."""
 
-
-class Function:
-    """A launchable function: a CUfunction (module) or a CUkernel (library, any context)."""
-
-    def __init__(self, handle: Any, driver: Driver, name: str, *, owner: Any, kernel: Any = None) -> None:
+    def __init__(self, handle: Any, driver: Driver, name: str, *, owner: Resource, context: Context | None = None,
+                 kernel: Any = None) -> None:
         self.handle, self.driver, self.name, self.owner, self.kernel = handle, driver, name, owner, kernel
+        self.context = context
+        self.ended = None
+        self.launch_cache: dict[Any, Any] = {}   # one-shot launches by shape (cuproc.launch.launch)
 
-    def attribute(self, attr: str | int) -> int:
+    def parents(self) -> tuple[Resource, ...]:
+        return (self.owner, self.context) if self.context is not None else (self.owner,)
+
+    def describe(self) -> str:
+        return f"function {self.name}"
+
+    def _call(self, call: str, *args: Any) -> None:
+        self.check(call)
+        self.driver.check(call_in(self.context, getattr(self.driver, call), *args), call)
+
+    @staticmethod
+    def _attr_enum(attr: str | int) -> int:
         if isinstance(attr, str):
             key = attr if attr.startswith("CU_FUNC_ATTRIBUTE_") else "CU_FUNC_ATTRIBUTE_" + attr.upper()
-            attr = ffi.typeof("CUfunction_attribute").relements[key]
+            return ffi.typeof("CUfunction_attribute").relements[key]
+        return attr
+
+    def attribute(self, attr: str | int) -> int:
         out = ffi.new("int *")
-        self.driver.checked.cuFuncGetAttribute(out, attr, self.handle)
+        self._call("cuFuncGetAttribute", out, self._attr_enum(attr), self.handle)
         return out[0]
 
     def set_attribute(self, attr: str | int, value: int) -> None:
-        if isinstance(attr, str):
-            key = attr if attr.startswith("CU_FUNC_ATTRIBUTE_") else "CU_FUNC_ATTRIBUTE_" + attr.upper()
-            attr = ffi.typeof("CUfunction_attribute").relements[key]
-        self.driver.checked.cuFuncSetAttribute(self.handle, attr, value)
-
+        self._call("cuFuncSetAttribute", self.handle, self._attr_enum(attr), value)
     @property
     def max_threads_per_block(self) -> int:
         return self.attribute("MAX_THREADS_PER_BLOCK")
@@ -351,33 +377,38 @@ class Function:
         if isinstance(config, str):
             key = config if config.startswith("CU_FUNC_CACHE_") else "CU_FUNC_CACHE_" + config.upper()
             config = ffi.typeof("CUfunc_cache").relements[key]
-        self.driver.checked.cuFuncSetCacheConfig(self.handle, config)
+        self._call("cuFuncSetCacheConfig", self.handle, config)
 
     def max_active_blocks_per_sm(self, block_size: int, dynamic_shared: int = 0) -> int:
         out = ffi.new("int *")
-        self.driver.checked.cuOccupancyMaxActiveBlocksPerMultiprocessor(out, self.handle, block_size, dynamic_shared)
+        self._call("cuOccupancyMaxActiveBlocksPerMultiprocessor", out, self.handle, block_size, dynamic_shared)
         return out[0]
 
     def suggested_block_size(self, dynamic_shared: int = 0, block_size_limit: int = 0) -> tuple[int, int]:
         """(minimum grid size for full occupancy, block size) from cuOccupancyMaxPotentialBlockSize."""
         grid, block = ffi.new("int *"), ffi.new("int *")
-        self.driver.checked.cuOccupancyMaxPotentialBlockSize(grid, block, self.handle, ffi.NULL, dynamic_shared,
-                                                             block_size_limit)
+        self._call("cuOccupancyMaxPotentialBlockSize", grid, block, self.handle, ffi.NULL, dynamic_shared,
+                   block_size_limit)
         return grid[0], block[0]
 
     def param_info(self) -> list[tuple[int, int]] | None:
         """[(offset, size)] of each parameter as the driver reports it (cuFuncGetParamInfo /
         cuKernelGetParamInfo), or None where the driver cannot say."""
         if self.kernel is not None and self.driver.has("cuKernelGetParamInfo"):
-            fn, target = self.driver.cuKernelGetParamInfo, self.kernel
+            call, target = "cuKernelGetParamInfo", self.kernel
         elif self.driver.has("cuFuncGetParamInfo"):
-            fn, target = self.driver.cuFuncGetParamInfo, self.handle
+            call, target = "cuFuncGetParamInfo", self.handle
         else:
             return None
+        self.check(call)
+        fn = getattr(self.driver, call)
         out, offset, size = [], ffi.new("size_t *"), ffi.new("size_t *")
-        while fn(target, len(out), offset, size) == 0:
+        while True:
+            rc = call_in(self.context, fn, target, len(out), offset, size)
+            if rc == _FUNC_ERROR_END:      # the index past the last parameter
+                return out
+            self.driver.check(rc, call)    # anything else is an error, not the end of the list
             out.append((offset[0], size[0]))
-        return out
 
     def launch_target(self) -> Function:
         """What a launch binds to: this function (a per-context Kernel answers its current context's)."""
@@ -407,29 +438,24 @@ class Kernel(Function):
 
     def __init__(self, handle: Any, library: Library, name: str) -> None:
         self.library = library
-        if handle is None:   # no cuLibrary: stands for the module loaded in the current context
+        if handle is None:   # no cuLibrary: stands for the module loaded in each context
             super().__init__(None, library.driver, name, owner=library)
         else:
             super().__init__(ffi.cast("CUfunction", handle), library.driver, name, owner=library, kernel=handle)
 
-    def function(self) -> Function:
-        """This kernel's CUfunction in the current context (cuKernelGetFunction, or the per-context module)."""
+    def function(self, context: Context | None = None) -> Function:
+        """This kernel's CUfunction in ``context`` (default: the current one), via cuKernelGetFunction or
+        the per-context module.  The Function holds this kernel and that context."""
+        self.check("cuKernelGetFunction")
+        ctx = Context.given_or_current(context, "cuKernelGetFunction", driver=self.driver)
         if self.kernel is None:
-            return self.library._module().get_function(self.name)
+            return self.library.module_for(ctx).get_function(self.name)
         out = ffi.new("CUfunction *")
-        self.driver.checked.cuKernelGetFunction(out, self.kernel)
-        return Function(out[0], self.driver, self.name, owner=self.library)
+        self.driver.check(ctx.call(self.driver.cuKernelGetFunction, out, self.kernel), "cuKernelGetFunction")
+        return Function(out[0], self.driver, self.name, owner=self, context=ctx)
 
     def launch_target(self) -> Function:
         return self if self.kernel is not None else self.function()
-
-    @property
-    def handle(self) -> Any:  # type: ignore[override]
-        return self._handle if self.kernel is not None else self.function().handle
-
-    @handle.setter
-    def handle(self, value: Any) -> None:
-        self._handle = value
 
 
 __all__ = ["Function", "JitResult", "Kernel", "Library", "Linker", "Module"]

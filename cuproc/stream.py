@@ -5,8 +5,9 @@ Policy
 * Every asynchronous operation takes a stream; ``None`` means the default
   stream the handle's per-thread flag selects (``CU_STREAM_PER_THREAD`` or
   ``CU_STREAM_LEGACY``), see :func:`default_stream`.
-* A stream holds the context it was made in; it is destroyed with that
-  context current, by :meth:`Stream.close` or its finalizer.
+* Streams and events are resources (:mod:`cuproc._resource`): they hold the
+  context they were made in, run every call in it from any thread, and refuse
+  use once closed or once that context ended.
 * Host callbacks (``cuLaunchHostFunc``) take any Python callable.  The
   callable is kept alive until it has run; an exception it raises is kept and
   re-raised (as :class:`HostCallbackError`) by the stream's next
@@ -14,15 +15,14 @@ Policy
 """
 from __future__ import annotations
 
-import threading
-import weakref
 from typing import Any, Callable
 
+from . import _fork
 from ._cffi_abi import ffi
+from ._resource import Resource
 from ._support import CUDA_ERROR_NOT_READY, get_driver, handle_int
 from .context import Context
 from .driver import Driver
-from .errors import InvalidContextError, result_code
 
 CU_STREAM_LEGACY = ffi.cast("CUstream", 1)
 CU_STREAM_PER_THREAD = ffi.cast("CUstream", 2)
@@ -38,20 +38,25 @@ def default_stream(driver: Driver | None = None) -> Any:
     return CU_STREAM_PER_THREAD if drv.per_thread_default_stream else CU_STREAM_LEGACY
 
 
-def stream_handle(stream: Stream | Any | None, driver: Driver | None = None) -> Any:
-    """A CUstream for ``stream`` (a Stream, a raw handle, an int, or None for the default)."""
+def stream_handle(stream: Stream | Any | None, driver: Driver | None = None, call: str = "stream") -> Any:
+    """A CUstream for ``stream`` (a Stream, a raw handle, an int, or None for the default).
+    A closed Stream (or one whose context ended) raises before its handle is used."""
     if stream is None:
         return default_stream(driver)
     if isinstance(stream, Stream):
+        stream.check(call)
         return stream.handle
-    if isinstance(stream, int):
-        return ffi.cast("CUstream", stream)
     return ffi.cast("CUstream", stream)
+
+
+def stream_context(stream: Stream | Any | None) -> Context | None:
+    """The context a stream argument belongs to, when cuproc knows it."""
+    return stream.context if isinstance(stream, Stream) else None
 
 
 # One trampoline for every host callback: user data is a handle to the pending record.
 _pending: dict[int, tuple[Callable[[], Any], Stream]] = {}
-_pending_lock = threading.Lock()
+_pending_lock = _fork.lock()
 _next_token = [0]
 
 
@@ -66,22 +71,36 @@ def _host_trampoline(user_data: Any) -> None:
         stream._callback_errors.append(exc)
 
 
-class Stream:
-    """A CUDA stream (cuStreamCreateWithPriority), bound to the context current at creation."""
+class Stream(Resource):
+    """A CUDA stream (cuStreamCreateWithPriority) in the context current at creation, which it holds.
+
+    Every operation runs in that context from any thread; ``close()`` (idempotent) or dropping the
+    last reference destroys it.  Work already queued on it still runs.
+    """
+
+    _release_call = "cuStreamDestroy"
 
     def __init__(self, *, non_blocking: bool = False, priority: int = 0, flags: int | None = None,
-                 driver: Driver | None = None) -> None:
-        self.driver = drv = get_driver(driver)
-        self.context = Context.current(driver=drv)
-        if self.context is None:
-            raise InvalidContextError(result_code("CUDA_ERROR_INVALID_CONTEXT"), "cuStreamCreateWithPriority")
+                 context: Context | None = None, driver: Driver | None = None) -> None:
+        self.driver = drv = get_driver(driver if context is None else context.driver)
+        self.ended = None
+        ctx = Context.given_or_current(context, "cuStreamCreateWithPriority", driver=drv)
         if flags is None:
             flags = drv.CU_STREAM_NON_BLOCKING if non_blocking else drv.CU_STREAM_DEFAULT
         out = ffi.new("CUstream *")
-        drv.checked.cuStreamCreateWithPriority(out, flags, priority)
+        drv.check(ctx.call(drv.cuStreamCreateWithPriority, out, flags, priority), "cuStreamCreateWithPriority")
+        self.context = ctx
         self.handle = out[0]
         self._callback_errors: list[BaseException] = []
-        self._finalizer = weakref.finalize(self, _destroy_stream, drv, self.context, self.handle)
+
+    def parents(self) -> tuple[Resource, ...]:
+        return (self.context,)
+
+    def describe(self) -> str:
+        return f"stream {handle_int(self.handle):#x}"
+
+    def _release(self) -> int:
+        return self.context.call(self.driver.cuStreamDestroy, self.handle)
 
     @staticmethod
     def priority_range(*, driver: Driver | None = None) -> tuple[int, int]:
@@ -90,30 +109,25 @@ class Stream:
         get_driver(driver).checked.cuCtxGetStreamPriorityRange(lo, hi)
         return lo[0], hi[0]
 
-    def close(self) -> None:
-        self._finalizer()
-
-    def __enter__(self) -> Stream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _run(self, call: str, *args: Any) -> int:
+        self.check(call)
+        return self.context.call(getattr(self.driver, call), self.handle, *args)
 
     @property
     def priority(self) -> int:
         out = ffi.new("int *")
-        self.driver.checked.cuStreamGetPriority(self.handle, out)
+        self.driver.check(self._run("cuStreamGetPriority", out), "cuStreamGetPriority")
         return out[0]
 
     @property
     def flags(self) -> int:
         out = ffi.new("unsigned int *")
-        self.driver.checked.cuStreamGetFlags(self.handle, out)
+        self.driver.check(self._run("cuStreamGetFlags", out), "cuStreamGetFlags")
         return out[0]
 
     def synchronize(self) -> None:
         """Wait for the stream; re-raise the first exception a host callback raised since the last call."""
-        self.driver.checked.cuStreamSynchronize(self.handle)
+        self.driver.check(self._run("cuStreamSynchronize"), "cuStreamSynchronize")
         if self._callback_errors:
             errors, self._callback_errors = self._callback_errors, []
             raise HostCallbackError(f"a host function on this stream raised {type(errors[0]).__name__}: "
@@ -121,7 +135,7 @@ class Stream:
 
     def query(self) -> bool:
         """True when all work is done (cuStreamQuery), False while it runs."""
-        rc = self.driver.cuStreamQuery(self.handle)
+        rc = self._run("cuStreamQuery")
         if rc == CUDA_ERROR_NOT_READY:
             return False
         self.driver.check(rc, "cuStreamQuery")
@@ -129,7 +143,8 @@ class Stream:
 
     def wait(self, event: Event) -> None:
         """Make later work on this stream wait for ``event`` (cuStreamWaitEvent)."""
-        self.driver.checked.cuStreamWaitEvent(self.handle, event.handle, 0)
+        event.check("cuStreamWaitEvent")
+        self.driver.check(self._run("cuStreamWaitEvent", event.handle, 0), "cuStreamWaitEvent")
 
     def launch_host_func(self, fn: Callable[[], Any]) -> None:
         """Run ``fn()`` on a driver thread once prior work on the stream is done (cuLaunchHostFunc).
@@ -137,38 +152,34 @@ class Stream:
         launch_host_func(self, fn)
 
     def __repr__(self) -> str:
-        return f"<cuproc.Stream {handle_int(self.handle):#x}>"
+        return f"<cuproc.Stream {handle_int(self.handle):#x}{' ' + self.ended if self.ended else ''}>"
 
 
 def launch_host_func(stream: Stream, fn: Callable[[], Any]) -> None:
+    """cuLaunchHostFunc on ``stream``; the pending record keeps ``fn`` and the stream alive until it ran."""
+    stream.check("cuLaunchHostFunc")
     with _pending_lock:
         _next_token[0] += 1
         token = _next_token[0]
         _pending[token] = (fn, stream)
-    rc = stream.driver.cuLaunchHostFunc(stream.handle, _host_trampoline, ffi.cast("void *", token))
+    rc = stream.context.call(stream.driver.cuLaunchHostFunc, stream.handle, _host_trampoline,
+                             ffi.cast("void *", token))
     if rc:
         with _pending_lock:
             _pending.pop(token, None)
         stream.driver.check(rc, "cuLaunchHostFunc")
 
 
-def _destroy_stream(driver: Driver, context: Context, handle: Any) -> None:
-    """Finalizer: ``context`` (the object) is held until here, so the context is still alive."""
-    try:
-        if context.alive and driver.cuCtxPushCurrent(context.handle) == 0:
-            driver.cuStreamDestroy(handle)
-            driver.cuCtxPopCurrent(ffi.new("CUcontext *"))
-    except Exception:  # noqa: BLE001 - finalizer
-        pass
+class Event(Resource):
+    """A CUDA event in the current context, which it holds.  ``timing=False`` gives
+    CU_EVENT_DISABLE_TIMING (cheaper), ``interprocess`` CU_EVENT_INTERPROCESS (needs timing off)."""
 
-
-class Event:
-    """A CUDA event.  ``timing=False`` gives CU_EVENT_DISABLE_TIMING (cheaper), ``interprocess``
-    CU_EVENT_INTERPROCESS (needs timing off)."""
+    _release_call = "cuEventDestroy"
 
     def __init__(self, *, timing: bool = True, blocking_sync: bool = False, interprocess: bool = False,
-                 driver: Driver | None = None) -> None:
-        self.driver = drv = get_driver(driver)
+                 context: Context | None = None, driver: Driver | None = None) -> None:
+        self.driver = drv = get_driver(driver if context is None else context.driver)
+        self.ended = None
         flags = 0
         if not timing:
             flags |= drv.CU_EVENT_DISABLE_TIMING
@@ -177,21 +188,35 @@ class Event:
         if interprocess:
             flags |= drv.CU_EVENT_INTERPROCESS
         self.flags = flags
-        self.context = Context.current(driver=drv)
+        ctx = Context.given_or_current(context, "cuEventCreate", driver=drv)
         out = ffi.new("CUevent *")
-        drv.checked.cuEventCreate(out, flags)
+        drv.check(ctx.call(drv.cuEventCreate, out, flags), "cuEventCreate")
+        self.context = ctx
         self.handle = out[0]
-        self._finalizer = weakref.finalize(self, _destroy_event, drv, self.context, self.handle)
+
+    def parents(self) -> tuple[Resource, ...]:
+        return (self.context,)
+
+    def describe(self) -> str:
+        return f"event {handle_int(self.handle):#x}"
+
+    def _release(self) -> int:
+        return self.context.call(self.driver.cuEventDestroy, self.handle)
+
+    def _run(self, call: str, *args: Any) -> int:
+        self.check(call)
+        return self.context.call(getattr(self.driver, call), self.handle, *args)
 
     def record(self, stream: Stream | Any | None = None) -> Event:
-        self.driver.checked.cuEventRecord(self.handle, stream_handle(stream, self.driver))
+        h = stream_handle(stream, self.driver, "cuEventRecord")
+        self.driver.check(self._run("cuEventRecord", h), "cuEventRecord")
         return self
 
     def synchronize(self) -> None:
-        self.driver.checked.cuEventSynchronize(self.handle)
+        self.driver.check(self._run("cuEventSynchronize"), "cuEventSynchronize")
 
     def query(self) -> bool:
-        rc = self.driver.cuEventQuery(self.handle)
+        rc = self._run("cuEventQuery")
         if rc == CUDA_ERROR_NOT_READY:
             return False
         self.driver.check(rc, "cuEventQuery")
@@ -199,26 +224,13 @@ class Event:
 
     def elapsed_ms(self, end: Event) -> float:
         """Milliseconds from this event to ``end`` (both recorded and complete)."""
+        self.check("cuEventElapsedTime")
+        end.check("cuEventElapsedTime")
         out = ffi.new("float *")
-        self.driver.checked.cuEventElapsedTime(out, self.handle, end.handle)
+        self.driver.check(self.context.call(self.driver.cuEventElapsedTime, out, self.handle, end.handle),
+                          "cuEventElapsedTime")
         return out[0]
 
-    def close(self) -> None:
-        self._finalizer()
 
-    def __enter__(self) -> Event:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _destroy_event(driver: Driver, context: Context | None, handle: Any) -> None:
-    try:
-        if context is None or context.alive:
-            driver.cuEventDestroy(handle)
-    except Exception:  # noqa: BLE001 - finalizer
-        pass
-
-
-__all__ = ["Event", "HostCallbackError", "Stream", "default_stream", "launch_host_func"]
+__all__ = ["Event", "HostCallbackError", "Stream", "default_stream", "launch_host_func", "stream_context",
+           "stream_handle"]

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from cuproc import _dlpack
-from cuproc import memory as mem
+from cuproc import interop
+from cuproc import transfers as mem
 from cuproc.errors import InvalidValueError
 
 
@@ -81,6 +82,6 @@ def test_cuda_array_interface_sides():
 
 
 def test_typestr():
-    assert mem._typestr(np.float32) == ("<f4", 4)
-    assert mem._typestr("<i8") == ("<i8", 8)
-    assert mem._cai(0x10, (3,), "<f4")["data"] == (0x10, False)
+    assert interop.typestr_of(np.float32) == ("<f4", 4)
+    assert interop.typestr_of("<i8") == ("<i8", 8)
+    assert interop.cai(0x10, (3,), "<f4")["data"] == (0x10, False)

@@ -1,0 +1,74 @@
+"""Process state that every layer consults: whether this process is a fork of one that used CUDA.
+
+Policy: the CUDA driver cannot be used across ``fork()``.  A child forked
+after ``cuInit`` succeeded gets :class:`~cuproc.errors.ForkedProcessError` from
+everything cuproc handed out -- driver attributes, checked functions, prepared
+launchers, objects -- before any call reaches the driver.  The one exception is
+a raw cffi function pointer the user took on purpose (``cuproc.driver.cuX``
+after the first access is the pointer itself): it calls the driver as C would.
+
+Locks made by :func:`lock` are fresh in the child, so a thread that held one
+during ``fork()`` cannot deadlock it.  Forking before any CUDA use is safe.
+
+This module sits below the driver layer; it imports nothing of cuproc's.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import Any, Callable
+
+# FORKED[0] is True in a child forked after cuInit.  A one-element list so that hot paths can
+# bind it once (a local or default argument) and test it for the cost of an index.
+FORKED: list[bool] = [False]
+_initialized_in_pid: list[int | None] = [None]
+_forked_from: list[int | None] = [None]
+_locks: weakref.WeakSet[Any] = weakref.WeakSet()
+_child_hooks: list[Callable[[], None]] = []
+
+
+def note_initialized() -> None:
+    """cuInit succeeded in this process."""
+    _initialized_in_pid[0] = os.getpid()
+
+
+def forked_from() -> int | None:
+    """The pid of the parent that had initialized CUDA, in a forked child; else None."""
+    return _forked_from[0]
+
+
+def lock() -> threading.Lock:
+    """A lock that is re-initialized (released) in a forked child."""
+    new = threading.Lock()
+    _locks.add(new)
+    return new
+
+
+def rlock() -> threading.RLock:
+    """A re-entrant lock that is re-initialized in a forked child."""
+    new = threading.RLock()
+    _locks.add(new)
+    return new
+
+
+def on_fork_in_child(hook: Callable[[], None]) -> None:
+    """Run ``hook()`` in every forked child (after the locks are fresh); hooks never raise."""
+    _child_hooks.append(hook)
+
+
+def _after_fork_in_child() -> None:
+    for held in list(_locks):
+        held._at_fork_reinit()
+    if _initialized_in_pid[0] is not None:
+        _forked_from[0], _initialized_in_pid[0] = _initialized_in_pid[0], None
+        FORKED[0] = True
+    for hook in _child_hooks:
+        try:
+            hook()
+        except Exception:  # noqa: BLE001 - a fork hook must not break the child
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,179 @@
+"""The resource model: one rule for lifetime, refusal after close, fork, and finalizers.
+
+Every object that holds a driver handle is a :class:`Resource`.
+
+* **Strong ownership.**  A resource holds what it needs as plain attributes (a
+  buffer its context, a function its module, a prepared launch its function
+  and stream), so Python's own reference counting keeps every parent alive
+  while a child can still use it, and frees children before parents -- also
+  at interpreter exit.
+* **Explicit destruction invalidates dependents.**  ``close()`` (and
+  ``destroy()``, ``free()``, ``unload()``) sets :attr:`Resource.ended` to how
+  the object ended.  Before touching the driver, every operation calls
+  :meth:`Resource.check`, which walks the object's parents
+  (:meth:`Resource.parents`); if any of them has ended, it raises
+  :class:`~cuproc.errors.ClosedResourceError` naming both, and no handle
+  reaches the driver.  ``close()`` is idempotent everywhere, like a file's.
+* **One finalizer.**  ``__del__`` is the safety net for objects dropped without
+  ``close()``: it releases the handle once, never raises, and reports a driver
+  failure as a :class:`~cuproc.errors.CudaWarning` (silent only while the
+  interpreter itself is shutting down).  A child whose parent already ended
+  releases nothing: its handle went with the parent.
+* **Fork.**  In a child forked after CUDA was initialized, ``check`` raises
+  :class:`~cuproc.errors.ForkedProcessError` and finalizers do nothing (the
+  handles belong to the parent process).
+* **A cheap validity token.**  :data:`EPOCH` changes whenever any resource
+  ends (and at fork).  Hot paths (a prepared launch) verify their parents once
+  and then only compare the epoch they saw with the current one.
+
+Subclasses provide ``_release()`` (the driver call that gives the handle back,
+returning its CUresult) and ``_release_call`` (its C name, for errors).
+"""
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Any, Iterator
+
+from . import _fork
+from .driver import Driver, forked_error
+from .errors import ClosedResourceError, CudaWarning
+
+# EPOCH[0] changes whenever a resource ends and in a forked child: hot paths cache the epoch at
+# which they last verified their parents and re-verify only when it moved.
+EPOCH: list[int] = [0]
+FORKED = _fork.FORKED
+_CLAIM = _fork.lock()   # makes "not ended yet -> ended" one step when threads close the same object
+
+
+def _bump_epoch_in_child() -> None:
+    EPOCH[0] += 1
+
+
+_fork.on_fork_in_child(_bump_epoch_in_child)
+
+
+class Resource:
+    """Something that holds a driver handle and gives it back once (see the module docstring)."""
+
+    __slots__ = ("driver", "ended", "__weakref__")
+
+    #: the C name of the call ``_release`` makes (for errors and warnings)
+    _release_call = "release"
+    #: the word for how it ended after ``close()`` ("freed", "destroyed", "unloaded", ...)
+    _ended_word = "closed"
+
+    driver: Driver
+    ended: str | None   # None while usable; else how it ended
+
+    # ---------------------------------------------------------------- what subclasses give
+    def parents(self) -> tuple[Resource, ...]:
+        """The resources this one cannot be used without (its context, module, stream...)."""
+        return ()
+
+    def _release(self) -> int:
+        """Give the handle back to the driver; return the CUresult.  Called at most once."""
+        return 0
+
+    def describe(self) -> str:
+        """How messages name this object."""
+        return f"this {type(self).__name__}"
+
+    # ---------------------------------------------------------------- the rules
+    def ended_owner(self) -> Resource | None:
+        """This object, or the first parent (depth first) that has ended; None when all are usable."""
+        if self.ended is not None:
+            return self
+        for parent in self.parents():
+            gone = parent.ended_owner()
+            if gone is not None:
+                return gone
+        return None
+
+    def ancestors(self) -> Iterator[Resource]:
+        """Every resource this one depends on, transitively (self excluded)."""
+        for parent in self.parents():
+            yield parent
+            yield from parent.ancestors()
+
+    def check(self, call: str) -> None:
+        """Raise unless this object and everything it depends on are usable in this process."""
+        if FORKED[0]:
+            raise forked_error(call)
+        gone = self.ended_owner()
+        if gone is not None:
+            raise ClosedResourceError(call, self.describe(), gone.describe(), gone.ended or "closed")
+
+    @property
+    def closed(self) -> bool:
+        """True once this object, or something it depends on, has ended."""
+        return self.ended_owner() is not None
+
+    def _claim(self, how: str) -> bool:
+        """Mark this object ended; False if it already was (another thread closed it first)."""
+        with _CLAIM:
+            if self.ended is not None:
+                return False
+            self.ended = how
+        EPOCH[0] += 1
+        return True
+
+    def close(self) -> None:
+        """Give the handle back now.  Idempotent; a driver failure raises (once)."""
+        if self.ended is not None:
+            return
+        if FORKED[0]:
+            self._claim("left behind by fork()")
+            return
+        parent_gone = any(p.ended_owner() is not None for p in self.parents())
+        if not self._claim(self._ended_word):   # first: whatever the driver says, never twice
+            return
+        if parent_gone:
+            return                              # the handle went with its owner
+        rc = self._release()
+        if rc:
+            raise self.driver.error(rc, self._release_call)
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if self.ended is not None:
+                return
+        except AttributeError:      # __init__ failed before the handle existed: nothing to give back
+            return
+        try:
+            if FORKED[0] or any(p.ended_owner() is not None for p in self.parents()):
+                self.ended = "dropped"
+                return
+            self.ended = "dropped"
+            EPOCH[0] += 1
+            rc = self._release()
+        except Exception as exc:  # noqa: BLE001 - a finalizer never raises
+            _report(f"releasing {self.describe()} at collection raised {exc!r}")
+            return
+        if rc:
+            try:
+                message = str(self.driver.error(rc, self._release_call))
+            except Exception:  # noqa: BLE001 - error reporting must not hide the failure
+                message = f"{self._release_call} returned CUresult {rc}"
+            _report(f"{self.describe()} was dropped without close() and releasing it failed: {message}")
+
+    def __reduce__(self) -> Any:
+        raise TypeError(f"a {type(self).__name__} holds a driver handle and cannot be pickled")
+
+
+def _report(message: str, _finalizing: Any = sys.is_finalizing, _warn: Any = warnings.warn) -> None:
+    """A finalizer's failure, as a warning; silent while the interpreter shuts down (the exit stays quiet)."""
+    try:
+        if not _finalizing():
+            _warn(message, CudaWarning, stacklevel=2)
+    except Exception:  # noqa: BLE001 - warnings may be half torn down
+        pass
+
+
+__all__ = ["EPOCH", "Resource"]

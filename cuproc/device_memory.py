@@ -1,0 +1,178 @@
+"""Device memory: linear allocations (cuMemAlloc, stream-ordered cuMemAllocAsync), typed views,
+and ``__device__`` variables of modules and libraries.
+
+Policy
+------
+* A :class:`DeviceBuffer` holds its context; a stream-ordered one also holds
+  the stream (and pool) it came from.  Dropped without ``free``, a
+  stream-ordered buffer is freed stream-ordered on that stream while the stream
+  is usable, synchronously otherwise -- so a pool's memory always comes back.
+* Allocation takes the context from what the caller already holds (``context=``,
+  the stream) and asks the driver for the current one only when given nothing.
+* A :class:`DeviceView` holds its buffer; a :class:`GlobalView` holds its module
+  or library.  Both refuse use once what they view has ended.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._cffi_abi import ffi
+from ._resource import Resource
+from ._support import get_driver, invalid
+from .allocation import Allocation
+from .context import Context
+from .driver import Driver
+from .interop import KDL_CUDA, DeviceArrayExports, cai, typestr_of
+from .stream import Stream, default_stream, stream_handle
+
+if TYPE_CHECKING:
+    from .pools import MemoryPool
+
+
+class DeviceBuffer(DeviceArrayExports, Allocation):
+    """Linear device memory from cuMemAlloc (or cuMemAllocAsync, see :func:`alloc_async`).
+
+    Exports ``__cuda_array_interface__`` (v3) and DLPack as a 1-D uint8 array;
+    :meth:`view` gives a typed, shaped view of the same memory.
+    """
+
+    __slots__ = ("stream", "pool")
+    typestr = "|u1"
+    _release_call = "cuMemFree"
+
+    def __init__(self, nbytes: int, *, context: Context | None = None, driver: Driver | None = None) -> None:
+        if nbytes.__class__ is not int or nbytes <= 0:
+            raise invalid("cuMemAlloc", f"size must be a positive int, got {nbytes!r}")
+        ctx = Context.given_or_current(context, "cuMemAlloc", driver=driver)
+        drv = ctx.driver
+        out = ffi.new("CUdeviceptr *")
+        rc = ctx.call(drv.cuMemAlloc, out, nbytes)
+        if rc:
+            raise drv.error(rc, "cuMemAlloc")
+        self.driver, self.ended, self.context, self.address, self.nbytes = drv, None, ctx, int(out[0]), nbytes
+        self.stream = self.pool = None
+
+    def _release(self) -> int:
+        stream = self.stream
+        if stream is not None and stream.ended_owner() is None:
+            return self.context.call(self.driver.cuMemFreeAsync, self.address, stream.handle)
+        return self.context.call(self.driver.cuMemFree, self.address)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.nbytes,)
+
+    def view(self, dtype: Any, shape: tuple[int, ...] | int | None = None) -> DeviceView:
+        return DeviceView(self, dtype, shape)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (KDL_CUDA, self.context.device.ordinal)
+
+    def free_async(self, stream: Stream | Any | None = None) -> None:
+        """cuMemFreeAsync: the memory returns to its pool once prior work on ``stream`` is done
+        (default: the stream it was allocated on, else the default stream).  Idempotent."""
+        if self.ended is not None:
+            return
+        self.check("cuMemFreeAsync")
+        target = stream if stream is not None else self.stream
+        h = stream_handle(target, self.driver, "cuMemFreeAsync")
+        ctx = target.context if isinstance(target, Stream) else self.context
+        if not self._claim("freed"):
+            return
+        rc = ctx.call(self.driver.cuMemFreeAsync, self.address, h)
+        if rc:
+            raise self.driver.error(rc, "cuMemFreeAsync")
+
+
+def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: MemoryPool | None = None,
+                context: Context | None = None, driver: Driver | None = None) -> DeviceBuffer:
+    """Stream-ordered allocation (cuMemAllocAsync / cuMemAllocFromPoolAsync) on ``stream``.
+
+    The buffer holds the stream: ``free_async()`` (or dropping it) frees it there.
+    The context is the stream's; for a raw or default stream, ``context`` or the current one.
+    """
+    if nbytes.__class__ is not int or nbytes < 0:
+        raise invalid("cuMemAllocAsync", f"size must be an int >= 0, got {nbytes!r}")
+    if isinstance(stream, Stream):
+        stream.check("cuMemAllocAsync")
+        ctx = stream.context
+        h = stream.handle
+    else:
+        ctx = Context.given_or_current(context, "cuMemAllocAsync", driver=driver)
+        h = stream_handle(stream, ctx.driver) if stream is not None else default_stream(ctx.driver)
+    drv = ctx.driver
+    out = ffi.new("CUdeviceptr *")
+    if pool is None:
+        rc = ctx.call(drv.cuMemAllocAsync, out, nbytes, h)
+    else:
+        pool.check("cuMemAllocFromPoolAsync")
+        rc = ctx.call(drv.cuMemAllocFromPoolAsync, out, nbytes, pool.handle, h)
+    if rc:
+        raise drv.error(rc, "cuMemAllocAsync" if pool is None else "cuMemAllocFromPoolAsync")
+    buf = DeviceBuffer.__new__(DeviceBuffer)
+    buf.driver, buf.ended, buf.context, buf.address, buf.nbytes = drv, None, ctx, int(out[0]), nbytes
+    buf.stream = stream if isinstance(stream, Stream) else None
+    buf.pool = pool
+    return buf
+
+
+class DeviceView(DeviceArrayExports):
+    """A typed, shaped, C-contiguous view of a DeviceBuffer (holds the buffer)."""
+
+    def __init__(self, buffer: DeviceBuffer, dtype: Any, shape: tuple[int, ...] | int | None) -> None:
+        typestr, itemsize = typestr_of(dtype)
+        if shape is None:
+            shape = (buffer.nbytes // itemsize,)
+        elif isinstance(shape, int):
+            shape = (shape,)
+        count = 1
+        for dim in shape:
+            count *= dim
+        if count * itemsize > buffer.nbytes:
+            raise invalid("view", f"shape {shape} of {typestr} needs {count * itemsize} bytes; "
+                                  f"the buffer has {buffer.nbytes}")
+        self.buffer, self.shape, self.typestr, self.nbytes = buffer, tuple(shape), typestr, count * itemsize
+
+    @property
+    def ptr(self) -> int:
+        return self.buffer.ptr
+
+    @property
+    def context(self) -> Context:
+        return self.buffer.context
+
+    def check(self, call: str) -> None:
+        self.buffer.check(call)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.buffer.__dlpack_device__()
+
+
+class GlobalView:
+    """A ``__device__`` variable: memory its module or library holds (never freed here).
+
+    Holds ``owner`` (the Module or Library) and the context the address belongs to.
+    """
+
+    def __init__(self, address: int, nbytes: int, owner: Resource, context: Context | None) -> None:
+        self.address, self.nbytes, self.owner, self.context = address, nbytes, owner, context
+
+    def check(self, call: str) -> None:
+        self.owner.check(call)
+        if self.context is not None:
+            self.context.check(call)
+
+    @property
+    def ptr(self) -> int:
+        self.check("GlobalView.ptr")
+        return self.address
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return cai(self.ptr, (self.nbytes,), "|u1")
+
+    def __repr__(self) -> str:
+        return f"<cuproc.GlobalView {self.nbytes} bytes at {self.address:#x}>"
+
+
+__all__ = ["DeviceBuffer", "DeviceView", "GlobalView", "alloc_async"]
