@@ -38,7 +38,7 @@ class HostMemory(Allocation):
 
     def _start(self, drv: Driver, ctx: Context, address: int, nbytes: int) -> None:
         self.driver, self.ended, self.context, self.address, self.nbytes = drv, None, ctx, address, nbytes
-        self._views: weakref.WeakSet[Any] | None = None
+        self._views: dict[int, weakref.ref[Any]] | None = None
 
     @property
     def buffer(self) -> Any:
@@ -47,9 +47,10 @@ class HostMemory(Allocation):
         view = (ctypes.c_char * self.nbytes).from_address(address)
         view._cuproc_owner = self     # the view keeps the allocation (and its context) alive
         if self._views is None:
-            self._views = weakref.WeakSet()
+            self._views = {}
             self.context.add_host_exporter(self)
-        self._views.add(view)
+        views, key = self._views, id(view)   # ctypes arrays are unhashable: track them by id, weakly
+        views[key] = weakref.ref(view, lambda _ref, views=views, key=key: views.pop(key, None))
         return view
 
     def has_views(self) -> bool:

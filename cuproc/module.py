@@ -181,12 +181,12 @@ class Linker(Resource):
 
     def __init__(self, options: dict[str | int, Any] | None = None, *, driver: Driver | None = None) -> None:
         self.driver = drv = get_driver(driver)
-        self.ended = None
         self._jit = _JitOptions(options)
         out = ffi.new("CUlinkState *")
         drv.checked.cuLinkCreate(self._jit.count, self._jit.keys, self._jit.values, out)
         self.handle = out[0]
         self._keep: list[Any] = []
+        self.ended = None
 
     def describe(self) -> str:
         return f"linker {handle_int(self.handle):#x}"
@@ -242,7 +242,6 @@ class Library(Resource):
     def __init__(self, image: bytes | str | os.PathLike[str], options: dict[str | int, Any] | None = None, *,
                  driver: Driver | None = None) -> None:
         self.driver = drv = get_driver(driver)
-        self.ended = None
         self._buf, self._raw = _image(image)
         self._options = options
         self.context_independent = drv.has("cuLibraryLoadData", newer_driver_features=False)
@@ -258,6 +257,7 @@ class Library(Resource):
                 raise _load_error(drv, rc, "cuLibraryLoadData", self._raw, jit)
             self.handle = out[0]
             self.jit = jit.result()
+        self.ended = None
 
     def describe(self) -> str:
         return f"library {handle_int(self.handle):#x}" if self.handle is not None else "library (per-context modules)"

@@ -83,7 +83,6 @@ class Stream(Resource):
     def __init__(self, *, non_blocking: bool = False, priority: int = 0, flags: int | None = None,
                  context: Context | None = None, driver: Driver | None = None) -> None:
         self.driver = drv = get_driver(driver if context is None else context.driver)
-        self.ended = None
         ctx = Context.given_or_current(context, "cuStreamCreateWithPriority", driver=drv)
         if flags is None:
             flags = drv.CU_STREAM_NON_BLOCKING if non_blocking else drv.CU_STREAM_DEFAULT
@@ -92,6 +91,7 @@ class Stream(Resource):
         self.context = ctx
         self.handle = out[0]
         self._callback_errors: list[BaseException] = []
+        self.ended = None           # last: a half-built object has nothing to release
 
     def parents(self) -> tuple[Resource, ...]:
         return (self.context,)
@@ -179,7 +179,6 @@ class Event(Resource):
     def __init__(self, *, timing: bool = True, blocking_sync: bool = False, interprocess: bool = False,
                  context: Context | None = None, driver: Driver | None = None) -> None:
         self.driver = drv = get_driver(driver if context is None else context.driver)
-        self.ended = None
         flags = 0
         if not timing:
             flags |= drv.CU_EVENT_DISABLE_TIMING
@@ -193,6 +192,7 @@ class Event(Resource):
         drv.check(ctx.call(drv.cuEventCreate, out, flags), "cuEventCreate")
         self.context = ctx
         self.handle = out[0]
+        self.ended = None
 
     def parents(self) -> tuple[Resource, ...]:
         return (self.context,)

@@ -51,3 +51,9 @@ extern "C" __global__ void cluster_rank(int *out) {
 // A global for cuModuleGetGlobal / cuLibraryGetGlobal.
 extern "C" __device__ int counter = 42;
 extern "C" __global__ void bump(int by) { counter += by; }
+
+// Thread-safety witness: each launch stores its two arguments in its own slot.  A launch whose
+// arguments were mixed with another thread's shows up as a slot where b != 3 * a + 1.
+extern "C" __global__ void record_pair(long long *log, int slot, long long a, long long b) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) { log[2 * slot] = a; log[2 * slot + 1] = b; }
+}

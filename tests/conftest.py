@@ -28,3 +28,13 @@ def sims(tmp_path_factory):
         return {gen: build(out, gen) for gen in ("v2", "v1", "none")}
     except (RuntimeError, subprocess.CalledProcessError) as exc:  # pragma: no cover - CI has cc
         pytest.skip(f"cannot build the simulated driver: {exc}")
+
+
+@pytest.fixture(scope="session")
+def fake(tmp_path_factory):
+    """The stateful fake driver (tests/fakedriver.c), built once per session."""
+    from fakedriver import build as build_fake
+    try:
+        return build_fake(tmp_path_factory.mktemp("fakedriver"))
+    except (RuntimeError, subprocess.CalledProcessError) as exc:  # pragma: no cover - CI has cc
+        pytest.skip(f"cannot build the fake driver: {exc}")

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 import cuproc
+from threads import in_thread
 from cuproc import Context, Device, DeviceBuffer, PrimaryContext, Stream
 from cuproc import memory as mem
-from cuproc.errors import CudaError, InvalidContextError, InvalidValueError, OutOfMemoryError
+from cuproc.errors import ClosedResourceError, CudaError, InvalidContextError, InvalidValueError, OutOfMemoryError
 from cuproc.stream import Event, HostCallbackError
 
 pytestmark = pytest.mark.gpu
@@ -27,20 +28,6 @@ def primary():
     cuproc.driver.default_driver().cuCtxSetCurrent(ffi.NULL)
     pc.release()
 
-
-def in_thread(fn):
-    box = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001
-            box["error"] = exc
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    return box
 
 
 # ----------------------------------------------------------------------------- devices
@@ -340,11 +327,10 @@ def test_pointer_attributes_classify(primary):
 def test_double_free_and_use_after_free(primary):
     buf = DeviceBuffer(64)
     buf.free()
-    with pytest.raises(InvalidValueError, match="freed"):
-        buf.free()
-    with pytest.raises(InvalidValueError, match="freed"):
+    buf.free()                                            # free and close are idempotent, like a file's close
+    with pytest.raises(ClosedResourceError, match="freed"):
         mem.copy(np.zeros(64, np.uint8), buf)
-    buf.close()                                           # close stays idempotent
+    buf.close()
 
 
 def test_sizes_and_bounds_checked_before_the_driver(primary):
@@ -377,8 +363,9 @@ def test_buffer_of_a_destroyed_context():
     buf = DeviceBuffer(256)
     Context.pop()
     ctx.destroy()
-    with pytest.raises(InvalidContextError, match="destroyed"):
+    with pytest.raises(ClosedResourceError, match="destroyed") as info:
         mem.copy(np.zeros(256, np.uint8), buf)
+    assert info.value.call == "cuMemcpy"                  # the call attempted, not cuMemFree
     buf.close()                                           # nothing to free any more: no error
 
 

@@ -14,7 +14,7 @@ if ! python3 -c "import cffi" 2>/dev/null; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-CUPROC_MATRIX_REPORT=$OUT/matrix_mismatches.jsonl timeout 420 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log"
+CUPROC_MATRIX_REPORT=$OUT/matrix_mismatches.jsonl timeout 540 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log"
 tests_rc=${PIPESTATUS[0]}
 pack
 python3 -m cuproc.tools.dump_symbols --json > "$OUT/dump_symbols.json" 2> "$OUT/dump_symbols.err"

@@ -1,0 +1,259 @@
+"""A stateful fake CUDA driver: tests/fakedriver.c, built with the machine's C compiler.
+
+Where ``simdriver`` answers symbol lookups, this one keeps state: devices, per-thread context
+stacks, primary contexts, memory with real bytes, pools, streams, events, modules, libraries,
+launches.  It exists to test cuproc's object layer on a machine without a GPU, and above all to
+turn what would be a crash on a real driver into a number a test can assert is 0:
+
+* ``stale_count()`` -- uses of a destroyed, unknown or wrong-kind handle, or of a device pointer
+  outside every live allocation (``stale_calls()`` names the last 16 calls);
+* ``binding_errors()`` -- operations on a context-owned object while its context is not current
+  (``binding_calls()``);
+* ``launch_mismatches()`` -- launches of ``fake_pair(a, b)`` with ``b != 3*a + 1``: the fake waits
+  before reading the argument block, so callers that share one between threads are caught;
+* ``fork_violations()`` -- calls made in a child forked after ``cuInit``.
+
+Load it with ``cuproc.Driver(library=str(fake.path))``; the control functions below read the
+same library instance (the dynamic loader opens one copy per file).
+
+Choices made where the real driver is vaguer or more forgiving (the fake is strict on purpose):
+
+* Calls that create or allocate need a live current context (CUDA_ERROR_INVALID_CONTEXT).  An
+  operation on a stream, event, module, device allocation, or a launch of a CUfunction, needs
+  *that object's* context current; a device-to-device copy needs either side's.  Both count as
+  binding errors; so does a missing current context.  Queries of an explicit stream
+  (priority, flags, context), function attributes and occupancy need no current context.
+* Context independent: devices, primary contexts, cuCtxCreate/Destroy and the stack calls,
+  libraries and kernels, the linker, pools, cuPointerGetAttribute, cuMemFreeHost,
+  cuMemHostUnregister, cuMemcpyPeer (the contexts are arguments).
+* cuCtxDestroy destroys everything of the context, pinned and registered host memory
+  included (it stays mapped a while, so a numpy view does not crash, but freeing it again is a
+  stale use).  Destroying a primary context with cuCtxDestroy is a stale use.
+* cuDevicePrimaryCtxRelease without a retain is a stale use (an over-release).  Every
+  activation of a primary context gets a new handle (so a handle kept past the last release is
+  stale).  cuDevicePrimaryCtxReset destroys everything made in the primary context but keeps
+  the retains and the handle, as the driver documents ("resetting the primary context does not
+  release it").
+* cuInit is required first (CUDA_ERROR_NOT_INITIALIZED); ``reset()`` keeps it, and keeps the
+  devices' default pools (new statistics), because cuproc initializes once per process.
+* Addresses and handles are never reused, across ``reset()`` too.  Device addresses come from a
+  reserved, inaccessible window (``device_window()``): dereferencing one on the host faults.
+* Asynchronous work happens at once; cuLaunchHostFunc calls the function on the calling thread.
+* Every entry has the CUDA 13.0 ABI; asked for an older variant (cudaVersion below the one
+  implemented), cuGetProcAddress_v2 answers VERSION_NOT_SUFFICIENT rather than hand out a
+  function of another signature.
+
+Image format (``fake_image``)::
+
+    FAKECUBIN
+    kernel <name> <param size> ...
+    global <name> <nbytes>
+    managed <name> <nbytes>
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+C_SOURCE = Path(__file__).resolve().parent / "fakedriver.c"
+ABI_VERSION = 13000
+CFLAGS = ("-shared", "-fPIC", "-O1", "-Wall", "-pthread", "-std=gnu11", "-fvisibility=hidden")
+LIVE_KINDS = ("context", "primary", "device_alloc", "host_alloc", "managed_alloc", "registered",
+              "async_alloc", "global", "stream", "event", "module", "function", "library", "kernel",
+              "link", "pool")
+
+
+def _variants() -> dict[str, list[tuple[int, str]]]:
+    """symbol -> [(version, entry point)] of its ABI variants in headers/, oldest first.
+
+    Read from the header text (like simdriver), not from cuproc's registry, so that a mistake
+    in the registry cannot hide behind the same mistake here."""
+    text = (ROOT / "headers" / "cuda_pfn.h").read_text()
+    versions: dict[str, set[int]] = {}
+    for name, version, per_thread in re.findall(r"\(\*PFN_(\w+?)_v(\d+)(_ptds|_ptsz)?\)", text):
+        if not per_thread:
+            versions.setdefault(name, set()).add(int(version))
+    return {name: [(v, name if k == 1 else f"{name}_v{k}") for k, v in enumerate(sorted(vs), start=1)]
+            for name, vs in versions.items()}
+
+
+def _error_names() -> list[tuple[int, str]]:
+    text = (ROOT / "headers" / "cuda_types.h").read_text()
+    body = text[text.index("enum cudaError_enum"):]
+    body = body[:body.index("}")]
+    return [(int(v), n) for n, v in re.findall(r"(CUDA_\w+) = (-?\d+)", body)]
+
+
+def _implemented(c_text: str) -> list[str]:
+    """Entry points fakedriver.c defines: functions named cu... returning CUresult."""
+    return re.findall(r"^(?:static|EXPORT) CUresult (cu[A-Z]\w*)\(", c_text, re.M) + \
+        re.findall(r"^MEMSET_\w+\((cu[A-Z]\w*),", c_text, re.M)
+
+
+def tables(c_text: str) -> str:
+    """fakedriver_tables.h: the lookup table and the error names.
+
+    Raises RuntimeError when the C file implements a variant other than the one CUDA 13.0
+    selects (its signature would not be the one cuproc calls)."""
+    variants = _variants()
+    rows, problems = [], []
+    for entry in _implemented(c_text):
+        symbol = re.sub(r"_v\d+$", "", entry)
+        current = [(v, e) for v, e in variants.get(symbol, []) if v <= ABI_VERSION]
+        if not current:
+            problems.append(f"{entry}: headers/ have no {symbol} at CUDA 13.0")
+        elif current[-1][1] != entry:
+            problems.append(f"{entry}: CUDA 13.0 selects {current[-1][1]}")
+        else:
+            rows.append((symbol, current[-1][0], entry))
+    if problems:
+        raise RuntimeError("fakedriver.c does not match headers/: " + "; ".join(problems))
+    out = ["/* generated by tests/fakedriver.py */", "static const struct entry entries[] = {"]
+    out += [f'  {{"{symbol}", {version}, (void *){entry}}},' for symbol, version, entry in sorted(rows)]
+    out += ["  {NULL, 0, NULL}};", "static const struct error_name error_names[] = {"]
+    for code, name in _error_names():
+        text = name.removeprefix("CUDA_ERROR_").removeprefix("CUDA_").lower().replace("_", " ")
+        out.append(f'  {{{code}, "{name}", "{text} (fake driver)"}},')
+    out.append("  {0, NULL, NULL}};")
+    return "\n".join(out) + "\n"
+
+
+def fake_image(kernels: dict[str, list[int]] | None = None, globals: dict[str, int] | None = None,
+               managed: dict[str, int] | None = None) -> bytes:
+    """A FAKECUBIN image (NUL-terminated) for cuModuleLoadData / cuLibraryLoadData / the linker.
+
+    ``kernels``: name -> parameter sizes in bytes (each aligned to its size, 16 at most);
+    ``globals``: ``__device__`` variables, name -> bytes; ``managed``: ``__managed__`` ones."""
+    lines = ["FAKECUBIN"]
+    lines += [" ".join(["kernel", name, *map(str, sizes)]) for name, sizes in (kernels or {}).items()]
+    lines += [f"global {name} {n}" for name, n in (globals or {}).items()]
+    lines += [f"managed {name} {n}" for name, n in (managed or {}).items()]
+    return ("\n".join(lines) + "\n").encode() + b"\0"
+
+
+class FakeDriver:
+    """A built fake driver library and its control functions (see the module docstring)."""
+
+    image = staticmethod(fake_image)
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        lib = self._lib = ctypes.CDLL(str(path))
+        for name in ("fake_stale_count", "fake_binding_errors", "fake_live", "fake_launch_count",
+                     "fake_launch_mismatches", "fake_fork_violations"):
+            getattr(lib, name).restype = ctypes.c_long
+        for name in ("fake_pool_used", "fake_device_bytes_live", "fake_device_window"):
+            getattr(lib, name).restype = ctypes.c_ulonglong
+        lib.fake_live.argtypes = [ctypes.c_char_p]
+        lib.fake_fail.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
+
+    @property
+    def lib(self) -> ctypes.CDLL:
+        """The library through ctypes (its exported cuInit, cuGetProcAddress_v2, fake_*)."""
+        return self._lib
+
+    def reset(self) -> None:
+        """Destroy everything and clear the records (not while other threads use the fake)."""
+        self._lib.fake_reset()
+
+    def set_device_count(self, n: int) -> None:
+        self._lib.fake_set_device_count(int(n))
+
+    def stale_count(self) -> int:
+        return self._lib.fake_stale_count()
+
+    def stale_calls(self) -> list[str]:
+        return self._names(self._lib.fake_stale_calls)
+
+    def binding_errors(self) -> int:
+        return self._lib.fake_binding_errors()
+
+    def binding_calls(self) -> list[str]:
+        return self._names(self._lib.fake_binding_calls)
+
+    def live(self, kind: str) -> int:
+        """Live objects of one kind, one of LIVE_KINDS ("context" counts created contexts,
+        "primary" active primary ones, "pool" created pools, not the default ones)."""
+        n = self._lib.fake_live(kind.encode())
+        if n < 0:
+            raise ValueError(f"unknown kind {kind!r}; one of {', '.join(LIVE_KINDS)}")
+        return n
+
+    def primary_refcount(self, dev: int) -> int:
+        return self._lib.fake_primary_refcount(int(dev))
+
+    def primary_active(self, dev: int) -> bool:
+        return bool(self._lib.fake_primary_active(int(dev)))
+
+    def pool_used(self, dev: int) -> int:
+        """USED_MEM_CURRENT of the device's default pool."""
+        return self._lib.fake_pool_used(int(dev))
+
+    def device_bytes_live(self, dev: int) -> int:
+        """Device memory held on dev: cuMemAlloc, stream-ordered and module/library variables."""
+        return self._lib.fake_device_bytes_live(int(dev))
+
+    def launch_count(self) -> int:
+        return self._lib.fake_launch_count()
+
+    def launch_mismatches(self) -> int:
+        return self._lib.fake_launch_mismatches()
+
+    def last_launch(self) -> tuple[str, bytes]:
+        """(kernel name, packed argument bytes) of the last successful launch."""
+        name = ctypes.create_string_buffer(256)
+        args = ctypes.create_string_buffer(32768)
+        n = self._lib.fake_last_launch(name, len(name), args, len(args))
+        return name.value.decode(), args.raw[:n]
+
+    def fork_violations(self) -> int:
+        return self._lib.fake_fork_violations()
+
+    def fail(self, call: str, code: int, count: int = 1) -> None:
+        """The next ``count`` calls of ``call`` (C base name, "cuMemFree") return ``code`` and do
+        nothing; ``count=-1``: every call until cleared; ``count=0``: clear."""
+        if self._lib.fake_fail(call.encode(), int(code), int(count)) != 0:
+            raise RuntimeError("too many failure injections at once (32)")
+
+    def device_window(self) -> int:
+        """First address of the device address window (1 TiB or less from here)."""
+        return self._lib.fake_device_window()
+
+    def records(self) -> dict[str, object]:
+        """The counters in one dict, for assertion messages."""
+        return {"stale": self.stale_count(), "stale_calls": self.stale_calls(),
+                "binding": self.binding_errors(), "binding_calls": self.binding_calls(),
+                "launch_mismatches": self.launch_mismatches(), "fork_violations": self.fork_violations()}
+
+    @staticmethod
+    def _names(function) -> list[str]:
+        buf = ctypes.create_string_buffer(4096)
+        function(buf, len(buf))
+        return [n for n in buf.value.decode().split(",") if n]
+
+
+def build(out_dir: Path) -> FakeDriver:
+    """Compile fakedriver.c (once per content of it and of headers/) into out_dir and load it."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("no C compiler (cc) to build the fake driver")
+    c_text = C_SOURCE.read_text()
+    header = tables(c_text)
+    tag = hashlib.sha256((c_text + header + " ".join(CFLAGS)).encode()).hexdigest()[:12]
+    out_dir = Path(out_dir)
+    lib = out_dir / f"libfakecuda-{tag}.so"
+    if not lib.exists():
+        work = out_dir / f"fakecuda-{tag}"
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "fakedriver.c").write_text(c_text)
+        (work / "fakedriver_tables.h").write_text(header)
+        tmp = work / lib.name
+        subprocess.run([cc, *CFLAGS, "-I", str(work), "-o", str(tmp), str(work / "fakedriver.c")],
+                       check=True)
+        tmp.replace(lib)  # atomic: a concurrent build never loads a half-written library
+    return FakeDriver(lib)

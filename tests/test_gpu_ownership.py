@@ -1,0 +1,358 @@
+"""The ownership model on a real GPU: one test per failure the ownership issue reproduced.
+
+Each would have crashed, leaked or blamed the wrong call before the resource model;
+the ones that crashed the interpreter run in a child process.  References are
+independent of cuproc's objects: NumPy for data, the driver's own
+``cuDevicePrimaryCtxGetState`` / ``cuMemGetInfo`` / pool attributes read
+through cuda.bindings where it is installed (else raw C-named calls).
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cuproc
+from cuproc import Context, DeviceBuffer, Module, Stream
+from cuproc import memory as mem
+from cuproc.errors import ClosedResourceError
+
+pytestmark = pytest.mark.gpu
+if not cuproc.is_driver_available():
+    pytest.skip("no CUDA driver on this machine", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parent.parent
+CUBIN = ROOT / "kernels" / "kernels.cubin"
+ffi = cuproc.ffi
+
+
+def child(code: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (a crash there is a failed test, not a dead suite)."""
+    prelude = f"import sys; sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def primary_active(ordinal: int = 0) -> bool:
+    """The driver's own answer, through cuda.bindings when present (independent of cuproc)."""
+    try:
+        from cuda.bindings import driver as cb
+        err, _flags, active = cb.cuDevicePrimaryCtxGetState(cb.CUdevice(ordinal))
+        assert int(err) == 0
+        return bool(active)
+    except ImportError:
+        flags, active = ffi.new("unsigned int *"), ffi.new("int *")
+        cuproc.driver.default_driver().checked.cuDevicePrimaryCtxGetState(ordinal, flags, active)
+        return bool(active[0])
+
+
+@pytest.fixture()
+def primary():
+    pc = cuproc.use_device(0)
+    yield pc
+    cuproc.driver.default_driver().cuCtxSetCurrent(ffi.NULL)
+    while pc.retain_count:
+        pc.release()
+
+
+# 1 ------------------------------------------------------------------ host views hold their allocation
+
+@pytest.mark.parametrize("kind", ["PinnedBuffer", "ManagedBuffer"])
+def test_1_host_views_keep_their_allocation(kind):
+    proc = child(f"""
+        import gc, numpy as np, cuproc
+        from cuproc import memory as mem
+        pc = cuproc.use_device(0)
+        a = mem.{kind}(1 << 20).numpy(np.float32)
+        gc.collect()
+        a[:] = 1.0                      # segfaulted before: the allocation was freed under the view
+        assert a.sum() == a.size
+        mv = memoryview(mem.{kind}(4096).buffer)
+        gc.collect()
+        mv[:4] = b"abcd"
+        assert bytes(mv[:4]) == b"abcd"
+        p = mem.{kind}(4096)
+        v = p.numpy()
+        try:
+            p.free()
+            raise SystemExit("freed under a view")
+        except BufferError:
+            pass
+        print("ok")
+        """)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+# 2 ------------------------------------------------------------------ a destroyed context's dependents refuse
+
+def test_2_dependents_of_a_destroyed_context_refuse():
+    proc = child(f"""
+        import numpy as np, cuproc
+        from cuproc import memory as mem, Context, Stream, Module, DeviceBuffer, Library
+        from cuproc.stream import Event
+        from cuproc.errors import ClosedResourceError
+        ctx = Context.create(0)
+        s, e, buf = Stream(), Event(), DeviceBuffer(1024)
+        m = Module.load({str(CUBIN)!r})
+        fn = m.get_function("empty")
+        run = fn.prepare(["float*", "int", "float"], 1, 32, stream=s)
+        lib = Library({str(CUBIN)!r})
+        k = lib.get_kernel("empty")
+        kfn = k.function()
+        Context.pop()
+        ctx.destroy()
+        host = np.zeros(256, np.uint8)
+        checks = [s.synchronize, s.query, lambda: e.record(), lambda: m.get_function("empty"),
+                  lambda: fn.num_registers, lambda: run(buf, 1, 1.0), lambda: kfn.num_registers,
+                  lambda: fn.launch(1, 32, (buf, np.int32(1), np.float32(1))), lambda: mem.copy(host, buf),
+                  lambda: buf.free_async(), lambda: mem.memset(buf, 0)]
+        names = []
+        for check in checks:
+            try:
+                check()
+                raise SystemExit("not refused")
+            except ClosedResourceError as exc:
+                assert exc.refused and "destroyed" in str(exc), exc
+                assert "parameters" not in str(exc) and exc.call != "cuMemFree", exc
+                names.append(exc.call)
+        print(" ".join(names))
+        """)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    calls = proc.stdout.split()
+    assert "cuMemcpy" in calls and "cuStreamSynchronize" in calls
+
+
+# 3 ------------------------------------------------------------------ the primary context is released
+
+def test_3_primary_context_inactive_after_release():
+    assert not primary_active(), "another test left the primary context retained"
+    pc = cuproc.use_device(0)
+    m = Module.load(CUBIN)
+    fn = m.get_function("empty")
+    buf = DeviceBuffer(1 << 20)
+    s = Stream()
+    fn.launch(1, 32, (buf, np.int32(1), np.float32(1)), stream=s)
+    mem.copy(np.zeros(1 << 20, np.uint8), buf)
+    Context.current()
+    del m, fn, buf, s
+    gc.collect()
+    cuproc.driver.default_driver().cuCtxSetCurrent(ffi.NULL)
+    pc.release()
+    gc.collect()
+    assert not primary_active()
+
+
+def test_3_classifying_a_foreign_context_retains_nothing():
+    from cuda.bindings import driver as cb
+    assert not primary_active()
+    err, ctx = cb.cuCtxCreate(None, 0, cb.CUdevice(0)) if _ctx_create_takes_params(cb) else \
+        cb.cuCtxCreate(0, cb.CUdevice(0))
+    assert int(err) == 0
+    try:
+        found = Context.current()
+        assert found is not None and found.kind == "adopted"
+        assert not primary_active()                    # before: Retain/Release to classify it created one
+    finally:
+        cb.cuCtxDestroy(ctx)
+
+
+def _ctx_create_takes_params(cb) -> bool:
+    import inspect
+    try:
+        return len(inspect.signature(cb.cuCtxCreate).parameters) == 3
+    except (TypeError, ValueError):
+        return True
+
+
+# 4 ------------------------------------------------------------------ dropped stream-ordered buffers are freed
+
+def test_4_dropped_async_buffers_return_to_the_pool(primary):
+    pool = mem.MemoryPool.default(0)
+    s = Stream()
+    used0 = pool.used_bytes
+    bufs = [mem.alloc_async(1 << 20, s) for _ in range(8)] + [mem.alloc_async(1 << 20)]
+    assert pool.used_bytes >= used0 + 9 * (1 << 20)
+    del bufs
+    gc.collect()
+    s.synchronize()
+    primary.context.synchronize()
+    assert pool.used_bytes == used0
+
+
+# 5 ------------------------------------------------------------------ a prepared launch holds its stream
+
+def test_5_prepared_launch_keeps_its_stream(primary):
+    m = Module.load(CUBIN)
+    vec_add = m.get_function("VecAdd_kernel")
+    s = Stream()
+    run = vec_add.prepare(["float*", "float*", "float*", "int"], 4, 256, stream=s)
+    del s
+    gc.collect()
+    a = np.arange(1024, dtype=np.float32)
+    da, dc = DeviceBuffer(a.nbytes), DeviceBuffer(a.nbytes)
+    mem.copy(da, a)
+    run(da, da, dc, a.size)                       # launched on a destroyed handle before
+    run.prepared.stream_object.synchronize()
+    out = np.zeros_like(a)
+    mem.copy(out, dc)
+    np.testing.assert_array_equal(out, 2 * a)
+
+
+# 6 ------------------------------------------------------------------ threads
+
+def test_6_concurrent_launches_of_one_kernel_never_mix(primary):
+    fn = Module.load(CUBIN).get_function("record_pair")
+    per_thread, threads = 400, 8
+    log = DeviceBuffer(threads * per_thread * 16)
+    run = fn.prepare(["long long*", "int", "long long", "long long"], 1, 32)
+    errors = []
+
+    def worker(t):
+        try:
+            for i in range(per_thread):
+                slot = t * per_thread + i
+                a = slot * 7 + 5
+                if i % 2:
+                    run(log, slot, a, 3 * a + 1)
+                else:
+                    fn.launch(1, 32, (log, np.int32(slot), np.int64(a), np.int64(3 * a + 1)))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    pool = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert not errors, errors[:1]
+    primary.context.synchronize()
+    got = np.zeros(threads * per_thread * 2, np.int64)
+    mem.copy(got, log)
+    a, b = got[0::2], got[1::2]
+    np.testing.assert_array_equal(a, np.arange(threads * per_thread) * 7 + 5)   # every slot its own a
+    np.testing.assert_array_equal(b, 3 * a + 1)                                  # and its own b
+
+
+def test_6_a_new_thread_copies_and_launches_with_no_setup(primary):
+    m = Module.load(CUBIN)
+    vec_add = m.get_function("VecAdd_kernel")
+    a = np.arange(4096, dtype=np.float32)
+    da, dc = DeviceBuffer(a.nbytes), DeviceBuffer(a.nbytes)
+    box = {}
+
+    def work():
+        try:
+            assert Context.current() is None
+            mem.copy(da, a)
+            vec_add.launch(16, 256, (da, da, dc, np.int32(a.size)))
+            out = np.zeros_like(a)
+            mem.copy(out, dc)
+            box["out"] = out
+            box["after"] = Context.current()
+        except BaseException as exc:  # noqa: BLE001
+            box["error"] = exc
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert "error" not in box, box.get("error")
+    np.testing.assert_array_equal(box["out"], 2 * a)
+    assert box["after"] is None                     # the thread's stack was left as it was
+
+
+# 7 ------------------------------------------------------------------ fork
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_7_everything_refuses_in_a_forked_child():
+    proc = child(f"""
+        import os, numpy as np, cuproc
+        from cuproc import memory as mem
+        drv = cuproc.driver.default_driver()
+        pc = cuproc.use_device(0)
+        buf = cuproc.DeviceBuffer(64)
+        fn = cuproc.Module.load({str(CUBIN)!r}).get_function("empty")
+        run = fn.prepare(["float*", "int", "float"], 1, 32)
+        checked = drv.checked.cuCtxSynchronize
+        s = cuproc.Stream()
+        pid = os.fork()
+        if pid == 0:
+            refused = 0
+            for attempt in (lambda: checked(), lambda: run(buf, 1, 1.0), lambda: buf.ptr, s.synchronize,
+                            lambda: mem.copy(np.zeros(16, np.float32), buf), lambda: cuproc.DeviceBuffer(64)):
+                try:
+                    attempt()
+                except cuproc.ForkedProcessError:
+                    refused += 1
+                except BaseException:
+                    pass
+            os._exit(0 if refused == 6 else 10 + refused)
+        _, status = os.waitpid(pid, 0)
+        run(buf, 1, 1.0)
+        s.synchronize()
+        print(os.waitstatus_to_exitcode(status))
+        """)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "0"
+
+
+# 8 ------------------------------------------------------------------ shutdown, finalizers, reset
+
+def test_8_exit_with_everything_alive_is_silent():
+    proc = child(f"""
+        import numpy as np, cuproc
+        from cuproc import memory as mem
+        pc = cuproc.use_device(0)
+        m = cuproc.Module.load({str(CUBIN)!r})
+        fn = m.get_function("empty")
+        s = cuproc.Stream()
+        run = fn.prepare(["float*", "int", "float"], 1, 32, stream=s)
+        bufs = [cuproc.DeviceBuffer(1 << 20), mem.alloc_async(1 << 20, s), mem.PinnedBuffer(1 << 20)]
+        view = bufs[2].numpy()
+        ctx = cuproc.Context.create(0)
+        more = [cuproc.DeviceBuffer(64), cuproc.Stream(), cuproc.Module.load({str(CUBIN)!r})]
+        cuproc.Context.pop()
+        run(bufs[0], 1, 1.0)
+        """)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-2000:]
+
+
+def test_8_reset_marks_buffers_and_never_frees_a_reused_address(primary):
+    old = DeviceBuffer(1 << 20)
+    old_address = old.address
+    primary.reset()
+    with pytest.raises(ClosedResourceError, match="reset"):
+        mem.copy(np.zeros(16, np.uint8), old)
+    primary.context.set_current()
+    fresh = [DeviceBuffer(1 << 20) for _ in range(4)]
+    del old
+    gc.collect()                                  # must not cuMemFree old_address, which may be reused
+    data = np.arange(1 << 18, dtype=np.float32)
+    for b in fresh:
+        mem.copy(b, data)
+        back = np.zeros_like(data)
+        mem.copy(back, b)
+        np.testing.assert_array_equal(back, data)
+    assert isinstance(old_address, int)
+
+
+# 9 ------------------------------------------------------------------ random sequences
+
+def test_9_random_sequences_on_the_gpu():
+    assert not primary_active()
+    n = os.environ.get("CUPROC_GPU_SEQUENCES", "150")
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "sequences.py"), "--sequences", n, "--ops", "30",
+                           "--seed", "11"], capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["failures"] == [], "\n".join(result["failures"][:3])
+    assert result["leftovers"] == [], result["leftovers"][:5]
+    print("GPU sequences:", json.dumps(result["counts"]))
+    assert not primary_active()

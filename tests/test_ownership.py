@@ -1,0 +1,573 @@
+"""The resource model, on the stateful fake driver (CI has no GPU).
+
+The fake validates every handle and address it is given and counts each one
+that is stale -- what would have been a crash on a real driver.  Every test
+here ends with that count at zero (the ``fk`` fixture checks), besides what it
+asserts itself.  The fake's counters (live objects, primary reference counts,
+pool bytes, launches) are its own bookkeeping, independent of cuproc's.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cuproc
+from threads import in_thread
+from cuproc import Context, Device, DeviceBuffer, Event, Library, Module, PrimaryContext, Stream
+from cuproc import memory as mem
+from cuproc.errors import ClosedResourceError, CudaError, CudaWarning, ForkedProcessError, InvalidValueError
+
+from fakedriver import fake_image
+
+ROOT = Path(__file__).resolve().parent.parent
+SIG = ["float*", "int", "float"]
+IMAGE = fake_image({"empty": [8, 4, 4], "fake_pair": [8, 8]}, {"counter": 4})
+ffi = cuproc.ffi
+
+
+@pytest.fixture()
+def fk(fake):
+    """A fresh fake driver state as cuproc's default handle; afterwards nothing stale reached it."""
+    gc.collect()
+    fake.reset()
+    drv = cuproc.Driver(library=str(fake.path))
+    cuproc.set_default_driver(drv)
+    yield fake
+    gc.collect()
+    stale = fake.stale_count()
+    calls = fake.stale_calls()
+    cuproc.set_default_driver(None)
+    assert stale == 0, f"stale handles reached the driver in: {calls}"
+
+
+@pytest.fixture()
+def pc(fk):
+    pc = cuproc.use_device(0)
+    yield pc
+    cuproc.driver.default_driver().cuCtxSetCurrent(ffi.NULL)
+    while pc.retain_count:
+        pc.release()
+
+
+
+def round_trip(buf, n=64):
+    src = np.arange(n, dtype=np.float32)
+    back = np.zeros_like(src)
+    mem.copy(buf, src)
+    mem.copy(back, buf)
+    np.testing.assert_array_equal(back, src)
+
+
+# ----------------------------------------------------------------------------- strong ownership
+
+def test_a_buffer_holds_its_context(fk):
+    ctx = Context.create(0)
+    Context.pop()
+    buf = DeviceBuffer(256, context=ctx)
+    del ctx
+    gc.collect()
+    assert fk.live("context") == 1              # the buffer keeps its context
+    round_trip(buf)
+    del buf
+    gc.collect()
+    assert fk.live("context") == 0 and fk.live("device_alloc") == 0   # buffer first, then its context
+
+
+def test_streams_and_events_hold_their_context(fk):
+    ctx = Context.create(0)
+    Context.pop()
+    s, e = Stream(context=ctx), Event(context=ctx)
+    del ctx
+    gc.collect()
+    e.record(s)
+    s.synchronize()
+    assert fk.live("context") == 1
+    del s, e
+    gc.collect()
+    assert fk.live("context") == fk.live("stream") == fk.live("event") == 0
+
+
+def test_a_function_holds_its_module_and_a_prepared_launch_its_function_and_stream(fk, pc):
+    m = Module.load(IMAGE)
+    fn = m.get_function("empty")
+    s = Stream()
+    run = fn.prepare(SIG, 1, 32, stream=s)
+    buf = DeviceBuffer(256)
+    del m, fn, s
+    gc.collect()
+    assert fk.live("module") == 1 and fk.live("stream") == 1
+    run(buf, 64, 1.0)
+    del run
+    gc.collect()
+    assert fk.live("module") == 0 and fk.live("stream") == 0
+
+
+
+@pytest.mark.parametrize("kind", ["pinned", "managed"])
+def test_a_host_view_holds_its_allocation(fk, pc, kind):
+    make = mem.PinnedBuffer if kind == "pinned" else mem.ManagedBuffer
+    a = make(4096).numpy(np.float32)         # the allocation object is dropped at once
+    gc.collect()
+    a[:] = 1.0                                # segfaulted before: the memory was freed under the view
+    assert a.sum() == 1024
+    live = "host_alloc" if kind == "pinned" else "managed_alloc"
+    assert fk.live(live) == 1
+    raw = a.base
+    del a, raw
+    gc.collect()
+    assert fk.live(live) == 0
+
+
+def test_host_memory_with_views_refuses_to_go(fk):
+    ctx = Context.create(0)
+    p = mem.PinnedBuffer(1024)
+    view = p.numpy()
+    with pytest.raises(BufferError, match="views"):
+        p.free()
+    Context.pop()
+    with pytest.raises(BufferError, match="views"):
+        ctx.destroy()
+    view[:] = 7                               # still valid memory
+    del view
+    gc.collect()
+    ctx.destroy()                             # no views left: destroyed, and the pinned memory with it
+    assert p.closed and fk.live("host_alloc") == 0
+
+
+# ----------------------------------------------------------------------------- explicit destruction
+
+def test_destroying_a_context_invalidates_everything_made_in_it(fk):
+    ctx = Context.create(0)
+    buf, s, e = DeviceBuffer(256), Stream(), Event()
+    m = Module.load(IMAGE)
+    fn = m.get_function("empty")
+    run = fn.prepare(SIG, 1, 32, stream=s)
+    pinned = mem.PinnedBuffer(256)
+    Context.pop()
+    ctx.destroy()
+    host = np.zeros(64, np.float32)
+    attempts = {
+        "copy": lambda: mem.copy(host, buf), "memset": lambda: mem.memset(buf, 0),
+        "free_async": lambda: buf.free_async(), "sync": s.synchronize, "query": s.query,
+        "record": lambda: e.record(), "get_function": lambda: m.get_function("empty"),
+        "attribute": lambda: fn.num_registers, "launch": lambda: fn.launch(1, 1, (buf, np.int32(1), np.float32(1))),
+        "prepared": lambda: run(0, 1, 1.0), "pinned": lambda: pinned.numpy(),
+        "stream_on_dead": lambda: Stream(context=ctx), "alloc_in_dead": lambda: DeviceBuffer(64, context=ctx),
+    }
+    for name, attempt in attempts.items():
+        with pytest.raises(ClosedResourceError, match="destroyed") as info:
+            attempt()
+        assert info.value.refused, name
+        assert info.value.call != "cuMemFree", name          # the call named is the one attempted
+    assert fk.live("context") == 0
+    for obj in (buf, s, e, m, pinned, ctx):
+        obj.close()                                # idempotent, and nothing left to free
+    assert fk.stale_count() == 0
+
+
+def test_launch_after_destroy_names_the_context_not_a_parameter_count(fk):
+    ctx = Context.create(0)
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    Context.pop()
+    ctx.destroy()
+    with pytest.raises(ClosedResourceError) as info:
+        fn.launch(1, 1, (buf, np.int32(1), np.float32(1)))
+    assert "parameters" not in str(info.value) and "context" in str(info.value)
+
+
+def test_unloading_a_module_invalidates_its_functions_and_launches(pc):
+    m = Module.load(IMAGE)
+    fn = m.get_function("empty")
+    g = m.get_global("counter")
+    run = fn.prepare(SIG, 1, 32)
+    buf = DeviceBuffer(256)
+    run(buf, 1, 1.0)
+    m.unload()
+    m.unload()                                    # idempotent
+    for attempt in (lambda: run(buf, 1, 1.0), lambda: fn.launch(1, 1, (buf, np.int32(1), np.float32(1))),
+                    lambda: fn.num_registers, lambda: mem.copy(np.zeros(1, np.int32), g)):
+        with pytest.raises(ClosedResourceError, match="unloaded"):
+            attempt()
+
+
+def test_reset_invalidates_buffers_and_an_old_buffer_never_frees_a_new_one(pc):
+    old = DeviceBuffer(256)
+    stream = Stream()
+    pc.reset()
+    with pytest.raises(ClosedResourceError, match="reset"):
+        round_trip(old)
+    with pytest.raises(ClosedResourceError):
+        stream.synchronize()
+    new = DeviceBuffer(256)                       # the primary context lives on (still retained)
+    del old, stream
+    gc.collect()                                  # the old buffer's finalizer frees nothing
+    round_trip(new)
+    assert pc.retain_count == 1
+
+
+def test_releasing_the_last_retain_ends_the_context_for_its_dependents(fk):
+    pc = cuproc.use_device(0)
+    buf = DeviceBuffer(256)
+    pc.release()
+    assert not fk.primary_active(0)
+    with pytest.raises(ClosedResourceError, match="released"):
+        round_trip(buf)
+    del buf
+    gc.collect()
+
+
+def test_close_is_idempotent_everywhere(pc):
+    m = Module.load(IMAGE)
+    objs = [DeviceBuffer(64), mem.alloc_async(64), mem.PinnedBuffer(64), mem.ManagedBuffer(64), Stream(), Event(),
+            m, m.get_function("empty"), mem.MemoryPool.create(0), Library(IMAGE),
+            mem.RegisteredHostMemory(np.zeros(64, np.uint8))]
+    for obj in objs:
+        obj.close()
+        obj.close()
+        assert obj.closed
+
+
+# ----------------------------------------------------------------------------- context binding
+
+def test_a_new_thread_needs_no_setup(fk, pc):
+    buf = DeviceBuffer(256)
+    s = Stream()
+    fn = Module.load(IMAGE).get_function("empty")
+    run = fn.prepare(SIG, 1, 32, stream=s)
+    before = fk.binding_errors()
+
+    def work():
+        assert Context.current() is None
+        round_trip(buf)
+        mem.memset(buf, 1)
+        mem.memset(buf, 2, stream=s)
+        run(buf, 64, 1.0)
+        fn.launch(1, 32, (buf, np.int32(64), np.float32(1)))
+        s.synchronize()
+        mem.copy(buf, np.ones(64, np.float32), stream=s)
+        assert Context.current() is None          # the thread's stack is as it was
+        b2 = mem.alloc_async(64, s)
+        b2.free_async()
+        buf.free()
+
+    box = in_thread(work)
+    assert "error" not in box, box.get("error")
+    assert fk.binding_errors() > before                 # the fake did refuse the unbound calls: the rebinding ran
+
+
+
+def test_another_context_current_is_left_current(fk):
+    a = Context.create(0)
+    buf = DeviceBuffer(256)
+    Context.pop()
+    b = Context.create(0)                          # b is current now
+    round_trip(buf)                                 # runs in a
+    assert Context.current() is b
+    Context.pop()
+    del buf
+    gc.collect()
+
+
+# ----------------------------------------------------------------------------- threads
+
+def test_concurrent_launches_never_mix_arguments(fk, pc):
+    fn = Module.load(IMAGE).get_function("fake_pair")
+    run = fn.prepare(["long long", "long long"], 1, 1)
+    start = fk.launch_count()
+    errors = []
+
+    def worker(tid):
+        try:
+            for i in range(1500):
+                a = tid * 1_000_000 + i
+                if i % 3:
+                    run(a, 3 * a + 1)
+                else:
+                    fn.launch(1, 1, (np.int64(a), np.int64(3 * a + 1)))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert fk.launch_count() - start == 8 * 1500
+    assert fk.launch_mismatches() == 0
+
+
+
+def test_concurrent_first_use_is_safe(fk):
+    drv = cuproc.Driver(library=str(fk.path))
+    results, errors = [], []
+    barrier = threading.Barrier(8)
+
+    def first_use():
+        try:
+            barrier.wait()
+            pc = Device(0, driver=drv).primary_context()
+            pc.retain()
+            ctx = pc.context
+            results.append((pc, ctx, DeviceBuffer(64, context=ctx)))
+            pc.release()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_use) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len({id(pc) for pc, _, _ in results}) == 1          # one PrimaryContext per device
+    results.clear()
+    gc.collect()
+    assert not fk.primary_active(0)
+
+
+# ----------------------------------------------------------------------------- primary contexts
+
+def test_retains_exactly_what_the_user_asked_for(fk):
+    pc = cuproc.use_device(0)
+    assert fk.primary_refcount(0) == 1
+    m = Module.load(IMAGE)
+    bufs = [DeviceBuffer(64) for _ in range(3)]
+    s = Stream()
+    assert fk.primary_refcount(0) == 1                      # using the context takes no retains
+    Context.current()
+    assert fk.primary_refcount(0) == 1
+    del m, bufs, s
+    gc.collect()
+    cuproc.driver.default_driver().cuCtxSetCurrent(ffi.NULL)
+    pc.release()
+    gc.collect()
+    assert not fk.primary_active(0) and fk.primary_refcount(0) == 0
+
+
+def test_classifying_a_foreign_context_retains_nothing(fk):
+    drv = cuproc.driver.default_driver()
+    drv.checked.cuInit(0)
+    out = ffi.new("CUcontext *")
+    drv.checked.cuDevicePrimaryCtxRetain(out, 0)       # another library's retain
+    drv.checked.cuCtxSetCurrent(out[0])
+    ctx = Context.current()
+    assert ctx.kind == "adopted" and fk.primary_refcount(0) == 1
+    buf = DeviceBuffer(256)
+    round_trip(buf)
+    del buf, ctx
+    gc.collect()
+    assert fk.primary_refcount(0) == 1                   # nothing retained or released by cuproc
+    drv.checked.cuCtxSetCurrent(ffi.NULL)
+    drv.checked.cuDevicePrimaryCtxRelease(0)
+    assert not fk.primary_active(0)
+
+
+def test_a_dropped_primary_context_gives_back_its_retains(fk):
+    pc = Device(0).primary_context()
+    pc.retain().retain()
+    assert fk.primary_refcount(0) == 2
+    del pc
+    gc.collect()
+    assert fk.primary_refcount(0) == 0
+
+
+def test_dependents_keep_the_retains_until_they_go(fk):
+    pc = cuproc.use_device(0)
+    buf = DeviceBuffer(256)
+    cuproc.driver.default_driver().cuCtxSetCurrent(ffi.NULL)
+    del pc
+    gc.collect()
+    assert fk.primary_refcount(0) == 1               # the buffer holds the context, which holds the retain
+    round_trip(buf)
+    del buf
+    gc.collect()
+    assert fk.primary_refcount(0) == 0 and not fk.primary_active(0)
+
+
+# ----------------------------------------------------------------------------- frees
+
+def test_dropped_stream_ordered_buffers_come_back(fk, pc):
+    s = Stream()
+    bufs = [mem.alloc_async(1024, s) for _ in range(4)] + [mem.alloc_async(1024)]
+    assert fk.pool_used(0) == 5 * 1024
+    del bufs
+    gc.collect()
+    assert fk.pool_used(0) == 0
+    b = mem.alloc_async(1024, s)
+    s.close()                                        # its stream is gone: freed synchronously instead
+    del b
+    gc.collect()
+    assert fk.pool_used(0) == 0
+
+
+
+def test_a_failing_finalizer_warns_once_and_never_raises(fk, pc):
+    buf = DeviceBuffer(64)
+    fk.fail("cuMemFree", 700, 1)
+    with pytest.warns(CudaWarning, match="cuMemFree") as record:
+        del buf
+        gc.collect()
+    assert len([w for w in record if issubclass(w.category, CudaWarning)]) == 1
+    fk.fail("cuMemFree", 0, 0)
+
+
+def test_an_explicit_free_that_fails_raises_once(fk, pc):
+    buf = DeviceBuffer(64)
+    fk.fail("cuMemFree", 700, 1)
+    with pytest.raises(CudaError) as info:
+        buf.free()
+    assert info.value.call == "cuMemFree" and not info.value.refused
+    buf.free()                                          # never freed twice
+    fk.fail("cuMemFree", 0, 0)
+
+
+SHUTDOWN = """
+import sys, numpy as np
+sys.path.insert(0, {tests!r})
+import cuproc
+from cuproc import memory as mem
+from fakedriver import fake_image
+cuproc.set_default_driver(cuproc.Driver(library={lib!r}))
+pc = cuproc.use_device(0)
+m = cuproc.Module.load(fake_image({{"empty": [8, 4, 4]}}))
+fn = m.get_function("empty")
+s = cuproc.Stream()
+run = fn.prepare(["float*", "int", "float"], 1, 32, stream=s)
+bufs = [cuproc.DeviceBuffer(64), mem.alloc_async(64, s), mem.PinnedBuffer(64)]
+view = bufs[2].numpy()
+ctx = cuproc.Context.create(0)
+other = [cuproc.DeviceBuffer(64), cuproc.Stream()]
+cuproc.Context.pop()
+run(bufs[0], 1, 1.0)
+"""
+
+
+def test_interpreter_exit_releases_children_first_and_silently(fk, tmp_path):
+    report = tmp_path / "report.json"
+    env = dict(os.environ, FAKE_REPORT=str(report))
+    code = SHUTDOWN.format(tests=str(ROOT / "tests"), lib=str(fk.path))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    left = json.loads(report.read_text())            # written by the fake when the process unloads it
+    assert left["stale"] == 0, left
+    assert left["live"] == {}, left                   # everything was released, children before parents
+
+
+# ----------------------------------------------------------------------------- fork
+
+FORK = """
+import os, sys, numpy as np
+sys.path.insert(0, {tests!r})
+import cuproc
+from cuproc import memory as mem
+from fakedriver import fake_image
+drv = cuproc.Driver(library={lib!r})
+cuproc.set_default_driver(drv)
+pc = cuproc.use_device(0)
+buf = cuproc.DeviceBuffer(64)
+fn = cuproc.Module.load(fake_image({{"empty": [8, 4, 4]}})).get_function("empty")
+run = fn.prepare(["float*", "int", "float"], 1, 32)
+checked = drv.checked.cuCtxGetCurrent
+s = cuproc.Stream()
+raw = drv.cuCtxGetCurrent
+pid = os.fork()
+if pid == 0:
+    refused = 0
+    for attempt in (lambda: checked(cuproc.ffi.new("CUcontext *")), lambda: run(buf, 1, 1.0), lambda: buf.ptr,
+                    lambda: mem.copy(np.zeros(16, np.float32), buf), s.synchronize,
+                    lambda: fn.launch(1, 1, (buf, np.int32(1), np.float32(1))), lambda: cuproc.DeviceBuffer(64),
+                    lambda: drv.cuMemAlloc, lambda: cuproc.Context.current()):
+        try:
+            attempt()
+        except cuproc.ForkedProcessError:
+            refused += 1
+    import ctypes
+    violations = ctypes.CDLL({lib!r}).fake_fork_violations()
+    os._exit(0 if refused == 9 and violations == 0 else 10 + refused)
+_, status = os.waitpid(pid, 0)
+run(buf, 1, 1.0)                       # the parent carries on
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_after_fork_everything_refuses_in_the_child(fk):
+    code = FORK.format(tests=str(ROOT / "tests"), lib=str(fk.path))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "0", proc.stdout
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_fork_before_any_cuda_use_keeps_working_and_locks_are_fresh(fk):
+    code = textwrap.dedent(f"""
+        import os, sys, threading, numpy as np
+        sys.path.insert(0, {str(ROOT / 'tests')!r})
+        import cuproc
+        from cuproc import _fork, memory as mem
+        held = _fork.lock()
+        held.acquire()                    # held by the parent at fork time
+        pid = os.fork()
+        if pid == 0:
+            ok = held.acquire(timeout=2)
+            cuproc.set_default_driver(cuproc.Driver(library={str(fk.path)!r}))
+            pc = cuproc.use_device(0)
+            b = cuproc.DeviceBuffer(64)
+            mem.copy(b, np.ones(16, np.float32))
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        sys.exit(os.waitstatus_to_exitcode(status))
+        """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+# ----------------------------------------------------------------------------- errors name the call
+
+def test_refusals_say_the_call_was_not_made(pc):
+    with pytest.raises(InvalidValueError) as info:
+        DeviceBuffer(-1)
+    assert info.value.refused and "was not called" in str(info.value) and "failed" not in str(info.value)
+    buf = DeviceBuffer(64)
+    with pytest.raises(InvalidValueError) as info:
+        mem.copy(buf, np.zeros(128, np.uint8), 128)
+    assert info.value.refused and info.value.call == "cuMemcpy"
+    buf.free()
+    with pytest.raises(ClosedResourceError) as info:
+        mem.copy(np.zeros(64, np.uint8), buf)
+    assert "freed" in str(info.value) and info.value.call == "cuMemcpy"
+
+
+def test_a_driver_error_still_says_failed(fk, pc):
+    fk.fail("cuMemAlloc", 2, 1)
+    with pytest.raises(cuproc.OutOfMemoryError) as info:
+        DeviceBuffer(64)
+    assert not info.value.refused and "cuMemAlloc failed" in str(info.value)
+
+
+# ----------------------------------------------------------------------------- random sequences
+
+def test_random_sequences_never_crash_leak_or_reach_the_driver_stale(fk):
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "sequences.py"), "--fake", str(fk.path),
+                           "--sequences", os.environ.get("CUPROC_SEQUENCES", "600"), "--ops", "30", "--seed", "7"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["failures"] == [], "\n".join(result["failures"][:3])
+    assert result["leftovers"] == [], result["leftovers"][:5]
+    assert result["stale"] == 0, result["stale_calls"]
+    counts = result["counts"]
+    assert counts["sequences"] >= 600 and counts["threaded"] >= 300 and counts.get("forks", 0) > 0
+    print(json.dumps(counts))
