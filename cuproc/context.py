@@ -58,7 +58,7 @@ def _popped() -> Any:
 class Context(Resource):
     """A CUDA context handle (see the module docstring for the three kinds)."""
 
-    __slots__ = ("handle", "kind", "primary", "_host_exporters")
+    __slots__ = ("handle", "kind", "primary", "_host_exporters", "_stream_ordered")
     _release_call = "cuCtxDestroy"
     _ended_word = "destroyed"
 
@@ -69,6 +69,7 @@ class Context(Resource):
         self.kind = kind
         self.primary = primary          # the PrimaryContext whose retains keep a primary context alive
         self._host_exporters: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._stream_ordered: dict[int, weakref.ref[Any]] = {}
         self.ended = None
 
     # ---------------------------------------------------------------- kinds and lookup
@@ -154,6 +155,7 @@ class Context(Resource):
                                           "Context.create are destroyed here (release a PrimaryContext instead)")
         if self.ended is None:
             self.refuse_if_host_views("cuCtxDestroy")
+            self.free_stream_ordered()
         self.close()
 
     def close(self) -> None:
@@ -170,6 +172,29 @@ class Context(Resource):
         refuse from now on.  For the resource model's owners (PrimaryContext), not for users."""
         if self._claim(how):
             _forget(self)
+
+    def track_stream_ordered(self, buffer: Any) -> None:
+        """Note a live stream-ordered allocation made in this context (see :meth:`free_stream_ordered`)."""
+        self._stream_ordered[buffer.address] = weakref.ref(buffer)
+
+    def untrack_stream_ordered(self, address: int) -> None:
+        self._stream_ordered.pop(address, None)
+
+    def free_stream_ordered(self) -> None:
+        """Free this context's live stream-ordered allocations now (each on its stream).
+
+        Called before the context is destroyed, reset or released for the last time: the
+        driver frees such memory with the context, but its pool keeps counting it as used
+        and never gives it back (measured on driver 580).  The buffers end as "freed".
+        """
+        for ref in list(self._stream_ordered.values()):
+            buffer = ref()
+            if buffer is not None:
+                try:
+                    buffer.close()
+                except Exception:  # noqa: BLE001 - best effort before the context goes; the driver frees it anyway
+                    pass
+        self._stream_ordered.clear()
 
     def add_host_exporter(self, allocation: Any) -> None:
         """Note host memory with live views (destroying the context under them is refused)."""
@@ -248,11 +273,8 @@ class Context(Resource):
 
     def synchronize(self) -> None:
         """Wait for all work in this context (cuCtxSynchronize; the 13.0 ABI names the context)."""
-        if arity(self.driver, "cuCtxSynchronize") == 1:
-            self.check("cuCtxSynchronize")
-            self.driver.checked.cuCtxSynchronize(self.handle)
-        else:
-            self.run("cuCtxSynchronize")
+        self.check("cuCtxSynchronize")
+        self.driver.check(synchronize_context(self), "cuCtxSynchronize")
 
     @property
     def device(self) -> Device:
@@ -293,6 +315,21 @@ class Context(Resource):
     def __repr__(self) -> str:
         state = self.ended or self.kind
         return f"<cuproc.Context {handle_int(self.handle):#x} {state}>"
+
+
+def synchronize_context(context: Context) -> int:
+    """cuCtxSynchronize of ``context``, returning the CUresult: the 13.0 ABI names the context,
+    older ones wait for the current one (so it is made current for the call)."""
+    drv = context.driver
+    if arity(drv, "cuCtxSynchronize") == 1:
+        return drv.cuCtxSynchronize(context.handle)
+    rc = drv.cuCtxPushCurrent(context.handle)
+    if rc:
+        return rc
+    try:
+        return drv.cuCtxSynchronize()
+    finally:
+        drv.cuCtxPopCurrent(_popped())
 
 
 def call_in(context: Context | None, function: Callable[..., int], *args: Any) -> int:
@@ -361,6 +398,7 @@ class PrimaryContext:
             ctx = self._context_object()
             if self._retains == 1 and ctx is not None:
                 ctx.refuse_if_host_views("cuDevicePrimaryCtxRelease")
+                ctx.free_stream_ordered()
             self.driver.checked.cuDevicePrimaryCtxRelease(self.device.handle)
             self._retains -= 1
             if self._retains == 0:
@@ -437,6 +475,7 @@ class PrimaryContext:
             ctx = self._context_object()
             if ctx is not None:
                 ctx.refuse_if_host_views("cuDevicePrimaryCtxReset")
+                ctx.free_stream_ordered()
             self.driver.checked.cuDevicePrimaryCtxReset(self.device.handle)
             if ctx is not None:
                 ctx.end("reset")
@@ -505,4 +544,4 @@ def use_device(ordinal: int = 0, *, driver: Driver | None = None) -> PrimaryCont
     return pc
 
 
-__all__ = ["Context", "PrimaryContext", "call_in", "use_device"]
+__all__ = ["Context", "PrimaryContext", "call_in", "synchronize_context", "use_device"]

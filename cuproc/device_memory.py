@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from ._cffi_abi import ffi
 from ._resource import Resource
-from ._support import get_driver, invalid
+from ._support import invalid
 from .allocation import Allocation
-from .context import Context
+from .context import Context, synchronize_context
 from .driver import Driver
 from .interop import KDL_CUDA, DeviceArrayExports, cai, typestr_of
 from .stream import Stream, default_stream, stream_handle
@@ -54,9 +54,18 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
 
     def _release(self) -> int:
         stream = self.stream
-        if stream is not None and stream.ended_owner() is None:
+        if stream is None:                                   # cuMemAlloc
+            return self.context.call(self.driver.cuMemFree, self.address)
+        self.context.untrack_stream_ordered(self.address)
+        # Stream-ordered memory goes back with cuMemFreeAsync: cuMemFree "succeeds" on it, but the
+        # pool keeps counting it as used and never releases it (measured on driver 580).
+        if not isinstance(stream, Stream):                   # a raw or default stream handle
+            return self.context.call(self.driver.cuMemFreeAsync, self.address, stream)
+        if stream.ended_owner() is None:                     # its stream: ordered after the work on it
             return self.context.call(self.driver.cuMemFreeAsync, self.address, stream.handle)
-        return self.context.call(self.driver.cuMemFree, self.address)
+        # Its stream is gone: wait for everything in the context, then free on the default stream.
+        rc = synchronize_context(self.context)
+        return rc or self.context.call(self.driver.cuMemFreeAsync, self.address, default_stream(self.driver))
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -74,11 +83,12 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
         if self.ended is not None:
             return
         self.check("cuMemFreeAsync")
-        target = stream if stream is not None else self.stream
+        target = stream if stream is not None else (self.stream if isinstance(self.stream, Stream) else None)
         h = stream_handle(target, self.driver, "cuMemFreeAsync")
         ctx = target.context if isinstance(target, Stream) else self.context
         if not self._claim("freed"):
             return
+        self.context.untrack_stream_ordered(self.address)
         rc = ctx.call(self.driver.cuMemFreeAsync, self.address, h)
         if rc:
             raise self.driver.error(rc, "cuMemFreeAsync")
@@ -111,8 +121,9 @@ def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: Memory
         raise drv.error(rc, "cuMemAllocAsync" if pool is None else "cuMemAllocFromPoolAsync")
     buf = DeviceBuffer.__new__(DeviceBuffer)
     buf.driver, buf.ended, buf.context, buf.address, buf.nbytes = drv, None, ctx, int(out[0]), nbytes
-    buf.stream = stream if isinstance(stream, Stream) else None
+    buf.stream = stream if isinstance(stream, Stream) else h    # where a drop frees it
     buf.pool = pool
+    ctx.track_stream_ordered(buf)
     return buf
 
 

@@ -41,17 +41,17 @@ class HostMemory(Allocation):
         self._views: dict[int, weakref.ref[Any]] | None = None
 
     @property
-    def buffer(self) -> Any:
-        """A writable buffer-protocol object over the memory (zero-copy); it holds this allocation."""
+    def buffer(self) -> memoryview:
+        """A writable byte memoryview over the memory (zero-copy); it holds this allocation."""
         address = self.ptr
-        view = (ctypes.c_char * self.nbytes).from_address(address)
+        view = (ctypes.c_ubyte * self.nbytes).from_address(address)
         view._cuproc_owner = self     # the view keeps the allocation (and its context) alive
         if self._views is None:
             self._views = {}
             self.context.add_host_exporter(self)
         views, key = self._views, id(view)   # ctypes arrays are unhashable: track them by id, weakly
         views[key] = weakref.ref(view, lambda _ref, views=views, key=key: views.pop(key, None))
-        return view
+        return memoryview(view).cast("B")   # plain bytes: ctypes' "<B" format refuses slice assignment
 
     def has_views(self) -> bool:
         """True while a view made by :attr:`buffer` / :meth:`numpy` / ``memoryview`` is alive."""
@@ -65,7 +65,7 @@ class HostMemory(Allocation):
         super().close()
 
     def __buffer__(self, flags: int) -> memoryview:
-        return memoryview(self.buffer)
+        return self.buffer
 
     def numpy(self, dtype: Any = "u1") -> Any:
         """A NumPy array over the memory (zero-copy; it holds this allocation)."""

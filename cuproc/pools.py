@@ -11,7 +11,7 @@ from typing import Any
 
 from ._cffi_abi import ffi
 from ._resource import Resource
-from ._support import get_driver, handle_int
+from ._support import get_driver, handle_int, invalid
 from .device import Device
 from .driver import Driver
 
@@ -61,7 +61,11 @@ class MemoryPool(Resource):
         if self.owned:
             super().close()
 
-    destroy = close
+    def destroy(self) -> None:
+        """cuMemPoolDestroy of an owned pool (idempotent); refused for a device's default pool."""
+        if not self.owned:
+            raise invalid("cuMemPoolDestroy", "the device's default pool is not owned and cannot be destroyed")
+        self.close()
 
     def _attr(self, name: str) -> tuple[int, str]:
         key = name if name.startswith("CU_MEMPOOL_ATTR_") else "CU_MEMPOOL_ATTR_" + name.upper()

@@ -459,7 +459,11 @@ def main(argv: list[str] | None = None) -> int:
         counts["threaded"] += threads > 1
         left = checker.leftovers()
         if left:
-            leftovers.append(f"seed={seed}: {left}")
+            alive: dict[str, int] = {}
+            for obj in gc.get_objects():
+                if type(obj).__module__.startswith("cuproc."):
+                    alive[type(obj).__name__] = alive.get(type(obj).__name__, 0) + 1
+            leftovers.append(f"seed={seed}: {left}; cuproc objects alive: {alive}")
             if args.fake:
                 checker.lib.fake_reset()
         if len(failures) > 20:

@@ -65,8 +65,9 @@ def test_create_with_each_ctxcreate_abi(requested):
     finally:
         assert Context.pop(driver=drv) == ctx
         ctx.destroy()
-    with pytest.raises(InvalidValueError):
-        ctx.destroy()
+    ctx.destroy()                                    # idempotent, like every close
+    with pytest.raises(ClosedResourceError, match="destroyed"):
+        ctx.push()
 
 
 def test_seeds_walkthrough():
