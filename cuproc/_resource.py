@@ -22,6 +22,11 @@ Every object that holds a driver handle is a :class:`Resource`.
 * **Fork.**  In a child forked after CUDA was initialized, ``check`` raises
   :class:`~cuproc.errors.ForkedProcessError` and finalizers do nothing (the
   handles belong to the parent process).
+* **Threads.**  Any thread may use, close or drop any object; each step is
+  safe on its own.  Closing or destroying an object (or its context) while
+  *another thread is in the middle of a call* with it is a race in the
+  program, as it is in C: cuproc checks before each call, and the driver call
+  itself is not guarded against a concurrent destroy.
 * **A cheap validity token.**  :data:`EPOCH` changes whenever any resource
   ends (and at fork).  Hot paths (a prepared launch) verify their parents once
   and then only compare the epoch they saw with the current one.
