@@ -136,12 +136,16 @@ class Context(Resource):
         return ctx
 
     @classmethod
-    def given_or_current(cls, context: Context | None, call: str, *, driver: Driver | None = None) -> Context:
-        """``context`` if given, else the current one; checked usable for ``call`` either way."""
+    def target(cls, context: Context | None, call: str, *,
+               driver: Driver | None = None) -> tuple[Context, Callable[..., int]]:
+        """Where a call that acts on "the current context" (create, allocate) goes: ``context`` if
+        given, else the current one, checked usable for ``call``; and the way to call into it
+        (:meth:`call_current` for a given context, which may not be current; a plain call otherwise)."""
         if context is None:
-            return cls.require_current(call, driver=driver)
+            ctx = cls.require_current(call, driver=driver)
+            return ctx, ctx.call
         context.check(call)
-        return context
+        return context, context.call_current
 
     # ---------------------------------------------------------------- lifetime
     def describe(self) -> str:
@@ -228,10 +232,26 @@ class Context(Resource):
                     drv.cuCtxPopCurrent(_popped())
         return rc
 
+    def call_current(self, function: Callable[..., int], *args: Any) -> int:
+        """``function(*args)`` with this context current, for calls that act on whatever context is
+        current (create, allocate, limits): they succeed in the wrong one, so :meth:`call`'s retry
+        on error cannot be relied on.  Pushes and pops only when another context is current."""
+        drv = self.driver
+        out = _popped()
+        if drv.cuCtxGetCurrent(out) == 0 and out[0] == self.handle:
+            return function(*args)
+        rc = drv.cuCtxPushCurrent(self.handle)
+        if rc:
+            return rc
+        try:
+            return function(*args)
+        finally:
+            drv.cuCtxPopCurrent(_popped())
+
     def run(self, call: str, *args: Any) -> None:
-        """``call`` (a C name) in this context, raising CudaError on failure."""
+        """``call`` (a C name) with this context current, raising CudaError on failure."""
         self.check(call)
-        self.driver.check(self.call(getattr(self.driver, call), *args), call)
+        self.driver.check(self.call_current(getattr(self.driver, call), *args), call)
 
     # ---------------------------------------------------------------- the stack
     def push(self) -> Context:

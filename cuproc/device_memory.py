@@ -43,10 +43,10 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
     def __init__(self, nbytes: int, *, context: Context | None = None, driver: Driver | None = None) -> None:
         if nbytes.__class__ is not int or nbytes <= 0:
             raise invalid("cuMemAlloc", f"size must be a positive int, got {nbytes!r}")
-        ctx = Context.given_or_current(context, "cuMemAlloc", driver=driver)
+        ctx, run = Context.target(context, "cuMemAlloc", driver=driver)
         drv = ctx.driver
         out = ffi.new("CUdeviceptr *")
-        rc = ctx.call(drv.cuMemAlloc, out, nbytes)
+        rc = run(drv.cuMemAlloc, out, nbytes)
         if rc:
             raise drv.error(rc, "cuMemAlloc")
         self.driver, self.ended, self.context, self.address, self.nbytes = drv, None, ctx, int(out[0]), nbytes
@@ -107,16 +107,17 @@ def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: Memory
         stream.check("cuMemAllocAsync")
         ctx = stream.context
         h = stream.handle
-    else:
-        ctx = Context.given_or_current(context, "cuMemAllocAsync", driver=driver)
+        run = ctx.call                       # the stream names its context
+    else:                                    # the default stream is the current context's
+        ctx, run = Context.target(context, "cuMemAllocAsync", driver=driver)
         h = stream_handle(stream, ctx.driver) if stream is not None else default_stream(ctx.driver)
     drv = ctx.driver
     out = ffi.new("CUdeviceptr *")
     if pool is None:
-        rc = ctx.call(drv.cuMemAllocAsync, out, nbytes, h)
+        rc = run(drv.cuMemAllocAsync, out, nbytes, h)
     else:
         pool.check("cuMemAllocFromPoolAsync")
-        rc = ctx.call(drv.cuMemAllocFromPoolAsync, out, nbytes, pool.handle, h)
+        rc = run(drv.cuMemAllocFromPoolAsync, out, nbytes, pool.handle, h)
     if rc:
         raise drv.error(rc, "cuMemAllocAsync" if pool is None else "cuMemAllocFromPoolAsync")
     buf = DeviceBuffer.__new__(DeviceBuffer)

@@ -83,16 +83,16 @@ class PinnedBuffer(HostMemory):
                  write_combined: bool = False, context: Context | None = None, driver: Driver | None = None) -> None:
         if nbytes.__class__ is not int or nbytes < 0:
             raise invalid("cuMemHostAlloc", f"size must be an int >= 0, got {nbytes!r}")
-        ctx = Context.given_or_current(context, "cuMemHostAlloc", driver=driver)
+        ctx, run = Context.target(context, "cuMemHostAlloc", driver=driver)
         drv = ctx.driver
         flags = ((drv.CU_MEMHOSTALLOC_PORTABLE if portable else 0) |
                  (drv.CU_MEMHOSTALLOC_DEVICEMAP if mapped else 0) |
                  (drv.CU_MEMHOSTALLOC_WRITECOMBINED if write_combined else 0))
         out = ffi.new("void **")
         if flags:
-            drv.check(ctx.call(drv.cuMemHostAlloc, out, nbytes, flags), "cuMemHostAlloc")
+            drv.check(run(drv.cuMemHostAlloc, out, nbytes, flags), "cuMemHostAlloc")
         else:
-            drv.check(ctx.call(drv.cuMemAllocHost, out, nbytes), "cuMemAllocHost")
+            drv.check(run(drv.cuMemAllocHost, out, nbytes), "cuMemAllocHost")
         self.flags = flags
         self._start(drv, ctx, handle_int(out[0]), nbytes)
 
@@ -122,12 +122,12 @@ class RegisteredHostMemory(HostMemory):
         except (TypeError, BufferError, ValueError) as exc:
             raise invalid("cuMemHostRegister", f"needs a {'writable, ' if not read_only else ''}C-contiguous "
                                                f"buffer ({type(obj).__name__}: {exc})") from None
-        ctx = Context.given_or_current(context, "cuMemHostRegister", driver=driver)
+        ctx, run = Context.target(context, "cuMemHostRegister", driver=driver)
         drv = ctx.driver
         flags = ((drv.CU_MEMHOSTREGISTER_PORTABLE if portable else 0) |
                  (drv.CU_MEMHOSTREGISTER_DEVICEMAP if mapped else 0) |
                  (drv.CU_MEMHOSTREGISTER_READ_ONLY if read_only else 0))
-        drv.check(ctx.call(drv.cuMemHostRegister, cbuf, len(cbuf), flags), "cuMemHostRegister")
+        drv.check(run(drv.cuMemHostRegister, cbuf, len(cbuf), flags), "cuMemHostRegister")
         self.obj, self._cbuf = obj, cbuf   # keep the memory alive while registered
         self._start(drv, ctx, handle_int(cbuf), len(cbuf))
 
@@ -149,11 +149,11 @@ class ManagedBuffer(HostMemory):
                  driver: Driver | None = None) -> None:
         if nbytes.__class__ is not int or nbytes <= 0:
             raise invalid("cuMemAllocManaged", f"size must be a positive int, got {nbytes!r}")
-        ctx = Context.given_or_current(context, "cuMemAllocManaged", driver=driver)
+        ctx, run = Context.target(context, "cuMemAllocManaged", driver=driver)
         drv = ctx.driver
         out = ffi.new("CUdeviceptr *")
         flags = drv.CU_MEM_ATTACH_GLOBAL if attach_global else drv.CU_MEM_ATTACH_HOST
-        drv.check(ctx.call(drv.cuMemAllocManaged, out, nbytes, flags), "cuMemAllocManaged")
+        drv.check(run(drv.cuMemAllocManaged, out, nbytes, flags), "cuMemAllocManaged")
         self._start(drv, ctx, int(out[0]), nbytes)
 
     def _release(self) -> int:

@@ -129,12 +129,12 @@ class Module(Resource):
              context: Context | None = None, driver: Driver | None = None) -> Module:
         """Load cubin, PTX or fatbin (bytes, or a path) into ``context`` (default: the current one),
         with JIT options by name (``{"OPTIMIZATION_LEVEL": 4, "MAX_REGISTERS": 64}``)."""
-        ctx = Context.given_or_current(context, "cuModuleLoadDataEx", driver=driver)
+        ctx, run = Context.target(context, "cuModuleLoadDataEx", driver=driver)
         drv = ctx.driver
         buf, raw = _image(image)
         jit = _JitOptions(options)
         out = ffi.new("CUmodule *")
-        rc = ctx.call(drv.cuModuleLoadDataEx, out, buf, jit.count, jit.keys, jit.values)
+        rc = run(drv.cuModuleLoadDataEx, out, buf, jit.count, jit.keys, jit.values)
         if rc:
             raise _load_error(drv, rc, "cuModuleLoadDataEx", raw, jit)
         return cls(out[0], ctx, drv, jit.result())
@@ -214,7 +214,8 @@ class Linker(Resource):
         rc = self.driver.cuLinkAddFile(self.handle, self._input(kind), os.fspath(path).encode(), 0, ffi.NULL,
                                        ffi.NULL)
         if rc:
-            raise _load_error(self.driver, rc, "cuLinkAddFile", Path(path).read_bytes(), self._jit)
+            raw = Path(path).read_bytes() if Path(path).is_file() else b""   # the error names a missing file
+            raise _load_error(self.driver, rc, "cuLinkAddFile", raw, self._jit)
         return self
 
     def complete(self) -> tuple[bytes, JitResult]:
@@ -297,12 +298,12 @@ class Library(Resource):
 
     def get_global(self, name: str, *, context: Context | None = None) -> GlobalView:
         """The ``__device__`` variable in ``context`` (default: the current one)."""
-        ctx = Context.given_or_current(context, "cuLibraryGetGlobal", driver=self.driver)
+        ctx, run = Context.target(context, "cuLibraryGetGlobal", driver=self.driver)
         if not self.context_independent:
             return self.module_for(ctx).get_global(name)
         self.check("cuLibraryGetGlobal")
         ptr, size = ffi.new("CUdeviceptr *"), ffi.new("size_t *")
-        self.driver.check(ctx.call(self.driver.cuLibraryGetGlobal, ptr, size, self.handle, name.encode()),
+        self.driver.check(run(self.driver.cuLibraryGetGlobal, ptr, size, self.handle, name.encode()),
                           "cuLibraryGetGlobal")
         return GlobalView(int(ptr[0]), size[0], self, ctx)
 
@@ -447,11 +448,11 @@ class Kernel(Function):
         """This kernel's CUfunction in ``context`` (default: the current one), via cuKernelGetFunction or
         the per-context module.  The Function holds this kernel and that context."""
         self.check("cuKernelGetFunction")
-        ctx = Context.given_or_current(context, "cuKernelGetFunction", driver=self.driver)
+        ctx, run = Context.target(context, "cuKernelGetFunction", driver=self.driver)
         if self.kernel is None:
             return self.library.module_for(ctx).get_function(self.name)
         out = ffi.new("CUfunction *")
-        self.driver.check(ctx.call(self.driver.cuKernelGetFunction, out, self.kernel), "cuKernelGetFunction")
+        self.driver.check(run(self.driver.cuKernelGetFunction, out, self.kernel), "cuKernelGetFunction")
         return Function(out[0], self.driver, self.name, owner=self, context=ctx)
 
     def launch_target(self) -> Function:

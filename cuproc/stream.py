@@ -83,11 +83,11 @@ class Stream(Resource):
     def __init__(self, *, non_blocking: bool = False, priority: int = 0, flags: int | None = None,
                  context: Context | None = None, driver: Driver | None = None) -> None:
         self.driver = drv = get_driver(driver if context is None else context.driver)
-        ctx = Context.given_or_current(context, "cuStreamCreateWithPriority", driver=drv)
+        ctx, run = Context.target(context, "cuStreamCreateWithPriority", driver=drv)
         if flags is None:
             flags = drv.CU_STREAM_NON_BLOCKING if non_blocking else drv.CU_STREAM_DEFAULT
         out = ffi.new("CUstream *")
-        drv.check(ctx.call(drv.cuStreamCreateWithPriority, out, flags, priority), "cuStreamCreateWithPriority")
+        drv.check(run(drv.cuStreamCreateWithPriority, out, flags, priority), "cuStreamCreateWithPriority")
         self.context = ctx
         self.handle = out[0]
         self._callback_errors: list[BaseException] = []
@@ -187,9 +187,9 @@ class Event(Resource):
         if interprocess:
             flags |= drv.CU_EVENT_INTERPROCESS
         self.flags = flags
-        ctx = Context.given_or_current(context, "cuEventCreate", driver=drv)
+        ctx, run = Context.target(context, "cuEventCreate", driver=drv)
         out = ffi.new("CUevent *")
-        drv.check(ctx.call(drv.cuEventCreate, out, flags), "cuEventCreate")
+        drv.check(run(drv.cuEventCreate, out, flags), "cuEventCreate")
         self.context = ctx
         self.handle = out[0]
         self.ended = None

@@ -489,7 +489,8 @@ def test_function_attributes_and_occupancy(fk, pc):
     fn = Module.load(IMAGE).get_function("empty")
     assert (fn.num_registers, fn.max_threads_per_block, fn.shared_size_bytes) == (32, 1024, 0)
     fn.max_dynamic_shared_size_bytes = 65536
-    fn.set_attribute(ffi.typeof("CUfunction_attribute").relements["CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT"], 50)
+    carveout = ffi.typeof("CUfunction_attribute").relements["CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT"]
+    fn.set_attribute(carveout, 50)
     assert fn.max_dynamic_shared_size_bytes == 65536 and fn.attribute("PREFERRED_SHARED_MEMORY_CARVEOUT") == 50
     assert fn.attribute("CU_FUNC_ATTRIBUTE_PTX_VERSION") == 90
     fn.set_cache_config("PREFER_L1")
@@ -555,9 +556,6 @@ def test_kernel_function_in_two_contexts(fk, two):
     assert fk.last_launch() == ("empty", struct.pack("<Qif", buf.ptr, 1, 2.0))
 
 
-@pytest.mark.xfail(strict=True, reason="Kernel.function(context=a) with b current returns b's CUfunction: "
-                                       "cuKernelGetFunction answers for the current context and Context.call "
-                                       "only rebinds on an error")
 def test_kernel_function_for_a_context_that_is_not_current(two):
     a, b = two
     k = Library(IMAGE).get_kernel("empty")
@@ -568,8 +566,6 @@ def test_kernel_function_for_a_context_that_is_not_current(two):
     assert len(handles) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="DeviceBuffer(context=a) with b current allocates in b: cuMemAlloc "
-                                       "takes the current context and Context.call only rebinds on an error")
 def test_an_explicit_context_wins_over_the_current_one(two):
     a, b = two
     with b:
