@@ -113,12 +113,12 @@ def launchers(c_lib: Path) -> tuple[dict, dict]:
     pythons[DEFAULT] = cuproc_default
     for entry in ("cuLaunchKernelEx", "cuLaunchKernel"):
         for conv in ("buffer", "params"):
-            if (entry, conv) != (default.prepared.entry, default.prepared.convention):
+            if (entry, conv) != (default.entry, default.convention):
                 def cuproc_variant(count, prepared=fn.prepare(sig, 1, 32, convention=conv, entry=entry)):
                     for i in range(count):
                         prepared(buf, i, i)
                 pythons[f"cuproc prepared ({entry}, {conv})"] = cuproc_variant
-    obj = default.prepared
+    obj = cuproc.launch.PreparedLaunch(fn, sig, 1, 32)
 
     def cuproc_object(count):
         for i in range(count):
@@ -198,7 +198,7 @@ def launchers(c_lib: Path) -> tuple[dict, dict]:
         errors["CuPy RawModule"] = {"error": traceback.format_exc(limit=2)}
 
     results = measure_interleaved({**natives, **pythons}, set(natives), sync)
-    results[DEFAULT]["entry"] = f"{default.prepared.entry}, {default.prepared.convention}"
+    results[DEFAULT]["entry"] = f"{default.entry}, {default.convention}"
     buf.close()
     module.unload()
     drv.cuCtxSetCurrent(ffi.NULL)

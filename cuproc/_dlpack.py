@@ -8,8 +8,9 @@ calls the deleter.
 from __future__ import annotations
 
 import ctypes
-import threading
 from typing import Any
+
+from . import _fork
 
 _TYPE_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}  # kDLInt, kDLUInt, kDLFloat, kDLComplex, kDLBool
 
@@ -36,7 +37,7 @@ _Deleter = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
 DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _Deleter)]
 
 _live: dict[int, tuple[Any, ...]] = {}   # address of the DLManagedTensor -> what it keeps alive
-_lock = threading.Lock()
+_lock = _fork.lock()   # fresh in a forked child
 _CAPSULE_NAME = b"dltensor"
 
 _PyCapsule_New = ctypes.pythonapi.PyCapsule_New

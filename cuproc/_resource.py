@@ -159,26 +159,26 @@ class Resource:
             EPOCH[0] += 1
             rc = self._release()
         except Exception as exc:  # noqa: BLE001 - a finalizer never raises
-            _report(f"releasing {self.describe()} at collection raised {exc!r}")
+            report(f"releasing {self.describe()} at collection raised {exc!r}")
             return
         if rc:
             try:
                 message = str(self.driver.error(rc, self._release_call))
             except Exception:  # noqa: BLE001 - error reporting must not hide the failure
                 message = f"{self._release_call} returned CUresult {rc}"
-            _report(f"{self.describe()} was dropped without close() and releasing it failed: {message}")
+            report(f"{self.describe()} was dropped without close() and releasing it failed: {message}")
 
     def __reduce__(self) -> Any:
         raise TypeError(f"a {type(self).__name__} holds a driver handle and cannot be pickled")
 
 
-def _report(message: str, _finalizing: Any = sys.is_finalizing, _warn: Any = warnings.warn) -> None:
+def report(message: str, _finalizing: Any = sys.is_finalizing, _warn: Any = warnings.warn) -> None:
     """A finalizer's failure, as a warning; silent while the interpreter shuts down (the exit stays quiet)."""
     try:
         if not _finalizing():
-            _warn(message, CudaWarning, stacklevel=2)
+            _warn(message, CudaWarning, stacklevel=3)
     except Exception:  # noqa: BLE001 - warnings may be half torn down
         pass
 
 
-__all__ = ["EPOCH", "Resource"]
+__all__ = ["EPOCH", "Resource", "report"]

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from . import _fork
 from ._cffi_abi import ffi
-from ._resource import Resource
+from ._resource import Resource, report
 from ._support import arity, get_driver, handle_int, invalid
 from .device import Device
 from .driver import Driver
@@ -41,6 +41,7 @@ from .errors import InvalidContextError, refusal, result_code
 
 _CTX_ERROR = result_code("CUDA_ERROR_INVALID_CONTEXT")
 _HANDLE_ERROR = result_code("CUDA_ERROR_INVALID_HANDLE")
+_DESTROYED_CURRENT = result_code("CUDA_ERROR_CONTEXT_IS_DESTROYED")   # the thread's current one, not ours
 CREATED, PRIMARY, ADOPTED = "created", "primary", "adopted"
 
 _known: weakref.WeakValueDictionary[tuple[int, int], Context] = weakref.WeakValueDictionary()
@@ -63,11 +64,11 @@ class Context(Resource):
     _ended_word = "destroyed"
 
     def __init__(self, handle: Any, *, driver: Driver | None = None, kind: str = ADOPTED,
-                 primary: PrimaryContext | None = None) -> None:
+                 primary: PrimaryRetains | None = None) -> None:
         self.driver = get_driver(driver)
         self.handle = ffi.cast("CUcontext", handle)
         self.kind = kind
-        self.primary = primary          # the PrimaryContext whose retains keep a primary context alive
+        self.primary = primary          # the retains that keep a primary context alive (held strongly)
         self._host_exporters: weakref.WeakSet[Any] = weakref.WeakSet()
         self._stream_ordered: dict[int, weakref.ref[Any]] = {}
         self.ended = None
@@ -157,14 +158,15 @@ class Context(Resource):
         if self.kind != CREATED:
             raise invalid("cuCtxDestroy", f"{self.describe()} is not owned by this object: only contexts made by "
                                           "Context.create are destroyed here (release a PrimaryContext instead)")
-        if self.ended is None:
-            self.refuse_if_host_views("cuCtxDestroy")
-            self.free_stream_ordered()
         self.close()
 
     def close(self) -> None:
-        """Destroy a created context (idempotent); a primary or adopted one owns nothing: no-op."""
-        if self.kind == CREATED:
+        """Destroy a created context (idempotent); a primary or adopted one owns nothing: no-op.
+        Refused while NumPy views of pinned memory made in it exist; its stream-ordered memory is
+        freed first (the driver would leave the pool counting it as used)."""
+        if self.kind == CREATED and self.ended is None:
+            self.refuse_if_host_views("cuCtxDestroy")
+            self.free_stream_ordered()
             super().close()
             _forget(self)
 
@@ -196,8 +198,8 @@ class Context(Resource):
             if buffer is not None:
                 try:
                     buffer.close()
-                except Exception:  # noqa: BLE001 - best effort before the context goes; the driver frees it anyway
-                    pass
+                except Exception as exc:  # noqa: BLE001 - the context goes anyway; say what was lost
+                    report(f"freeing {buffer.describe()} before its context went failed: {exc}")
         self._stream_ordered.clear()
 
     def add_host_exporter(self, allocation: Any) -> None:
@@ -219,18 +221,32 @@ class Context(Resource):
         """``function(*args)`` in this context; returns the CUresult (see the module docstring).
 
         A thread whose current context is right pays one driver call.  On
-        CUDA_ERROR_INVALID_CONTEXT / INVALID_HANDLE this context is pushed, the
-        call made again, and the context popped: the thread's stack is as before.
+        CUDA_ERROR_INVALID_CONTEXT / INVALID_HANDLE / CONTEXT_IS_DESTROYED (the
+        thread's current context was destroyed by someone else; this one is alive,
+        or :meth:`check` would have refused) this context is pushed, the call made
+        again, and the context popped: the thread's stack is as before.
         """
         rc = function(*args)
-        if rc == _CTX_ERROR or rc == _HANDLE_ERROR:
+        if rc == _CTX_ERROR or rc == _HANDLE_ERROR or rc == _DESTROYED_CURRENT:
             drv = self.driver
-            if drv.cuCtxPushCurrent(self.handle) == 0:
+            if drv.cuCtxPushCurrent(self.handle) == 0:   # else the first answer stands
                 try:
                     rc = function(*args)
                 finally:
                     drv.cuCtxPopCurrent(_popped())
         return rc
+
+    def pushed(self, function: Callable[..., int], *args: Any) -> int:
+        """``function(*args)`` with this context pushed and popped again: the one place cuproc changes a
+        thread's stack, and leaves it as it was.  A failed push returns its own code."""
+        drv = self.driver
+        rc = drv.cuCtxPushCurrent(self.handle)
+        if rc:
+            return rc
+        try:
+            return function(*args)
+        finally:
+            drv.cuCtxPopCurrent(_popped())
 
     def call_current(self, function: Callable[..., int], *args: Any) -> int:
         """``function(*args)`` with this context current, for calls that act on whatever context is
@@ -240,13 +256,7 @@ class Context(Resource):
         out = _popped()
         if drv.cuCtxGetCurrent(out) == 0 and out[0] == self.handle:
             return function(*args)
-        rc = drv.cuCtxPushCurrent(self.handle)
-        if rc:
-            return rc
-        try:
-            return function(*args)
-        finally:
-            drv.cuCtxPopCurrent(_popped())
+        return self.pushed(function, *args)
 
     def run(self, call: str, *args: Any) -> None:
         """``call`` (a C name) with this context current, raising CudaError on failure."""
@@ -282,8 +292,9 @@ class Context(Resource):
         popped = Context.pop(driver=self.driver)
         if popped.handle != self.handle:
             popped.push()  # put back what someone else left on top, then say so
-            raise InvalidContextError(_CTX_ERROR, "cuCtxPopCurrent", hint="the context on top of the stack at "
-                                      "the end of a `with ctx:` block was not ctx: a push inside was not popped")
+            raise refusal("Context.__exit__", "the context on top of the stack at the end of a `with ctx:` block "
+                          "was not ctx (a push inside was not popped); it was left on the stack",
+                          InvalidContextError, "CUDA_ERROR_INVALID_CONTEXT")
 
     # ---------------------------------------------------------------- queries (in this context)
     def _query(self, call: str, ctype: str, *args: Any) -> Any:
@@ -343,13 +354,7 @@ def synchronize_context(context: Context) -> int:
     drv = context.driver
     if arity(drv, "cuCtxSynchronize") == 1:
         return drv.cuCtxSynchronize(context.handle)
-    rc = drv.cuCtxPushCurrent(context.handle)
-    if rc:
-        return rc
-    try:
-        return drv.cuCtxSynchronize()
-    finally:
-        drv.cuCtxPopCurrent(_popped())
+    return context.pushed(drv.cuCtxSynchronize)
 
 
 def call_in(context: Context | None, function: Callable[..., int], *args: Any) -> int:
@@ -371,12 +376,85 @@ def _forget(ctx: Context) -> None:
             del _known[key]
 
 
+class PrimaryRetains:
+    """The retains cuproc holds on one device's primary context: a count, given back by ``__del__``.
+
+    Shared by the :class:`PrimaryContext` of the device and by the primary
+    :class:`Context` objects it hands out, which hold it strongly: the retains
+    outlive the PrimaryContext for as long as anything made in the context is
+    alive, and go (deterministically, no reference cycle) when the last holder does.
+    """
+
+    _instances: weakref.WeakValueDictionary[tuple[int, int], PrimaryRetains] = weakref.WeakValueDictionary()
+    _instances_lock = _fork.lock()
+
+    def __init__(self, driver: Driver, device: Any) -> None:
+        self.driver, self.device = driver, device
+        self.count = 0
+        self.handle: Any = None          # the context of the current activation, while retained
+        self.lock = _fork.rlock()
+
+    @classmethod
+    def of(cls, device: Device) -> PrimaryRetains:
+        key = (id(device.driver), device.ordinal)
+        with cls._instances_lock:
+            found = cls._instances.get(key)
+            if found is None:
+                found = cls._instances[key] = cls(device.driver, device.handle)
+            return found
+
+    def context(self) -> Context:
+        """The one live Context object for the retained handle: an existing one (adopted before the
+        retain, or made for an earlier PrimaryContext) becomes primary and holds these retains."""
+        with _known_lock:
+            key = (id(self.driver), handle_int(self.handle))
+            ctx = _known.get(key)
+            if ctx is None or ctx.ended is not None:
+                ctx = Context(self.handle, driver=self.driver, kind=PRIMARY, primary=self)
+                _known[key] = ctx
+            elif ctx.kind != PRIMARY or ctx.primary is not self:
+                ctx.kind, ctx.primary = PRIMARY, self
+            return ctx
+
+    def known_context(self) -> Context | None:
+        """The live Context object for the current handle, whatever its kind (never creates one)."""
+        if self.handle is None:
+            return None
+        ctx = _known.get((id(self.driver), handle_int(self.handle)))
+        return ctx if ctx is not None and ctx.ended is None else None
+
+    def end_if_inactive(self, how: str) -> None:
+        """After the last retain went: when the driver destroyed the context, its object ends."""
+        flags, active = ffi.new("unsigned int *"), ffi.new("int *")
+        self.driver.checked.cuDevicePrimaryCtxGetState(self.device, flags, active)
+        if not active[0]:
+            ctx = self.known_context()
+            self.handle = None
+            if ctx is not None:
+                ctx.end(how)
+
+    def __del__(self) -> None:
+        """The safety net: give back the retains still held (nothing made in the context is left)."""
+        try:
+            count, self.count = self.count, 0
+            if not count or _fork.FORKED[0]:
+                return
+            for _ in range(count):
+                rc = self.driver.cuDevicePrimaryCtxRelease(self.device)
+                if rc:
+                    report(f"releasing a dropped primary context retain failed: {self.driver.error(rc, 'cuDevicePrimaryCtxRelease')}")
+                    return
+        except Exception as exc:  # noqa: BLE001 - a finalizer never raises
+            report(f"releasing a dropped primary context retain raised {exc!r}")
+
+
 class PrimaryContext:
     """A device's primary context, one object per (driver handle, device).
 
     ``retain()``/``release()`` pair up; ``with pc:`` retains and makes it current.
-    The :class:`Context` it hands out holds this object, so retains not yet
-    released are given back only when nothing made in the context is left.
+    The retains live in a :class:`PrimaryRetains` that the Context objects of the
+    primary context share, so what is not released explicitly is given back once
+    this object and everything made in the context are gone.
     """
 
     _instances: weakref.WeakValueDictionary[tuple[int, int], PrimaryContext] = weakref.WeakValueDictionary()
@@ -389,8 +467,8 @@ class PrimaryContext:
             if found is None:
                 found = super().__new__(cls)
                 found.device, found.driver = device, device.driver
-                found._retains, found._handle, found._context = 0, None, None
-                found._lock = _fork.lock()
+                found._retains = PrimaryRetains.of(device)
+                found._context = None
                 cls._instances[key] = found
             return found
 
@@ -398,66 +476,58 @@ class PrimaryContext:
         """Shared per device: see ``__new__``."""
 
     def retain(self) -> PrimaryContext:
-        """cuDevicePrimaryCtxRetain: one more retain held by this object."""
+        """cuDevicePrimaryCtxRetain: one more retain held for this device."""
         out = ffi.new("CUcontext *")
-        with self._lock:
-            self.driver.checked.cuDevicePrimaryCtxRetain(out, self.device.handle)
-            self._retains += 1
-            if self._context_object() is None or handle_int(out[0]) != handle_int(self._handle):
-                self._handle = out[0]
+        r = self._retains
+        with r.lock:
+            self.driver.checked.cuDevicePrimaryCtxRetain(out, r.device)
+            r.count += 1
+            if r.handle is None or handle_int(out[0]) != handle_int(r.handle):
+                r.handle = out[0]
                 self._context = None
         return self
 
     def release(self) -> None:
-        """cuDevicePrimaryCtxRelease of one retain this object holds.  When it was the last retain in the
-        process, the driver destroys the context: its Context object and dependents end with it."""
-        with self._lock:
-            if self._retains == 0:
-                raise invalid("cuDevicePrimaryCtxRelease", "this PrimaryContext holds no retain to release "
-                                                           "(never release what you did not retain)")
-            ctx = self._context_object()
-            if self._retains == 1 and ctx is not None:
+        """cuDevicePrimaryCtxRelease of one retain cuproc holds.  Releasing the last one first frees the
+        stream-ordered memory made in the context (the driver would leave its pool counting it) and is
+        refused while NumPy views of pinned memory made in it exist; when the driver then destroys the
+        context (no other holder), its Context object and everything made in it end."""
+        r = self._retains
+        with r.lock:
+            if r.count == 0:
+                raise invalid("cuDevicePrimaryCtxRelease", "cuproc holds no retain of this primary context to "
+                                                           "release (never release what you did not retain)")
+            ctx = r.known_context()
+            if r.count == 1 and ctx is not None:
                 ctx.refuse_if_host_views("cuDevicePrimaryCtxRelease")
                 ctx.free_stream_ordered()
-            self.driver.checked.cuDevicePrimaryCtxRelease(self.device.handle)
-            self._retains -= 1
-            if self._retains == 0:
-                self._context = None      # the object no longer keeps its Context (and their cycle) alive
-                self._end_if_inactive(ctx, "released (its last retain)")
-
-    def _context_object(self) -> Context | None:
-        ctx = self._context
-        return ctx if ctx is not None and ctx.ended is None else None
-
-    def _end_if_inactive(self, ctx: Context | None, how: str) -> None:
-        flags, active = ffi.new("unsigned int *"), ffi.new("int *")
-        self.driver.checked.cuDevicePrimaryCtxGetState(self.device.handle, flags, active)
-        if not active[0]:
-            self._handle, self._context = None, None
-            if ctx is not None:
-                ctx.end(how)
+            self.driver.checked.cuDevicePrimaryCtxRelease(r.device)
+            r.count -= 1
+            if r.count == 0:
+                self._context = None
+                r.end_if_inactive("released (its last retain)")
 
     @property
     def retain_count(self) -> int:
-        """How many retains this object holds (the driver's own count includes other holders)."""
-        return self._retains
+        """How many retains cuproc holds (the driver's own count includes other holders)."""
+        return self._retains.count
 
     @property
     def handle(self) -> Any:
-        if self._retains == 0:
+        if self._retains.count == 0:
             raise invalid("cuDevicePrimaryCtxRetain", "retain() the primary context before using its handle")
-        return self._handle
+        return self._retains.handle
 
     @property
     def context(self) -> Context:
-        """The Context object of the retained primary context (it keeps this object alive)."""
-        with self._lock:
-            ctx = self._context_object()
-            if ctx is None:
-                handle = self.handle
-                ctx = Context(handle, driver=self.driver, kind=PRIMARY, primary=self)
-                _register(ctx)
-                self._context = ctx   # held while retained; the Context holds this object in turn
+        """The Context object of the retained primary context (it holds the retains)."""
+        r = self._retains
+        with r.lock:
+            if r.count == 0:
+                raise invalid("cuDevicePrimaryCtxRetain", "retain() the primary context before using its context")
+            ctx = self._context
+            if ctx is None or ctx.ended is not None:
+                ctx = self._context = r.context()
             return ctx
 
     def retained(self) -> _Retained:
@@ -491,35 +561,34 @@ class PrimaryContext:
     def reset(self) -> None:
         """cuDevicePrimaryCtxReset: destroys all its allocations and state, for every holder.  Everything
         cuproc made in it ends and refuses use; retains stay held (the driver does not release them)."""
-        with self._lock:
-            ctx = self._context_object()
+        r = self._retains
+        with r.lock:
+            if r.handle is None:     # not retained by cuproc: find the handle without retaining
+                ctx = None
+                for known in list(_known.values()):
+                    if known.ended is None and known.driver is self.driver and known.kind != CREATED:
+                        dev = ffi.new("CUdevice *")
+                        if _context_device(self.driver, known.handle, dev) == 0 and dev[0] == r.device:
+                            ctx = known
+            else:
+                ctx = r.known_context()
             if ctx is not None:
                 ctx.refuse_if_host_views("cuDevicePrimaryCtxReset")
                 ctx.free_stream_ordered()
-            self.driver.checked.cuDevicePrimaryCtxReset(self.device.handle)
+            self.driver.checked.cuDevicePrimaryCtxReset(r.device)
             if ctx is not None:
                 ctx.end("reset")
             self._context = None
-            if self._retains:           # still retained: learn the (possibly new) handle without a net retain
+            if r.count:           # still retained: learn the (possibly new) handle without a net retain
                 out = ffi.new("CUcontext *")
-                self.driver.checked.cuDevicePrimaryCtxRetain(out, self.device.handle)
-                self.driver.checked.cuDevicePrimaryCtxRelease(self.device.handle)
-                self._handle = out[0]
+                self.driver.checked.cuDevicePrimaryCtxRetain(out, r.device)
+                self.driver.checked.cuDevicePrimaryCtxRelease(r.device)
+                r.handle = out[0]
             else:
-                self._handle = None
-
-    def __del__(self) -> None:
-        """The safety net: give back retains still held.  Never raises."""
-        try:
-            retains, self._retains, self._context = self._retains, 0, None
-            if retains and not _fork.FORKED[0]:
-                for _ in range(retains):
-                    self.driver.cuDevicePrimaryCtxRelease(self.device.handle)
-        except Exception:  # noqa: BLE001 - a finalizer never raises (interpreter shutdown)
-            pass
+                r.handle = None
 
     def __repr__(self) -> str:
-        return f"<cuproc.PrimaryContext device {self.device.ordinal}, {self._retains} retain(s)>"
+        return f"<cuproc.PrimaryContext device {self.device.ordinal}, {self._retains.count} retain(s)>"
 
 
 class _Retained:
@@ -537,13 +606,13 @@ def _context_device(drv: Driver, handle: Any, out: Any) -> int:
     """cuCtxGetDevice for ``handle``: the 13.0 ABI names the context, older ones read the current one."""
     if arity(drv, "cuCtxGetDevice") == 2:
         return drv.cuCtxGetDevice(out, handle)
-    rc = drv.cuCtxPushCurrent(handle)
+    rc = drv.cuCtxPushCurrent(handle)      # a raw handle (no Context object yet): Context.pushed's steps
     if rc:
         return rc
     try:
         return drv.cuCtxGetDevice(out)
     finally:
-        drv.cuCtxPopCurrent(ffi.new("CUcontext *"))
+        drv.cuCtxPopCurrent(_popped())
 
 
 def _enum(ctype: str, prefix: str, value: str | int) -> int:
@@ -564,4 +633,4 @@ def use_device(ordinal: int = 0, *, driver: Driver | None = None) -> PrimaryCont
     return pc
 
 
-__all__ = ["Context", "PrimaryContext", "call_in", "synchronize_context", "use_device"]
+__all__ = ["Context", "PrimaryContext", "PrimaryRetains", "call_in", "synchronize_context", "use_device"]

@@ -123,7 +123,10 @@ class DriverTooOldError(SymbolNotFoundError):
 
 
 class ForkedProcessError(CudaError):
-    """CUDA was initialized before this process was forked; the child cannot use it."""
+    """CUDA was initialized before this process was forked; the child cannot use it.
+    Raised by cuproc before the driver is called (``refused``)."""
+
+    refused = True
 
 
 class ClosedResourceError(InvalidValueError):
@@ -145,9 +148,10 @@ class ClosedResourceError(InvalidValueError):
         super().__init__(result_code("CUDA_ERROR_INVALID_VALUE"), call, hint=hint)
 
 
-class CudaWarning(ResourceWarning):
+class CudaWarning(RuntimeWarning):
     """A driver call made on cuproc's own initiative failed where raising is impossible
-    (a finalizer freeing a dropped object).  Reported once per failure, never silently."""
+    (a finalizer freeing a dropped object).  Reported once per failure, never silently:
+    a RuntimeWarning, which Python shows by default (a ResourceWarning would be hidden)."""
 
 
 def refusal(call: str, message: str, cls: type[CudaError] | None = None,

@@ -54,7 +54,8 @@ _SCALAR_ALIASES = {"char": "int8_t", "signed char": "int8_t", "unsigned char": "
 _PARAM_BUFFER_POINTER = ffi.cast("void *", DEFINES["CU_LAUNCH_PARAM_BUFFER_POINTER"])
 _PARAM_BUFFER_SIZE = ffi.cast("void *", DEFINES["CU_LAUNCH_PARAM_BUFFER_SIZE"])
 _PARAM_END = ffi.cast("void *", DEFINES["CU_LAUNCH_PARAM_END"])
-_CONTEXT_ERRORS = (result_code("CUDA_ERROR_INVALID_CONTEXT"), result_code("CUDA_ERROR_INVALID_HANDLE"))
+_CONTEXT_ERRORS = (result_code("CUDA_ERROR_INVALID_CONTEXT"), result_code("CUDA_ERROR_INVALID_HANDLE"),
+                   result_code("CUDA_ERROR_CONTEXT_IS_DESTROYED"))   # what Context.call rebinds on
 _NUMPY_KINDS = {("i", 1): "int8_t", ("i", 2): "int16_t", ("i", 4): "int32_t", ("i", 8): "int64_t",
                 ("u", 1): "uint8_t", ("u", 2): "uint16_t", ("u", 4): "uint32_t", ("u", 8): "uint64_t",
                 ("f", 4): "float", ("f", 8): "double", ("b", 1): "uint8_t"}
@@ -249,10 +250,16 @@ class PreparedLaunch:
     packed block and calls the driver, raising CudaError on failure.  The common values
     (a Python int or float, a cuproc buffer) cost one cffi store each; anything else
     takes the general writer with its checks and messages.  ``Function.prepare``
-    returns that function itself: any callable object in front of it (a Python
-    ``__call__``, even a ``functools.partial``) costs 40-100 ns per launch, a few
-    percent of the whole (benchmarks/results).  The function carries this object as
-    ``.prepared``.
+    returns that function itself: any callable object in front of it costs 40-100 ns
+    per launch, a few percent of the whole (benchmarks/results).
+
+    The launch function holds what every launch needs -- the function, its module and
+    context, the stream -- and nothing holds it back (no reference cycle: dropping it
+    releases the stream and the module at once).  It carries ``entry``, ``convention``,
+    ``grid``, ``block``, ``function`` and ``stream`` as attributes.
+
+    Threads: the packed block is used by one thread at a time (a non-blocking lock); a
+    thread that finds it busy launches with a private block instead of waiting.
 
     ``entry=None`` picks cuLaunchKernelEx where the requested version has it: the same
     driver work as cuLaunchKernel (the C loops over both in bench_launch) with the
@@ -261,7 +268,7 @@ class PreparedLaunch:
 
     def __init__(self, function: Any, signature: Sequence[Any], grid: Any = 1, block: Any = 1, *,
                  shared_mem: int = 0, stream: Any = None, convention: str = "buffer",
-                 entry: str | None = None, hold_stream: bool = True) -> None:
+                 entry: str | None = None, cached: bool = False) -> None:
         if convention not in ("buffer", "params"):
             raise invalid("cuLaunchKernel", f"convention is 'buffer' or 'params', not {convention!r}")
         if hasattr(function, "launch_target"):   # a per-context Kernel binds to the current context's function
@@ -281,37 +288,14 @@ class PreparedLaunch:
             raise invalid("cuLaunchKernel", f"shared_mem must be a non-negative int, got {shared_mem!r}")
         self.shared_mem, self.convention, self.entry = shared_mem, convention, entry
         self.stream = stream_handle(stream, drv, entry)
-        stream_object = stream if isinstance(stream, Stream) else None
-        # What every launch depends on: verified again whenever any resource has ended since (EPOCH).
-        held: list[Resource] = [function, *function.ancestors()]
-        if stream_object is not None and hold_stream:
-            held += [stream_object, *stream_object.ancestors()]
-        self.stream_object = stream_object if hold_stream else None   # holds the Stream: its handle stays valid
-        self.resources = tuple(dict.fromkeys(held))
-        # The context the launch is bound to: the function's, else the stream's; a library kernel on a
-        # default stream launches in the current context.
-        self.context = function.context if function.context is not None else \
-            (stream_object.context if stream_object is not None else None)
+        self.stream_object = stream if isinstance(stream, Stream) else None
         self.config = None
         if entry == "cuLaunchKernelEx":   # the whole launch configuration in one struct, built once
             self.config, self._config_attrs = _launch_config(self.grid, self.block, shared_mem, self.stream, [])
-        self.seen = [EPOCH[0]]
-        self.lock = _fork.lock()
-        self.launch = _compile_launcher(self, getattr(drv, entry), drv.error)
-
-    def verify(self) -> None:
-        """Raise unless the function, its module and context, and the stream are all still usable
-        (the generated launcher calls this only when some resource ended since it last looked)."""
-        epoch = EPOCH[0]
-        if FORKED[0]:
-            raise forked_error(self.entry)
-        for resource in self.resources:
-            if resource.ended is not None:        # say it from the launch's point of view
-                self.function.check(self.entry)
-                if self.stream_object is not None:
-                    self.stream_object.check(self.entry)
-                resource.check(self.entry)
-        self.seen[0] = epoch
+        # ``cached``: a one-shot launch remembered on the function itself (cuproc.launch.launch).  It must
+        # hold neither the function (a cycle through the function's cache) nor the stream or the stream's
+        # context (the caller passes the stream, alive, on every call).
+        self.launch = _compile_launcher(self, getattr(drv, entry), drv.error, cached)
 
     def fixed_arguments(self, packed: PackedArgs | None = None) -> tuple[Any, ...]:
         """The driver call's arguments for an argument block (default: the shared one)."""
@@ -321,21 +305,6 @@ class PreparedLaunch:
         if self.entry == "cuLaunchKernelEx":
             return (self.config, self.function.handle, params, extra)
         return (self.function.handle, *self.grid, *self.block, self.shared_mem, self.stream, params, extra)
-
-    def launch_private(self, values: Sequence[Any]) -> None:
-        """One launch with its own argument block: what a thread does when another is mid-launch
-        with the shared one (the shared block is never written by two threads)."""
-        packed = PackedArgs(self.packed.types)
-        packed.fill(values)
-        rc = call_in(self.context, getattr(self.driver, self.entry), *self.fixed_arguments(packed))
-        if rc:
-            raise self.driver.error(rc, self.entry)
-
-    def rebind(self, rc: int) -> int:
-        """After a context error: the same launch again with this launch's context pushed (under the lock)."""
-        if self.context is None or rc not in _CONTEXT_ERRORS:
-            return rc
-        return self.context.call(self._again)
 
     def __call__(self, *args: Any) -> None:
         """Convenience; ``self.launch`` (what Function.prepare returns) skips this frame."""
@@ -347,6 +316,75 @@ class PreparedLaunch:
     def __repr__(self) -> str:
         return (f"<cuproc.PreparedLaunch {self.launch.__name__} grid={self.grid} block={self.block} "
                 f"{self.entry}/{self.convention}>")
+
+
+def _launch_support(prepared: PreparedLaunch, cu_launch: Any, cached: bool) -> dict[str, Any]:
+    """The closures a launcher calls -- verify, private, rebind -- built from values, never from
+    ``prepared`` (so the launcher does not keep the PreparedLaunch, and nothing forms a cycle)."""
+    function, entry, drv = prepared.function, prepared.entry, prepared.driver
+    stream_object = prepared.stream_object
+    held: list[Resource] = list(function.ancestors()) + ([] if cached else [function])
+    if stream_object is not None and not cached:
+        held += [stream_object, *stream_object.ancestors()]
+    stream_context_ref = weakref.ref(stream_object.context) if stream_object is not None else None
+    if cached:
+        stream_object = None          # closures below must not capture it
+    resources = tuple(dict.fromkeys(held))
+    # The context the launch is bound to: the function's, else the stream's; a library kernel on a
+    # default stream launches in the current context.  A cached launch reaches the stream's weakly.
+    if function.context is not None:
+        bound = function.context
+        context_of: Callable[[], Any] = lambda: bound  # noqa: E731
+    elif stream_context_ref is not None:
+        context_of = stream_context_ref if cached else (lambda ctx=prepared.stream_object.context: ctx)
+    else:
+        context_of = lambda: None  # noqa: E731
+    describe = weakref.ref(function) if cached else (lambda: function)
+    seen = [EPOCH[0]]
+
+    def verify() -> None:
+        """Raise unless everything the launch holds is usable; called only when some resource ended."""
+        epoch = EPOCH[0]
+        if FORKED[0]:
+            raise forked_error(entry)
+        for resource in resources:
+            if resource.ended is not None:     # say it from the launch's point of view
+                target = describe()
+                if target is not None:
+                    target.check(entry)
+                if stream_object is not None:
+                    stream_object.check(entry)
+                resource.check(entry)
+        seen[0] = epoch
+
+    types, convention, config = prepared.packed.types, prepared.convention, prepared.config
+    handle, stream = function.handle, prepared.stream
+
+    def private(values: Sequence[Any]) -> None:
+        """One launch with its own argument block, for a thread that found the shared one busy."""
+        packed = PackedArgs(types)
+        packed.fill(values)
+        params = packed.params if convention == "params" else ffi.NULL
+        extra = packed.extra if convention == "buffer" else ffi.NULL
+        args = (config, handle, params, extra) if entry == "cuLaunchKernelEx" else \
+            (handle, *prepared_dims, params, extra)
+        rc = call_in(context_of(), cu_launch, *args)
+        if rc:
+            raise drv.error(rc, entry)
+
+    prepared_dims = (*prepared.grid, *prepared.block, prepared.shared_mem, stream)
+    again = functools.partial(cu_launch, *prepared.fixed_arguments())
+
+    def rebind(rc: int) -> int:
+        """After a context error, the same launch once more with its context pushed (under the lock)."""
+        ctx = context_of()
+        if ctx is None or rc not in _CONTEXT_ERRORS:
+            return rc
+        return ctx.pushed(again)
+
+    lock = _fork.lock()
+    return {"verify": verify, "private": private, "rebind": rebind, "seen": seen, "holds": resources,
+            "acquire": lock.acquire, "release": lock.release}
 
 
 def _launcher_source(types: Sequence[ArgType], grid: tuple, block: tuple, shared_mem: int,
@@ -416,19 +454,17 @@ def _param_name(i: int, t: ArgType) -> str:
     return f"arg{i}_" + re.sub(r"\W+", "_", t.name.replace("*", "_ptr")).strip("_")
 
 
-def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any) -> Callable[..., None]:
+def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any, cached: bool) -> Callable[..., None]:
     packed = prepared.packed
     name = prepared.function.name
     from .device_memory import DeviceBuffer
-    prepared._again = functools.partial(cu_launch, *prepared.fixed_arguments())
     env: dict[str, Any] = {
         "launch_entry": cu_launch, "config": prepared.config, "error": error,
-        "DeviceBuffer": DeviceBuffer, "epoch": EPOCH, "seen": prepared.seen, "verify": prepared.verify,
-        "acquire": prepared.lock.acquire, "release": prepared.lock.release, "private": prepared.launch_private,
-        "rebind": prepared.rebind,
+        "DeviceBuffer": DeviceBuffer, "epoch": EPOCH,
         "handle": prepared.function.handle, "stream": prepared.stream, "fill": packed.fill,
         "params": packed.params if prepared.convention == "params" else ffi.NULL,
         "extra": packed.extra if prepared.convention == "buffer" else ffi.NULL,
+        **_launch_support(prepared, cu_launch, cached),
     }
     for i, (t, off) in enumerate(zip(packed.types, packed.offsets)):
         env[f"w{i}"] = packed.writers[i]
@@ -438,12 +474,15 @@ def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any) -> C
             env[f"p{i}"] = None   # nothing stored yet
     source = _launcher_source(packed.types, prepared.grid, prepared.block, prepared.shared_mem, prepared.entry)
     exec(compile(source, f"<cuproc launcher for {name}>", "exec"), env)  # noqa: S102 - our own source, ints only
-    launch = env["launch"]
+    launch = env.pop("launch")   # its globals must not name it: a function <-> globals cycle waits for gc
     title = f"{name}[{', '.join(t.name for t in packed.types)}]"   # "VecAdd[float*, int]() takes 2 ..."
     code = launch.__code__
     launch.__code__ = code.replace(co_name=title, **({"co_qualname": title} if hasattr(code, "co_qualname") else {}))
     launch.__name__ = launch.__qualname__ = title
-    launch.prepared = prepared
+    launch.entry, launch.convention, launch.grid, launch.block = (prepared.entry, prepared.convention,
+                                                                  prepared.grid, prepared.block)
+    launch.function = None if cached else prepared.function
+    launch.stream = None if cached else prepared.stream_object
     return launch
 
 
@@ -481,9 +520,11 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
         key, cache, cached = None, None, None
     if cached is not None and isinstance(stream, Stream) and cached[1]() is not stream:
         cached = None   # a new Stream object at a dead one's id
+    if function.ended is not None:   # the cached launcher checks the function's owners, not the function
+        function.check("cuLaunchKernel")
     if cached is None:
         prepared = PreparedLaunch(function, sig, grid, block, shared_mem=shared_mem, stream=stream,
-                                  convention=convention, entry=entry, hold_stream=False).launch
+                                  convention=convention, entry=entry, cached=True).launch
         if cache is not None:
             if len(cache) >= _PREPARED_PER_FUNCTION:
                 cache.clear()

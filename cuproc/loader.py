@@ -18,8 +18,8 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-import threading
 
+from . import _fork
 from ._cffi_abi import ffi
 from .errors import DriverNotFoundError
 
@@ -100,7 +100,7 @@ class DriverLibrary:
 
 
 _libraries: dict[str, DriverLibrary] = {}
-_lock = threading.Lock()
+_lock = _fork.lock()   # fresh in a forked child
 
 
 def candidate_paths(path: str | os.PathLike[str] | None = None) -> list[str]:

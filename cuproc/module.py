@@ -283,8 +283,10 @@ class Library(Resource):
         """The per-context module standing in for this library where cuLibrary* is not used."""
         self.check("cuModuleLoadDataEx")
         with self._modules_lock:
+            for key in [k for k, m in self._modules.items() if m.closed]:   # contexts that ended since
+                del self._modules[key]
             mod = self._modules.get(id(context))
-            if mod is None or mod.closed or mod.context is not context:
+            if mod is None or mod.context is not context:
                 mod = self._modules[id(context)] = Module.load(self._raw, self._options, context=context)
             return mod
 
@@ -439,6 +441,7 @@ class Kernel(Function):
 
     def __init__(self, handle: Any, library: Library, name: str) -> None:
         self.library = library
+        self._per_context: dict[int, Function] = {}
         if handle is None:   # no cuLibrary: stands for the module loaded in each context
             super().__init__(None, library.driver, name, owner=library)
         else:
@@ -449,8 +452,11 @@ class Kernel(Function):
         the per-context module.  The Function holds this kernel and that context."""
         self.check("cuKernelGetFunction")
         ctx, run = Context.target(context, "cuKernelGetFunction", driver=self.driver)
-        if self.kernel is None:
-            return self.library.module_for(ctx).get_function(self.name)
+        if self.kernel is None:     # per-context module: one Function per context, not one per launch
+            found = self._per_context.get(id(ctx))
+            if found is None or found.context is not ctx or found.closed:
+                found = self._per_context[id(ctx)] = self.library.module_for(ctx).get_function(self.name)
+            return found
         out = ffi.new("CUfunction *")
         self.driver.check(run(self.driver.cuKernelGetFunction, out, self.kernel), "cuKernelGetFunction")
         return Function(out[0], self.driver, self.name, owner=self, context=ctx)

@@ -539,6 +539,15 @@ static CUresult binding(void) {
   return E_INVALID_CONTEXT;
 }
 
+/* The thread's current context was destroyed by someone else (cuCtxDestroy on another thread, the
+ * last primary release).  The caller passed no stale handle: per the cuCtxDestroy documentation
+ * the driver answers CUDA_ERROR_CONTEXT_IS_DESTROYED.  A binding error, not a stale use. */
+static CUresult destroyed_current(void) {
+  binding_count++;
+  ring_push(&binding_ring, cur_call);
+  return E_CONTEXT_IS_DESTROYED;
+}
+
 /* ------------------------------------------------------------------ failure injection */
 struct inject { char call[64]; CUresult code; int count; };
 static struct inject injects[32];
@@ -606,7 +615,7 @@ static CUresult cur_ctx(struct obj **c) {
   handle_t h = top();
   if (!h) return binding();
   struct obj *o = obj_at(h);
-  if (!o || !o->alive) return stale(E_CONTEXT_IS_DESTROYED);
+  if (!o || !o->alive) return destroyed_current();
   *c = o;
   return OK;
 }
@@ -614,7 +623,7 @@ static CUresult cur_ctx(struct obj **c) {
 /* The current context is cur but the object lives in another one. */
 static CUresult wrong_ctx(handle_t cur) {
   struct obj *o = obj_at(cur);
-  if (cur && (!o || !o->alive)) return stale(E_CONTEXT_IS_DESTROYED);
+  if (cur && (!o || !o->alive)) return destroyed_current();
   return binding();
 }
 

@@ -221,7 +221,7 @@ def test_per_thread_default_stream_launches(primary):
                 prepared(d, d, d, a.size)
             mem.copy(a, d, driver=drv)
     np.testing.assert_array_equal(a, np.arange(4096, dtype=np.float32) * 8)
-    entry = prepared.prepared.entry
+    entry = prepared.entry
     assert drv.resolution(entry).entry_point == entry + "_ptsz"
 
 

@@ -19,6 +19,7 @@ import cuproc
 from cuproc import Context, Device, DeviceBuffer, Event, Library, Module, PrimaryContext, Stream
 from cuproc import memory as mem
 from cuproc.errors import ClosedResourceError, CudaError, InvalidContextError, InvalidValueError, NotFoundError
+from cuproc import launch as L
 from cuproc.launch import launch_ex, pack_bytes
 from cuproc.module import JitResult, Kernel, Linker
 from cuproc.stream import HostCallbackError, default_stream, launch_host_func, stream_context, stream_handle
@@ -666,7 +667,7 @@ def test_typed_arguments_pack_as_the_kernel_sees_them(fk, pc):
     layout = "<2f8x4fifi4xQ"                              # float2 @0, float4 @16, struct @32, int @40, ptr @48
     run((1.0, 2.0), np.arange(4, dtype=np.float32), np.array((7, 1.5), PAIR)[()], np.int32(9), np.uint64(buf.ptr))
     assert fk.last_launch() == ("typed", struct.pack(layout, 1, 2, 0, 1, 2, 3, 7, 1.5, 9, buf.ptr))
-    run.prepared([3.0, 4.0], [5.0, 6.0, 7.0, 8.0], struct.pack("<if", -1, 0.25), 10, ffi.cast("void *", buf.ptr))
+    L.PreparedLaunch(fn, ["float2", "float4", PAIR, "int", "void*"], 1, 1)([3.0, 4.0], [5.0, 6.0, 7.0, 8.0], struct.pack("<if", -1, 0.25), 10, ffi.cast("void *", buf.ptr))
     assert fk.last_launch()[1] == struct.pack(layout, 3, 4, 5, 6, 7, 8, -1, 0.25, 10, buf.ptr)
     run((0, 0), (0, 0, 0, 0), bytes(8), 0, buf.view(np.float32))
     assert fk.last_launch()[1][48:] == struct.pack("<Q", buf.ptr)
@@ -674,9 +675,10 @@ def test_typed_arguments_pack_as_the_kernel_sees_them(fk, pc):
     for i, bad in ((0, (1.0,)), (2, bytes(4)), (2, object()), (3, "x"), (4, -1), (4, "not a pointer")):
         with pytest.raises(InvalidValueError):
             run(*ok[:i], bad, *ok[i + 1:])
-    assert fk.launch_count() == 3 and "typed" in repr(run.prepared)
+    prepared = L.PreparedLaunch(fn, ["float2", "float4", PAIR, "int", "void*"], 1, 1)
+    assert fk.launch_count() == 3 and "typed" in repr(prepared) and run.entry == prepared.entry
     with pytest.raises(TypeError):
-        pickle.dumps(run.prepared)
+        pickle.dumps(prepared)
 
 
 def test_launch_refusals_before_the_driver(fk, pc):

@@ -321,7 +321,6 @@ def test_concurrent_first_use_is_safe(fk):
             pc.retain()
             ctx = pc.context
             results.append((pc, ctx, DeviceBuffer(64, context=ctx)))
-            pc.release()
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
@@ -332,6 +331,13 @@ def test_concurrent_first_use_is_safe(fk):
         t.join()
     assert not errors
     assert len({id(pc) for pc, _, _ in results}) == 1          # one PrimaryContext per device
+    assert len({id(ctx) for _, ctx, _ in results}) == 1         # one Context object per handle
+    assert fk.primary_refcount(0) == 8
+    for _, _, buf in results:
+        round_trip(buf, 16)
+    pc = results[0][0]
+    for _ in range(8):
+        pc.release()
     results.clear()
     gc.collect()
     assert not fk.primary_active(0)
@@ -494,6 +500,10 @@ if pid == 0:
         except cuproc.ForkedProcessError:
             refused += 1
     import ctypes
+    try:
+        buf.ptr
+    except cuproc.ForkedProcessError as exc:
+        refused -= 0 if exc.refused and "was not called" in str(exc) else 100
     violations = ctypes.CDLL({lib!r}).fake_fork_violations()
     os._exit(0 if refused == 9 and violations == 0 else 10 + refused)
 _, status = os.waitpid(pid, 0)
@@ -571,3 +581,107 @@ def test_random_sequences_never_crash_leak_or_reach_the_driver_stale(fk):
     counts = result["counts"]
     assert counts["sequences"] >= 600 and counts["threaded"] >= 300 and counts.get("forks", 0) > 0
     print(json.dumps(counts))
+
+
+# ----------------------------------------------------------------------------- review findings
+
+def test_close_of_a_context_keeps_the_same_rules_as_destroy(fk):
+    ctx = Context.create(0)
+    view = mem.PinnedBuffer(64).numpy()
+    b = mem.alloc_async(1024, Stream())
+    Context.pop()
+    with pytest.raises(BufferError):
+        ctx.close()
+    del view
+    gc.collect()
+    ctx.close()
+    assert b.closed and fk.pool_used(0) == 0 and fk.live("context") == 0
+
+
+def test_a_primary_context_adopted_before_the_retain_ends_with_the_reset(fk):
+    drv = cuproc.driver.default_driver()
+    pc = Device(0).primary_context().retain()
+    drv.checked.cuCtxSetCurrent(pc.handle)                 # made current by raw code, not by cuproc
+    old = DeviceBuffer(64)                                 # its context object was adopted
+    assert old.context is pc.context                       # ... and is the primary one: one object per handle
+    pinned = mem.PinnedBuffer(64)
+    view = pinned.numpy()
+    with pytest.raises(BufferError):
+        pc.reset()
+    del view
+    gc.collect()
+    pc.reset()
+    with pytest.raises(ClosedResourceError, match="reset"):
+        round_trip(old)
+    del old, pinned
+    gc.collect()                                           # nothing stale is freed (the fixture checks)
+    drv.checked.cuCtxSetCurrent(ffi.NULL)
+    pc.release()
+
+
+def test_a_foreign_retain_keeps_one_context_object(fk):
+    drv = cuproc.driver.default_driver()
+    pc = cuproc.use_device(0)
+    buf = DeviceBuffer(256)
+    out = ffi.new("CUcontext *")
+    drv.checked.cuDevicePrimaryCtxRetain(out, 0)           # another library's retain
+    pc.release()                                           # cuproc's last: the context lives on
+    round_trip(buf)
+    pc.retain()
+    assert pc.context is buf.context                       # the same object, primary again
+    drv.checked.cuDevicePrimaryCtxRelease(0)               # the foreign retain goes
+    drv.checked.cuCtxSetCurrent(ffi.NULL)
+    pc.release()                                           # now the driver destroys it
+    with pytest.raises(ClosedResourceError, match="released"):
+        buf.ptr
+    del buf
+    gc.collect()
+
+
+def test_dropping_releases_at_once_without_the_garbage_collector(fk):
+    gc.collect()
+    gc.disable()
+    try:
+        pc = cuproc.use_device(0)
+        m = Module.load(IMAGE)
+        fn = m.get_function("empty")
+        s = Stream()
+        run = fn.prepare(SIG, 1, 32, stream=s)
+        buf = DeviceBuffer(256)
+        run(buf, 1, 1.0)
+        fn.launch(1, 32, (buf, np.int32(1), np.float32(1)), stream=s)
+        del run, s
+        assert fk.live("stream") == 0                      # the prepared launch released its stream
+        del fn, m
+        assert fk.live("module") == 0                      # and the one-shot cache did not keep the module
+        ctx = Context.create(0)
+        Context.pop()
+        lib = Library(IMAGE)
+        kern = lib.get_kernel("empty")
+        s2 = Stream(context=ctx)
+        kern.launch(1, 32, (buf, np.int32(1), np.float32(1)), stream=s2)
+        del s2, ctx
+        assert fk.live("context") == 0                     # a cached kernel launch does not pin the context
+        del kern, lib, buf
+        cuproc.driver.default_driver().cuCtxSetCurrent(ffi.NULL)
+        del pc
+        assert fk.primary_refcount(0) == 0                 # an unreleased PrimaryContext dropped: retain back
+    finally:
+        gc.enable()
+
+
+def test_a_failing_finalizer_is_visible_by_default(fk, tmp_path):
+    code = textwrap.dedent(f"""
+        import sys, gc, ctypes
+        sys.path.insert(0, {str(ROOT / 'tests')!r})
+        import cuproc
+        cuproc.set_default_driver(cuproc.Driver(library={str(fk.path)!r}))
+        pc = cuproc.use_device(0)
+        buf = cuproc.DeviceBuffer(64)
+        ctypes.CDLL({str(fk.path)!r}).fake_fail(b"cuMemFree", 700, 1)
+        del buf
+        gc.collect()
+        """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "CudaWarning" in proc.stderr and "cuMemFree" in proc.stderr
