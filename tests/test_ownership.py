@@ -571,7 +571,7 @@ def test_a_driver_error_still_says_failed(fk, pc):
 
 def test_random_sequences_never_crash_leak_or_reach_the_driver_stale(fk):
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "sequences.py"), "--fake", str(fk.path),
-                           "--sequences", os.environ.get("CUPROC_SEQUENCES", "600"), "--ops", "30", "--seed", "7"],
+                           "--sequences", os.environ.get("CUPROC_SEQUENCES", "2000"), "--ops", "30", "--seed", "7"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -579,7 +579,7 @@ def test_random_sequences_never_crash_leak_or_reach_the_driver_stale(fk):
     assert result["leftovers"] == [], result["leftovers"][:5]
     assert result["stale"] == 0, result["stale_calls"]
     counts = result["counts"]
-    assert counts["sequences"] >= 600 and counts["threaded"] >= 300 and counts.get("forks", 0) > 0
+    assert counts["sequences"] >= 2000 and counts["threaded"] >= 1000 and counts.get("forks", 0) > 0
     print(json.dumps(counts))
 
 
