@@ -21,7 +21,7 @@ import weakref
 from typing import Any
 
 from ._cffi_abi import ffi
-from ._support import arity, get_driver, handle_int, invalid
+from ._support import arity, handle_int, invalid
 from .allocation import Allocation
 from .context import Context
 from .device import Device

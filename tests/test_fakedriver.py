@@ -15,7 +15,7 @@ import pytest
 
 import cuproc
 from cuproc import ffi
-from fakedriver import build, fake_image
+from fakedriver import fake_image
 
 SUCCESS = 0
 INVALID_VALUE = 1

@@ -9,7 +9,7 @@ import pytest
 
 import cuproc
 from threads import in_thread
-from cuproc import Context, Device, DeviceBuffer, PrimaryContext, Stream
+from cuproc import Context, Device, DeviceBuffer, Stream
 from cuproc import memory as mem
 from cuproc.errors import ClosedResourceError, CudaError, InvalidContextError, InvalidValueError, OutOfMemoryError
 from cuproc.stream import Event, HostCallbackError

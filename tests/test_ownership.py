@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +22,9 @@ import pytest
 
 import cuproc
 from threads import in_thread
-from cuproc import Context, Device, DeviceBuffer, Event, Library, Module, PrimaryContext, Stream
+from cuproc import Context, Device, DeviceBuffer, Event, Library, Module, Stream
 from cuproc import memory as mem
-from cuproc.errors import ClosedResourceError, CudaError, CudaWarning, ForkedProcessError, InvalidValueError
+from cuproc.errors import ClosedResourceError, CudaError, CudaWarning, InvalidValueError
 
 from fakedriver import fake_image
 
@@ -273,7 +272,7 @@ def test_another_context_current_is_left_current(fk):
     Context.pop()
     b = Context.create(0)                          # b is current now
     round_trip(buf)                                 # runs in a
-    assert Context.current() is b
+    assert Context.current() is b and buf.context is a
     Context.pop()
     del buf
     gc.collect()
