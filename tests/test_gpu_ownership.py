@@ -123,6 +123,7 @@ def test_2_dependents_of_a_destroyed_context_refuse():
 PRIMARY_STATE = """
 def primary_active():
     from cuda.bindings import driver as cb
+    assert int(cb.cuInit(0)[0]) == 0
     err, _flags, active = cb.cuDevicePrimaryCtxGetState(cb.CUdevice(0))
     assert int(err) == 0
     return bool(active)
