@@ -38,3 +38,30 @@ def fake(tmp_path_factory):
         return build_fake(tmp_path_factory.mktemp("fakedriver"))
     except (RuntimeError, subprocess.CalledProcessError) as exc:  # pragma: no cover - CI has cc
         pytest.skip(f"cannot build the fake driver: {exc}")
+
+
+@pytest.fixture()
+def fk(fake):
+    """A fresh fake driver state as cuproc's default handle; afterwards nothing stale reached it."""
+    import gc
+
+    import cuproc
+    gc.collect()
+    fake.reset()
+    cuproc.set_default_driver(cuproc.Driver(library=str(fake.path)))
+    yield fake
+    gc.collect()
+    stale, calls = fake.stale_count(), fake.stale_calls()
+    cuproc.set_default_driver(None)
+    assert stale == 0, f"stale handles reached the driver in: {calls}"
+
+
+@pytest.fixture()
+def pc(fk):
+    """Device 0's primary context retained and current (on the fake driver); released afterwards."""
+    import cuproc
+    pc = cuproc.use_device(0)
+    yield pc
+    cuproc.driver.default_driver().cuCtxSetCurrent(cuproc.ffi.NULL)
+    while pc.retain_count:
+        pc.release()

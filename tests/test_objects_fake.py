@@ -36,28 +36,6 @@ ffi = cuproc.ffi
 
 
 @pytest.fixture()
-def fk(fake):
-    """A fresh fake driver state as cuproc's default handle; afterwards nothing stale reached it."""
-    gc.collect()
-    fake.reset()
-    cuproc.set_default_driver(cuproc.Driver(library=str(fake.path)))
-    yield fake
-    gc.collect()
-    stale, calls = fake.stale_count(), fake.stale_calls()
-    cuproc.set_default_driver(None)
-    assert stale == 0, f"stale handles reached the driver in: {calls}"
-
-
-@pytest.fixture()
-def pc(fk):
-    pc = cuproc.use_device(0)
-    yield pc
-    cuproc.driver.default_driver().cuCtxSetCurrent(ffi.NULL)
-    while pc.retain_count:
-        pc.release()
-
-
-@pytest.fixture()
 def two(fk):
     """Two created contexts, on devices 0 and 1; none is current afterwards."""
     a = Context.create(0)

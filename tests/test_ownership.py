@@ -34,31 +34,6 @@ IMAGE = fake_image({"empty": [8, 4, 4], "fake_pair": [8, 8]}, {"counter": 4})
 ffi = cuproc.ffi
 
 
-@pytest.fixture()
-def fk(fake):
-    """A fresh fake driver state as cuproc's default handle; afterwards nothing stale reached it."""
-    gc.collect()
-    fake.reset()
-    drv = cuproc.Driver(library=str(fake.path))
-    cuproc.set_default_driver(drv)
-    yield fake
-    gc.collect()
-    stale = fake.stale_count()
-    calls = fake.stale_calls()
-    cuproc.set_default_driver(None)
-    assert stale == 0, f"stale handles reached the driver in: {calls}"
-
-
-@pytest.fixture()
-def pc(fk):
-    pc = cuproc.use_device(0)
-    yield pc
-    cuproc.driver.default_driver().cuCtxSetCurrent(ffi.NULL)
-    while pc.retain_count:
-        pc.release()
-
-
-
 def round_trip(buf, n=64):
     src = np.arange(n, dtype=np.float32)
     back = np.zeros_like(src)
