@@ -2,7 +2,7 @@
 
 Every driver function has one or more ABI *variants*, one per
 ``PFN_<name>_v<version>`` typedef in ``cudaTypedefs.h``.  The rules below
-were checked against a real 580 driver for all 485 symbols of CUDA 11.8-13.5:
+were checked against a real 580 driver for the 485 symbols of cudaTypedefs.h (CUDA 11.8-13.5):
 
 * **Entry names.** The k-th distinct version among a symbol's typedefs is
   the library entry ``<name>`` for k = 1 and ``<name>_v<k>`` for k >= 2
@@ -131,7 +131,7 @@ class Change(NamedTuple):
 
 class Registry(Mapping[str, Symbol]):
     """All symbols, by C name.  Each :class:`Symbol` is built on first use, so resolving
-    one function does not pay for all 485."""
+    one function does not pay for all 517."""
 
     def __init__(self, symbol_typedefs: Mapping[str, Iterable[str]],
                  toolkits: Mapping[str, Iterable[str]] | None = None) -> None:

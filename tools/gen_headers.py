@@ -1,9 +1,25 @@
 #!/usr/bin/env python3
-"""Regenerate ``headers/`` from the ``cuda.h`` + ``cudaTypedefs.h`` of several CUDA toolkits.
+"""Regenerate ``headers/`` from the driver typedef headers of several CUDA toolkits.
 
 Policy
 ------
-* Each toolkit's pair of headers is run through the C preprocessor with
+* The typedef headers are the Linux ones the programming guide's Driver Entry
+  Point Access section lists: ``cudaTypedefs.h``, ``cudaProfilerTypedefs.h``,
+  ``cudaGLTypedefs.h``, ``cudaEGLTypedefs.h`` and ``cudaVDPAUTypedefs.h``,
+  with the ``cuda*.h`` they include.  The GL, EGL and VDPAU types come from
+  small stand-in headers (``STAND_INS``: the scalar types as their Khronos /
+  VDPAU headers declare them, handles opaque), so no GL, EGL or VDPAU headers
+  are needed; ``provenance.json`` lists them under ``stand_in_types``.
+* **Windows-only** typedefs (``cuWGLGetDevice``) are found by a second
+  preprocessor pass with ``_WIN32`` defined; they are kept (Windows handle
+  types as opaque stand-ins) and listed under ``windows_only``.  The
+  Direct3D typedef headers are not in the Linux toolkits and are not merged.
+* **Header aliases**: a ``#define cuX cuY`` in which ``cuY`` is another
+  function, not an ABI name of ``cuX`` (``cuX_v2``, ``cuX_ptds``), changes what
+  C source means by ``cuX``; ``provenance.json`` records each under
+  ``header_aliases`` with the toolkits that define it
+  (``cuGraphInstantiate`` -> ``cuGraphInstantiateWithFlags`` from 12.0).
+* Each toolkit's headers are run through the C preprocessor with
   ``__CUDA_API_VERSION_INTERNAL`` defined, which is what exposes the typedefs
   of the *older* ABI variants (``PFN_cuMemAlloc_v2000`` and friends) and
   the ``_v1`` structs they take.  ``__CUDA_API_VERSION_INTERNAL_ODR`` hides
@@ -43,6 +59,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from pycparser import c_ast, c_generator, c_parser
 
@@ -56,7 +73,41 @@ PINNED_TOOLKITS: list[tuple[str, str]] = [
     ("13.5", "nvidia-cuda-runtime==13.5.37"),
 ]
 
-HEADER_FILES = ("cuda.h", "cudaTypedefs.h")
+#: The typedef headers merged, in include order.
+TYPEDEF_HEADERS = ("cudaTypedefs.h", "cudaProfilerTypedefs.h", "cudaGLTypedefs.h", "cudaEGLTypedefs.h",
+                   "cudaVDPAUTypedefs.h")
+#: Every header read from a toolkit (all six pinned toolkits have all of them).
+HEADER_FILES = ("cuda.h", "cudaGL.h", "cudaEGL.h", "cudaVDPAU.h", *TYPEDEF_HEADERS)
+#: Read when the toolkit has it; the runtime wheels do not ship it (STAND_INS has its one type).
+OPTIONAL_HEADER_FILES = ("cudaProfiler.h",)
+
+#: Headers the typedef headers include but no toolkit ships: each stand-in type as its own
+#: header declares it (GL and VDPAU scalars, EGL handles as void *), or opaque.
+STAND_INS: dict[str, tuple[tuple[str, str], ...]] = {
+    "GL/gl.h": (("GLenum", "typedef unsigned int GLenum;"), ("GLuint", "typedef unsigned int GLuint;")),
+    "EGL/egl.h": (("EGLint", "typedef int EGLint;"),),
+    "EGL/eglext.h": (("EGLImageKHR", "typedef void *EGLImageKHR;"),
+                     ("EGLStreamKHR", "typedef void *EGLStreamKHR;"),
+                     ("EGLSyncKHR", "typedef void *EGLSyncKHR;")),
+    "vdpau/vdpau.h": (("VdpStatus", "typedef int VdpStatus;"),
+                      ("VdpDevice", "typedef uint32_t VdpDevice;"),
+                      ("VdpVideoSurface", "typedef uint32_t VdpVideoSurface;"),
+                      ("VdpOutputSurface", "typedef uint32_t VdpOutputSurface;"),
+                      ("VdpChromaType", "typedef uint32_t VdpChromaType;"),
+                      ("VdpRGBAFormat", "typedef uint32_t VdpRGBAFormat;"),
+                      # a function type in vdpau.h; cffi cannot name one, so it is opaque here
+                      # (cudaVDPAU.h takes it only as ``VdpGetProcAddress *``)
+                      ("VdpGetProcAddress", "typedef struct VdpGetProcAddress_opaque VdpGetProcAddress;")),
+    # cudaProfiler.h's one type, as NVIDIA's cudaProfiler.h declares it; used only when the
+    # toolkit lacks that header.
+    "cudaProfiler.h": (("CUoutput_mode", "typedef enum CUoutput_mode_enum { CU_OUT_KEY_VALUE_PAIR = 0x00, "
+                                         "CU_OUT_CSV = 0x01 } CUoutput_mode;"),),
+    # Windows handles of the Windows-only typedefs (wglext.h: DECLARE_HANDLE(HGPUNV)).
+    "windows.h": (("HGPUNV", "typedef struct HGPUNV__ *HGPUNV;"),),
+}
+_WINDOWS_FLAGS = ["-D_WIN32", "-D__stdcall="]
+_ALIAS = re.compile(r"^#define (cu\w+) (cu\w+)$")
+_PFN_STATEMENT = re.compile(r"typedef[^;{}]*?\(\s*\*\s*(PFN_\w+)\s*\)[^;{}]*;")
 
 # Just enough of libc for cuda.h; these typedefs are cffi built-ins and are not emitted.
 _FAKE_LIBC = (
@@ -110,6 +161,9 @@ class ToolkitHeaders:
     declarations: dict[str, Declaration]          # types, in the header's order
     pfn: dict[str, Declaration]                   # PFN typedefs
     defines: dict[str, tuple[int, str | None]]    # name -> (value, pointer C type or None)
+    aliases: dict[str, str] = field(default_factory=dict)   # header alias -> the function it names
+    windows_only: set[str] = field(default_factory=set)     # PFN typedefs declared only under _WIN32
+    stand_ins: set[str] = field(default_factory=set)        # stand-in headers this toolkit needed
 
 
 # --------------------------------------------------------------------------- reading
@@ -133,16 +187,18 @@ def download_toolkit(requirement: str, cache: Path) -> Path:
 
 
 def read_header_texts(source: Path) -> dict[str, bytes]:
-    """cuda.h and cudaTypedefs.h from a wheel or an include directory."""
+    """The HEADER_FILES (and OPTIONAL_HEADER_FILES present) from a wheel or an include directory."""
     texts: dict[str, bytes] = {}
+    wanted = HEADER_FILES + OPTIONAL_HEADER_FILES
     if source.is_dir():
-        for name in HEADER_FILES:
-            texts[name] = (source / name).read_bytes()
+        for name in wanted:
+            if (source / name).is_file():
+                texts[name] = (source / name).read_bytes()
     else:
         with zipfile.ZipFile(source) as wheel:
             for info in wheel.infolist():
                 base = info.filename.rsplit("/", 1)[-1]
-                if base in HEADER_FILES and "/include/" in info.filename:
+                if base in wanted and "/include/" in info.filename:
                     texts[base] = wheel.read(info)
     missing = set(HEADER_FILES) - set(texts)
     if missing:
@@ -150,7 +206,23 @@ def read_header_texts(source: Path) -> dict[str, bytes]:
     return texts
 
 
-def preprocess(texts: dict[str, bytes], cpp: str) -> str:
+def _stand_in_text(header: str) -> str:
+    return "".join(text + "\n" for _, text in STAND_INS[header])
+
+
+def _is_abi_name(name: str, target: str) -> bool:
+    """``cuX_v2``, ``cuX_ptds``: another ABI of the same function, not an alias."""
+    return re.fullmatch(rf"{re.escape(name)}(_v\d+)?(_ptds|_ptsz)?", target) is not None
+
+
+class Preprocessed(NamedTuple):
+    text: str                 # the Linux translation unit, Windows-only typedefs appended
+    aliases: dict[str, str]   # header alias -> the function it names
+    windows_only: set[str]    # PFN typedef names
+    stand_ins: set[str]       # stand-in headers used
+
+
+def preprocess(texts: dict[str, bytes], cpp: str) -> Preprocessed:
     """Run the C preprocessor; append one probe declaration per object-like CU_/CUDA_ macro."""
     with tempfile.TemporaryDirectory(prefix="cuproc-gen-") as tmp:
         inc = Path(tmp, "include")
@@ -161,19 +233,43 @@ def preprocess(texts: dict[str, bytes], cpp: str) -> str:
             (inc / name).write_bytes(data)
         for name in _FAKE_LIBC_HEADERS:
             (fake / name).write_text(_FAKE_LIBC)
+        stand_ins = {h for h in STAND_INS if h != "windows.h" and h not in texts}
+        for header in stand_ins:
+            Path(fake, header).parent.mkdir(parents=True, exist_ok=True)
+            Path(fake, header).write_text(_stand_in_text(header))
         flags = [*_CPP_FLAGS, f"-I{fake}", f"-I{inc}"]
-        macros = subprocess.run([cpp, "-dM", *flags, str(inc / "cudaTypedefs.h")],
+        includes = "".join(f'#include "{h}"\n' for h in TYPEDEF_HEADERS)
+        Path(tmp, "all.h").write_text(includes)
+        macros = subprocess.run([cpp, "-dM", *flags, str(Path(tmp, "all.h"))],
                                 check=True, capture_output=True, text=True).stdout
         names = []
         for line in macros.splitlines():
             m = re.match(r"#define (\w+) (.+)$", line)
             if m and _MACRO_NAME.match(m.group(1)) and not _MACRO_EXCLUDED.match(m.group(1)):
                 names.append(m.group(1))
+        # The aliases as user C source sees them: without __CUDA_API_VERSION_INTERNAL, which #undefs them.
+        user_flags = [f for f in flags if not f.startswith("-D__CUDA_API_VERSION_INTERNAL")]
+        user_macros = subprocess.run([cpp, "-dM", *user_flags, str(Path(tmp, "all.h"))],
+                                     check=True, capture_output=True, text=True).stdout
+        aliases: dict[str, str] = {}
+        for line in user_macros.splitlines():
+            m = _ALIAS.match(line.strip())
+            if m and not _is_abi_name(m.group(1), m.group(2)):
+                aliases[m.group(1)] = m.group(2)
         probe = Path(tmp, "probe.c")
-        probe.write_text('#include "cudaTypedefs.h"\n' + "".join(
+        probe.write_text(includes + "".join(
             f"int {_DEFINE_PREFIX}{n} = ({n});\n" for n in sorted(names)))
-        return subprocess.run([cpp, "-P", *flags, str(probe)],
+        text = subprocess.run([cpp, "-P", *flags, str(probe)],
                               check=True, capture_output=True, text=True).stdout
+        windows = subprocess.run([cpp, "-P", *flags, *_WINDOWS_FLAGS, str(Path(tmp, "all.h"))],
+                                 check=True, capture_output=True, text=True).stdout
+    linux_pfn = {m.group(1) for m in _PFN_STATEMENT.finditer(text)}
+    extra = {m.group(1): " ".join(m.group(0).split()) for m in _PFN_STATEMENT.finditer(windows)
+             if m.group(1) not in linux_pfn}
+    if extra:
+        stand_ins.add("windows.h")
+        text += _stand_in_text("windows.h") + "".join(extra[n] + "\n" for n in sorted(extra))
+    return Preprocessed(text, aliases, set(extra), stand_ins)
 
 
 # --------------------------------------------------------------------------- folding
@@ -377,11 +473,12 @@ class Extractor:
 def extract(version: str, source: Path, cpp: str) -> ToolkitHeaders:
     texts = read_header_texts(source)
     pre = preprocess(texts, cpp)
-    ast = c_parser.CParser().parse(pre, filename=f"cuda-{version}")
+    ast = c_parser.CParser().parse(pre.text, filename=f"cuda-{version}")
     ex = Extractor()
     ex.run(ast)
-    digest = hashlib.sha256(texts["cuda.h"] + texts["cudaTypedefs.h"]).hexdigest()
-    return ToolkitHeaders(version, source.name, digest, ex.declarations, ex.pfn, ex.defines)
+    digest = hashlib.sha256(b"".join(texts[name] for name in sorted(texts))).hexdigest()
+    return ToolkitHeaders(version, source.name, digest, ex.declarations, ex.pfn, ex.defines,
+                          pre.aliases, pre.windows_only, pre.stand_ins)
 
 
 # --------------------------------------------------------------------------- merging
@@ -483,9 +580,21 @@ def merge(toolkits: list[ToolkitHeaders]) -> tuple[str, str, dict]:
     types_lines = [d.text for d in ordered]
     types_lines += [f"#define {name} {value}" for name, (value, _) in sorted(defines.items())]
     pfn_lines = [pfn[n].text for n in sorted(pfn, key=_pfn_sort_key)]
+    stand_in_types = {name: header for tk in toolkits for header in tk.stand_ins
+                      for name, _ in STAND_INS[header]}
+    windows_only = {n for tk in toolkits for n in tk.windows_only}
+    aliases: dict[str, dict[str, str]] = {}
+    for tk in toolkits:
+        for alias, target in tk.aliases.items():
+            aliases.setdefault(alias, {})[tk.version] = target
     provenance = {
         "generator": "tools/gen_headers.py",
-        "toolkits": [{"version": t.version, "source": t.source, "sha256": t.sha256} for t in toolkits],
+        "toolkits": [{"version": t.version, "source": t.source, "sha256": t.sha256,
+                      "headers": sorted(set(HEADER_FILES + OPTIONAL_HEADER_FILES) - t.stand_ins)}
+                     for t in toolkits],
+        "stand_in_types": dict(sorted(stand_in_types.items())),
+        "windows_only": sorted({_PFN_NAME.match(n).group(1) for n in windows_only}),
+        "header_aliases": dict(sorted(aliases.items())),
         "pfn_typedefs": {n: pfn_from[n] for n in sorted(pfn, key=_pfn_sort_key)},
         "types": {k: chosen_from[k] for k in sorted(chosen)},
         "pointer_constants": {n: t for n, (_, t) in sorted(defines.items()) if t},
