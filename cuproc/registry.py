@@ -70,6 +70,7 @@ class Symbol(NamedTuple):
     variants: tuple[Variant, ...]
     per_thread_suffix: str | None   # "_ptds", "_ptsz" or None
     windows_only: bool = False      # declared only under _WIN32 (cuWGLGetDevice)
+    header: str = "cudaTypedefs.h"  # the typedef header that declares it
 
     @property
     def introduced(self) -> CudaVersion:
@@ -147,11 +148,12 @@ class Registry(Mapping[str, Symbol]):
 
     def __init__(self, symbol_typedefs: Mapping[str, Iterable[str]],
                  toolkits: Mapping[str, Iterable[str]] | None = None, *,
-                 windows_only: Iterable[str] = (),
+                 windows_only: Iterable[str] = (), symbol_headers: Mapping[str, str] | None = None,
                  header_aliases: Mapping[str, Iterable[tuple[str, str | None]]] | None = None) -> None:
         self._typedefs = {name: tuple(symbol_typedefs[name]) for name in sorted(symbol_typedefs)}
         self._toolkits = toolkits or {}
         self._windows_only = frozenset(windows_only)
+        self._headers = dict(symbol_headers or {})
         self._aliases = {name: tuple((CudaVersion.parse(v), target) for v, target in spans)
                          for name, spans in (header_aliases or {}).items()}
         self._symbols: dict[str, Symbol] = {}
@@ -199,7 +201,8 @@ class Registry(Mapping[str, Symbol]):
                 pt_typedef = variants[(own[-1], suffix)] if own else typedef
             built.append(Variant(sym, _version(v), typedef, sym if k == 1 else f"{sym}_v{k}", pt_typedef,
                                  tuple(self._toolkits.get(typedef, ()))))
-        return Symbol(sym, tuple(built), suffix, sym in self._windows_only)
+        return Symbol(sym, tuple(built), suffix, sym in self._windows_only,
+                      self._headers.get(sym, Symbol._field_defaults["header"]))
 
     # Mapping protocol -----------------------------------------------------------------
     def __getitem__(self, name: str) -> Symbol:
@@ -298,7 +301,9 @@ def _version(value: int) -> CudaVersion:
 @cache
 def default_registry() -> Registry:
     """The registry of every toolkit merged into headers/ (built on first use, ~5 ms)."""
-    from ._header_data import HEADER_ALIASES, NEWEST_VERSION, PFN_TOOLKITS, SYMBOL_TYPEDEFS, WINDOWS_ONLY
-    registry = Registry(SYMBOL_TYPEDEFS, PFN_TOOLKITS, windows_only=WINDOWS_ONLY, header_aliases=HEADER_ALIASES)
+    from ._header_data import (HEADER_ALIASES, NEWEST_VERSION, PFN_TOOLKITS, SYMBOL_HEADERS, SYMBOL_TYPEDEFS,
+                               WINDOWS_ONLY)
+    registry = Registry(SYMBOL_TYPEDEFS, PFN_TOOLKITS, windows_only=WINDOWS_ONLY, symbol_headers=SYMBOL_HEADERS,
+                        header_aliases=HEADER_ALIASES)
     registry._newest = _version(NEWEST_VERSION)
     return registry

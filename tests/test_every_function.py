@@ -56,6 +56,10 @@ def test_provenance_lists_stand_ins_windows_only_and_aliases():
     for name in ("PFN_cuProfilerStart_v4000", "PFN_cuGLGetDevices_v6050", "PFN_cuEGLStreamConsumerConnect_v7000",
                  "PFN_cuVDPAUGetDevice_v3010", "PFN_cuWGLGetDevice_v2020"):
         assert f"(*{name})" in text
+    assert prov["symbol_headers"]["cuProfilerStart"] == "cudaProfilerTypedefs.h"
+    assert prov["symbol_headers"]["cuVDPAUGetDevice"] == "cudaVDPAUTypedefs.h"
+    assert prov["symbol_headers"]["cuEGLStreamConsumerConnect"] == "cudaEGLTypedefs.h"
+    assert len(prov["symbol_headers"]) == 32 and "cuMemAlloc" not in prov["symbol_headers"]
     for tk in prov["toolkits"]:
         assert {"cudaGLTypedefs.h", "cudaEGLTypedefs.h", "cudaVDPAUTypedefs.h",
                 "cudaProfilerTypedefs.h"} <= set(tk["headers"])
@@ -108,6 +112,8 @@ def test_dump_symbols_shows_alias_and_windows_only(capsys):
     assert records["cuGraphInstantiate"]["header_alias"] == "cuGraphInstantiateWithFlags"
     assert records["cuGraphInstantiate"]["entry_point"] == "cuGraphInstantiate_v2"
     assert records["cuWGLGetDevice"]["windows_only"] is True and records["cuWGLGetDevice"]["entry_point"] is None
+    assert records["cuWGLGetDevice"]["header"] == "cudaGLTypedefs.h"
+    assert records["cuGraphInstantiate"]["header"] == "cudaTypedefs.h"
     dump_symbols.main(["--no-driver", "--json", "-V", "11.8", "cuGraphInstantiate"])
     assert json.loads(capsys.readouterr().out)[0]["header_alias"] is None
     dump_symbols.main(["--no-driver", "-V", "13.0", "cuGraphInstantiate", "cuWGLGetDevice"])

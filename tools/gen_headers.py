@@ -164,6 +164,7 @@ class ToolkitHeaders:
     aliases: dict[str, str] = field(default_factory=dict)   # header alias -> the function it names
     windows_only: set[str] = field(default_factory=set)     # PFN typedefs declared only under _WIN32
     stand_ins: set[str] = field(default_factory=set)        # stand-in headers this toolkit needed
+    symbol_headers: dict[str, str] = field(default_factory=dict)  # function -> the typedef header declaring it
 
 
 # --------------------------------------------------------------------------- reading
@@ -477,8 +478,10 @@ def extract(version: str, source: Path, cpp: str) -> ToolkitHeaders:
     ex = Extractor()
     ex.run(ast)
     digest = hashlib.sha256(b"".join(texts[name] for name in sorted(texts))).hexdigest()
+    symbol_headers = {m.group(1): header for header in TYPEDEF_HEADERS
+                      for m in re.finditer(r"\*\s*PFN_(\w+?)_v\d+(?:_ptds|_ptsz)?\s*\)", texts[header].decode())}
     return ToolkitHeaders(version, source.name, digest, ex.declarations, ex.pfn, ex.defines,
-                          pre.aliases, pre.windows_only, pre.stand_ins)
+                          pre.aliases, pre.windows_only, pre.stand_ins, symbol_headers)
 
 
 # --------------------------------------------------------------------------- merging
@@ -595,6 +598,9 @@ def merge(toolkits: list[ToolkitHeaders]) -> tuple[str, str, dict]:
         "stand_in_types": dict(sorted(stand_in_types.items())),
         "windows_only": sorted({_PFN_NAME.match(n).group(1) for n in windows_only}),
         "header_aliases": dict(sorted(aliases.items())),
+        # the functions of every typedef header but cudaTypedefs.h, with their header
+        "symbol_headers": dict(sorted((sym, header) for tk in toolkits for sym, header in tk.symbol_headers.items()
+                                      if header != TYPEDEF_HEADERS[0])),
         "pfn_typedefs": {n: pfn_from[n] for n in sorted(pfn, key=_pfn_sort_key)},
         "types": {k: chosen_from[k] for k in sorted(chosen)},
         "pointer_constants": {n: t for n, (_, t) in sorted(defines.items()) if t},

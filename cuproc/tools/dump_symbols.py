@@ -79,6 +79,7 @@ def symbol_record(sel: Selection, driver: Driver | None) -> dict[str, Any]:
         "per_thread_suffix": sel.symbol.per_thread_suffix,
         "variants": [{"version": int(v.version), "entry": v.entry, "typedef": v.typedef,
                       "toolkits": list(v.toolkits)} for v in sel.symbol.variants],
+        "header": sel.symbol.header,
         "windows_only": sel.symbol.windows_only,
         # what C source means by the name at this version, when a header #defines it to another function
         "header_alias": default_registry().header_alias(sel.symbol.name, sel.requested),
