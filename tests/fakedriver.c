@@ -992,21 +992,15 @@ static CUresult cuCtxGetLimit(size_t *value, int limit) {
 
 static int profiling;  /* cuProfilerStart/Stop: collection on (needs a current context, as the real one) */
 
-static CUresult cuProfilerStart(void) {
-  ENTER("cuProfilerStart");
+static CUresult set_profiling(int on) {
   struct obj *c;
   TRY(cur_ctx(&c));
-  profiling = 1;
+  profiling = on;
   return OK;
 }
 
-static CUresult cuProfilerStop(void) {
-  ENTER("cuProfilerStop");
-  struct obj *c;
-  TRY(cur_ctx(&c));
-  profiling = 0;
-  return OK;
-}
+static CUresult cuProfilerStart(void) { ENTER("cuProfilerStart"); return set_profiling(1); }
+static CUresult cuProfilerStop(void) { ENTER("cuProfilerStop"); return set_profiling(0); }
 
 EXPORT int fake_profiling(void) { return profiling; }
 

@@ -37,14 +37,6 @@ def call0(fn):
     return cuproc.ffi.cast(CALL, fn)()
 
 
-@pytest.fixture()
-def sim(sims):
-    s = sims["v2"]
-    s.set_version(13000)
-    s.set_result(0)
-    return s
-
-
 def sim_for(sims, driver_version):
     gen = "v2" if driver_version >= 12000 else "v1" if driver_version >= 11030 else "none"
     s = sims[gen]

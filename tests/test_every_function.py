@@ -25,14 +25,6 @@ EXTRA = (("cuFooSim", 13050, "cuFooSim", "cuFooSim_ptsz"),)
 CALL = "CUresult(*)(void)"
 
 
-@pytest.fixture()
-def sim(sims):
-    s = sims["v2"]
-    s.set_version(13000)
-    s.set_result(0)
-    return s
-
-
 @pytest.fixture(scope="module")
 def newer(tmp_path_factory):
     s = build(tmp_path_factory.mktemp("simnewer"), "v2", EXTRA)

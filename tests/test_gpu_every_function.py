@@ -27,14 +27,6 @@ def libcuda():
     return loader.open_library()
 
 
-@pytest.fixture()
-def primary():
-    pc = cuproc.use_device(0)
-    yield pc
-    cuproc.driver.default_driver().cuCtxSetCurrent(ffi.NULL)
-    pc.release()
-
-
 def new_header_symbols() -> list[str]:
     reg = default_registry()
     return [n for n in reg if reg[n].header != "cudaTypedefs.h" and not reg[n].windows_only]
