@@ -348,8 +348,8 @@ class Driver:
                        f"{name} does not exist at CUDA {sel.requested}; it was introduced in "
                        f"{sel.symbol.introduced}")
         elif status == NOT_ON_THIS_PLATFORM:
-            message = (f"{name} is not on this platform: its typedef header declares it only for Windows "
-                       f"(_WIN32), and no driver here has it")
+            message = (f"{name} is not on this platform: it is a Windows-only function ({sel.symbol.header} "
+                       f"declares it for _WIN32 only), which no driver here has")
         else:
             message = (f"the CUDA {drv} driver at {self._lib.path} has no entry point for {name} "
                        f"(asked for {sel.entry_point} at CUDA {sel.query_version})")

@@ -144,7 +144,7 @@ class Change(NamedTuple):
 
 class Registry(Mapping[str, Symbol]):
     """All symbols, by C name.  Each :class:`Symbol` is built on first use, so resolving
-    one function does not pay for all 517."""
+    one function does not pay for all 561."""
 
     def __init__(self, symbol_typedefs: Mapping[str, Iterable[str]],
                  toolkits: Mapping[str, Iterable[str]] | None = None, *,

@@ -2952,7 +2952,62 @@ typedef uint32_t VdpOutputSurface;
 typedef uint32_t VdpChromaType;
 typedef uint32_t VdpRGBAFormat;
 typedef struct VdpGetProcAddress_opaque VdpGetProcAddress;
-typedef struct HGPUNV__ *HGPUNV;
+typedef void *HGPUNV;
+typedef struct IDirect3DDevice9 IDirect3DDevice9;
+typedef struct IDirect3DResource9 IDirect3DResource9;
+typedef struct IDirect3DVertexBuffer9 IDirect3DVertexBuffer9;
+enum CUd3d9DeviceList_enum
+{
+  CU_D3D9_DEVICE_LIST_ALL = 1,
+  CU_D3D9_DEVICE_LIST_CURRENT_FRAME = 2,
+  CU_D3D9_DEVICE_LIST_NEXT_FRAME = 3
+};
+typedef enum CUd3d9DeviceList_enum CUd3d9DeviceList;
+enum CUd3d9register_flags_enum
+{
+  CU_D3D9_REGISTER_FLAGS_NONE = 0,
+  CU_D3D9_REGISTER_FLAGS_ARRAY = 1
+};
+typedef enum CUd3d9register_flags_enum CUd3d9register_flags;
+enum CUd3d9map_flags_enum
+{
+  CU_D3D9_MAPRESOURCE_FLAGS_NONE = 0,
+  CU_D3D9_MAPRESOURCE_FLAGS_READONLY = 1,
+  CU_D3D9_MAPRESOURCE_FLAGS_WRITEDISCARD = 2
+};
+typedef enum CUd3d9map_flags_enum CUd3d9map_flags;
+typedef struct IDXGIAdapter IDXGIAdapter;
+typedef struct ID3D10Device ID3D10Device;
+typedef struct ID3D10Resource ID3D10Resource;
+enum CUd3d10DeviceList_enum
+{
+  CU_D3D10_DEVICE_LIST_ALL = 1,
+  CU_D3D10_DEVICE_LIST_CURRENT_FRAME = 2,
+  CU_D3D10_DEVICE_LIST_NEXT_FRAME = 3
+};
+typedef enum CUd3d10DeviceList_enum CUd3d10DeviceList;
+enum CUD3D10register_flags_enum
+{
+  CU_D3D10_REGISTER_FLAGS_NONE = 0,
+  CU_D3D10_REGISTER_FLAGS_ARRAY = 1
+};
+typedef enum CUD3D10register_flags_enum CUD3D10register_flags;
+enum CUD3D10map_flags_enum
+{
+  CU_D3D10_MAPRESOURCE_FLAGS_NONE = 0,
+  CU_D3D10_MAPRESOURCE_FLAGS_READONLY = 1,
+  CU_D3D10_MAPRESOURCE_FLAGS_WRITEDISCARD = 2
+};
+typedef enum CUD3D10map_flags_enum CUD3D10map_flags;
+typedef struct ID3D11Device ID3D11Device;
+typedef struct ID3D11Resource ID3D11Resource;
+enum CUd3d11DeviceList_enum
+{
+  CU_D3D11_DEVICE_LIST_ALL = 1,
+  CU_D3D11_DEVICE_LIST_CURRENT_FRAME = 2,
+  CU_D3D11_DEVICE_LIST_NEXT_FRAME = 3
+};
+typedef enum CUd3d11DeviceList_enum CUd3d11DeviceList;
 typedef CUdevSmResourceSplitByCount_flags CUdevSmResourceSplit_flags;
 struct CUDA_BATCH_MEM_OP_NODE_PARAMS_st
 {

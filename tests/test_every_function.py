@@ -40,10 +40,14 @@ def sim135(newer):
 
 def test_provenance_lists_stand_ins_windows_only_and_aliases():
     prov = json.loads((HEADERS / "provenance.json").read_text())
-    assert prov["windows_only"] == ["cuWGLGetDevice"]
+    assert {"cuWGLGetDevice", "cuD3D9GetDevice", "cuD3D10GetDevices", "cuD3D11GetDevice",
+            "cuGraphicsD3D11RegisterResource"} <= set(prov["windows_only"])
+    assert len(prov["windows_only"]) == 45 and not any(n.startswith(("cuGL", "cuEGL", "cuVDPAU"))
+                                                       for n in prov["windows_only"])
     assert prov["header_aliases"]["cuGraphInstantiate"] == {
         v: "cuGraphInstantiateWithFlags" for v in ("12.0", "12.4", "12.9", "13.0", "13.5")}
-    assert {"GLuint", "GLenum", "EGLStreamKHR", "VdpDevice", "HGPUNV"} <= set(prov["stand_in_types"])
+    assert {"GLuint", "GLenum", "EGLStreamKHR", "VdpDevice", "ID3D11Device"} <= set(prov["stand_in_types"])
+    assert "HGPUNV" not in prov["stand_in_types"]                 # cudaGL.h declares it (_WIN32: void *)
     text = (HEADERS / "cuda_pfn.h").read_text()
     for name in ("PFN_cuProfilerStart_v4000", "PFN_cuGLGetDevices_v6050", "PFN_cuEGLStreamConsumerConnect_v7000",
                  "PFN_cuVDPAUGetDevice_v3010", "PFN_cuWGLGetDevice_v2020"):
@@ -51,10 +55,12 @@ def test_provenance_lists_stand_ins_windows_only_and_aliases():
     assert prov["symbol_headers"]["cuProfilerStart"] == "cudaProfilerTypedefs.h"
     assert prov["symbol_headers"]["cuVDPAUGetDevice"] == "cudaVDPAUTypedefs.h"
     assert prov["symbol_headers"]["cuEGLStreamConsumerConnect"] == "cudaEGLTypedefs.h"
-    assert len(prov["symbol_headers"]) == 32 and "cuMemAlloc" not in prov["symbol_headers"]
+    assert prov["symbol_headers"]["cuD3D9GetDevice"] == "cudaD3D9Typedefs.h"
+    assert len(prov["symbol_headers"]) == 76 and "cuMemAlloc" not in prov["symbol_headers"]
     for tk in prov["toolkits"]:
         assert {"cudaGLTypedefs.h", "cudaEGLTypedefs.h", "cudaVDPAUTypedefs.h",
-                "cudaProfilerTypedefs.h"} <= set(tk["headers"])
+                "cudaProfilerTypedefs.h", "cudaD3D11Typedefs.h", "cudaD3D9.h"} <= set(tk["headers"])
+        assert "win_amd64" in tk["source"]
 
 
 def test_gl_egl_vdpau_types_parse_as_declared():
@@ -64,6 +70,9 @@ def test_gl_egl_vdpau_types_parse_as_declared():
     assert ffi.sizeof("VdpDevice") == 4
     assert ffi.sizeof("CUeglFrame") > 0
     assert ffi.typeof("PFN_cuVDPAUGetDevice_v3010").args[2].cname == "struct VdpGetProcAddress_opaque *"
+    assert ffi.typeof("PFN_cuD3D11GetDevice_v3000").args[1].cname == "struct IDXGIAdapter *"
+    assert ffi.typeof("PFN_cuWGLGetDevice_v2020").args[1].cname == "void *"      # HGPUNV as cudaGL.h has it
+    assert cuproc.driver.CU_D3D9_DEVICE_LIST_ALL == 1
 
 
 def test_registry_selects_the_new_symbols():
@@ -83,7 +92,9 @@ def test_windows_only_symbol_is_not_on_this_platform(sim):
         drv.cuWGLGetDevice(cuproc.ffi.NULL, cuproc.ffi.NULL)
     with pytest.raises(SymbolNotFoundError, match="Windows"):
         drv.checked.cuWGLGetDevice(cuproc.ffi.NULL, cuproc.ffi.NULL)
-    assert drv.preload().get(NOT_ON_THIS_PLATFORM) == 1
+    assert drv.preload().get(NOT_ON_THIS_PLATFORM) == 45
+    with pytest.raises(SymbolNotFoundError, match="Windows"):
+        drv.cuD3D11GetDevice(cuproc.ffi.NULL, cuproc.ffi.NULL)
 
 
 @pytest.mark.parametrize("per_thread", [False, True])

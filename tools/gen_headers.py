@@ -10,10 +10,13 @@ Policy
   small stand-in headers (``STAND_INS``: the scalar types as their Khronos /
   VDPAU headers declare them, handles opaque), so no GL, EGL or VDPAU headers
   are needed; ``provenance.json`` lists them under ``stand_in_types``.
-* **Windows-only** typedefs (``cuWGLGetDevice``) are found by a second
-  preprocessor pass with ``_WIN32`` defined; they are kept (Windows handle
-  types as opaque stand-ins) and listed under ``windows_only``.  The
-  Direct3D typedef headers are not in the Linux toolkits and are not merged.
+* **Windows-only** typedefs are found by a second pass with ``_WIN32``
+  defined, over the same headers plus the Direct3D typedef headers
+  (``cudaD3D9Typedefs.h``, ``cudaD3D10Typedefs.h``, ``cudaD3D11Typedefs.h``),
+  which only the toolkit's Windows wheel ships: ``cuWGLGetDevice`` and the
+  D3D functions.  Their typedefs, and the types only they need (the D3D
+  enums, ``HGPUNV``; D3D interfaces as opaque stand-ins), join the Linux
+  declarations; ``windows_only`` lists the functions.
 * **Header aliases**: a ``#define cuX cuY`` in which ``cuY`` is another
   function, not an ABI name of ``cuX`` (``cuX_v2``, ``cuX_ptds``), changes what
   C source means by ``cuX``; ``provenance.json`` records each under
@@ -38,7 +41,7 @@ Policy
 
 Usage::
 
-    python tools/gen_headers.py                   # the six pinned toolkits, downloaded with pip
+    python tools/gen_headers.py                   # the six pinned toolkits (Linux + Windows wheels), via pip
     python tools/gen_headers.py --toolkit 13.0=/usr/local/cuda/include --out /tmp/h
 
 Needs pip (for the wheels), a C preprocessor (``cc -E``) and pycparser.
@@ -80,6 +83,9 @@ TYPEDEF_HEADERS = ("cudaTypedefs.h", "cudaProfilerTypedefs.h", "cudaGLTypedefs.h
 HEADER_FILES = ("cuda.h", "cudaGL.h", "cudaEGL.h", "cudaVDPAU.h", *TYPEDEF_HEADERS)
 #: Read when the toolkit has it; the runtime wheels do not ship it (STAND_INS has its one type).
 OPTIONAL_HEADER_FILES = ("cudaProfiler.h",)
+#: The Direct3D typedef headers and what they include, from the toolkit's Windows wheel.
+D3D_TYPEDEF_HEADERS = ("cudaD3D9Typedefs.h", "cudaD3D10Typedefs.h", "cudaD3D11Typedefs.h")
+WINDOWS_HEADER_FILES = ("cudaD3D9.h", "cudaD3D10.h", "cudaD3D11.h", *D3D_TYPEDEF_HEADERS)
 
 #: Headers the typedef headers include but no toolkit ships: each stand-in type as its own
 #: header declares it (GL and VDPAU scalars, EGL handles as void *), or opaque.
@@ -102,12 +108,19 @@ STAND_INS: dict[str, tuple[tuple[str, str], ...]] = {
     # toolkit lacks that header.
     "cudaProfiler.h": (("CUoutput_mode", "typedef enum CUoutput_mode_enum { CU_OUT_KEY_VALUE_PAIR = 0x00, "
                                          "CU_OUT_CSV = 0x01 } CUoutput_mode;"),),
-    # Windows handles of the Windows-only typedefs (wglext.h: DECLARE_HANDLE(HGPUNV)).
-    "windows.h": (("HGPUNV", "typedef struct HGPUNV__ *HGPUNV;"),),
+    # Direct3D interfaces (COM objects: only ever passed by pointer), for the Windows-only pass.
+    "rpcsal.h": (),
+    "d3d9.h": tuple((n, f"typedef struct {n} {n};") for n in
+                    ("IDirect3DDevice9", "IDirect3DResource9", "IDirect3DVertexBuffer9")),
+    "dxgi.h": (("IDXGIAdapter", "typedef struct IDXGIAdapter IDXGIAdapter;"),),
+    "D3D10_1.h": (("", '#include "dxgi.h"'),
+                  *((n, f"typedef struct {n} {n};") for n in ("ID3D10Device", "ID3D10Resource"))),
+    "D3D11_1.h": (("", '#include "dxgi.h"'),
+                  *((n, f"typedef struct {n} {n};") for n in ("ID3D11Device", "ID3D11Resource"))),
 }
+_WINDOWS_STAND_INS = ("rpcsal.h", "d3d9.h", "dxgi.h", "D3D10_1.h", "D3D11_1.h")
 _WINDOWS_FLAGS = ["-D_WIN32", "-D__stdcall="]
 _ALIAS = re.compile(r"^#define (cu\w+) (cu\w+)$")
-_PFN_STATEMENT = re.compile(r"typedef[^;{}]*?\(\s*\*\s*(PFN_\w+)\s*\)[^;{}]*;")
 
 # Just enough of libc for cuda.h; these typedefs are cffi built-ins and are not emitted.
 _FAKE_LIBC = (
@@ -165,32 +178,40 @@ class ToolkitHeaders:
     windows_only: set[str] = field(default_factory=set)     # PFN typedefs declared only under _WIN32
     stand_ins: set[str] = field(default_factory=set)        # stand-in headers this toolkit needed
     symbol_headers: dict[str, str] = field(default_factory=dict)  # function -> the typedef header declaring it
+    headers: set[str] = field(default_factory=set)          # the header files read from the toolkit
 
 
 # --------------------------------------------------------------------------- reading
 
-def download_toolkit(requirement: str, cache: Path) -> Path:
-    """Fetch one toolkit wheel with pip (no dependencies) and return its path."""
+_LINUX_PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64")
+_WINDOWS_PLATFORMS = ("win_amd64",)
+
+
+def download_toolkit(requirement: str, cache: Path, platforms: tuple[str, ...] = _LINUX_PLATFORMS) -> Path:
+    """Fetch one toolkit wheel with pip (no dependencies) for ``platforms`` and return its path."""
     cache.mkdir(parents=True, exist_ok=True)
     name, version = requirement.split("==")
     stem = name.replace("-", "_") + "-" + version + "-"
-    found = [p for p in cache.glob("*.whl") if p.name.startswith(stem)]
+
+    def matching() -> list[Path]:
+        windows = platforms == _WINDOWS_PLATFORMS
+        return [p for p in cache.glob("*.whl") if p.name.startswith(stem) and ("win_amd64" in p.name) == windows]
+
+    found = matching()
     if not found:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-             "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
+             *(f"--platform={p}" for p in platforms),
              "--python-version", "3.12", "-d", str(cache), requirement],
             check=True, stdout=subprocess.DEVNULL)
-        found = [p for p in cache.glob("*.whl") if p.name.startswith(stem)]
+        found = matching()
     if len(found) != 1:
         raise SystemExit(f"gen_headers: expected one wheel for {requirement} in {cache}, found {found}")
     return found[0]
 
 
-def read_header_texts(source: Path) -> dict[str, bytes]:
-    """The HEADER_FILES (and OPTIONAL_HEADER_FILES present) from a wheel or an include directory."""
+def _read(source: Path, wanted: tuple[str, ...]) -> dict[str, bytes]:
     texts: dict[str, bytes] = {}
-    wanted = HEADER_FILES + OPTIONAL_HEADER_FILES
     if source.is_dir():
         for name in wanted:
             if (source / name).is_file():
@@ -201,14 +222,25 @@ def read_header_texts(source: Path) -> dict[str, bytes]:
                 base = info.filename.rsplit("/", 1)[-1]
                 if base in wanted and "/include/" in info.filename:
                     texts[base] = wheel.read(info)
+    return texts
+
+
+def read_header_texts(source: Path, windows: Path | None = None) -> dict[str, bytes]:
+    """The HEADER_FILES (and OPTIONAL_HEADER_FILES present) from a wheel or an include directory, and
+    the WINDOWS_HEADER_FILES from ``windows`` (the toolkit's Windows wheel or include directory)."""
+    texts = _read(source, HEADER_FILES + OPTIONAL_HEADER_FILES)
     missing = set(HEADER_FILES) - set(texts)
+    if windows is not None:
+        win = _read(windows, WINDOWS_HEADER_FILES)
+        texts.update(win)
+        missing |= set(WINDOWS_HEADER_FILES) - set(win)
     if missing:
-        raise SystemExit(f"gen_headers: {source} lacks {sorted(missing)}")
+        raise SystemExit(f"gen_headers: {source}{f' / {windows}' if windows else ''} lacks {sorted(missing)}")
     return texts
 
 
 def _stand_in_text(header: str) -> str:
-    return "".join(text + "\n" for _, text in STAND_INS[header])
+    return "#pragma once\n" + "".join(text + "\n" for _, text in STAND_INS[header])
 
 
 def _is_abi_name(name: str, target: str) -> bool:
@@ -217,9 +249,9 @@ def _is_abi_name(name: str, target: str) -> bool:
 
 
 class Preprocessed(NamedTuple):
-    text: str                 # the Linux translation unit, Windows-only typedefs appended
+    text: str                 # the Linux translation unit
+    windows: str              # the same headers and the D3D ones, preprocessed with _WIN32
     aliases: dict[str, str]   # header alias -> the function it names
-    windows_only: set[str]    # PFN typedef names
     stand_ins: set[str]       # stand-in headers used
 
 
@@ -234,13 +266,17 @@ def preprocess(texts: dict[str, bytes], cpp: str) -> Preprocessed:
             (inc / name).write_bytes(data)
         for name in _FAKE_LIBC_HEADERS:
             (fake / name).write_text(_FAKE_LIBC)
-        stand_ins = {h for h in STAND_INS if h != "windows.h" and h not in texts}
+        stand_ins = {h for h in STAND_INS if h not in texts}
         for header in stand_ins:
             Path(fake, header).parent.mkdir(parents=True, exist_ok=True)
             Path(fake, header).write_text(_stand_in_text(header))
+        d3d = [h for h in D3D_TYPEDEF_HEADERS if h in texts]
+        if not d3d:
+            stand_ins -= set(_WINDOWS_STAND_INS)
         flags = [*_CPP_FLAGS, f"-I{fake}", f"-I{inc}"]
         includes = "".join(f'#include "{h}"\n' for h in TYPEDEF_HEADERS)
         Path(tmp, "all.h").write_text(includes)
+        Path(tmp, "windows.h").write_text(includes + "".join(f'#include "{h}"\n' for h in d3d))
         macros = subprocess.run([cpp, "-dM", *flags, str(Path(tmp, "all.h"))],
                                 check=True, capture_output=True, text=True).stdout
         names = []
@@ -250,8 +286,10 @@ def preprocess(texts: dict[str, bytes], cpp: str) -> Preprocessed:
                 names.append(m.group(1))
         # The aliases as user C source sees them: without __CUDA_API_VERSION_INTERNAL, which #undefs them.
         user_flags = [f for f in flags if not f.startswith("-D__CUDA_API_VERSION_INTERNAL")]
-        user_macros = subprocess.run([cpp, "-dM", *user_flags, str(Path(tmp, "all.h"))],
-                                     check=True, capture_output=True, text=True).stdout
+        user_macros = "".join(
+            subprocess.run([cpp, "-dM", *user_flags, *platform, str(Path(tmp, unit))],
+                           check=True, capture_output=True, text=True).stdout
+            for unit, platform in (("all.h", []), ("windows.h", _WINDOWS_FLAGS)))
         aliases: dict[str, str] = {}
         for line in user_macros.splitlines():
             m = _ALIAS.match(line.strip())
@@ -262,15 +300,9 @@ def preprocess(texts: dict[str, bytes], cpp: str) -> Preprocessed:
             f"int {_DEFINE_PREFIX}{n} = ({n});\n" for n in sorted(names)))
         text = subprocess.run([cpp, "-P", *flags, str(probe)],
                               check=True, capture_output=True, text=True).stdout
-        windows = subprocess.run([cpp, "-P", *flags, *_WINDOWS_FLAGS, str(Path(tmp, "all.h"))],
+        windows = subprocess.run([cpp, "-P", *flags, *_WINDOWS_FLAGS, str(Path(tmp, "windows.h"))],
                                  check=True, capture_output=True, text=True).stdout
-    linux_pfn = {m.group(1) for m in _PFN_STATEMENT.finditer(text)}
-    extra = {m.group(1): " ".join(m.group(0).split()) for m in _PFN_STATEMENT.finditer(windows)
-             if m.group(1) not in linux_pfn}
-    if extra:
-        stand_ins.add("windows.h")
-        text += _stand_in_text("windows.h") + "".join(extra[n] + "\n" for n in sorted(extra))
-    return Preprocessed(text, aliases, set(extra), stand_ins)
+    return Preprocessed(text, windows, aliases, stand_ins)
 
 
 # --------------------------------------------------------------------------- folding
@@ -471,17 +503,25 @@ class Extractor:
                 self._add_tagged_definition(key, copy.deepcopy(node))
 
 
-def extract(version: str, source: Path, cpp: str) -> ToolkitHeaders:
-    texts = read_header_texts(source)
+def extract(version: str, source: Path, cpp: str, windows: Path | None = None) -> ToolkitHeaders:
+    texts = read_header_texts(source, windows)
     pre = preprocess(texts, cpp)
-    ast = c_parser.CParser().parse(pre.text, filename=f"cuda-{version}")
     ex = Extractor()
-    ex.run(ast)
+    ex.run(c_parser.CParser().parse(pre.text, filename=f"cuda-{version}"))
+    # Windows-only: the typedefs the _WIN32 pass adds, with the types only they need.
+    win = Extractor()
+    win.run(c_parser.CParser().parse(pre.windows, filename=f"cuda-{version}-win32"))
+    windows_only = set(win.pfn) - set(ex.pfn)
+    for name in sorted(windows_only):
+        ex.pfn[name] = win.pfn[name]
+    for key, decl in win.declarations.items():
+        ex.declarations.setdefault(key, decl)
     digest = hashlib.sha256(b"".join(texts[name] for name in sorted(texts))).hexdigest()
-    symbol_headers = {m.group(1): header for header in TYPEDEF_HEADERS
+    symbol_headers = {m.group(1): header for header in (*TYPEDEF_HEADERS, *D3D_TYPEDEF_HEADERS) if header in texts
                       for m in re.finditer(r"\*\s*PFN_(\w+?)_v\d+(?:_ptds|_ptsz)?\s*\)", texts[header].decode())}
-    return ToolkitHeaders(version, source.name, digest, ex.declarations, ex.pfn, ex.defines,
-                          pre.aliases, pre.windows_only, pre.stand_ins, symbol_headers)
+    return ToolkitHeaders(version, source.name + (f" + {windows.name}" if windows else ""), digest,
+                          ex.declarations, ex.pfn, ex.defines,
+                          pre.aliases, windows_only, pre.stand_ins, symbol_headers, set(texts))
 
 
 # --------------------------------------------------------------------------- merging
@@ -583,8 +623,8 @@ def merge(toolkits: list[ToolkitHeaders]) -> tuple[str, str, dict]:
     types_lines = [d.text for d in ordered]
     types_lines += [f"#define {name} {value}" for name, (value, _) in sorted(defines.items())]
     pfn_lines = [pfn[n].text for n in sorted(pfn, key=_pfn_sort_key)]
-    stand_in_types = {name: header for tk in toolkits for header in tk.stand_ins
-                      for name, _ in STAND_INS[header]}
+    stand_in_types = {name: header for tk in toolkits for header in sorted(tk.stand_ins)
+                      for name, _ in STAND_INS[header] if name}
     windows_only = {n for tk in toolkits for n in tk.windows_only}
     aliases: dict[str, dict[str, str]] = {}
     for tk in toolkits:
@@ -593,7 +633,7 @@ def merge(toolkits: list[ToolkitHeaders]) -> tuple[str, str, dict]:
     provenance = {
         "generator": "tools/gen_headers.py",
         "toolkits": [{"version": t.version, "source": t.source, "sha256": t.sha256,
-                      "headers": sorted(set(HEADER_FILES + OPTIONAL_HEADER_FILES) - t.stand_ins)}
+                      "headers": sorted(t.headers)}
                      for t in toolkits],
         "stand_in_types": dict(sorted(stand_in_types.items())),
         "windows_only": sorted({_PFN_NAME.match(n).group(1) for n in windows_only}),
@@ -619,6 +659,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--toolkit", action="append", metavar="VERSION=PATH",
                    help="a toolkit wheel or include directory; repeat. Default: the pinned six, via pip")
+    p.add_argument("--windows-toolkit", action="append", default=[], metavar="VERSION=PATH",
+                   help="the Windows wheel or include directory with the D3D headers of --toolkit VERSION")
     p.add_argument("--cache", type=Path, default=Path(os.environ.get("CUPROC_TOOLKIT_CACHE",
                                                                       Path.home() / ".cache/cuproc-toolkits")))
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "headers")
@@ -627,14 +669,19 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which(args.cpp) is None:
         p.error(f"no C preprocessor: {args.cpp!r} not found (set CC)")
     sources: list[tuple[str, Path]] = []
+    windows: dict[str, Path] = {}
     if args.toolkit:
         for item in args.toolkit:
             version, _, path = item.partition("=")
             sources.append((version, Path(path)))
+        for item in args.windows_toolkit:
+            version, _, path = item.partition("=")
+            windows[version] = Path(path)
     else:
         sources = [(v, download_toolkit(req, args.cache)) for v, req in PINNED_TOOLKITS]
+        windows = {v: download_toolkit(req, args.cache, _WINDOWS_PLATFORMS) for v, req in PINNED_TOOLKITS}
     sources.sort(key=lambda s: _version_key(s[0]))
-    toolkits = [extract(v, src, args.cpp) for v, src in sources]
+    toolkits = [extract(v, src, args.cpp, windows.get(v)) for v, src in sources]
     types_h, pfn_h, provenance = merge(toolkits)
     write(args.out, types_h, pfn_h, provenance)
     print(f"gen_headers: {len(provenance['types'])} types, {len(provenance['pfn_typedefs'])} PFN typedefs, "
