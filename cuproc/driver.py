@@ -387,6 +387,10 @@ class Driver:
         DriverTooOldError when ``version`` is above the driver's, SymbolNotFoundError when the
         driver has no such function at ``version``.
         """
+        if not _DRIVER_NAME.fullmatch(name):
+            raise ValueError(f"declare({name!r}): not a driver function name (cu followed by letters, digits, _)")
+        if _fork.FORKED[0]:
+            raise forked_error(name)
         ctype = _declared_type(name, signature)
         self.open()
         driver_version = self._driver_version
@@ -459,8 +463,7 @@ class Driver:
         """After fork: drop cached pointers so the next access re-checks the process state."""
         for name in [*self._resolutions, *self._declared]:
             self.__dict__.pop(name, None)
-        self._resolutions.clear()
-        self._declared.clear()
+        self._resolutions.clear()   # _declared stays: its names refuse in __getattr__
         self._checked = None
 
     # ---------------------------------------------------------------- errors
@@ -486,6 +489,8 @@ class Driver:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
+        if name in self._declared:      # in __dict__ until fork() dropped it
+            raise forked_error(name)
         if name in self.registry:
             if _fork.FORKED[0]:
                 raise forked_error(name)
@@ -546,6 +551,7 @@ def _public(name: str, res: Resolution) -> Callable[..., int]:
     return call
 
 
+_DRIVER_NAME = re.compile(r"cu[A-Za-z0-9_]+")
 _TYPEDEF_STATEMENT = re.compile(r"^\s*typedef\s+(.+?)\(\s*(?:CUDAAPI\s*)?\*\s*\w*\s*\)\s*(\(.*\))\s*;?\s*$", re.S)
 
 

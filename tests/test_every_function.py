@@ -3,7 +3,10 @@ header aliases, and functions the user declares."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -239,3 +242,36 @@ def test_declare_a_registry_name_needs_the_same_signature(sim):
     with pytest.raises(TypeError, match="PFN_cuGraphInstantiate_v11000"):
         drv.declare("cuGraphInstantiate", "CUresult (*)(CUgraphExec *, CUgraph, unsigned long long)")
     assert not drv.is_declared("cuMemAlloc")
+
+
+def test_declare_refuses_names_that_are_not_driver_functions(sim):
+    drv = Driver(library=sim.path)
+    for name in ("open", "checked", "cu Foo", ""):
+        with pytest.raises(ValueError, match="not a driver function name"):
+            drv.declare(name, "CUresult (*)(void)")
+    assert callable(drv.open)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_declared_function_refuses_after_fork(sim135):
+    code = f"""
+import ctypes, os, sys, cuproc
+ctypes.CDLL({str(sim135.path)!r}).sim_set_driver_version(13050)   # the same library cuproc opens
+drv = cuproc.Driver(library={str(sim135.path)!r})
+drv.declare("cuFooSim", "CUresult (*)(void)")
+assert drv.checked.cuInit(0) is None
+pid = os.fork()
+if pid == 0:
+    codes = 0
+    for get in (lambda: drv.cuFooSim, lambda: drv.checked.cuFooSim,
+                lambda: drv.declare("cuFooSim", "CUresult (*)(void)")):
+        try:
+            get()
+        except cuproc.ForkedProcessError:
+            codes += 1
+    os._exit(codes)
+status = os.waitpid(pid, 0)[1]
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 3, proc.stderr
