@@ -597,7 +597,7 @@ class AliasedName:
         self.nargs = len(ffi.typeof(res.typedef).args)
         self.__doc__ = (f"{self.name}: the driver entry {self.entry_point} ({self.typedef}, {self.nargs} "
                         f"arguments), which cuGetProcAddress returns for this name.  C source compiled "
-                        f"against the CUDA {version} headers means {alias} by {self.name} (cuda.h: "
+                        f"against the CUDA {version} headers means {alias} by {self.name} (they "
                         f"#define {self.name} {alias}); call {alias} for that.")
 
     def __call__(self, *args: Any) -> int:
@@ -607,8 +607,8 @@ class AliasedName:
             if len(args) == self.nargs:
                 raise
             raise TypeError(f"{self.name}() takes {self.nargs} arguments ({self.typedef}), got {len(args)}: "
-                            f"in C source {self.name} is a macro for {self.alias} (cuda.h: #define {self.name} "
-                            f"{self.alias}); call {self.alias} for that") from None
+                            f"in C source {self.name} is a macro for {self.alias} (the CUDA headers #define "
+                            f"{self.name} {self.alias}); call {self.alias} for that") from None
 
     def __repr__(self) -> str:
         return (f"<cuproc function {self.name} = {self.entry_point} ({self.typedef}); C source means "

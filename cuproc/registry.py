@@ -156,6 +156,7 @@ class Registry(Mapping[str, Symbol]):
         self._headers = dict(symbol_headers or {})
         self._aliases = {name: tuple((CudaVersion.parse(v), target) for v, target in spans)
                          for name, spans in (header_aliases or {}).items()}
+        self._aliased = frozenset(self._aliases)
         self._symbols: dict[str, Symbol] = {}
         self._newest: CudaVersion | None = None
 
@@ -263,7 +264,7 @@ class Registry(Mapping[str, Symbol]):
     @property
     def aliased_names(self) -> frozenset[str]:
         """Every name some toolkit's headers #define to another function."""
-        return frozenset(self._aliases)
+        return self._aliased
 
     def filter(self, patterns: Iterable[str] | None = None) -> list[Symbol]:
         """Symbols whose name matches any of the glob ``patterns`` (all when none given)."""
