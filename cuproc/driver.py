@@ -25,6 +25,17 @@ Policy
   callable that raises :class:`~cuproc.errors.DriverTooOldError` (or
   :class:`~cuproc.errors.SymbolNotFoundError`) when called -- never at import or
   open.  ``has(name)`` asks without raising.
+* **Windows-only functions** (cuWGLGetDevice) are Unavailable elsewhere, with
+  status ``not_on_this_platform``.
+* **Header aliases.**  ``drv.cuGraphInstantiate`` is what cuGetProcAddress
+  returns for that name (the 5-argument ABI), although ``cuda.h`` 12.0+ makes
+  C source's ``cuGraphInstantiate`` mean ``cuGraphInstantiateWithFlags``.  For
+  such names (few: :meth:`Registry.aliased_names`) the attribute is a thin
+  :class:`AliasedName` whose repr and docstring say so and whose wrong-arity
+  call names the alias.
+* **Functions cuproc's headers lack.**  :meth:`Driver.declare` resolves any
+  name with a signature you give, as the programming guide's ``cuFoo``
+  example does.
 * **fork.**  Nothing touches the driver at import.  A child forked after CUDA
   was initialized gets :class:`~cuproc.errors.ForkedProcessError` on first use,
   not an obscure failure.
@@ -32,13 +43,15 @@ Policy
 from __future__ import annotations
 
 import os
+import re
 import weakref
 from typing import Any, Callable, NamedTuple
 
 from . import _fork, errors
 from ._cffi_abi import ffi
 from .loader import DIRECT_LOOKUP, GET_PROC_ADDRESS_V2, DriverLibrary, open_library
-from .registry import NOT_YET_INTRODUCED, PER_THREAD_NEEDS_7_0, Registry, Selection, default_registry
+from .registry import (NOT_ON_THIS_PLATFORM, NOT_YET_INTRODUCED, PER_THREAD_NEEDS_7_0, Registry, Selection,
+                       default_registry)
 from .version import CudaVersion
 
 ENV_VERSION = "CUPROC_CUDA_VERSION"
@@ -50,6 +63,7 @@ RESOLVED = "resolved"
 SYMBOL_NOT_FOUND = "symbol_not_found"
 VERSION_NOT_SUFFICIENT = "version_not_sufficient"
 DRIVER_TOO_OLD = "driver_too_old"
+# NOT_ON_THIS_PLATFORM ("not_on_this_platform", from the registry): a Windows-only function elsewhere.
 
 _flags = ffi.typeof("CUdriverProcAddress_flags").relements
 FLAG_LEGACY_STREAM = _flags["CU_GET_PROC_ADDRESS_LEGACY_STREAM"]
@@ -193,6 +207,7 @@ class Driver:
         self._driver_version: CudaVersion | None = None
         self._lock = _fork.rlock()
         self._resolutions: dict[str, Resolution] = {}
+        self._declared: dict[str, Resolution] = {}    # declare()d names the registry lacks
         self._checked: Checked | None = None
         _live_drivers.add(self)
 
@@ -279,6 +294,8 @@ class Driver:
                                 VERSION_NOT_SUFFICIENT, newer)
         if sel.availability == PER_THREAD_NEEDS_7_0:
             return self._failed(sel, VERSION_NOT_SUFFICIENT, newer)
+        if sel.availability == NOT_ON_THIS_PLATFORM:
+            return self._failed(sel, NOT_ON_THIS_PLATFORM, newer)
         if sel.variant.version > driver_version:
             return self._failed(sel, DRIVER_TOO_OLD, newer)
         status, pointer = self._query(sel)
@@ -289,22 +306,27 @@ class Driver:
 
     def _query(self, sel: Selection) -> tuple[str, Any]:
         """Ask the driver for exactly the selected entry; (status, void* or None)."""
+        return self._ask(sel.symbol.name, sel.entry_point, sel.query_version)
+
+    def _ask(self, name: str, entry: str, version: CudaVersion) -> tuple[str, Any]:
+        """cuGetProcAddress(name, version) under this handle's flag (dlsym of ``entry`` on drivers
+        without it); (status, void* or None)."""
         lib = self._lib
         assert lib is not None
         if lib.lookup == DIRECT_LOOKUP:
-            address = lib.symbol_address(sel.entry_point)
+            address = lib.symbol_address(entry)
             return (RESOLVED, ffi.cast("void *", address)) if address else (SYMBOL_NOT_FOUND, None)
         pfn = ffi.new("void **")
         flags = FLAG_PER_THREAD if self.per_thread_default_stream else FLAG_LEGACY_STREAM
-        symbol = sel.symbol.name.encode()
+        symbol = name.encode()
         if lib.lookup == GET_PROC_ADDRESS_V2:
             status = ffi.new("CUdriverProcAddressQueryResult *")
-            rc = lib.get_proc_address(symbol, pfn, int(sel.query_version), flags, status)
+            rc = lib.get_proc_address(symbol, pfn, int(version), flags, status)
             if rc != _CUDA_SUCCESS:
                 return SYMBOL_NOT_FOUND, None
             answer = _QUERY_STATUS.get(status[0], SYMBOL_NOT_FOUND)
         else:
-            rc = lib.get_proc_address(symbol, pfn, int(sel.query_version), flags)
+            rc = lib.get_proc_address(symbol, pfn, int(version), flags)
             answer = RESOLVED if rc == _CUDA_SUCCESS else SYMBOL_NOT_FOUND
         if answer == RESOLVED and pfn[0] == ffi.NULL:
             answer = SYMBOL_NOT_FOUND
@@ -325,6 +347,9 @@ class Driver:
                        f"{sel.requested})" if sel.availability == PER_THREAD_NEEDS_7_0 else
                        f"{name} does not exist at CUDA {sel.requested}; it was introduced in "
                        f"{sel.symbol.introduced}")
+        elif status == NOT_ON_THIS_PLATFORM:
+            message = (f"{name} is not on this platform: it is a Windows-only function ({sel.symbol.header} "
+                       f"declares it for _WIN32 only), which no driver here has")
         else:
             message = (f"the CUDA {drv} driver at {self._lib.path} has no entry point for {name} "
                        f"(asked for {sel.entry_point} at CUDA {sel.query_version})")
@@ -335,7 +360,74 @@ class Driver:
         res = self.resolution(name, version)
         if res.function is None:
             raise self._unavailable_error(res)
-        return _public(name, res)
+        return self._with_alias(name, res, _public(name, res), self._version if version is None else version)
+
+    def _with_alias(self, name: str, res: Resolution, function: Callable[..., int],
+                    version: object) -> Callable[..., int]:
+        """``function``, or an :class:`AliasedName` around it when C source means another function by
+        ``name`` at ``version`` (only the few names a header #defines: the rest stay bare pointers)."""
+        if name not in self.registry.aliased_names:
+            return function
+        alias = self.registry.header_alias(name, version)
+        return function if alias is None else AliasedName(function, res, alias, CudaVersion.parse(version))
+
+    def declare(self, name: str, signature: Any, version: object = None) -> Callable[..., int]:
+        """Resolve ``name`` with a signature you supply: the programming guide's ``cuFoo`` example,
+        for a function that a driver newer than cuproc's headers has.
+
+        ``signature``: C text (``"CUresult (*)(CUdevice *, int)"``, or a typedef statement as the
+        typedef headers write it, ``"typedef CUresult (CUDAAPI *PFN_cuFoo_v12000)(int x);"``) or
+        a cffi type; it must return CUresult.  ``version``: the CUDA version to ask
+        ``cuGetProcAddress`` at (default: the driver's own).  The query uses this handle's
+        stream flag.  Returns the raw function (a cffi pointer returning CUresult); a name the
+        registry lacks is then also ``drv.<name>`` and ``drv.checked.<name>``.
+
+        A name the registry knows resolves as the registry does, and only when your signature
+        agrees with the one it selects at ``version`` (else TypeError showing both).  Raises
+        DriverTooOldError when ``version`` is above the driver's, SymbolNotFoundError when the
+        driver has no such function at ``version``.
+        """
+        if not _DRIVER_NAME.fullmatch(name):
+            raise ValueError(f"declare({name!r}): not a driver function name (cu followed by letters, digits, _)")
+        if _fork.FORKED[0]:
+            raise forked_error(name)
+        ctype = _declared_type(name, signature)
+        self.open()
+        driver_version = self._driver_version
+        assert driver_version is not None
+        at = driver_version if version is None else CudaVersion.parse(version)
+        if name in self.registry:
+            sel = self.registry.select(name, at, per_thread=self.per_thread_default_stream)
+            if sel.exists and ffi.typeof(sel.typedef) is not ctype:
+                raise TypeError(f"declare({name!r}): your signature {ctype.cname} disagrees with the "
+                                f"registry's {sel.typedef} at CUDA {at}: {ffi.typeof(sel.typedef).cname}. "
+                                f"Use drv.{name}, or declare the signature the driver has")
+            return self.resolve(name, at)
+        res = Resolution(name, RESOLVED, None, ctype.cname, at, False, None, None)
+        if at > driver_version:
+            res = res._replace(status=DRIVER_TOO_OLD, message=(
+                f"{name} was declared at CUDA {at}; this driver supports {driver_version}. Upgrade the "
+                f"NVIDIA driver, or declare it at CUDA {driver_version} or lower"))
+        else:
+            with self._lock:
+                status, pointer = self._ask(name, name, at)
+            if status == RESOLVED:
+                res = res._replace(entry_point=name, function=ffi.cast(ctype, pointer))
+            else:
+                why = ("exists in this driver only from a newer CUDA version: declare it at a higher one "
+                       f"(at most {driver_version})" if status == VERSION_NOT_SUFFICIENT else
+                       "is not a function this driver has (check the spelling and the driver version)")
+                res = res._replace(status=status, message=(
+                    f"the CUDA {driver_version} driver at {self._lib.path} answered {status} for {name} at "
+                    f"CUDA {at}: it {why}"))
+        if res.function is None:
+            raise self._unavailable_error(res)
+        with self._lock:
+            self._declared[name] = res
+            self.__dict__[name] = res.function
+            if self._checked is not None:
+                self._checked.__dict__.pop(name, None)
+        return res.function
 
     def has(self, name: str, *, newer_driver_features: bool = True) -> bool:
         """Does the installed driver provide ``name`` to this handle?  Never raises.
@@ -349,6 +441,10 @@ class Driver:
         except Exception:  # noqa: BLE001 - a yes/no question
             return False
         return res.status == RESOLVED and (newer_driver_features or not res.newer_driver_feature)
+
+    def is_declared(self, name: str) -> bool:
+        """Was ``name`` resolved by :meth:`declare` (a function cuproc's registry lacks)?"""
+        return name in self._declared
 
     def preload(self) -> dict[str, int]:
         """Resolve every symbol now; returns the count of each status."""
@@ -365,9 +461,9 @@ class Driver:
 
     def _forget_resolutions(self) -> None:
         """After fork: drop cached pointers so the next access re-checks the process state."""
-        for name in list(self._resolutions):
+        for name in [*self._resolutions, *self._declared]:
             self.__dict__.pop(name, None)
-        self._resolutions.clear()
+        self._resolutions.clear()   # _declared stays: its names refuse in __getattr__
         self._checked = None
 
     # ---------------------------------------------------------------- errors
@@ -393,6 +489,8 @@ class Driver:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
+        if name in self._declared:      # in __dict__ until fork() dropped it
+            raise forked_error(name)
         if name in self.registry:
             if _fork.FORKED[0]:
                 raise forked_error(name)
@@ -403,7 +501,7 @@ class Driver:
                     if res.function is None:
                         value = Unavailable(res, lambda res=res: self._unavailable_error(res))
                     else:
-                        value = _public(name, res)
+                        value = self._with_alias(name, res, _public(name, res), self._version)
                     self.__dict__[name] = value  # later accesses are plain attribute loads
             return value
         table = constants()
@@ -453,6 +551,70 @@ def _public(name: str, res: Resolution) -> Callable[..., int]:
     return call
 
 
+_DRIVER_NAME = re.compile(r"cu[A-Za-z0-9_]+")
+_TYPEDEF_STATEMENT = re.compile(r"^\s*typedef\s+(.+?)\(\s*(?:CUDAAPI\s*)?\*\s*\w*\s*\)\s*(\(.*\))\s*;?\s*$", re.S)
+
+
+def _declared_type(name: str, signature: Any) -> Any:
+    """The pointer-to-function cffi type of a user's signature (C text or a cffi type)."""
+    if isinstance(signature, str):
+        m = _TYPEDEF_STATEMENT.match(signature)
+        text = f"{m.group(1).replace('CUDAAPI', '')}(*){m.group(2)}" if m else signature
+        try:
+            ctype = ffi.typeof(text)
+        except ffi.error as exc:
+            raise TypeError(f"declare({name!r}): cannot parse signature {signature!r} ({exc}); give a C "
+                            f"function pointer type such as 'CUresult (*)(CUdevice *, int)'") from None
+    elif isinstance(signature, ffi.CType):
+        ctype = signature
+    else:
+        raise TypeError(f"declare({name!r}): signature must be C text or a cffi type, not "
+                        f"{type(signature).__name__}")
+    if ctype.kind != "function":   # cffi's kind of a pointer-to-function type
+        raise TypeError(f"declare({name!r}): {ctype.cname} is not a function pointer type such as "
+                        f"'CUresult (*)(CUdevice *, int)'")
+    if ctype.result is not ffi.typeof("CUresult"):
+        raise TypeError(f"declare({name!r}): {ctype.cname} returns {ctype.result.cname}; driver "
+                        f"functions return CUresult")
+    return ctype
+
+
+class AliasedName:
+    """``drv.<name>`` for a name that a CUDA header ``#define``s to another function.
+
+    It calls what cuGetProcAddress returns for ``name`` (the C-named namespace's
+    contract), at the cost of one Python call; its repr and docstring say what C
+    source means by the name, and a call with the wrong number of arguments
+    raises TypeError naming the alias.
+    """
+
+    def __init__(self, function: Callable[..., int], res: Resolution, alias: str, version: CudaVersion) -> None:
+        self.function = function
+        self.name = res.name
+        self.alias = alias
+        self.entry_point = res.entry_point
+        self.typedef = res.typedef
+        self.nargs = len(ffi.typeof(res.typedef).args)
+        self.__doc__ = (f"{self.name}: the driver entry {self.entry_point} ({self.typedef}, {self.nargs} "
+                        f"arguments), which cuGetProcAddress returns for this name.  C source compiled "
+                        f"against the CUDA {version} headers means {alias} by {self.name} (they "
+                        f"#define {self.name} {alias}); call {alias} for that.")
+
+    def __call__(self, *args: Any) -> int:
+        try:
+            return self.function(*args)
+        except TypeError:
+            if len(args) == self.nargs:
+                raise
+            raise TypeError(f"{self.name}() takes {self.nargs} arguments ({self.typedef}), got {len(args)}: "
+                            f"in C source {self.name} is a macro for {self.alias} (the CUDA headers #define "
+                            f"{self.name} {self.alias}); call {self.alias} for that") from None
+
+    def __repr__(self) -> str:
+        return (f"<cuproc function {self.name} = {self.entry_point} ({self.typedef}); C source means "
+                f"{self.alias} by {self.name}>")
+
+
 def struct_as_integer(ctype: Any, value: Any) -> int:
     """The little-endian integer image of a small by-value struct (a cdata struct or pointer to one)."""
     if ffi.typeof(value).kind == "pointer":
@@ -481,7 +643,7 @@ class Checked:
         if name.startswith("_"):
             raise AttributeError(name)
         value = getattr(self._driver, name)
-        if name not in self._driver.registry:
+        if name not in self._driver.registry and not self._driver.is_declared(name):
             return value  # constants and types pass through
         with self._driver._lock:
             wrapper = self.__dict__.get(name)

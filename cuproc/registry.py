@@ -2,7 +2,7 @@
 
 Every driver function has one or more ABI *variants*, one per
 ``PFN_<name>_v<version>`` typedef in ``cudaTypedefs.h``.  The rules below
-were checked against a real 580 driver for all 485 symbols of CUDA 11.8-13.5:
+were checked against a real 580 driver for the 485 symbols of cudaTypedefs.h (CUDA 11.8-13.5):
 
 * **Entry names.** The k-th distinct version among a symbol's typedefs is
   the library entry ``<name>`` for k = 1 and ``<name>_v<k>`` for k >= 2
@@ -16,10 +16,18 @@ were checked against a real 580 driver for all 485 symbols of CUDA 11.8-13.5:
 * **Query version.** cuGetProcAddress is asked at the selected variant's
   own version (7.0 at least for per-thread entries), never at R, so a
   driver newer than the headers cannot hand back an ABI without a typedef.
+* **Windows only.** A symbol its typedef header declares only under
+  ``_WIN32`` (cuWGLGetDevice) has no entry on other platforms: its selection
+  there is ``not_on_this_platform``.
+* **Header aliases.** ``cuda.h`` may ``#define`` a name to another function
+  (``cuGraphInstantiate`` -> ``cuGraphInstantiateWithFlags`` from 12.0).  The
+  registry keeps the C name's own ABIs -- what cuGetProcAddress returns --
+  and :meth:`Registry.header_alias` says what C source means by the name.
 """
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
 from typing import TYPE_CHECKING, NamedTuple
@@ -32,6 +40,8 @@ if TYPE_CHECKING:
 #: Per-thread-default-stream entries exist from this version on.
 PER_THREAD_MIN_VERSION = CudaVersion(7, 0)
 PER_THREAD_SUFFIXES = ("_ptds", "_ptsz")
+#: Whether this process runs on Windows: Windows-only symbols exist only there.
+ON_WINDOWS = sys.platform == "win32"
 
 _PFN = re.compile(r"^PFN_(\w+?)_v(\d+)(_ptds|_ptsz)?$")
 
@@ -59,6 +69,8 @@ class Symbol(NamedTuple):
     name: str
     variants: tuple[Variant, ...]
     per_thread_suffix: str | None   # "_ptds", "_ptsz" or None
+    windows_only: bool = False      # declared only under _WIN32 (cuWGLGetDevice)
+    header: str = "cudaTypedefs.h"  # the typedef header that declares it
 
     @property
     def introduced(self) -> CudaVersion:
@@ -73,6 +85,7 @@ class Symbol(NamedTuple):
 AVAILABLE = "available"
 NOT_YET_INTRODUCED = "not_yet_introduced"      # introduced after R: a newer-driver feature
 PER_THREAD_NEEDS_7_0 = "per_thread_needs_7_0"  # per-thread entries start at CUDA 7.0
+NOT_ON_THIS_PLATFORM = "not_on_this_platform"  # a Windows-only symbol, elsewhere
 
 
 class Selection(NamedTuple):
@@ -131,12 +144,19 @@ class Change(NamedTuple):
 
 class Registry(Mapping[str, Symbol]):
     """All symbols, by C name.  Each :class:`Symbol` is built on first use, so resolving
-    one function does not pay for all 485."""
+    one function does not pay for all 561."""
 
     def __init__(self, symbol_typedefs: Mapping[str, Iterable[str]],
-                 toolkits: Mapping[str, Iterable[str]] | None = None) -> None:
+                 toolkits: Mapping[str, Iterable[str]] | None = None, *,
+                 windows_only: Iterable[str] = (), symbol_headers: Mapping[str, str] | None = None,
+                 header_aliases: Mapping[str, Iterable[tuple[str, str | None]]] | None = None) -> None:
         self._typedefs = {name: tuple(symbol_typedefs[name]) for name in sorted(symbol_typedefs)}
         self._toolkits = toolkits or {}
+        self._windows_only = frozenset(windows_only)
+        self._headers = dict(symbol_headers or {})
+        self._aliases = {name: tuple((CudaVersion.parse(v), target) for v, target in spans)
+                         for name, spans in (header_aliases or {}).items()}
+        self._aliased = frozenset(self._aliases)
         self._symbols: dict[str, Symbol] = {}
         self._newest: CudaVersion | None = None
 
@@ -182,7 +202,8 @@ class Registry(Mapping[str, Symbol]):
                 pt_typedef = variants[(own[-1], suffix)] if own else typedef
             built.append(Variant(sym, _version(v), typedef, sym if k == 1 else f"{sym}_v{k}", pt_typedef,
                                  tuple(self._toolkits.get(typedef, ()))))
-        return Symbol(sym, tuple(built), suffix)
+        return Symbol(sym, tuple(built), suffix, sym in self._windows_only,
+                      self._headers.get(sym, Symbol._field_defaults["header"]))
 
     # Mapping protocol -----------------------------------------------------------------
     def __getitem__(self, name: str) -> Symbol:
@@ -221,11 +242,29 @@ class Registry(Mapping[str, Symbol]):
             chosen = variant
         if chosen is None:
             availability = NOT_YET_INTRODUCED
+        elif symbol.windows_only and not ON_WINDOWS:
+            availability = NOT_ON_THIS_PLATFORM
         elif per_thread and symbol.per_thread_suffix and requested < PER_THREAD_MIN_VERSION:
             availability = PER_THREAD_NEEDS_7_0
         else:
             availability = AVAILABLE
         return Selection(symbol, requested, per_thread, chosen, availability)
+
+    def header_alias(self, name: str, version: VersionLike) -> str | None:
+        """The function C source means by ``name`` when compiled against CUDA ``version``'s headers,
+        when a header ``#define`` makes it another function than ``name`` (else None)."""
+        requested = CudaVersion.parse(version)
+        target = None
+        for since, to in self._aliases.get(name, ()):
+            if since > requested:
+                break
+            target = to
+        return target
+
+    @property
+    def aliased_names(self) -> frozenset[str]:
+        """Every name some toolkit's headers #define to another function."""
+        return self._aliased
 
     def filter(self, patterns: Iterable[str] | None = None) -> list[Symbol]:
         """Symbols whose name matches any of the glob ``patterns`` (all when none given)."""
@@ -263,7 +302,9 @@ def _version(value: int) -> CudaVersion:
 @cache
 def default_registry() -> Registry:
     """The registry of every toolkit merged into headers/ (built on first use, ~5 ms)."""
-    from ._header_data import NEWEST_VERSION, PFN_TOOLKITS, SYMBOL_TYPEDEFS
-    registry = Registry(SYMBOL_TYPEDEFS, PFN_TOOLKITS)
+    from ._header_data import (HEADER_ALIASES, NEWEST_VERSION, PFN_TOOLKITS, SYMBOL_HEADERS, SYMBOL_TYPEDEFS,
+                               WINDOWS_ONLY)
+    registry = Registry(SYMBOL_TYPEDEFS, PFN_TOOLKITS, windows_only=WINDOWS_ONLY, symbol_headers=SYMBOL_HEADERS,
+                        header_aliases=HEADER_ALIASES)
     registry._newest = _version(NEWEST_VERSION)
     return registry

@@ -30,6 +30,25 @@ def sims(tmp_path_factory):
         pytest.skip(f"cannot build the simulated driver: {exc}")
 
 
+@pytest.fixture()
+def sim(sims):
+    """The cuGetProcAddress_v2 simulated driver as a CUDA 13.0 driver whose entries return CUDA_SUCCESS."""
+    s = sims["v2"]
+    s.set_version(13000)
+    s.set_result(0)
+    return s
+
+
+@pytest.fixture()
+def primary():
+    """GPU tests: device 0's primary context retained and current; released afterwards."""
+    import cuproc
+    pc = cuproc.use_device(0)
+    yield pc
+    cuproc.driver.default_driver().cuCtxSetCurrent(cuproc.ffi.NULL)
+    pc.release()
+
+
 @pytest.fixture(scope="session")
 def fake(tmp_path_factory):
     """The stateful fake driver (tests/fakedriver.c), built once per session."""

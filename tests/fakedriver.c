@@ -990,6 +990,20 @@ static CUresult cuCtxGetLimit(size_t *value, int limit) {
   return OK;
 }
 
+static int profiling;  /* cuProfilerStart/Stop: collection on (needs a current context, as the real one) */
+
+static CUresult set_profiling(int on) {
+  struct obj *c;
+  TRY(cur_ctx(&c));
+  profiling = on;
+  return OK;
+}
+
+static CUresult cuProfilerStart(void) { ENTER("cuProfilerStart"); return set_profiling(1); }
+static CUresult cuProfilerStop(void) { ENTER("cuProfilerStop"); return set_profiling(0); }
+
+EXPORT int fake_profiling(void) { return profiling; }
+
 static CUresult cuCtxSetLimit(int limit, size_t value) {
   ENTER("cuCtxSetLimit");
   struct obj *c;

@@ -187,6 +187,10 @@ class FakeDriver:
     def primary_refcount(self, dev: int) -> int:
         return self._lib.fake_primary_refcount(int(dev))
 
+    def profiling(self) -> bool:
+        """Between cuProfilerStart and cuProfilerStop."""
+        return bool(self._lib.fake_profiling())
+
     def primary_active(self, dev: int) -> bool:
         return bool(self._lib.fake_primary_active(int(dev)))
 

@@ -15,11 +15,15 @@ per generation: ``v2`` (12.0+), ``v1`` (11.3-11.8) and ``none`` (before 11.3).
 Every entry stub records its own name (``sim_last_called``) and returns
 ``sim_set_result``'s code.  The lookup logic is written here in C, apart from
 cuproc's Python registry; only the table of entries comes from the headers.
+Functions the headers declare only for Windows (``windows_only`` in
+``headers/provenance.json``) are left out, as a Linux driver lacks them.
+``extra`` rows add entries the headers do not have, as a newer driver would.
 """
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -31,12 +35,18 @@ _REAL = {"cuGetProcAddress", "cuGetProcAddress_v2", "cuDriverGetVersion", "cuIni
 GENERATIONS = {"v2": ("-DSIM_GPA_V1", "-DSIM_GPA_V2"), "v1": ("-DSIM_GPA_V1",), "none": ()}
 
 
-def _table() -> list[tuple[str, int, str, str | None]]:
-    """(symbol, version, entry, per-thread entry) for every ABI variant in headers/."""
+Row = tuple[str, int, str, "str | None"]
+
+
+def _table() -> list[Row]:
+    """(symbol, version, entry, per-thread entry) for every ABI variant in headers/ (Linux: no Windows-only)."""
     text = (ROOT / "headers" / "cuda_pfn.h").read_text()
+    windows_only = set(json.loads((ROOT / "headers" / "provenance.json").read_text())["windows_only"])
     variants: dict[str, set[int]] = {}
     suffix: dict[str, str] = {}
     for name, version, pt in re.findall(r"\(\*PFN_(\w+?)_v(\d+)(_ptds|_ptsz)?\)", text):
+        if name in windows_only:
+            continue
         if pt:
             suffix[name] = pt
         else:
@@ -56,8 +66,10 @@ def _error_names() -> list[tuple[int, str]]:
     return [(int(v), n) for n, v in re.findall(r"(CUDA_\w+) = (-?\d+)", body)]
 
 
-def source() -> str:
-    rows = _table()
+def source(extra: tuple[Row, ...] = ()) -> str:
+    """The C source; ``extra`` rows (symbol, version, entry, per-thread entry or None) are entries the
+    headers lack, such as a function only a newer driver has."""
+    rows = _table() + list(extra)
     out = [
         "#include <string.h>",
         "#include <stddef.h>",
@@ -181,12 +193,12 @@ class SimDriver:
         return self._lib.sim_init_count()
 
 
-def build(out_dir: Path, generation: str = "v2") -> SimDriver:
+def build(out_dir: Path, generation: str = "v2", extra: tuple[Row, ...] = ()) -> SimDriver:
     """Compile (once per source content) the simulated driver of one lookup generation."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise RuntimeError("no C compiler (cc) to build the simulated driver")
-    src = source()
+    src = source(extra)
     tag = hashlib.sha256((src + generation).encode()).hexdigest()[:12]
     out_dir.mkdir(parents=True, exist_ok=True)
     lib = out_dir / f"libsimcuda-{generation}-{tag}.so"

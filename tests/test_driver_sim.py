@@ -37,14 +37,6 @@ def call0(fn):
     return cuproc.ffi.cast(CALL, fn)()
 
 
-@pytest.fixture()
-def sim(sims):
-    s = sims["v2"]
-    s.set_version(13000)
-    s.set_result(0)
-    return s
-
-
 def sim_for(sims, driver_version):
     gen = "v2" if driver_version >= 12000 else "v1" if driver_version >= 11030 else "none"
     s = sims[gen]
@@ -218,7 +210,7 @@ def test_resolution_is_lazy_cached_and_thread_safe(sim):
         assert all(r[n] is results[0][n] for n in r)
     counts = drv.preload()
     assert sum(counts.values()) == len(drv.registry)
-    assert counts["resolved"] + counts.get("driver_too_old", 0) == len(drv.registry)
+    assert counts["resolved"] + counts.get("driver_too_old", 0) + counts.get("not_on_this_platform", 0) == len(drv.registry)
 
 
 def test_environment_configuration(sim, monkeypatch):

@@ -41,9 +41,9 @@ def test_table_default_lists_every_symbol(capsys):
     code, out, _ = run(capsys, "--no-driver")
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].startswith("# cuproc registry: 485 symbols")
+    assert lines[0].startswith("# cuproc registry: 561 symbols")
     body = [line for line in lines if not line.startswith("#")][2:]
-    assert len(body) == 485
+    assert len(body) == 561
     assert any(line.split()[:3] == ["cuCtxCreate", "2.0", "cuCtxCreate_v4"] for line in body)
 
 

@@ -39,6 +39,8 @@ def test_real_matrix_pointers_equal_direct_lookup(libcuda, requested, per_thread
     for name in drv.registry:
         res = drv.resolution(name)
         status, entry = expected_resolution(typedefs[name], name, int(drv.version), driver_version, per_thread)
+        if (res.status, status) == ("symbol_not_found", "resolved") and drv.registry[name].header != "cudaTypedefs.h":
+            continue  # a GL/EGL/VDPAU/profiler function this driver lacks (test_gpu_every_function lists them)
         if res.status != status:
             mismatches.append((name, "status", res.status, status, res.message))
             continue

@@ -83,3 +83,27 @@ def test_generator_is_deterministic_on_the_local_toolkit(tmp_path):
     local = set(re.findall(r"\(\*(PFN_\w+)\)", (outs[0] / "cuda_pfn.h").read_text()))
     merged = set(re.findall(r"\(\*(PFN_\w+)\)", (ROOT / "headers" / "cuda_pfn.h").read_text()))
     assert local and local <= merged
+
+
+@pytest.mark.skipif(not (LOCAL_TOOLKIT / "cudaGLTypedefs.h").exists() or shutil.which("cc") is None,
+                    reason="needs a local CUDA toolkit's include directory and a C preprocessor")
+def test_generator_merges_every_linux_typedef_header_whatever_the_hash_seed(tmp_path):
+    """Two runs in fresh interpreters with different hash seeds give the same bytes, and hold the profiler,
+    GL, EGL and VDPAU typedefs, the Windows-only cuWGLGetDevice and the cuGraphInstantiate alias."""
+    import json
+    import subprocess
+    for seed in ("1", "2"):
+        subprocess.run([sys.executable, str(ROOT / "tools" / "gen_headers.py"), "--toolkit", f"13.0={LOCAL_TOOLKIT}",
+                        "--out", str(tmp_path / seed)], check=True, capture_output=True,
+                       env={**os.environ, "PYTHONHASHSEED": seed})
+    for name in ("cuda_types.h", "cuda_pfn.h", "provenance.json"):
+        assert (tmp_path / "1" / name).read_bytes() == (tmp_path / "2" / name).read_bytes(), name
+    prov = json.loads((tmp_path / "1" / "provenance.json").read_text())
+    assert prov["windows_only"] == ["cuWGLGetDevice"]          # no Windows include dir given: no D3D
+    assert prov["header_aliases"] == {"cuGraphInstantiate": {"13.0": "cuGraphInstantiateWithFlags"}}
+    assert "cudaProfiler.h" in prov["toolkits"][0]["headers"]  # the toolkit's own, not the stand-in
+    assert "CUoutput_mode" not in prov["stand_in_types"]
+    pfn = (tmp_path / "1" / "cuda_pfn.h").read_text()
+    for name in ("PFN_cuProfilerStart_v4000", "PFN_cuGLGetDevices_v6050", "PFN_cuEGLStreamConsumerConnect_v7000",
+                 "PFN_cuVDPAUGetDevice_v3010", "PFN_cuWGLGetDevice_v2020"):
+        assert f"(*{name})" in pfn

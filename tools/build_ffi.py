@@ -38,6 +38,20 @@ def _group(typedefs: dict) -> dict[str, list[str]]:
     return dict(sorted(grouped.items()))
 
 
+def _alias_spans(provenance: dict) -> dict[str, tuple[tuple[str, str | None], ...]]:
+    """Each alias as the toolkits where its meaning changes (a target, or None: no alias)."""
+    toolkits = [t["version"] for t in provenance["toolkits"]]
+    spans: dict[str, tuple[tuple[str, str | None], ...]] = {}
+    for alias, by_toolkit in sorted(provenance["header_aliases"].items()):
+        changes: list[tuple[str, str | None]] = []
+        for tk in toolkits:
+            target = by_toolkit.get(tk)
+            if (changes[-1][1] if changes else None) != target:
+                changes.append((tk, target))
+        spans[alias] = tuple(changes)
+    return spans
+
+
 def cdef_source(headers: Path) -> str:
     return "".join((headers / name).read_text() for name in HEADER_ORDER)
 
@@ -77,7 +91,17 @@ def build_header_data(headers: Path, out_dir: Path) -> Path:
         "#: The newest ABI version any typedef has (driver encoding).",
         f"NEWEST_VERSION: int = {max(int(_PFN.match(n).group(2)) for n in provenance['pfn_typedefs'])}",
         "",
-        "#: PFN typedef name -> the toolkits whose cudaTypedefs.h declare it.",
+        "#: The functions of the typedef headers other than cudaTypedefs.h, with their header.",
+        f"SYMBOL_HEADERS: dict[str, str] = {provenance['symbol_headers']!r}",
+        "",
+        "#: Functions whose typedef header declares them only under _WIN32 (cuWGLGetDevice).",
+        f"WINDOWS_ONLY: frozenset[str] = frozenset({provenance['windows_only']!r})",
+        "",
+        "#: Header aliases (#define cuX cuY, cuY another function): alias -> ((toolkit, what C source",
+        "#: means by the name from that toolkit on, or None), ...), oldest first.",
+        f"HEADER_ALIASES: dict[str, tuple[tuple[str, str | None], ...]] = {_alias_spans(provenance)!r}",
+        "",
+        "#: PFN typedef name -> the toolkits whose typedef headers declare it.",
         "PFN_TOOLKITS: dict[str, tuple[str, ...]] = {",
         *(f"    {name!r}: {tuple(tks)!r}," for name, tks in provenance["pfn_typedefs"].items()),
         "}",

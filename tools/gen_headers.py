@@ -1,9 +1,28 @@
 #!/usr/bin/env python3
-"""Regenerate ``headers/`` from the ``cuda.h`` + ``cudaTypedefs.h`` of several CUDA toolkits.
+"""Regenerate ``headers/`` from the driver typedef headers of several CUDA toolkits.
 
 Policy
 ------
-* Each toolkit's pair of headers is run through the C preprocessor with
+* The typedef headers are the Linux ones the programming guide's Driver Entry
+  Point Access section lists: ``cudaTypedefs.h``, ``cudaProfilerTypedefs.h``,
+  ``cudaGLTypedefs.h``, ``cudaEGLTypedefs.h`` and ``cudaVDPAUTypedefs.h``,
+  with the ``cuda*.h`` they include.  The GL, EGL and VDPAU types come from
+  small stand-in headers (``STAND_INS``: the scalar types as their Khronos /
+  VDPAU headers declare them, handles opaque), so no GL, EGL or VDPAU headers
+  are needed; ``provenance.json`` lists them under ``stand_in_types``.
+* **Windows-only** typedefs are found by a second pass with ``_WIN32``
+  defined, over the same headers plus the Direct3D typedef headers
+  (``cudaD3D9Typedefs.h``, ``cudaD3D10Typedefs.h``, ``cudaD3D11Typedefs.h``),
+  which only the toolkit's Windows wheel ships: ``cuWGLGetDevice`` and the
+  D3D functions.  Their typedefs, and the types only they need (the D3D
+  enums, ``HGPUNV``; D3D interfaces as opaque stand-ins), join the Linux
+  declarations; ``windows_only`` lists the functions.
+* **Header aliases**: a ``#define cuX cuY`` in which ``cuY`` is another
+  function, not an ABI name of ``cuX`` (``cuX_v2``, ``cuX_ptds``), changes what
+  C source means by ``cuX``; ``provenance.json`` records each under
+  ``header_aliases`` with the toolkits that define it
+  (``cuGraphInstantiate`` -> ``cuGraphInstantiateWithFlags`` from 12.0).
+* Each toolkit's headers are run through the C preprocessor with
   ``__CUDA_API_VERSION_INTERNAL`` defined, which is what exposes the typedefs
   of the *older* ABI variants (``PFN_cuMemAlloc_v2000`` and friends) and
   the ``_v1`` structs they take.  ``__CUDA_API_VERSION_INTERNAL_ODR`` hides
@@ -22,7 +41,7 @@ Policy
 
 Usage::
 
-    python tools/gen_headers.py                   # the six pinned toolkits, downloaded with pip
+    python tools/gen_headers.py                   # the six pinned toolkits (Linux + Windows wheels), via pip
     python tools/gen_headers.py --toolkit 13.0=/usr/local/cuda/include --out /tmp/h
 
 Needs pip (for the wheels), a C preprocessor (``cc -E``) and pycparser.
@@ -43,6 +62,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from pycparser import c_ast, c_generator, c_parser
 
@@ -56,7 +76,51 @@ PINNED_TOOLKITS: list[tuple[str, str]] = [
     ("13.5", "nvidia-cuda-runtime==13.5.37"),
 ]
 
-HEADER_FILES = ("cuda.h", "cudaTypedefs.h")
+#: The typedef headers merged, in include order.
+TYPEDEF_HEADERS = ("cudaTypedefs.h", "cudaProfilerTypedefs.h", "cudaGLTypedefs.h", "cudaEGLTypedefs.h",
+                   "cudaVDPAUTypedefs.h")
+#: Every header read from a toolkit (all six pinned toolkits have all of them).
+HEADER_FILES = ("cuda.h", "cudaGL.h", "cudaEGL.h", "cudaVDPAU.h", *TYPEDEF_HEADERS)
+#: Read when the toolkit has it; the runtime wheels do not ship it (STAND_INS has its one type).
+OPTIONAL_HEADER_FILES = ("cudaProfiler.h",)
+#: The Direct3D typedef headers and what they include, from the toolkit's Windows wheel.
+D3D_TYPEDEF_HEADERS = ("cudaD3D9Typedefs.h", "cudaD3D10Typedefs.h", "cudaD3D11Typedefs.h")
+WINDOWS_HEADER_FILES = ("cudaD3D9.h", "cudaD3D10.h", "cudaD3D11.h", *D3D_TYPEDEF_HEADERS)
+
+#: Headers the typedef headers include but no toolkit ships: each stand-in type as its own
+#: header declares it (GL and VDPAU scalars, EGL handles as void *), or opaque.
+STAND_INS: dict[str, tuple[tuple[str, str], ...]] = {
+    "GL/gl.h": (("GLenum", "typedef unsigned int GLenum;"), ("GLuint", "typedef unsigned int GLuint;")),
+    "EGL/egl.h": (("EGLint", "typedef int EGLint;"),),
+    "EGL/eglext.h": (("EGLImageKHR", "typedef void *EGLImageKHR;"),
+                     ("EGLStreamKHR", "typedef void *EGLStreamKHR;"),
+                     ("EGLSyncKHR", "typedef void *EGLSyncKHR;")),
+    "vdpau/vdpau.h": (("VdpStatus", "typedef int VdpStatus;"),
+                      ("VdpDevice", "typedef uint32_t VdpDevice;"),
+                      ("VdpVideoSurface", "typedef uint32_t VdpVideoSurface;"),
+                      ("VdpOutputSurface", "typedef uint32_t VdpOutputSurface;"),
+                      ("VdpChromaType", "typedef uint32_t VdpChromaType;"),
+                      ("VdpRGBAFormat", "typedef uint32_t VdpRGBAFormat;"),
+                      # a function type in vdpau.h; cffi cannot name one, so it is opaque here
+                      # (cudaVDPAU.h takes it only as ``VdpGetProcAddress *``)
+                      ("VdpGetProcAddress", "typedef struct VdpGetProcAddress_opaque VdpGetProcAddress;")),
+    # cudaProfiler.h's one type, as NVIDIA's cudaProfiler.h declares it; used only when the
+    # toolkit lacks that header.
+    "cudaProfiler.h": (("CUoutput_mode", "typedef enum CUoutput_mode_enum { CU_OUT_KEY_VALUE_PAIR = 0x00, "
+                                         "CU_OUT_CSV = 0x01 } CUoutput_mode;"),),
+    # Direct3D interfaces (COM objects: only ever passed by pointer), for the Windows-only pass.
+    "rpcsal.h": (),
+    "d3d9.h": tuple((n, f"typedef struct {n} {n};") for n in
+                    ("IDirect3DDevice9", "IDirect3DResource9", "IDirect3DVertexBuffer9")),
+    "dxgi.h": (("IDXGIAdapter", "typedef struct IDXGIAdapter IDXGIAdapter;"),),
+    "D3D10_1.h": (("", '#include "dxgi.h"'),
+                  *((n, f"typedef struct {n} {n};") for n in ("ID3D10Device", "ID3D10Resource"))),
+    "D3D11_1.h": (("", '#include "dxgi.h"'),
+                  *((n, f"typedef struct {n} {n};") for n in ("ID3D11Device", "ID3D11Resource"))),
+}
+_WINDOWS_STAND_INS = ("rpcsal.h", "d3d9.h", "dxgi.h", "D3D10_1.h", "D3D11_1.h")
+_WINDOWS_FLAGS = ["-D_WIN32", "-D__stdcall="]
+_ALIAS = re.compile(r"^#define (cu\w+) (cu\w+)$")
 
 # Just enough of libc for cuda.h; these typedefs are cffi built-ins and are not emitted.
 _FAKE_LIBC = (
@@ -110,47 +174,88 @@ class ToolkitHeaders:
     declarations: dict[str, Declaration]          # types, in the header's order
     pfn: dict[str, Declaration]                   # PFN typedefs
     defines: dict[str, tuple[int, str | None]]    # name -> (value, pointer C type or None)
+    aliases: dict[str, str] = field(default_factory=dict)   # header alias -> the function it names
+    windows_only: set[str] = field(default_factory=set)     # PFN typedefs declared only under _WIN32
+    stand_ins: set[str] = field(default_factory=set)        # stand-in headers this toolkit needed
+    symbol_headers: dict[str, str] = field(default_factory=dict)  # function -> the typedef header declaring it
+    headers: set[str] = field(default_factory=set)          # the header files read from the toolkit
 
 
 # --------------------------------------------------------------------------- reading
 
-def download_toolkit(requirement: str, cache: Path) -> Path:
-    """Fetch one toolkit wheel with pip (no dependencies) and return its path."""
+_LINUX_PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64")
+_WINDOWS_PLATFORMS = ("win_amd64",)
+
+
+def download_toolkit(requirement: str, cache: Path, platforms: tuple[str, ...] = _LINUX_PLATFORMS) -> Path:
+    """Fetch one toolkit wheel with pip (no dependencies) for ``platforms`` and return its path."""
     cache.mkdir(parents=True, exist_ok=True)
     name, version = requirement.split("==")
     stem = name.replace("-", "_") + "-" + version + "-"
-    found = [p for p in cache.glob("*.whl") if p.name.startswith(stem)]
+
+    def matching() -> list[Path]:
+        windows = platforms == _WINDOWS_PLATFORMS
+        return [p for p in cache.glob("*.whl") if p.name.startswith(stem) and ("win_amd64" in p.name) == windows]
+
+    found = matching()
     if not found:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-             "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
+             *(f"--platform={p}" for p in platforms),
              "--python-version", "3.12", "-d", str(cache), requirement],
             check=True, stdout=subprocess.DEVNULL)
-        found = [p for p in cache.glob("*.whl") if p.name.startswith(stem)]
+        found = matching()
     if len(found) != 1:
         raise SystemExit(f"gen_headers: expected one wheel for {requirement} in {cache}, found {found}")
     return found[0]
 
 
-def read_header_texts(source: Path) -> dict[str, bytes]:
-    """cuda.h and cudaTypedefs.h from a wheel or an include directory."""
+def _read(source: Path, wanted: tuple[str, ...]) -> dict[str, bytes]:
     texts: dict[str, bytes] = {}
     if source.is_dir():
-        for name in HEADER_FILES:
-            texts[name] = (source / name).read_bytes()
+        for name in wanted:
+            if (source / name).is_file():
+                texts[name] = (source / name).read_bytes()
     else:
         with zipfile.ZipFile(source) as wheel:
             for info in wheel.infolist():
                 base = info.filename.rsplit("/", 1)[-1]
-                if base in HEADER_FILES and "/include/" in info.filename:
+                if base in wanted and "/include/" in info.filename:
                     texts[base] = wheel.read(info)
-    missing = set(HEADER_FILES) - set(texts)
-    if missing:
-        raise SystemExit(f"gen_headers: {source} lacks {sorted(missing)}")
     return texts
 
 
-def preprocess(texts: dict[str, bytes], cpp: str) -> str:
+def read_header_texts(source: Path, windows: Path | None = None) -> dict[str, bytes]:
+    """The HEADER_FILES (and OPTIONAL_HEADER_FILES present) from a wheel or an include directory, and
+    the WINDOWS_HEADER_FILES from ``windows`` (the toolkit's Windows wheel or include directory)."""
+    texts = _read(source, HEADER_FILES + OPTIONAL_HEADER_FILES)
+    missing = set(HEADER_FILES) - set(texts)
+    if windows is not None:
+        win = _read(windows, WINDOWS_HEADER_FILES)
+        texts.update(win)
+        missing |= set(WINDOWS_HEADER_FILES) - set(win)
+    if missing:
+        raise SystemExit(f"gen_headers: {source}{f' / {windows}' if windows else ''} lacks {sorted(missing)}")
+    return texts
+
+
+def _stand_in_text(header: str) -> str:
+    return "#pragma once\n" + "".join(text + "\n" for _, text in STAND_INS[header])
+
+
+def _is_abi_name(name: str, target: str) -> bool:
+    """``cuX_v2``, ``cuX_ptds``: another ABI of the same function, not an alias."""
+    return re.fullmatch(rf"{re.escape(name)}(_v\d+)?(_ptds|_ptsz)?", target) is not None
+
+
+class Preprocessed(NamedTuple):
+    text: str                 # the Linux translation unit
+    windows: str              # the same headers and the D3D ones, preprocessed with _WIN32
+    aliases: dict[str, str]   # header alias -> the function it names
+    stand_ins: set[str]       # stand-in headers used
+
+
+def preprocess(texts: dict[str, bytes], cpp: str) -> Preprocessed:
     """Run the C preprocessor; append one probe declaration per object-like CU_/CUDA_ macro."""
     with tempfile.TemporaryDirectory(prefix="cuproc-gen-") as tmp:
         inc = Path(tmp, "include")
@@ -161,19 +266,43 @@ def preprocess(texts: dict[str, bytes], cpp: str) -> str:
             (inc / name).write_bytes(data)
         for name in _FAKE_LIBC_HEADERS:
             (fake / name).write_text(_FAKE_LIBC)
+        stand_ins = {h for h in STAND_INS if h not in texts}
+        for header in stand_ins:
+            Path(fake, header).parent.mkdir(parents=True, exist_ok=True)
+            Path(fake, header).write_text(_stand_in_text(header))
+        d3d = [h for h in D3D_TYPEDEF_HEADERS if h in texts]
+        if not d3d:
+            stand_ins -= set(_WINDOWS_STAND_INS)
         flags = [*_CPP_FLAGS, f"-I{fake}", f"-I{inc}"]
-        macros = subprocess.run([cpp, "-dM", *flags, str(inc / "cudaTypedefs.h")],
+        includes = "".join(f'#include "{h}"\n' for h in TYPEDEF_HEADERS)
+        Path(tmp, "all.h").write_text(includes)
+        Path(tmp, "windows.h").write_text(includes + "".join(f'#include "{h}"\n' for h in d3d))
+        macros = subprocess.run([cpp, "-dM", *flags, str(Path(tmp, "all.h"))],
                                 check=True, capture_output=True, text=True).stdout
         names = []
         for line in macros.splitlines():
             m = re.match(r"#define (\w+) (.+)$", line)
             if m and _MACRO_NAME.match(m.group(1)) and not _MACRO_EXCLUDED.match(m.group(1)):
                 names.append(m.group(1))
+        # The aliases as user C source sees them: without __CUDA_API_VERSION_INTERNAL, which #undefs them.
+        user_flags = [f for f in flags if not f.startswith("-D__CUDA_API_VERSION_INTERNAL")]
+        user_macros = "".join(
+            subprocess.run([cpp, "-dM", *user_flags, *platform, str(Path(tmp, unit))],
+                           check=True, capture_output=True, text=True).stdout
+            for unit, platform in (("all.h", []), ("windows.h", _WINDOWS_FLAGS)))
+        aliases: dict[str, str] = {}
+        for line in user_macros.splitlines():
+            m = _ALIAS.match(line.strip())
+            if m and not _is_abi_name(m.group(1), m.group(2)):
+                aliases[m.group(1)] = m.group(2)
         probe = Path(tmp, "probe.c")
-        probe.write_text('#include "cudaTypedefs.h"\n' + "".join(
+        probe.write_text(includes + "".join(
             f"int {_DEFINE_PREFIX}{n} = ({n});\n" for n in sorted(names)))
-        return subprocess.run([cpp, "-P", *flags, str(probe)],
+        text = subprocess.run([cpp, "-P", *flags, str(probe)],
                               check=True, capture_output=True, text=True).stdout
+        windows = subprocess.run([cpp, "-P", *flags, *_WINDOWS_FLAGS, str(Path(tmp, "windows.h"))],
+                                 check=True, capture_output=True, text=True).stdout
+    return Preprocessed(text, windows, aliases, stand_ins)
 
 
 # --------------------------------------------------------------------------- folding
@@ -374,14 +503,25 @@ class Extractor:
                 self._add_tagged_definition(key, copy.deepcopy(node))
 
 
-def extract(version: str, source: Path, cpp: str) -> ToolkitHeaders:
-    texts = read_header_texts(source)
+def extract(version: str, source: Path, cpp: str, windows: Path | None = None) -> ToolkitHeaders:
+    texts = read_header_texts(source, windows)
     pre = preprocess(texts, cpp)
-    ast = c_parser.CParser().parse(pre, filename=f"cuda-{version}")
     ex = Extractor()
-    ex.run(ast)
-    digest = hashlib.sha256(texts["cuda.h"] + texts["cudaTypedefs.h"]).hexdigest()
-    return ToolkitHeaders(version, source.name, digest, ex.declarations, ex.pfn, ex.defines)
+    ex.run(c_parser.CParser().parse(pre.text, filename=f"cuda-{version}"))
+    # Windows-only: the typedefs the _WIN32 pass adds, with the types only they need.
+    win = Extractor()
+    win.run(c_parser.CParser().parse(pre.windows, filename=f"cuda-{version}-win32"))
+    windows_only = set(win.pfn) - set(ex.pfn)
+    for name in sorted(windows_only):
+        ex.pfn[name] = win.pfn[name]
+    for key, decl in win.declarations.items():
+        ex.declarations.setdefault(key, decl)
+    digest = hashlib.sha256(b"".join(texts[name] for name in sorted(texts))).hexdigest()
+    symbol_headers = {m.group(1): header for header in (*TYPEDEF_HEADERS, *D3D_TYPEDEF_HEADERS) if header in texts
+                      for m in re.finditer(r"\*\s*PFN_(\w+?)_v\d+(?:_ptds|_ptsz)?\s*\)", texts[header].decode())}
+    return ToolkitHeaders(version, source.name + (f" + {windows.name}" if windows else ""), digest,
+                          ex.declarations, ex.pfn, ex.defines,
+                          pre.aliases, windows_only, pre.stand_ins, symbol_headers, set(texts))
 
 
 # --------------------------------------------------------------------------- merging
@@ -483,9 +623,24 @@ def merge(toolkits: list[ToolkitHeaders]) -> tuple[str, str, dict]:
     types_lines = [d.text for d in ordered]
     types_lines += [f"#define {name} {value}" for name, (value, _) in sorted(defines.items())]
     pfn_lines = [pfn[n].text for n in sorted(pfn, key=_pfn_sort_key)]
+    stand_in_types = {name: header for tk in toolkits for header in sorted(tk.stand_ins)
+                      for name, _ in STAND_INS[header] if name}
+    windows_only = {n for tk in toolkits for n in tk.windows_only}
+    aliases: dict[str, dict[str, str]] = {}
+    for tk in toolkits:
+        for alias, target in tk.aliases.items():
+            aliases.setdefault(alias, {})[tk.version] = target
     provenance = {
         "generator": "tools/gen_headers.py",
-        "toolkits": [{"version": t.version, "source": t.source, "sha256": t.sha256} for t in toolkits],
+        "toolkits": [{"version": t.version, "source": t.source, "sha256": t.sha256,
+                      "headers": sorted(t.headers)}
+                     for t in toolkits],
+        "stand_in_types": dict(sorted(stand_in_types.items())),
+        "windows_only": sorted({_PFN_NAME.match(n).group(1) for n in windows_only}),
+        "header_aliases": dict(sorted(aliases.items())),
+        # the functions of every typedef header but cudaTypedefs.h, with their header
+        "symbol_headers": dict(sorted((sym, header) for tk in toolkits for sym, header in tk.symbol_headers.items()
+                                      if header != TYPEDEF_HEADERS[0])),
         "pfn_typedefs": {n: pfn_from[n] for n in sorted(pfn, key=_pfn_sort_key)},
         "types": {k: chosen_from[k] for k in sorted(chosen)},
         "pointer_constants": {n: t for n, (_, t) in sorted(defines.items()) if t},
@@ -504,6 +659,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--toolkit", action="append", metavar="VERSION=PATH",
                    help="a toolkit wheel or include directory; repeat. Default: the pinned six, via pip")
+    p.add_argument("--windows-toolkit", action="append", default=[], metavar="VERSION=PATH",
+                   help="the Windows wheel or include directory with the D3D headers of --toolkit VERSION")
     p.add_argument("--cache", type=Path, default=Path(os.environ.get("CUPROC_TOOLKIT_CACHE",
                                                                       Path.home() / ".cache/cuproc-toolkits")))
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "headers")
@@ -512,14 +669,19 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which(args.cpp) is None:
         p.error(f"no C preprocessor: {args.cpp!r} not found (set CC)")
     sources: list[tuple[str, Path]] = []
+    windows: dict[str, Path] = {}
     if args.toolkit:
         for item in args.toolkit:
             version, _, path = item.partition("=")
             sources.append((version, Path(path)))
+        for item in args.windows_toolkit:
+            version, _, path = item.partition("=")
+            windows[version] = Path(path)
     else:
         sources = [(v, download_toolkit(req, args.cache)) for v, req in PINNED_TOOLKITS]
+        windows = {v: download_toolkit(req, args.cache, _WINDOWS_PLATFORMS) for v, req in PINNED_TOOLKITS}
     sources.sort(key=lambda s: _version_key(s[0]))
-    toolkits = [extract(v, src, args.cpp) for v, src in sources]
+    toolkits = [extract(v, src, args.cpp, windows.get(v)) for v, src in sources]
     types_h, pfn_h, provenance = merge(toolkits)
     write(args.out, types_h, pfn_h, provenance)
     print(f"gen_headers: {len(provenance['types'])} types, {len(provenance['pfn_typedefs'])} PFN typedefs, "

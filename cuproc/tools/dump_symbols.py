@@ -79,6 +79,10 @@ def symbol_record(sel: Selection, driver: Driver | None) -> dict[str, Any]:
         "per_thread_suffix": sel.symbol.per_thread_suffix,
         "variants": [{"version": int(v.version), "entry": v.entry, "typedef": v.typedef,
                       "toolkits": list(v.toolkits)} for v in sel.symbol.variants],
+        "header": sel.symbol.header,
+        "windows_only": sel.symbol.windows_only,
+        # what C source means by the name at this version, when a header #defines it to another function
+        "header_alias": default_registry().header_alias(sel.symbol.name, sel.requested),
     }
     if driver is not None:
         info = driver.resolution(sel.symbol.name)
@@ -139,10 +143,18 @@ def main(argv: list[str] | None = None) -> int:
           f"{'on' if args.per_thread_default_stream else 'off'}")
     print(f"# driver: {driver_line}")
     rows = [[r["name"], str(CudaVersion.from_int(r["introduced"])), r["entry_point"] or "-",
-             r["typedef"] or "-", r["status"] + (" (newer-driver feature)" if r["newer_driver_feature"] else "")]
-            for r in records]
+             r["typedef"] or "-", r["status"] + _notes(r)] for r in records]
     print(_table(rows, ["symbol", "since", "entry point", "typedef", "status"]))
     return 0
+
+
+def _notes(record: dict[str, Any]) -> str:
+    """The status column's remarks: newer-driver feature, Windows only, header alias."""
+    notes = [text for flag, text in ((record["newer_driver_feature"], "newer-driver feature"),
+                                     (record["windows_only"], "Windows only"),
+                                     (record["header_alias"], f"C source means {record['header_alias']}"))
+             if flag]
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def registry_toolkits() -> str:
