@@ -1,18 +1,36 @@
-"""DLPack export: a ``dltensor`` capsule over memory a cuproc object owns.
+"""DLPack in C terms: the tensor structs, the capsules, their deleters (export and import).
 
-The capsule and the tensor's deleter must be C function pointers; ctypes makes
-both without a compiler.  The DLManagedTensor keeps the exporting object
-alive until the consumer (or the capsule's destructor, if never consumed)
-calls the deleter.
+The structs are DLPack 1.x's (``dlpack.h``): ``DLManagedTensor`` for the legacy
+``"dltensor"`` capsule and ``DLManagedTensorVersioned`` for ``"dltensor_versioned"``.
+The capsule destructor and the tensor deleter must be C function pointers; ctypes
+makes both without a compiler.
+
+Export: a managed tensor keeps its owner (the exporting object, and so the
+allocation and its context) alive in :data:`_live` until the consumer -- or the
+capsule's destructor, if never consumed -- calls the deleter, exactly once.
+While any such tensor of an allocation lives, :func:`exported` is true for it
+(explicit frees are refused then, see :mod:`cuproc.allocation`).
+
+Import: :func:`consume` validates a capsule, renames it ``used_...`` (so its
+producer's destructor leaves the tensor alone) and hands back what the tensor
+says plus a function calling the producer's deleter at most once.
 """
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+import threading
+from typing import Any, Callable
 
 from . import _fork
 
 _TYPE_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}  # kDLInt, kDLUInt, kDLFloat, kDLComplex, kDLBool
+_TYPE_KINDS = {code: kind for kind, code in _TYPE_CODES.items()}
+VERSION = (1, 0)                        # the DLPack version cuproc writes
+FLAG_READ_ONLY = 1 << 0                 # DLPACK_FLAG_BITMASK_READ_ONLY
+FLAG_IS_COPIED = 1 << 1                 # DLPACK_FLAG_BITMASK_IS_COPIED
+# Capsule names: module constants, because a capsule keeps a pointer to its name's bytes.
+LEGACY_NAME, VERSIONED_NAME = b"dltensor", b"dltensor_versioned"
+_USED_NAMES = {LEGACY_NAME: b"used_dltensor", VERSIONED_NAME: b"used_dltensor_versioned"}
 
 
 class DLDevice(ctypes.Structure):
@@ -29,49 +47,98 @@ class DLTensor(ctypes.Structure):
                 ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
 
 
+class DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
 class DLManagedTensor(ctypes.Structure):
     pass
 
 
-_Deleter = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
-DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _Deleter)]
+class DLManagedTensorVersioned(ctypes.Structure):
+    pass
 
-_live: dict[int, tuple[Any, ...]] = {}   # address of the DLManagedTensor -> what it keeps alive
+
+_Deleter = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
+_DeleterVersioned = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensorVersioned))
+_RawDeleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)     # calling a producer's deleter
+DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _Deleter)]
+DLManagedTensorVersioned._fields_ = [("version", DLPackVersion), ("manager_ctx", ctypes.c_void_p),
+                                     ("deleter", _DeleterVersioned), ("flags", ctypes.c_uint64),
+                                     ("dl_tensor", DLTensor)]
+
+_live: dict[int, tuple[Any, ...]] = {}   # address of a managed tensor -> (tensor, shape, owner, allocation key)
+_exports: dict[int, int] = {}            # id(allocation) -> number of its live managed tensors
 _lock = _fork.lock()   # fresh in a forked child
-_CAPSULE_NAME = b"dltensor"
 
 _PyCapsule_New = ctypes.pythonapi.PyCapsule_New
 _PyCapsule_New.restype = ctypes.py_object
 _PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 # The destructor gets a capsule whose refcount is already zero: handle it as a raw pointer only
 # (PYFUNCTYPE: these are C-API calls, made holding the GIL).
-_PyCapsule_IsValid = ctypes.pythonapi.PyCapsule_IsValid
-_PyCapsule_IsValid = ctypes.cast(_PyCapsule_IsValid, ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p))
+_PyCapsule_IsValid = ctypes.cast(ctypes.pythonapi.PyCapsule_IsValid,
+                                 ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p))
 _PyCapsule_GetPointer = ctypes.cast(ctypes.pythonapi.PyCapsule_GetPointer,
                                     ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p))
+# On a live capsule (import side), as Python objects.
+_IsValid = ctypes.pythonapi.PyCapsule_IsValid
+_IsValid.restype, _IsValid.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+_GetPointer = ctypes.pythonapi.PyCapsule_GetPointer
+_GetPointer.restype, _GetPointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+_SetName = ctypes.pythonapi.PyCapsule_SetName
+_SetName.restype, _SetName.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+
+
+def _forget(address: int) -> None:
+    with _lock:
+        entry = _live.pop(address, None)
+        if entry is not None and entry[3] is not None:
+            left = _exports[entry[3]] - 1
+            if left:
+                _exports[entry[3]] = left
+            else:
+                del _exports[entry[3]]
 
 
 @_Deleter
 def _delete(managed: Any) -> None:
-    with _lock:
-        _live.pop(ctypes.addressof(managed.contents), None)
+    _forget(ctypes.addressof(managed.contents))
+
+
+@_DeleterVersioned
+def _delete_versioned(managed: Any) -> None:
+    _forget(ctypes.addressof(managed.contents))
+
+
+# Names a capsule keeps only while unconsumed: then we own the tensor and must delete it.
+_NAMES = (LEGACY_NAME, VERSIONED_NAME)
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 def _capsule_destructor(capsule: int) -> None:
-    # Not consumed (still named "dltensor"): we own the tensor and must delete it.
-    if _PyCapsule_IsValid(capsule, _CAPSULE_NAME):
-        address = _PyCapsule_GetPointer(capsule, _CAPSULE_NAME)
-        with _lock:
-            _live.pop(address, None)
+    for name in _NAMES:
+        if _PyCapsule_IsValid(capsule, name):
+            _forget(_PyCapsule_GetPointer(capsule, name))
+            return
 
 
-def to_capsule(owner: Any, ptr: int, shape: tuple[int, ...], typestr: str, device: tuple[int, int]) -> Any:
-    """A DLPack capsule for C-contiguous memory at ``ptr`` (keeps ``owner`` alive)."""
+def exported(allocation: Any) -> bool:
+    """True while a managed tensor exported from ``allocation`` has not been deleted."""
+    return id(allocation) in _exports
+
+
+def to_capsule(owner: Any, ptr: int, shape: tuple[int, ...], typestr: str, device: tuple[int, int], *,
+               versioned: bool = False, copied: bool = False, readonly: bool = False,
+               allocation: Any = None) -> Any:
+    """A DLPack capsule for C-contiguous memory at ``ptr``, keeping ``owner`` alive until deleted.
+
+    ``versioned`` makes a ``"dltensor_versioned"`` capsule (DLPack 1.x, with the read-only and
+    is-copied flags), else a legacy ``"dltensor"`` one.  ``allocation`` is what :func:`exported`
+    reports on while the tensor lives (it must be alive as long as ``owner`` is)."""
     kind, bits = typestr[1], int(typestr[2:]) * 8
     if kind not in _TYPE_CODES or typestr[0] == ">":
-        raise TypeError(f"DLPack cannot describe dtype {typestr!r}")
-    managed = DLManagedTensor()
+        raise BufferError(f"DLPack cannot describe dtype {typestr!r}")
+    managed: Any = DLManagedTensorVersioned() if versioned else DLManagedTensor()
     shape_arr = (ctypes.c_int64 * max(len(shape), 1))(*shape)
     t = managed.dl_tensor
     t.data = ptr
@@ -81,8 +148,83 @@ def to_capsule(owner: Any, ptr: int, shape: tuple[int, ...], typestr: str, devic
     t.shape = shape_arr
     t.strides = None  # C-contiguous
     t.byte_offset = 0
-    managed.deleter = _delete
+    if versioned:
+        managed.version = DLPackVersion(*VERSION)
+        managed.flags = (FLAG_IS_COPIED if copied else 0) | (FLAG_READ_ONLY if readonly else 0)
+        managed.deleter = _delete_versioned
+    else:
+        managed.deleter = _delete
     address = ctypes.addressof(managed)
+    key = id(allocation) if allocation is not None else None
     with _lock:
-        _live[address] = (managed, shape_arr, owner)
-    return _PyCapsule_New(address, _CAPSULE_NAME, ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+        _live[address] = (managed, shape_arr, owner, key)
+        if key is not None:
+            _exports[key] = _exports.get(key, 0) + 1
+    name = VERSIONED_NAME if versioned else LEGACY_NAME
+    return _PyCapsule_New(address, name, ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+
+
+class Imported:
+    """What a consumed capsule's tensor says, and the way to give it back (:meth:`release`, once)."""
+
+    __slots__ = ("ptr", "shape", "typestr", "device", "readonly", "_deleter", "_address", "_lock")
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], typestr: str, device: tuple[int, int], readonly: bool,
+                 deleter: Callable[[int], None] | None, address: int) -> None:
+        self.ptr, self.shape, self.typestr, self.device, self.readonly = ptr, shape, typestr, device, readonly
+        self._deleter, self._address, self._lock = deleter, address, threading.Lock()
+
+    def release(self) -> None:
+        """Call the producer's deleter; later calls do nothing."""
+        with self._lock:
+            deleter, self._deleter = self._deleter, None
+        if deleter is not None:
+            deleter(self._address)
+
+
+def consume(capsule: Any) -> Imported:
+    """Take the tensor out of a DLPack capsule (versioned or legacy) and mark the capsule used.
+
+    Refused (BufferError, the capsule left untouched so its producer frees it) for a capsule already
+    consumed, a DLPack major version above 1, vector lanes, an unknown dtype or non-C-contiguous strides."""
+    if type(capsule).__name__ != "PyCapsule":
+        raise TypeError(f"expected a DLPack capsule, got {type(capsule).__name__}")
+    versioned = bool(_IsValid(capsule, VERSIONED_NAME))
+    if not versioned and not _IsValid(capsule, LEGACY_NAME):
+        raise BufferError("this capsule is not an unconsumed DLPack tensor (a DLPack capsule can be consumed once)")
+    name = VERSIONED_NAME if versioned else LEGACY_NAME
+    address = _GetPointer(capsule, name)
+    readonly = False
+    if versioned:
+        managed: Any = DLManagedTensorVersioned.from_address(address)
+        if managed.version.major > VERSION[0]:
+            raise BufferError(f"the tensor is DLPack {managed.version.major}.{managed.version.minor}; cuproc reads "
+                              f"DLPack {VERSION[0]}.x")
+        readonly = bool(managed.flags & FLAG_READ_ONLY)
+    else:
+        managed = DLManagedTensor.from_address(address)
+    t = managed.dl_tensor
+    code, bits, lanes = t.dtype.code, t.dtype.bits, t.dtype.lanes
+    if lanes != 1 or code not in _TYPE_KINDS or bits % 8 or not bits:
+        raise BufferError(f"cuproc cannot view DLPack dtype (code {code}, {bits} bits, {lanes} lanes)")
+    itemsize = bits // 8
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    if t.strides:
+        expected = 1
+        for dim, stride in zip(reversed(shape), reversed([t.strides[i] for i in range(t.ndim)])):
+            if dim > 1 and stride != expected:
+                raise BufferError(f"the DLPack tensor (shape {shape}) is not C-contiguous; cuproc views only "
+                                  "C-contiguous memory (make a contiguous copy first)")
+            expected *= dim
+    typestr = ("|" if itemsize == 1 else "<") + _TYPE_KINDS[code] + str(itemsize)
+    raw = ctypes.cast(managed.deleter, ctypes.c_void_p).value
+    deleter = _RawDeleter(raw) if raw else None
+    imported = Imported((t.data or 0) + t.byte_offset, shape, typestr, (t.device.device_type, t.device.device_id),
+                        readonly, deleter, address)
+    if _SetName(capsule, _USED_NAMES[name]):
+        raise BufferError("the DLPack capsule could not be marked consumed")
+    return imported
+
+
+__all__ = ["DLManagedTensor", "DLManagedTensorVersioned", "DLTensor", "Imported", "VERSION", "consume",
+           "exported", "to_capsule"]

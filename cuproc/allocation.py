@@ -7,11 +7,20 @@ the context it was made in.  It is freed with that context bound
 or -- the safety net -- its finalizer.  Using it after that, or after its
 context ended, raises :class:`~cuproc.errors.ClosedResourceError` before the
 driver sees the address.
+
+Exported memory stays valid while it is exported: a DLPack capsule (and the
+consumer's array made from it) holds the exporting object, so dropping every
+cuproc reference is safe, and the memory is freed when the consumer calls the
+capsule's deleter.  Freeing it explicitly (or destroying its context) while an
+export or a host view is alive is refused with ``BufferError``: the consumer
+cannot be told its memory went away.  ``__cuda_array_interface__`` has no
+lifetime protocol: a CAI consumer must keep the cuproc object alive itself.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from ._dlpack import exported
 from ._resource import FORKED, Resource
 from .context import Context
 
@@ -40,6 +49,17 @@ class Allocation(Resource):
             return self.address
         self.check(f"{type(self).__name__}.ptr")
         return self.address
+
+    def has_views(self) -> bool:
+        """True while a DLPack export of this memory (or, for host memory, a view) is alive."""
+        return exported(self)
+
+    def close(self) -> None:
+        """Free now (idempotent).  Refused with BufferError while exports or views of the memory exist."""
+        if self.ended is None and self.has_views():
+            raise BufferError(f"{self._release_call} was not called: {self.describe()} still has views "
+                              f"(a DLPack export, a NumPy array or a memoryview of it); drop them first")
+        super().close()
 
     def free(self) -> None:
         """Give the memory back now (idempotent); a driver failure raises."""

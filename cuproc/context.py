@@ -59,7 +59,7 @@ def _popped() -> Any:
 class Context(Resource):
     """A CUDA context handle (see the module docstring for the three kinds)."""
 
-    __slots__ = ("handle", "kind", "primary", "_host_exporters", "_stream_ordered")
+    __slots__ = ("handle", "kind", "primary", "_exporters", "_stream_ordered")
     _release_call = "cuCtxDestroy"
     _ended_word = "destroyed"
 
@@ -69,7 +69,7 @@ class Context(Resource):
         self.handle = ffi.cast("CUcontext", handle)
         self.kind = kind
         self.primary = primary          # the retains that keep a primary context alive (held strongly)
-        self._host_exporters: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._exporters: weakref.WeakSet[Any] = weakref.WeakSet()
         self._stream_ordered: dict[int, weakref.ref[Any]] = {}
         self.ended = None
 
@@ -165,7 +165,7 @@ class Context(Resource):
         Refused while NumPy views of pinned memory made in it exist; its stream-ordered memory is
         freed first (the driver would leave the pool counting it as used)."""
         if self.kind == CREATED and self.ended is None:
-            self.refuse_if_host_views("cuCtxDestroy")
+            self.refuse_if_views("cuCtxDestroy")
             self.free_stream_ordered()
             super().close()
             _forget(self)
@@ -202,15 +202,17 @@ class Context(Resource):
                     report(f"freeing {buffer.describe()} before its context went failed: {exc}")
         self._stream_ordered.clear()
 
-    def add_host_exporter(self, allocation: Any) -> None:
-        """Note host memory with live views (destroying the context under them is refused)."""
-        self._host_exporters.add(allocation)
+    def add_exporter(self, allocation: Any) -> None:
+        """Note memory that has handed out views or DLPack exports (destroying the context under them
+        is refused while :meth:`~cuproc.allocation.Allocation.has_views` says they live)."""
+        self._exporters.add(allocation)
 
-    def refuse_if_host_views(self, call: str) -> None:
-        for allocation in list(self._host_exporters):
+    def refuse_if_views(self, call: str) -> None:
+        for allocation in list(self._exporters):
             if allocation.has_views():
-                raise BufferError(f"{call} was not called: host memory allocated in {self.describe()} still "
-                                  f"has views ({allocation.describe()}: NumPy arrays, memoryviews); drop them first")
+                raise BufferError(f"{call} was not called: memory allocated in {self.describe()} still has views "
+                                  f"({allocation.describe()}: a DLPack export, a NumPy array or a memoryview); "
+                                  f"drop them first")
 
     @property
     def alive(self) -> bool:
@@ -499,7 +501,7 @@ class PrimaryContext:
                                                            "release (never release what you did not retain)")
             ctx = r.known_context()
             if r.count == 1 and ctx is not None:
-                ctx.refuse_if_host_views("cuDevicePrimaryCtxRelease")
+                ctx.refuse_if_views("cuDevicePrimaryCtxRelease")
                 ctx.free_stream_ordered()
             self.driver.checked.cuDevicePrimaryCtxRelease(r.device)
             r.count -= 1
@@ -573,7 +575,7 @@ class PrimaryContext:
             else:
                 ctx = r.known_context()
             if ctx is not None:
-                ctx.refuse_if_host_views("cuDevicePrimaryCtxReset")
+                ctx.refuse_if_views("cuDevicePrimaryCtxReset")
                 ctx.free_stream_ordered()
             self.driver.checked.cuDevicePrimaryCtxReset(r.device)
             if ctx is not None:

@@ -9,6 +9,10 @@ Policy
   is usable, synchronously otherwise -- so a pool's memory always comes back.
 * Allocation takes the context from what the caller already holds (``context=``,
   the stream) and asks the driver for the current one only when given nothing.
+* A buffer remembers the stream of the last stream-ordered work cuproc queued
+  on it (``last_stream``: alloc_async, async copies and memsets; None for the
+  default stream), which its ``__cuda_array_interface__`` and ``__dlpack__``
+  hand to consumers (:mod:`cuproc.interop`).
 * A :class:`DeviceView` holds its buffer; a :class:`GlobalView` holds its module
   or library.  Both refuse use once what they view has ended.
 """
@@ -18,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from ._cffi_abi import ffi
 from ._resource import Resource
-from ._support import invalid
+from ._support import handle_int, invalid
 from .allocation import Allocation
 from .context import Context, synchronize_context
 from .driver import Driver
-from .interop import KDL_CUDA, DeviceArrayExports, cai, typestr_of
-from .stream import Stream, default_stream, stream_handle
+from .interop import KDL_CUDA, DeviceArrayExports, cai, default_marker, typestr_of
+from .stream import Stream, as_stream, default_stream, stream_handle
 
 if TYPE_CHECKING:
     from .pools import MemoryPool
@@ -33,10 +37,13 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
     """Linear device memory from cuMemAlloc (or cuMemAllocAsync, see :func:`alloc_async`).
 
     Exports ``__cuda_array_interface__`` (v3) and DLPack as a 1-D uint8 array;
-    :meth:`view` gives a typed, shaped view of the same memory.
+    :meth:`view` gives a typed, shaped view of the same memory.  ``last_stream`` is the stream
+    of the last stream-ordered work cuproc queued on it (a Stream, a handle as an int, or None
+    for the default stream); set it after launching a kernel that writes it on another stream,
+    so that consumers synchronize with that stream.
     """
 
-    __slots__ = ("stream", "pool")
+    __slots__ = ("stream", "pool", "last_stream")
     typestr = "|u1"
     _release_call = "cuMemFree"
 
@@ -50,7 +57,7 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
         if rc:
             raise drv.error(rc, "cuMemAlloc")
         self.driver, self.ended, self.context, self.address, self.nbytes = drv, None, ctx, int(out[0]), nbytes
-        self.stream = self.pool = None
+        self.stream = self.pool = self.last_stream = None
 
     def _release(self) -> int:
         stream = self.stream
@@ -103,6 +110,8 @@ def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: Memory
     """
     if nbytes.__class__ is not int or nbytes < 0:
         raise invalid("cuMemAllocAsync", f"size must be an int >= 0, got {nbytes!r}")
+    if stream is not None and not isinstance(stream, Stream):
+        stream = as_stream(stream, "cuMemAllocAsync", context=context, driver=driver)   # another library's
     if isinstance(stream, Stream):
         stream.check("cuMemAllocAsync")
         ctx = stream.context
@@ -123,6 +132,7 @@ def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: Memory
     buf = DeviceBuffer.__new__(DeviceBuffer)
     buf.driver, buf.ended, buf.context, buf.address, buf.nbytes = drv, None, ctx, int(out[0]), nbytes
     buf.stream = stream if isinstance(stream, Stream) else h    # where a drop frees it
+    buf.last_stream = stream if isinstance(stream, Stream) else handle_int(h)
     buf.pool = pool
     ctx.track_stream_ordered(buf)
     return buf
@@ -144,6 +154,10 @@ class DeviceView(DeviceArrayExports):
             raise invalid("view", f"shape {shape} of {typestr} needs {count * itemsize} bytes; "
                                   f"the buffer has {buffer.nbytes}")
         self.buffer, self.shape, self.typestr, self.nbytes = buffer, tuple(shape), typestr, count * itemsize
+
+    @property
+    def allocation(self) -> DeviceBuffer:
+        return self.buffer
 
     @property
     def ptr(self) -> int:
@@ -181,7 +195,8 @@ class GlobalView:
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        return cai(self.ptr, (self.nbytes,), "|u1")
+        """Its stream is the default stream's marker: cuproc does not track work on module globals."""
+        return cai(self.ptr, (self.nbytes,), "|u1", default_marker(self.owner.driver))
 
     def __repr__(self) -> str:
         return f"<cuproc.GlobalView {self.nbytes} bytes at {self.address:#x}>"

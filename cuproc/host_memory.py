@@ -26,12 +26,13 @@ from .allocation import Allocation
 from .context import Context
 from .device import Device
 from .driver import Driver
-from .interop import cai
+from .interop import KDL_CUDA_MANAGED, HostArrayExports, cai, default_marker
 from .stream import Stream, stream_handle
 
 
-class HostMemory(Allocation):
-    """Host memory with zero-copy views that keep it alive."""
+class HostMemory(HostArrayExports, Allocation):
+    """Host memory with zero-copy views that keep it alive; DLPack exports it as kDLCUDAHost
+    (managed memory: kDLCUDAManaged), see :mod:`cuproc.interop`."""
 
     __slots__ = ("_views",)
     kind = "host"
@@ -48,21 +49,15 @@ class HostMemory(Allocation):
         view._cuproc_owner = self     # the view keeps the allocation (and its context) alive
         if self._views is None:
             self._views = {}
-            self.context.add_host_exporter(self)
+            self.context.add_exporter(self)
         views, key = self._views, id(view)   # ctypes arrays are unhashable: track them by id, weakly
         views[key] = weakref.ref(view, lambda _ref, views=views, key=key: views.pop(key, None))
         return memoryview(view).cast("B")   # plain bytes: ctypes' "<B" format refuses slice assignment
 
     def has_views(self) -> bool:
-        """True while a view made by :attr:`buffer` / :meth:`numpy` / ``memoryview`` is alive."""
-        return bool(self._views)
-
-    def close(self) -> None:
-        """Free now (idempotent).  Refused with BufferError while views of the memory exist."""
-        if self.ended is None and self._views:
-            raise BufferError(f"{self._release_call} was not called: {self.describe()} still has views "
-                              f"(NumPy arrays, memoryviews); drop them first")
-        super().close()
+        """True while a view made by :attr:`buffer` / :meth:`numpy` / ``memoryview``, or a DLPack
+        export, is alive."""
+        return bool(self._views) or super().has_views()
 
     def __buffer__(self, flags: int) -> memoryview:
         return self.buffer
@@ -144,6 +139,7 @@ class ManagedBuffer(HostMemory):
     __slots__ = ()
     kind = "managed"
     _release_call = "cuMemFree"
+    _dlpack_type = KDL_CUDA_MANAGED
 
     def __init__(self, nbytes: int, *, attach_global: bool = True, context: Context | None = None,
                  driver: Driver | None = None) -> None:
@@ -161,7 +157,11 @@ class ManagedBuffer(HostMemory):
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        return cai(self.ptr, (self.nbytes,), "|u1")
+        """Its stream is the default stream's marker: cuproc does not track work on managed memory."""
+        return cai(self.ptr, (self.nbytes,), "|u1", default_marker(self.driver))
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (KDL_CUDA_MANAGED, self.context.device.ordinal)
 
     def _location(self, target: Device | int | str) -> tuple[Any, int]:
         """(CUmemLocation, legacy CUdevice) for a device, an ordinal, or "cpu"."""

@@ -1,43 +1,296 @@
-"""Array interfaces of device memory: ``__cuda_array_interface__`` (v3) and DLPack export.
+"""Array interchange: ``__cuda_array_interface__`` (v3) and DLPack 1.x, both directions.
 
-Policy: an exporter hands out its address only after its own checks
-(``ptr`` raises for freed memory or an ended context); the DLPack capsule
-keeps the exporting object -- and so the allocation and its context -- alive
-until the consumer's deleter runs (see :mod:`cuproc._dlpack`).
+Policy
+------
+* **Streams.**  Device memory remembers the stream of the last stream-ordered
+  work cuproc queued on it (``alloc_async``, an async copy or memset:
+  :attr:`DeviceBuffer.last_stream <cuproc.device_memory.DeviceBuffer>`; a
+  synchronous copy or memset resets it to the default stream).  Kernel
+  launches are not tracked: after a launch on another stream, set
+  ``buffer.last_stream = stream`` yourself.  CAI exports that stream, or the
+  default-stream marker (1 legacy, 2 per-thread), so consumers synchronize;
+  ``None`` only when nothing can be pending (its stream was closed and cuproc
+  synchronized the context).  ``__dlpack__(stream=s)`` makes the consumer's
+  stream ``s`` wait for that work with an event (cuEventRecord +
+  cuStreamWaitEvent), without blocking the host; ``-1`` asks for no
+  synchronization.
+* **DLPack export** follows the array API's ``__dlpack__`` rules: a versioned
+  capsule when ``max_version >= (1, 0)``, the legacy capsule otherwise;
+  ``dl_device`` other than the memory's own is served by a copy to the host
+  for ``(kDLCPU, 0)`` unless ``copy=False``, and is a ``BufferError`` for
+  anything else; ``copy=True`` copies (stream-ordered after the pending work).
+  Pinned and registered memory are ``kDLCUDAHost``, managed memory
+  ``kDLCUDAManaged``; both also export as ``kDLCPU`` without a copy.
+* **Lifetime.**  A capsule keeps the exporting object (so the allocation and
+  its context) alive until its deleter runs; explicit frees are refused
+  meanwhile (see :mod:`cuproc.allocation`).  CAI has no lifetime protocol.
+* **Import.**  :func:`from_dlpack` views another library's tensor (or a
+  capsule) as a :class:`DLPackArray` that keeps the producer alive and calls
+  its deleter exactly once.  CAI objects are taken where cuproc takes device
+  memory (:func:`read_cai`): a mask is refused, a read-only array is refused as
+  a destination, and the exporter's stream is waited for (:func:`wait_for_cai`).
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
-KDL_CUDA = 2  # DLPack device type of CUDA device memory
+from ._dlpack import VERSION as DLPACK_VERSION
+from ._dlpack import Imported, consume, to_capsule
+from ._cffi_abi import ffi
+from ._resource import Resource
+from ._support import get_driver, handle_int, invalid
+from .context import Context, call_in
+from .driver import Driver
+from .stream import Stream, default_stream, order_after, stream_handle
+
+KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_CUDA_MANAGED = 1, 2, 3, 13   # DLDeviceType values
+LEGACY_STREAM, PER_THREAD_STREAM = 1, 2                             # CAI / DLPack default-stream markers
+
+
+def default_marker(driver: Driver) -> int:
+    """The protocols' number for the default stream this driver handle uses."""
+    return PER_THREAD_STREAM if driver.per_thread_default_stream else LEGACY_STREAM
+
+
+def stream_marker(allocation: Any) -> int | None:
+    """The stream a consumer of ``allocation`` must synchronize with, as CAI and DLPack number it.
+
+    Its last stream's handle; the default-stream marker when none was recorded; None when its last
+    stream was closed -- then the context is synchronized first, so nothing can be pending."""
+    stream = allocation.last_stream
+    if stream is None:
+        return default_marker(allocation.driver)
+    if isinstance(stream, Stream):
+        if stream.ended_owner() is None:
+            return handle_int(stream.handle)
+        allocation.context.synchronize()     # the stream is gone but its work may not be
+        allocation.last_stream = None
+        return None
+    return stream
+
+
+def cai(ptr: int, shape: tuple[int, ...], typestr: str, stream: int | None, readonly: bool = False) -> dict[str, Any]:
+    """A v3 ``__cuda_array_interface__`` dict for C-contiguous memory."""
+    return {"shape": shape, "typestr": typestr, "data": (ptr, readonly), "version": 3, "strides": None,
+            "stream": stream}
+
+
+def _versioned(max_version: Any) -> bool:
+    if max_version is None:
+        return False
+    if not (isinstance(max_version, tuple) and len(max_version) == 2 and all(isinstance(v, int) for v in max_version)):
+        raise TypeError(f"__dlpack__: max_version is a (major, minor) tuple of ints or None, got {max_version!r}")
+    return max_version[0] >= 1
+
+
+def consumer_stream(stream: Any, driver: Driver) -> int | None:
+    """The consumer's ``stream`` argument of ``__dlpack__`` for CUDA memory, per the spec: None means
+    the legacy default stream (1), 1 and 2 the default streams, -1 no synchronization (returns None);
+    0 is refused as ambiguous.  A cuproc Stream or another library's stream object is taken too."""
+    if stream is None:
+        return LEGACY_STREAM
+    if isinstance(stream, bool) or not isinstance(stream, int):
+        return handle_int(stream_handle(stream, driver, "__dlpack__"))
+    if stream == -1:
+        return None
+    if stream <= 0:
+        raise ValueError(f"__dlpack__: stream={stream} is not a CUDA stream (0 is ambiguous in DLPack: pass 1 for "
+                         "the legacy default stream, 2 for the per-thread one, -1 for no synchronization)")
+    return stream
+
+
+def _device_name(device: tuple[int, int]) -> str:
+    names = {KDL_CPU: "kDLCPU", KDL_CUDA: "kDLCUDA", KDL_CUDA_HOST: "kDLCUDAHost", KDL_CUDA_MANAGED: "kDLCUDAManaged"}
+    return f"({names.get(device[0], device[0])}, {device[1]})"
+
+
+def _target_device(dl_device: Any) -> tuple[int, int] | None:
+    if dl_device is None:
+        return None
+    try:
+        kind, ordinal = dl_device
+        return (int(kind), int(ordinal))
+    except (TypeError, ValueError):
+        raise TypeError(f"__dlpack__: dl_device is a (device_type, device_id) pair or None, got {dl_device!r}") from None
 
 
 class DeviceArrayExports:
-    """Mixin: CAI and DLPack from ``ptr``, ``shape``, ``typestr`` and ``__dlpack_device__``."""
+    """Mixin for device memory: CAI v3 and DLPack from ``ptr``, ``shape``, ``typestr``, ``nbytes``,
+    ``allocation`` (the DeviceBuffer) and ``__dlpack_device__``."""
 
     __slots__ = ()
 
     ptr: int
     shape: tuple[int, ...]
     typestr: str
+    nbytes: int
+
+    @property
+    def allocation(self) -> Any:
+        return self
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        return cai(self.ptr, self.shape, self.typestr)
+        ptr = self.ptr                     # checks the memory and its context first
+        return cai(ptr, self.shape, self.typestr, stream_marker(self.allocation))
 
-    def __dlpack__(self, stream: Any = None, max_version: Any = None, dl_device: Any = None,
-                   copy: Any = None) -> Any:
-        from ._dlpack import to_capsule
-        return to_capsule(self, self.ptr, self.shape, self.typestr, self.__dlpack_device__())
+    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
+                   dl_device: Any = None, copy: bool | None = None) -> Any:
+        """A DLPack capsule; see the module docstring for the rules on each argument."""
+        ptr = self.ptr
+        alloc = self.allocation
+        versioned = _versioned(max_version)
+        consumer = consumer_stream(stream, alloc.driver)
+        own, target = self.__dlpack_device__(), _target_device(dl_device)
+        if target is not None and target != own:
+            if target != (KDL_CPU, 0) or copy is False:
+                raise BufferError(f"__dlpack__: this memory is on {_device_name(own)}; it cannot be exported to "
+                                  f"{_device_name(target)}" + (" without a copy (copy=False)" if copy is False else ""))
+            host = self._to_host()
+            return to_capsule(host, host.ctypes.data, self.shape, self.typestr, (KDL_CPU, 0),
+                                      versioned=versioned, copied=True)
+        source: Any = self._copy_on_device() if copy else self
+        producer = stream_marker(source.allocation)
+        if consumer is not None and producer is not None and consumer != producer:
+            order_after(alloc.context, consumer, producer)
+        source.allocation.context.add_exporter(source.allocation)
+        return to_capsule(source, source.ptr if copy else ptr, self.shape, self.typestr, own,
+                                  versioned=versioned, copied=bool(copy), allocation=source.allocation)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         raise NotImplementedError
 
+    def _producer_handle(self) -> Any:
+        marker = stream_marker(self.allocation)
+        return default_stream(self.allocation.driver) if marker is None else marker
 
-def cai(ptr: int, shape: tuple[int, ...], typestr: str) -> dict[str, Any]:
-    """A v3 ``__cuda_array_interface__`` dict for C-contiguous memory."""
-    return {"shape": shape, "typestr": typestr, "data": (ptr, False), "version": 3, "strides": None,
-            "stream": None}
+    def _copy_on_device(self) -> Any:
+        """A new buffer with these bytes, copied on the stream of the pending work (cuMemcpyDtoDAsync)."""
+        alloc = self.allocation
+        h = self._producer_handle()
+        new = type(alloc)(max(self.nbytes, 1), context=alloc.context)
+        alloc.context.run("cuMemcpyDtoDAsync", new.ptr, self.ptr, self.nbytes, ffi_stream(h))
+        new.last_stream = alloc.last_stream
+        return new.view(self.typestr, self.shape)
+
+    def _to_host(self) -> Any:
+        """A NumPy copy, complete when returned (cuStreamSynchronize of the pending work, cuMemcpyDtoH)."""
+        import numpy as np
+        alloc = self.allocation
+        host = np.empty(self.shape, dtype=np.dtype(self.typestr))
+        ctx = alloc.context
+        ctx.run("cuStreamSynchronize", ffi_stream(self._producer_handle()))
+        ctx.run("cuMemcpyDtoH", ctypes.c_void_p(host.ctypes.data), self.ptr, self.nbytes)
+        return host
+
+
+def ffi_stream(handle: Any) -> Any:
+    return ffi.cast("CUstream", handle)
+
+
+class HostArrayExports:
+    """Mixin for host memory the GPU can reach (pinned, registered, managed): DLPack as kDLCUDAHost or
+    kDLCUDAManaged (or kDLCPU, the same bytes), from ``ptr``, ``nbytes``, ``context``."""
+
+    __slots__ = ()
+    _dlpack_type = KDL_CUDA_HOST
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (self._dlpack_type, 0)
+
+    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
+                   dl_device: Any = None, copy: bool | None = None) -> Any:
+        """A DLPack capsule of the bytes (uint8); ``stream`` is checked, and for managed memory the
+        consumer's stream waits for the default stream (the only work cuproc can know about)."""
+        alloc: Any = self
+        ptr = alloc.ptr
+        versioned = _versioned(max_version)
+        consumer = consumer_stream(stream, alloc.driver) if stream is not None else None
+        own, target = self.__dlpack_device__(), _target_device(dl_device)
+        if target is not None and target not in (own, (KDL_CPU, 0)):
+            raise BufferError(f"__dlpack__: host memory ({_device_name(own)}) cannot be exported to "
+                              f"{_device_name(target)}")
+        device = target or own
+        if copy:
+            alloc = self._copy_on_host()
+            ptr = alloc.ptr
+        elif self._dlpack_type == KDL_CUDA_MANAGED and consumer is not None:
+            producer = default_marker(alloc.driver)
+            if consumer != producer:
+                order_after(alloc.context, consumer, producer)
+        alloc.context.add_exporter(alloc)
+        return to_capsule(alloc, ptr, (alloc.nbytes,), "|u1", device, versioned=versioned,
+                                  copied=bool(copy), allocation=alloc)
+
+    def _copy_on_host(self) -> Any:
+        """A new allocation of the same kind with these bytes, once the context's work is done."""
+        alloc: Any = self
+        alloc.context.synchronize()
+        new = (type(alloc) if self._dlpack_type == KDL_CUDA_MANAGED else _pinned_type())(alloc.nbytes,
+                                                                                         context=alloc.context)
+        ctypes.memmove(new.ptr, alloc.ptr, alloc.nbytes)
+        return new
+
+
+def _pinned_type() -> Any:
+    from .host_memory import PinnedBuffer
+    return PinnedBuffer
+
+
+# --------------------------------------------------------------------------- import: CAI
+
+def read_cai(obj: Any, call: str, *, writable: bool) -> tuple[int, int, int | None]:
+    """(address, size in bytes, stream or None) of a C-contiguous ``__cuda_array_interface__`` exporter.
+
+    Refused before any driver call: a mask (cuproc has no masked arrays), a read-only array where
+    ``writable`` is needed, non-C-contiguous strides, a version below 3 with a stream, stream 0."""
+    desc = obj.__cuda_array_interface__
+    if desc.get("mask") is not None:
+        raise invalid(call, f"the {type(obj).__name__} has a mask in its __cuda_array_interface__; cuproc takes "
+                            "only unmasked arrays (fill the masked elements first)")
+    ptr, readonly = desc["data"]
+    if writable and readonly:
+        raise invalid(call, f"the {type(obj).__name__} is read-only (its __cuda_array_interface__ says so) and "
+                            "cannot be written")
+    size = typestr_of(desc["typestr"])[1]
+    shape = tuple(desc["shape"])
+    strides = desc.get("strides")
+    if strides is not None and not _c_contiguous(shape, tuple(strides), size):
+        raise invalid(call, "a device array given through __cuda_array_interface__ must be C-contiguous")
+    for dim in shape:
+        size *= dim
+    stream = desc.get("stream")
+    if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int) or stream == 0):
+        raise invalid(call, f"the {type(obj).__name__}'s __cuda_array_interface__ names stream {stream!r}; "
+                            "the protocol allows None, 1, 2 or a stream handle (never 0)")
+    return int(ptr or 0), size, stream
+
+
+def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
+    expected = itemsize
+    for dim, stride in zip(reversed(shape), reversed(strides)):
+        if dim > 1 and stride != expected:
+            return False
+        expected *= dim
+    return True
+
+
+def wait_for_cai(stream: int, waiter: Stream | Any | None, context: Context | None, driver: Driver) -> None:
+    """Make cuproc's use of a CAI array wait for the exporter's ``stream``, as the CAI spec asks.
+
+    Work on a stream (``waiter``) waits on the device (an event); a synchronous call waits on the
+    host (cuStreamSynchronize of the exporter's stream)."""
+    if waiter is not None:
+        h = handle_int(stream_handle(waiter, driver, "cuStreamWaitEvent"))
+        if h != stream:
+            ctx = waiter.context if isinstance(waiter, Stream) else context
+            ctx = ctx if ctx is not None else Context.require_current("cuStreamWaitEvent", driver=driver)
+            order_after(ctx, h, stream)
+        return
+    rc = call_in(context, driver.cuStreamSynchronize, ffi_stream(stream))
+    if rc:
+        raise driver.error(rc, "cuStreamSynchronize")
 
 
 def typestr_of(dtype: Any) -> tuple[str, int]:
@@ -49,4 +302,90 @@ def typestr_of(dtype: Any) -> tuple[str, int]:
     return d.str, d.itemsize
 
 
-__all__ = ["DeviceArrayExports", "KDL_CUDA", "cai", "typestr_of"]
+# --------------------------------------------------------------------------- import: DLPack
+
+class DLPackArray(Resource):
+    """Another library's memory, viewed through a DLPack capsule (see :func:`from_dlpack`).
+
+    Holds the producer object (when given one) and the consumed tensor; ``close()`` (idempotent) or
+    dropping it calls the producer's deleter, exactly once.  C-contiguous; ``readonly`` when the
+    producer marked it so (cuproc then refuses it as a destination).  It exports
+    ``__cuda_array_interface__`` (with the stream it was imported for) and can be passed wherever
+    cuproc takes device memory.
+    """
+
+    __slots__ = ("producer", "shape", "typestr", "nbytes", "device", "readonly", "stream", "_tensor", "_ptr")
+    _ended_word = "released"
+    _release_call = "DLPack deleter"
+
+    def __init__(self, tensor: Imported, producer: Any, stream: int | None, driver: Driver) -> None:
+        self.driver, self.producer, self._tensor, self.stream = driver, producer, tensor, stream
+        self.shape, self.typestr, self.device, self.readonly = tensor.shape, tensor.typestr, tensor.device, tensor.readonly
+        itemsize = typestr_of(tensor.typestr)[1]
+        count = 1
+        for dim in tensor.shape:
+            count *= dim
+        self.nbytes, self._ptr = count * itemsize, tensor.ptr
+        self.ended = None
+
+    def describe(self) -> str:
+        return f"DLPack array {self.shape} {self.typestr} at {self._ptr:#x}"
+
+    def _release(self) -> int:
+        self._tensor.release()
+        self.producer = None
+        return 0
+
+    @property
+    def ptr(self) -> int:
+        self.check("DLPackArray.ptr")
+        return self._ptr
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return cai(self.ptr, self.shape, self.typestr, self.stream, self.readonly)
+
+    def __repr__(self) -> str:
+        return f"<cuproc.DLPackArray {self.shape} {self.typestr} on {_device_name(self.device)}" \
+               f"{' read-only' if self.readonly else ''}{' ' + self.ended if self.ended else ''}>"
+
+
+_IMPORTABLE = (KDL_CUDA, KDL_CUDA_HOST, KDL_CUDA_MANAGED)
+
+
+def from_dlpack(obj: Any, *, stream: Stream | Any | None = None, driver: Driver | None = None) -> DLPackArray:
+    """View ``obj`` (anything with ``__dlpack__``, or a DLPack capsule) as a :class:`DLPackArray`.
+
+    ``stream`` is where cuproc will use the memory (None: the default stream); the producer is asked
+    to make it wait for its pending work (``__dlpack__(stream=...)``).  A bare capsule carries no
+    stream handshake: the producer's work must already be complete or ordered.  CUDA device,
+    pinned (kDLCUDAHost) and managed memory are taken; anything else is a BufferError.
+    """
+    drv = get_driver(driver)
+    if type(obj).__name__ == "PyCapsule":
+        tensor, producer = consume(obj), None
+        marker = None
+    else:
+        if not hasattr(obj, "__dlpack__"):
+            raise TypeError(f"from_dlpack needs an object with __dlpack__ or a DLPack capsule, got {type(obj).__name__}")
+        device = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else None
+        if device is not None and device[0] not in _IMPORTABLE:
+            raise BufferError(f"from_dlpack: the {type(obj).__name__} is on {_device_name(tuple(device))}; cuproc "
+                              "takes CUDA device, pinned (kDLCUDAHost) or managed memory")
+        marker = handle_int(stream_handle(stream, drv, "from_dlpack")) if device is None or device[0] != KDL_CUDA_HOST \
+            else None
+        try:
+            capsule = obj.__dlpack__(stream=marker, max_version=DLPACK_VERSION)
+        except TypeError:                   # a producer from before DLPack 1.0 (no max_version)
+            capsule = obj.__dlpack__(stream=marker)
+        tensor, producer = consume(capsule), obj
+    if tensor.device[0] not in _IMPORTABLE:
+        tensor.release()
+        raise BufferError(f"from_dlpack: the tensor is on {_device_name(tensor.device)}; cuproc takes CUDA device, "
+                          "pinned (kDLCUDAHost) or managed memory")
+    return DLPackArray(tensor, producer, marker, drv)
+
+
+__all__ = ["DLPackArray", "DeviceArrayExports", "HostArrayExports", "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST",
+           "KDL_CUDA_MANAGED", "cai", "consumer_stream", "default_marker", "from_dlpack", "read_cai",
+           "stream_marker", "typestr_of", "wait_for_cai"]

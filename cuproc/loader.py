@@ -12,6 +12,12 @@ Policy
   one taken, and why, is recorded in :attr:`DriverLibrary.fallbacks`.
 * One :class:`DriverLibrary` per path per process: several ``Driver``
   handles at different versions share it.
+* The CUDA toolkit's link-time stub (``.../lib64/stubs/libcuda.so``) is not a
+  driver: every call in it returns CUDA_ERROR_STUB_LIBRARY.  A library that
+  answers cuDriverGetVersion with that code, or that was loaded from a
+  ``stubs`` directory, is skipped like one that failed to open, and when
+  nothing else opens :class:`~cuproc.errors.DriverNotFoundError` says a stub
+  was found where a driver was expected.
 """
 from __future__ import annotations
 
@@ -37,6 +43,10 @@ else:
         "/usr/local/nvidia/lib64/libcuda.so.1",
         "/usr/lib/wsl/lib/libcuda.so.1",
     )
+
+CUDA_ERROR_STUB_LIBRARY = 34   # the stub's answer to every call (cuda.h)
+STUB_MESSAGE = ("is the CUDA toolkit's stub library (CUDA_ERROR_STUB_LIBRARY), which only satisfies the "
+                "linker: a stub was found where a driver was expected")
 
 # How symbols are looked up, best first.
 GET_PROC_ADDRESS_V2 = "cuGetProcAddress_v2"
@@ -83,6 +93,26 @@ class DriverLibrary:
         except AttributeError:
             return None
 
+    def loaded_from(self) -> str | None:
+        """The file the dynamic linker actually loaded (dladdr of cuDriverGetVersion), or None."""
+        address = self.symbol_address("cuDriverGetVersion")
+        try:
+            dladdr = ctypes.CDLL(None).dladdr
+        except (OSError, AttributeError):
+            return None
+        info = _DlInfo()
+        if not address or not dladdr(ctypes.c_void_p(address), ctypes.byref(info)) or not info.dli_fname:
+            return None
+        return os.fsdecode(info.dli_fname)
+
+    def is_stub(self) -> bool:
+        """True for the toolkit's stub libcuda: it answers cuDriverGetVersion with
+        CUDA_ERROR_STUB_LIBRARY, or it was loaded from a ``stubs`` directory."""
+        if self.driver_get_version(ffi.new("int *")) == CUDA_ERROR_STUB_LIBRARY:
+            return True
+        where = self.loaded_from() or self.path
+        return "stubs" in os.path.dirname(os.path.realpath(where)).split(os.sep)
+
     def version_int(self) -> int:
         out = ffi.new("int *")
         rc = self.driver_get_version(out)
@@ -97,6 +127,11 @@ class DriverLibrary:
         name = ffi.string(out[0]).decode() if self.get_error_name(code, out) == 0 and out[0] else None
         text = ffi.string(out[0]).decode() if self.get_error_string(code, out) == 0 and out[0] else None
         return name, text
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
 
 
 _libraries: dict[str, DriverLibrary] = {}
@@ -123,6 +158,9 @@ def open_library(path: str | os.PathLike[str] | None = None) -> DriverLibrary:
                 attempts.append((candidate, str(exc) or type(exc).__name__))
                 continue
             lib = DriverLibrary(candidate, handle)
+            if lib.is_stub():
+                attempts.append((candidate, STUB_MESSAGE))
+                continue
             _libraries[candidate] = lib
             return lib
     raise DriverNotFoundError(attempts)

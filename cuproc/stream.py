@@ -8,6 +8,13 @@ Policy
 * Streams and events are resources (:mod:`cuproc._resource`): they hold the
   context they were made in, run every call in it from any thread, and refuse
   use once closed or once that context ended.
+* Streams of other libraries are accepted wherever a stream is: any object
+  with ``__cuda_stream__`` (the cuda.core protocol: ``(version, handle)``), a
+  PyTorch stream (``.cuda_stream``), a CuPy stream (``.ptr``), a raw CUstream
+  or an int.  :meth:`Stream.from_handle` wraps one as a Stream that is not
+  owned (``close()`` never destroys it) and keeps its foreign owner alive;
+  cuproc objects that keep a stream (a stream-ordered buffer) wrap it so.
+  Each Stream exports ``__cuda_stream__`` itself.
 * Host callbacks (``cuLaunchHostFunc``) take any Python callable.  The
   callable is kept alive until it has run; an exception it raises is kept and
   re-raised (as :class:`HostCallbackError`) by the stream's next
@@ -20,7 +27,7 @@ from typing import Any, Callable
 from . import _fork
 from ._cffi_abi import ffi
 from ._resource import Resource
-from ._support import CUDA_ERROR_NOT_READY, get_driver, handle_int
+from ._support import CUDA_ERROR_NOT_READY, arity, get_driver, handle_int, invalid
 from .context import Context
 from .driver import Driver
 
@@ -39,14 +46,71 @@ def default_stream(driver: Driver | None = None) -> Any:
 
 
 def stream_handle(stream: Stream | Any | None, driver: Driver | None = None, call: str = "stream") -> Any:
-    """A CUstream for ``stream`` (a Stream, a raw handle, an int, or None for the default).
-    A closed Stream (or one whose context ended) raises before its handle is used."""
+    """A CUstream for ``stream`` (a Stream, a raw handle, an int, another library's stream, or None
+    for the default).  A closed Stream (or one whose context ended) raises before its handle is used."""
     if stream is None:
         return default_stream(driver)
     if isinstance(stream, Stream):
         stream.check(call)
         return stream.handle
-    return ffi.cast("CUstream", stream)
+    if isinstance(stream, (int, ffi.CData)):
+        return ffi.cast("CUstream", stream)
+    return ffi.cast("CUstream", foreign_stream_handle(stream, call))
+
+
+def foreign_stream_handle(obj: Any, call: str = "stream") -> int:
+    """The CUstream value of another library's stream object, as an int.
+
+    ``__cuda_stream__()`` (cuda.core's protocol; PyTorch and CuPy streams of recent versions) first,
+    then PyTorch's ``.cuda_stream`` and CuPy's ``.ptr`` (on objects whose type is named ``*Stream``).
+    """
+    protocol = getattr(obj, "__cuda_stream__", None)
+    if protocol is not None:
+        value = protocol() if callable(protocol) else protocol
+        if not (isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, int) for v in value)):
+            raise invalid(call, f"{type(obj).__name__}.__cuda_stream__() returned {value!r}; the protocol "
+                                "gives (version, handle) as two ints")
+        if value[0] != 0:
+            raise invalid(call, f"{type(obj).__name__}.__cuda_stream__() is version {value[0]}; cuproc reads "
+                                "version 0")
+        return value[1]
+    for attribute in ("cuda_stream", "ptr"):
+        value = getattr(obj, attribute, None)
+        if isinstance(value, int) and not isinstance(value, bool) and \
+                (attribute == "cuda_stream" or type(obj).__name__.endswith("Stream")):
+            return value
+    raise TypeError(f"{call}: a stream must be a cuproc.Stream, an object with __cuda_stream__ (cuda.core, "
+                    f"PyTorch, CuPy streams), a raw CUstream or int handle, or None for the default stream; "
+                    f"got {type(obj).__name__}")
+
+
+def as_stream(stream: Stream | Any | None, call: str = "stream", *,
+              context: Context | None = None, driver: Driver | None = None) -> Stream | Any | None:
+    """``stream`` as cuproc keeps it: a Stream, None or a raw handle stay; another library's stream
+    object becomes a not-owned :class:`Stream` that keeps that object alive."""
+    if stream is None or isinstance(stream, (Stream, int, ffi.CData)):
+        return stream
+    handle = foreign_stream_handle(stream, call)
+    if handle == 0:                 # a library's name for the NULL (default) stream: nothing to keep
+        return ffi.cast("CUstream", 0)
+    return Stream.from_handle(handle, owner=stream, context=context, driver=driver)
+
+
+def order_after(context: Context, waiter: Any, signaller: Any) -> None:
+    """Make later work on stream ``waiter`` wait for the work queued on ``signaller`` so far, without
+    blocking the host: cuEventRecord on ``signaller`` and cuStreamWaitEvent on ``waiter`` with a
+    timing-free event made in ``context`` (destroyed at once; the driver keeps it until it fired)."""
+    drv = context.driver
+    run = context.call_current
+    out = ffi.new("CUevent *")
+    drv.check(run(drv.cuEventCreate, out, drv.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+    event = out[0]
+    try:
+        drv.check(run(drv.cuEventRecord, event, ffi.cast("CUstream", signaller)), "cuEventRecord")
+        drv.check(run(drv.cuStreamWaitEvent, ffi.cast("CUstream", waiter), event, 0), "cuStreamWaitEvent")
+    finally:
+        rc = run(drv.cuEventDestroy, event)
+    drv.check(rc, "cuEventDestroy")
 
 
 def stream_context(stream: Stream | Any | None) -> Context | None:
@@ -90,8 +154,41 @@ class Stream(Resource):
         drv.check(run(drv.cuStreamCreateWithPriority, out, flags, priority), "cuStreamCreateWithPriority")
         self.context = ctx
         self.handle = out[0]
+        self.owned, self.owner = True, None
         self._callback_errors: list[BaseException] = []
         self.ended = None           # last: a half-built object has nothing to release
+
+    @classmethod
+    def from_handle(cls, handle: Any, *, owner: Any = None, context: Context | None = None,
+                    driver: Driver | None = None) -> Stream:
+        """A Stream over a CUstream made elsewhere (an int or a raw handle), not owned: ``close()``
+        and dropping it never destroy the handle.  It keeps ``owner`` (the library object the handle
+        came from) alive as long as it lives.  Its context is ``context``, else the driver's answer
+        (cuStreamGetCtx); keeping the stream's context alive is the owner's business."""
+        drv = get_driver(driver if context is None else context.driver)
+        if isinstance(handle, ffi.CData):
+            handle = handle_int(handle)
+        if not isinstance(handle, int) or isinstance(handle, bool) or handle <= 0:
+            raise invalid("cuStreamGetCtx", f"a stream handle is a positive int or a CUstream, got {handle!r} "
+                                            "(0 is ambiguous: name the default stream with None)")
+        h = ffi.cast("CUstream", handle)
+        if context is None:
+            out = ffi.new("CUcontext *")
+            args = (h, out, ffi.NULL) if arity(drv, "cuStreamGetCtx") == 3 else (h, out)
+            drv.check(drv.cuStreamGetCtx(*args), "cuStreamGetCtx")
+            context = Context.adopt(out[0], driver=drv)
+        context.check("Stream.from_handle")
+        stream = cls.__new__(cls)
+        stream.driver, stream.context, stream.handle = drv, context, h
+        stream.owned, stream.owner = False, owner
+        stream._callback_errors = []
+        stream.ended = None
+        return stream
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """The cuda.core stream protocol: (protocol version 0, the CUstream as an int)."""
+        self.check("__cuda_stream__")
+        return (0, handle_int(self.handle))
 
     def parents(self) -> tuple[Resource, ...]:
         return (self.context,)
@@ -100,6 +197,8 @@ class Stream(Resource):
         return f"stream {handle_int(self.handle):#x}"
 
     def _release(self) -> int:
+        if not self.owned:
+            return 0          # another library's stream: theirs to destroy
         return self.context.call(self.driver.cuStreamDestroy, self.handle)
 
     @staticmethod
@@ -232,5 +331,5 @@ class Event(Resource):
         return out[0]
 
 
-__all__ = ["Event", "HostCallbackError", "Stream", "default_stream", "launch_host_func", "stream_context",
-           "stream_handle"]
+__all__ = ["Event", "HostCallbackError", "Stream", "as_stream", "default_stream", "foreign_stream_handle",
+           "launch_host_func", "order_after", "stream_context", "stream_handle"]

@@ -7,6 +7,13 @@ Policy
   ``__cuda_array_interface__`` exporters or int addresses.
 * Sizes and bounds are checked before the driver sees anything; such a
   refusal says the call was not made.
+* Streams (:mod:`cuproc.interop`): each call records its stream as the
+  ``last_stream`` of the cuproc device memory it touches (None, the default
+  stream, for synchronous calls), so that exports tell consumers what to
+  wait for.  A ``__cuda_array_interface__`` side is read per its spec: a mask
+  is refused, a read-only array is refused as a destination, and the call
+  waits for the exporter's stream (an event on ``stream``, else a host wait).
+  Another library's stream object is taken as ``stream``.
 * Every call runs bound to the context that owns the memory (or the stream's,
   for stream-ordered work): from any thread, with no setup
   (:meth:`cuproc.context.Context.call`).  A freed buffer, or one whose context
@@ -20,19 +27,21 @@ from ._cffi_abi import ffi
 from ._support import get_driver, handle_int, invalid
 from .allocation import Allocation
 from .context import Context, call_in
-from .device_memory import DeviceView, GlobalView
+from .device_memory import DeviceBuffer, DeviceView, GlobalView
 from .driver import Driver
-from .interop import typestr_of
-from .stream import Stream, stream_handle
+from .interop import read_cai, wait_for_cai
+from .stream import Stream, as_stream, stream_handle
 
 
 class _Side:
     """One side of a copy: where it is, its address, its size when known, its context when known."""
 
-    __slots__ = ("kind", "ptr", "nbytes", "keep", "context")
+    __slots__ = ("kind", "ptr", "nbytes", "keep", "context", "wait")
 
-    def __init__(self, kind: str, ptr: int, nbytes: int | None, keep: Any, context: Context | None) -> None:
+    def __init__(self, kind: str, ptr: int, nbytes: int | None, keep: Any, context: Context | None,
+                 wait: int | None = None) -> None:
         self.kind, self.ptr, self.nbytes, self.keep, self.context = kind, ptr, nbytes, keep, context
+        self.wait = wait      # a CAI exporter's stream, to wait for before the call
 
 
 def _side(obj: Any, call: str, *, writable: bool) -> _Side:
@@ -45,14 +54,9 @@ def _side(obj: Any, call: str, *, writable: bool) -> _Side:
         return _Side("device", obj.ptr, obj.nbytes, obj, obj.context)
     if isinstance(obj, int) and not isinstance(obj, bool):
         return _Side("device", obj, None, None, None)
-    cai = getattr(obj, "__cuda_array_interface__", None)
-    if cai is not None:
-        if cai.get("strides") not in (None, ()) and not _contiguous(cai):
-            raise invalid(call, "a device array given through __cuda_array_interface__ must be C-contiguous")
-        size = typestr_of(cai["typestr"])[1]
-        for dim in cai["shape"]:
-            size *= dim
-        return _Side("device", int(cai["data"][0]), size, obj, None)
+    if hasattr(obj, "__cuda_array_interface__"):
+        ptr, size, stream = read_cai(obj, call, writable=writable)
+        return _Side("device", ptr, size, obj, None, stream)
     try:
         cbuf = ffi.from_buffer(obj, require_writable=writable)
     except (TypeError, BufferError, ValueError) as exc:
@@ -60,16 +64,6 @@ def _side(obj: Any, call: str, *, writable: bool) -> _Side:
         raise invalid(call, f"the host side needs {need} buffer-protocol object "
                             f"({type(obj).__name__}: {exc})") from None
     return _Side("host", handle_int(cbuf), len(cbuf), cbuf, None)
-
-
-def _contiguous(cai: dict[str, Any]) -> bool:
-    itemsize = typestr_of(cai["typestr"])[1]
-    expected = itemsize
-    for dim, stride in zip(reversed(cai["shape"]), reversed(cai["strides"])):
-        if dim > 1 and stride != expected:
-            return False
-        expected *= dim
-    return True
 
 
 def _checked_size(call: str, nbytes: int | None, *sides: _Side) -> int:
@@ -113,6 +107,34 @@ def _stream_arg(stream: Any, ctx: Context | None, driver: Driver | None, call: s
     return stream_handle(stream, drv, call)
 
 
+def _foreign(stream: Any, call: str, driver: Driver | None) -> Any:
+    """Another library's stream object as a not-owned Stream (keeps it alive while recorded)."""
+    if stream is None or stream.__class__ is Stream:
+        return stream
+    return as_stream(stream, call, driver=driver)
+
+
+def _prepare(stream: Any, ctx: Context | None, driver: Driver | None, call: str, *sides: _Side) -> Any:
+    """Before the call: wait for CAI exporters' streams; return what ``last_stream`` becomes after it
+    (the Stream, a raw handle as an int, or None for the default stream)."""
+    for side in sides:
+        if side.wait is not None:
+            wait_for_cai(side.wait, stream, ctx, ctx.driver if ctx is not None else get_driver(driver))
+    if stream is None or isinstance(stream, Stream):
+        return stream
+    return handle_int(_stream_arg(stream, ctx, driver, call))
+
+
+def _record(last: Any, *sides: _Side) -> None:
+    """After the call: the cuproc device memory it touched remembers the stream."""
+    for side in sides:
+        keep = side.keep
+        if keep.__class__ is DeviceBuffer:
+            keep.last_stream = last
+        elif keep.__class__ is DeviceView:
+            keep.buffer.last_stream = last
+
+
 def copy(dst: Any, src: Any, nbytes: int | None = None, *, stream: Stream | Any | None = None,
          driver: Driver | None = None) -> None:
     """Copy between host and device memory in any direction; ``stream`` makes it asynchronous.
@@ -122,7 +144,9 @@ def copy(dst: Any, src: Any, nbytes: int | None = None, *, stream: Stream | Any 
     """
     d, s = _side(dst, "cuMemcpy", writable=True), _side(src, "cuMemcpy", writable=False)
     n = _checked_size("cuMemcpy", nbytes, d, s)
+    stream = _foreign(stream, "cuMemcpyAsync", driver)
     ctx = _binding(stream, d, s)
+    last = _prepare(stream, ctx, driver, "cuMemcpyAsync", d, s)
     asynchronous = stream is not None
     tail = (_stream_arg(stream, ctx, driver, "cuMemcpyAsync"),) if asynchronous else ()
     suffix = "Async" if asynchronous else ""
@@ -138,6 +162,7 @@ def copy(dst: Any, src: Any, nbytes: int | None = None, *, stream: Stream | Any 
             _run(ctx, driver, "cuMemcpyDtoD" + suffix, d.ptr, s.ptr, n, *tail)
     else:
         raise invalid("cuMemcpy", "both sides are host memory: use memoryview slicing or numpy.copyto")
+    _record(last, d, s)
 
 
 def copy_2d(dst: Any, dst_pitch: int, src: Any, src_pitch: int, width_bytes: int, height: int, *,
@@ -150,7 +175,9 @@ def copy_2d(dst: Any, dst_pitch: int, src: Any, src_pitch: int, width_bytes: int
         needed = pitch * (height - 1) + width_bytes if height else 0
         if side.nbytes is not None and needed > side.nbytes:
             raise invalid("cuMemcpy2D", f"the {label} needs {needed} bytes for this copy; it has {side.nbytes}")
+    stream = _foreign(stream, "cuMemcpy2DAsync", driver)
     ctx = _binding(stream, d, s)
+    last = _prepare(stream, ctx, driver, "cuMemcpy2DAsync", d, s)
     drv = ctx.driver if ctx is not None else get_driver(driver)
     p = ffi.new("CUDA_MEMCPY2D *")
     for prefix, side, pitch in (("src", s, src_pitch), ("dst", d, dst_pitch)):
@@ -161,6 +188,7 @@ def copy_2d(dst: Any, dst_pitch: int, src: Any, src_pitch: int, width_bytes: int
         _run(ctx, driver, "cuMemcpy2D", p)
     else:
         _run(ctx, driver, "cuMemcpy2DAsync", p, _stream_arg(stream, ctx, driver, "cuMemcpy2DAsync"))
+    _record(last, d, s)
 
 
 def copy_3d(dst: Any, dst_pitch: int, dst_height: int, src: Any, src_pitch: int, src_height: int,
@@ -176,7 +204,9 @@ def copy_3d(dst: Any, dst_pitch: int, dst_height: int, src: Any, src_pitch: int,
         needed = (pitch * slice_h * (depth - 1) + pitch * (height - 1) + width_bytes) if depth and height else 0
         if side.nbytes is not None and needed > side.nbytes:
             raise invalid("cuMemcpy3D", f"the {label} needs {needed} bytes for this copy; it has {side.nbytes}")
+    stream = _foreign(stream, "cuMemcpy3DAsync", driver)
     ctx = _binding(stream, d, s)
+    last = _prepare(stream, ctx, driver, "cuMemcpy3DAsync", d, s)
     drv = ctx.driver if ctx is not None else get_driver(driver)
     p = ffi.new("CUDA_MEMCPY3D *")
     for prefix, side, pitch, slice_h in (("src", s, src_pitch, src_height), ("dst", d, dst_pitch, dst_height)):
@@ -188,6 +218,7 @@ def copy_3d(dst: Any, dst_pitch: int, dst_height: int, src: Any, src_pitch: int,
         _run(ctx, driver, "cuMemcpy3D", p)
     else:
         _run(ctx, driver, "cuMemcpy3DAsync", p, _stream_arg(stream, ctx, driver, "cuMemcpy3DAsync"))
+    _record(last, d, s)
 
 
 def _place(drv: Driver, p: Any, prefix: str, side: _Side) -> None:
@@ -217,11 +248,14 @@ def memset(dst: Any, value: int, count: int | None = None, *, element_bits: int 
         raise invalid(call, f"{count} elements of {size} bytes do not fit the {d.nbytes}-byte destination")
     if not 0 <= value < (1 << element_bits):
         raise invalid(call, f"value {value} does not fit {element_bits} bits")
+    stream = _foreign(stream, call + "Async", driver)
     ctx = _binding(stream, d)
+    last = _prepare(stream, ctx, driver, call + "Async", d)
     if stream is None:
         _run(ctx, driver, call, d.ptr, value, count)
     else:
         _run(ctx, driver, call + "Async", d.ptr, value, count, _stream_arg(stream, ctx, driver, call + "Async"))
+    _record(last, d)
 
 
 def memset_2d(dst: Any, pitch: int, value: int, width: int, height: int, *, element_bits: int = 8,
@@ -237,12 +271,15 @@ def memset_2d(dst: Any, pitch: int, value: int, width: int, height: int, *, elem
     needed = pitch * (height - 1) + width * size if height else 0
     if d.nbytes is not None and needed > d.nbytes:
         raise invalid(call, f"the region needs {needed} bytes; the destination has {d.nbytes}")
+    stream = _foreign(stream, call + "Async", driver)
     ctx = _binding(stream, d)
+    last = _prepare(stream, ctx, driver, call + "Async", d)
     if stream is None:
         _run(ctx, driver, call, d.ptr, pitch, value, width, height)
     else:
         _run(ctx, driver, call + "Async", d.ptr, pitch, value, width, height,
              _stream_arg(stream, ctx, driver, call + "Async"))
+    _record(last, d)
 
 
 __all__ = ["copy", "copy_2d", "copy_3d", "memset", "memset_2d"]

@@ -84,4 +84,4 @@ def test_cuda_array_interface_sides():
 def test_typestr():
     assert interop.typestr_of(np.float32) == ("<f4", 4)
     assert interop.typestr_of("<i8") == ("<i8", 8)
-    assert interop.cai(0x10, (3,), "<f4")["data"] == (0x10, False)
+    assert interop.cai(0x10, (3,), "<f4", 1)["data"] == (0x10, False)
