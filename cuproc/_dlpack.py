@@ -110,15 +110,17 @@ def _delete_versioned(managed: Any) -> None:
     _forget(ctypes.addressof(managed.contents))
 
 
-# Names a capsule keeps only while unconsumed: then we own the tensor and must delete it.
-_NAMES = (LEGACY_NAME, VERSIONED_NAME)
+# A capsule keeps its name only while unconsumed: then we own the tensor and must delete it.
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 def _capsule_destructor(capsule: int) -> None:
-    for name in _NAMES:
+    for name, struct in ((LEGACY_NAME, DLManagedTensor), (VERSIONED_NAME, DLManagedTensorVersioned)):
         if _PyCapsule_IsValid(capsule, name):
-            _forget(_PyCapsule_GetPointer(capsule, name))
+            address = _PyCapsule_GetPointer(capsule, name)
+            deleter = ctypes.cast(struct.from_address(address).deleter, ctypes.c_void_p).value
+            if deleter:
+                _RawDeleter(deleter)(address)      # the tensor's own deleter, as DLPack says
             return
 
 

@@ -181,7 +181,7 @@ class DeviceArrayExports:
         host = np.empty(self.shape, dtype=np.dtype(self.typestr))
         ctx = alloc.context
         ctx.run("cuStreamSynchronize", ffi_stream(self._producer_handle()))
-        ctx.run("cuMemcpyDtoH", ctypes.c_void_p(host.ctypes.data), self.ptr, self.nbytes)
+        ctx.run("cuMemcpyDtoH", ffi.cast("void *", host.ctypes.data), self.ptr, self.nbytes)
         return host
 
 
