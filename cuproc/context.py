@@ -162,7 +162,7 @@ class Context(Resource):
 
     def close(self) -> None:
         """Destroy a created context (idempotent); a primary or adopted one owns nothing: no-op.
-        Refused while NumPy views of pinned memory made in it exist; its stream-ordered memory is
+        Refused while NumPy views or DLPack exports of memory made in it exist; its stream-ordered memory is
         freed first (the driver would leave the pool counting it as used)."""
         if self.kind == CREATED and self.ended is None:
             self.refuse_if_views("cuCtxDestroy")

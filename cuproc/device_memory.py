@@ -90,6 +90,9 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
         if self.ended is not None:
             return
         self.check("cuMemFreeAsync")
+        if self.has_views():
+            raise BufferError(f"cuMemFreeAsync was not called: {self.describe()} still has views (a DLPack "
+                              f"export); drop them first")
         target = stream if stream is not None else (self.stream if isinstance(self.stream, Stream) else None)
         h = stream_handle(target, self.driver, "cuMemFreeAsync")
         ctx = target.context if isinstance(target, Stream) else self.context

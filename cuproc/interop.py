@@ -112,7 +112,8 @@ def _target_device(dl_device: Any) -> tuple[int, int] | None:
         kind, ordinal = dl_device
         return (int(kind), int(ordinal))
     except (TypeError, ValueError):
-        raise TypeError(f"__dlpack__: dl_device is a (device_type, device_id) pair or None, got {dl_device!r}") from None
+        raise TypeError(f"__dlpack__: dl_device is a (device_type, device_id) pair or None, "
+                        f"got {dl_device!r}") from None
 
 
 class DeviceArrayExports:
@@ -288,6 +289,8 @@ def wait_for_cai(stream: int, waiter: Stream | Any | None, context: Context | No
             ctx = ctx if ctx is not None else Context.require_current("cuStreamWaitEvent", driver=driver)
             order_after(ctx, h, stream)
         return
+    if stream == default_marker(driver):
+        return          # a synchronous call runs on that default stream: already ordered after its work
     rc = call_in(context, driver.cuStreamSynchronize, ffi_stream(stream))
     if rc:
         raise driver.error(rc, "cuStreamSynchronize")
@@ -320,7 +323,8 @@ class DLPackArray(Resource):
 
     def __init__(self, tensor: Imported, producer: Any, stream: int | None, driver: Driver) -> None:
         self.driver, self.producer, self._tensor, self.stream = driver, producer, tensor, stream
-        self.shape, self.typestr, self.device, self.readonly = tensor.shape, tensor.typestr, tensor.device, tensor.readonly
+        self.shape, self.typestr, self.device = tensor.shape, tensor.typestr, tensor.device
+        self.readonly = tensor.readonly
         itemsize = typestr_of(tensor.typestr)[1]
         count = 1
         for dim in tensor.shape:
@@ -367,13 +371,14 @@ def from_dlpack(obj: Any, *, stream: Stream | Any | None = None, driver: Driver 
         marker = None
     else:
         if not hasattr(obj, "__dlpack__"):
-            raise TypeError(f"from_dlpack needs an object with __dlpack__ or a DLPack capsule, got {type(obj).__name__}")
+            raise TypeError(f"from_dlpack needs an object with __dlpack__ or a DLPack capsule, "
+                            f"got {type(obj).__name__}")
         device = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else None
         if device is not None and device[0] not in _IMPORTABLE:
             raise BufferError(f"from_dlpack: the {type(obj).__name__} is on {_device_name(tuple(device))}; cuproc "
                               "takes CUDA device, pinned (kDLCUDAHost) or managed memory")
-        marker = handle_int(stream_handle(stream, drv, "from_dlpack")) if device is None or device[0] != KDL_CUDA_HOST \
-            else None
+        on_host = device is not None and device[0] == KDL_CUDA_HOST     # pinned memory: no stream in DLPack
+        marker = None if on_host else handle_int(stream_handle(stream, drv, "from_dlpack"))
         try:
             capsule = obj.__dlpack__(stream=marker, max_version=DLPACK_VERSION)
         except TypeError:                   # a producer from before DLPack 1.0 (no max_version)

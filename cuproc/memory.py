@@ -18,6 +18,7 @@ from .context import Context
 from .device_memory import DeviceBuffer, DeviceView, GlobalView, alloc_async
 from .driver import Driver
 from .host_memory import HostMemory, ManagedBuffer, PinnedBuffer, RegisteredHostMemory
+from .interop import DLPackArray, from_dlpack
 from .pools import MemoryPool
 from .transfers import copy, copy_2d, copy_3d, memset, memset_2d
 
@@ -63,6 +64,6 @@ def pointer_attributes(ptr: Any, *, driver: Driver | None = None) -> dict[str, A
     return info
 
 
-__all__ = ["Allocation", "DeviceBuffer", "DeviceView", "GlobalView", "HostMemory", "ManagedBuffer", "MemoryPool",
-           "PinnedBuffer", "RegisteredHostMemory", "alloc_async", "copy", "copy_2d", "copy_3d", "mem_info", "memset",
-           "memset_2d", "pointer_attributes"]
+__all__ = ["Allocation", "DLPackArray", "DeviceBuffer", "DeviceView", "GlobalView", "HostMemory", "ManagedBuffer",
+           "MemoryPool", "PinnedBuffer", "RegisteredHostMemory", "alloc_async", "copy", "copy_2d", "copy_3d",
+           "from_dlpack", "mem_info", "memset", "memset_2d", "pointer_attributes"]

@@ -194,7 +194,7 @@ class Stream(Resource):
         return (self.context,)
 
     def describe(self) -> str:
-        return f"stream {handle_int(self.handle):#x}"
+        return f"stream {handle_int(self.handle):#x}" + ("" if self.owned else " (not owned)")
 
     def _release(self) -> int:
         if not self.owned:

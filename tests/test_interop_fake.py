@@ -160,7 +160,7 @@ def test_per_thread_handle_exports_marker_2(fake):
     assert fake.stale_count() == 0
 
 
-def test_global_and_managed_cai_name_the_default_stream(fk, pc):
+def test_managed_cai_names_the_default_stream(fk, pc):
     m = mem.ManagedBuffer(64)
     assert m.__cuda_array_interface__["stream"] == 1
     m.free()
@@ -502,7 +502,12 @@ def test_cai_mask_read_only_and_stream_are_honoured(fk, pc, monkeypatch):
     assert waits(calls) == [(handle_int(s.handle), handle_int(producer.handle))]  # on a stream: an event
     calls.clear()
     mem.memset(CAI(buf.ptr, 16, stream=handle_int(s.handle)), 3, stream=s)      # the same stream: nothing
+    mem.memset(CAI(buf.ptr, 16, stream=1), 3)              # synchronous, on the legacy stream it names: nothing
     assert calls == []
+    cap = buf.__dlpack__()
+    with pytest.raises(BufferError):
+        buf.free_async()                                    # exported: refused like free()
+    del cap
     buf.free()
     producer.close()
     s.close()
@@ -620,10 +625,9 @@ def test_the_search_skips_a_stub_and_takes_the_driver_after_it(stub, fake, monke
     assert info.value.attempts[0][0] == str(stub[0]) and "stub" in info.value.attempts[0][1]
 
 
-def test_a_stub_found_by_name_is_recognized_by_where_it_was_loaded_from(stub, tmp_path, monkeypatch):
+def test_a_stub_found_by_name_is_recognized_by_where_it_was_loaded_from(stub):
     """The unversioned name, found through LD_LIBRARY_PATH in a stubs directory (the issue's case),
     even if the stub answered cuDriverGetVersion: dladdr names the file."""
-    from cuproc import loader
     code = (f"import sys, ctypes; sys.path.insert(0, {str(ROOT)!r}); from cuproc import loader; "
             f"lib = loader.DriverLibrary('libcuda.so', ctypes.CDLL('libcuda.so')); "
             f"print(lib.loaded_from(), lib.is_stub())")
