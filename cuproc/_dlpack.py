@@ -8,8 +8,8 @@ makes both without a compiler.
 Export: a managed tensor keeps its owner (the exporting object, and so the
 allocation and its context) alive in :data:`_live` until the consumer -- or the
 capsule's destructor, if never consumed -- calls the deleter, exactly once.
-While any such tensor of an allocation lives, :func:`exported` is true for it
-(explicit frees are refused then, see :mod:`cuproc.allocation`).
+While any such tensor of an allocation lives, ``id(allocation)`` is in
+:data:`EXPORTS` (explicit frees are refused then, see :mod:`cuproc.allocation`).
 
 Import: :func:`consume` validates a capsule, renames it ``used_...`` (so its
 producer's destructor leaves the tensor alone) and hands back what the tensor
@@ -68,7 +68,7 @@ DLManagedTensorVersioned._fields_ = [("version", DLPackVersion), ("manager_ctx",
                                      ("dl_tensor", DLTensor)]
 
 _live: dict[int, tuple[Any, ...]] = {}   # address of a managed tensor -> (tensor, shape, owner, allocation key)
-_exports: dict[int, int] = {}            # id(allocation) -> number of its live managed tensors
+EXPORTS: dict[int, int] = {}             # id(allocation) -> number of its live managed tensors
 _lock = _fork.lock()   # fresh in a forked child
 
 _PyCapsule_New = ctypes.pythonapi.PyCapsule_New
@@ -93,11 +93,11 @@ def _forget(address: int) -> None:
     with _lock:
         entry = _live.pop(address, None)
         if entry is not None and entry[3] is not None:
-            left = _exports[entry[3]] - 1
+            left = EXPORTS[entry[3]] - 1
             if left:
-                _exports[entry[3]] = left
+                EXPORTS[entry[3]] = left
             else:
-                del _exports[entry[3]]
+                del EXPORTS[entry[3]]
 
 
 @_Deleter
@@ -124,19 +124,14 @@ def _capsule_destructor(capsule: int) -> None:
             return
 
 
-def exported(allocation: Any) -> bool:
-    """True while a managed tensor exported from ``allocation`` has not been deleted."""
-    return id(allocation) in _exports
-
-
 def to_capsule(owner: Any, ptr: int, shape: tuple[int, ...], typestr: str, device: tuple[int, int], *,
                versioned: bool = False, copied: bool = False, readonly: bool = False,
                allocation: Any = None) -> Any:
     """A DLPack capsule for C-contiguous memory at ``ptr``, keeping ``owner`` alive until deleted.
 
     ``versioned`` makes a ``"dltensor_versioned"`` capsule (DLPack 1.x, with the read-only and
-    is-copied flags), else a legacy ``"dltensor"`` one.  ``allocation`` is what :func:`exported`
-    reports on while the tensor lives (it must be alive as long as ``owner`` is)."""
+    is-copied flags), else a legacy ``"dltensor"`` one.  ``allocation`` is counted in :data:`EXPORTS`
+    while the tensor lives (it must be alive as long as ``owner`` is)."""
     kind, bits = typestr[1], int(typestr[2:]) * 8
     if kind not in _TYPE_CODES or typestr[0] == ">":
         raise BufferError(f"DLPack cannot describe dtype {typestr!r}")
@@ -161,7 +156,7 @@ def to_capsule(owner: Any, ptr: int, shape: tuple[int, ...], typestr: str, devic
     with _lock:
         _live[address] = (managed, shape_arr, owner, key)
         if key is not None:
-            _exports[key] = _exports.get(key, 0) + 1
+            EXPORTS[key] = EXPORTS.get(key, 0) + 1
     name = VERSIONED_NAME if versioned else LEGACY_NAME
     return _PyCapsule_New(address, name, ctypes.cast(_capsule_destructor, ctypes.c_void_p))
 
@@ -228,5 +223,5 @@ def consume(capsule: Any) -> Imported:
     return imported
 
 
-__all__ = ["DLManagedTensor", "DLManagedTensorVersioned", "DLTensor", "Imported", "VERSION", "consume",
-           "exported", "to_capsule"]
+__all__ = ["DLManagedTensor", "DLManagedTensorVersioned", "DLTensor", "Imported", "EXPORTS", "VERSION",
+           "consume", "to_capsule"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._dlpack import exported
+from ._dlpack import EXPORTS
 from ._resource import FORKED, Resource
 from .context import Context
 
@@ -52,7 +52,7 @@ class Allocation(Resource):
 
     def has_views(self) -> bool:
         """True while a DLPack export of this memory (or, for host memory, a view) is alive."""
-        return exported(self)
+        return id(self) in EXPORTS
 
     def close(self) -> None:
         """Free now (idempotent).  Refused with BufferError while exports or views of the memory exist."""

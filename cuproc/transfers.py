@@ -36,22 +36,25 @@ from .stream import Stream, as_stream, stream_handle
 class _Side:
     """One side of a copy: where it is, its address, its size when known, its context when known."""
 
-    __slots__ = ("kind", "ptr", "nbytes", "keep", "context", "wait")
+    __slots__ = ("kind", "ptr", "nbytes", "keep", "context", "wait", "buffer")
 
     def __init__(self, kind: str, ptr: int, nbytes: int | None, keep: Any, context: Context | None,
-                 wait: int | None = None) -> None:
+                 wait: int | None = None, buffer: DeviceBuffer | None = None) -> None:
         self.kind, self.ptr, self.nbytes, self.keep, self.context = kind, ptr, nbytes, keep, context
         self.wait = wait      # a CAI exporter's stream, to wait for before the call
+        self.buffer = buffer  # the DeviceBuffer whose last_stream the call sets
 
 
 def _side(obj: Any, call: str, *, writable: bool) -> _Side:
     if isinstance(obj, Allocation):
         obj.check(call)
         kind = "host" if obj.kind == "host" else "device"
-        return _Side(kind, obj.address, obj.nbytes, obj, obj.context)
+        return _Side(kind, obj.address, obj.nbytes, obj, obj.context, None,
+                     obj if obj.__class__ is DeviceBuffer else None)
     if isinstance(obj, (DeviceView, GlobalView)):
         obj.check(call)
-        return _Side("device", obj.ptr, obj.nbytes, obj, obj.context)
+        return _Side("device", obj.ptr, obj.nbytes, obj, obj.context, None,
+                     obj.buffer if obj.__class__ is DeviceView else None)
     if isinstance(obj, int) and not isinstance(obj, bool):
         return _Side("device", obj, None, None, None)
     if hasattr(obj, "__cuda_array_interface__"):
@@ -107,32 +110,30 @@ def _stream_arg(stream: Any, ctx: Context | None, driver: Driver | None, call: s
     return stream_handle(stream, drv, call)
 
 
-def _foreign(stream: Any, call: str, driver: Driver | None) -> Any:
-    """Another library's stream object as a not-owned Stream (keeps it alive while recorded)."""
-    if stream is None or stream.__class__ is Stream:
-        return stream
-    return as_stream(stream, call, driver=driver)
-
-
-def _prepare(stream: Any, ctx: Context | None, driver: Driver | None, call: str, *sides: _Side) -> Any:
-    """Before the call: wait for CAI exporters' streams; return what ``last_stream`` becomes after it
-    (the Stream, a raw handle as an int, or None for the default stream)."""
-    for side in sides:
-        if side.wait is not None:
-            wait_for_cai(side.wait, stream, ctx, ctx.driver if ctx is not None else get_driver(driver))
+def _begin(stream: Any, driver: Driver | None, call: str, d: _Side,
+           s: _Side | None = None) -> tuple[Any, Context | None, Any]:
+    """Before a call: another library's stream object becomes a not-owned Stream (kept alive while a
+    buffer records it), CAI exporters' streams are waited for.  Returns (stream, the context to run
+    in, what the buffers' ``last_stream`` becomes: the Stream, a raw handle as an int, None)."""
+    if stream is not None and not isinstance(stream, Stream):
+        stream = as_stream(stream, call, driver=driver)
+    ctx = _binding(stream, d) if s is None else _binding(stream, d, s)
+    if d.wait is not None or (s is not None and s.wait is not None):
+        drv = ctx.driver if ctx is not None else get_driver(driver)
+        for side in (d, s):
+            if side is not None and side.wait is not None:
+                wait_for_cai(side.wait, stream, ctx, drv)
     if stream is None or isinstance(stream, Stream):
-        return stream
-    return handle_int(_stream_arg(stream, ctx, driver, call))
+        return stream, ctx, stream
+    return stream, ctx, handle_int(_stream_arg(stream, ctx, driver, call))
 
 
-def _record(last: Any, *sides: _Side) -> None:
-    """After the call: the cuproc device memory it touched remembers the stream."""
-    for side in sides:
-        keep = side.keep
-        if keep.__class__ is DeviceBuffer:
-            keep.last_stream = last
-        elif keep.__class__ is DeviceView:
-            keep.buffer.last_stream = last
+def _end(last: Any, d: _Side, s: _Side | None = None) -> None:
+    """After the call: the cuproc device memory it touched remembers the stream (one store per side)."""
+    if d.buffer is not None:
+        d.buffer.last_stream = last
+    if s is not None and s.buffer is not None:
+        s.buffer.last_stream = last
 
 
 def copy(dst: Any, src: Any, nbytes: int | None = None, *, stream: Stream | Any | None = None,
@@ -144,9 +145,7 @@ def copy(dst: Any, src: Any, nbytes: int | None = None, *, stream: Stream | Any 
     """
     d, s = _side(dst, "cuMemcpy", writable=True), _side(src, "cuMemcpy", writable=False)
     n = _checked_size("cuMemcpy", nbytes, d, s)
-    stream = _foreign(stream, "cuMemcpyAsync", driver)
-    ctx = _binding(stream, d, s)
-    last = _prepare(stream, ctx, driver, "cuMemcpyAsync", d, s)
+    stream, ctx, last = _begin(stream, driver, "cuMemcpyAsync", d, s)
     asynchronous = stream is not None
     tail = (_stream_arg(stream, ctx, driver, "cuMemcpyAsync"),) if asynchronous else ()
     suffix = "Async" if asynchronous else ""
@@ -162,7 +161,7 @@ def copy(dst: Any, src: Any, nbytes: int | None = None, *, stream: Stream | Any 
             _run(ctx, driver, "cuMemcpyDtoD" + suffix, d.ptr, s.ptr, n, *tail)
     else:
         raise invalid("cuMemcpy", "both sides are host memory: use memoryview slicing or numpy.copyto")
-    _record(last, d, s)
+    _end(last, d, s)
 
 
 def copy_2d(dst: Any, dst_pitch: int, src: Any, src_pitch: int, width_bytes: int, height: int, *,
@@ -175,9 +174,7 @@ def copy_2d(dst: Any, dst_pitch: int, src: Any, src_pitch: int, width_bytes: int
         needed = pitch * (height - 1) + width_bytes if height else 0
         if side.nbytes is not None and needed > side.nbytes:
             raise invalid("cuMemcpy2D", f"the {label} needs {needed} bytes for this copy; it has {side.nbytes}")
-    stream = _foreign(stream, "cuMemcpy2DAsync", driver)
-    ctx = _binding(stream, d, s)
-    last = _prepare(stream, ctx, driver, "cuMemcpy2DAsync", d, s)
+    stream, ctx, last = _begin(stream, driver, "cuMemcpy2DAsync", d, s)
     drv = ctx.driver if ctx is not None else get_driver(driver)
     p = ffi.new("CUDA_MEMCPY2D *")
     for prefix, side, pitch in (("src", s, src_pitch), ("dst", d, dst_pitch)):
@@ -188,7 +185,7 @@ def copy_2d(dst: Any, dst_pitch: int, src: Any, src_pitch: int, width_bytes: int
         _run(ctx, driver, "cuMemcpy2D", p)
     else:
         _run(ctx, driver, "cuMemcpy2DAsync", p, _stream_arg(stream, ctx, driver, "cuMemcpy2DAsync"))
-    _record(last, d, s)
+    _end(last, d, s)
 
 
 def copy_3d(dst: Any, dst_pitch: int, dst_height: int, src: Any, src_pitch: int, src_height: int,
@@ -204,9 +201,7 @@ def copy_3d(dst: Any, dst_pitch: int, dst_height: int, src: Any, src_pitch: int,
         needed = (pitch * slice_h * (depth - 1) + pitch * (height - 1) + width_bytes) if depth and height else 0
         if side.nbytes is not None and needed > side.nbytes:
             raise invalid("cuMemcpy3D", f"the {label} needs {needed} bytes for this copy; it has {side.nbytes}")
-    stream = _foreign(stream, "cuMemcpy3DAsync", driver)
-    ctx = _binding(stream, d, s)
-    last = _prepare(stream, ctx, driver, "cuMemcpy3DAsync", d, s)
+    stream, ctx, last = _begin(stream, driver, "cuMemcpy3DAsync", d, s)
     drv = ctx.driver if ctx is not None else get_driver(driver)
     p = ffi.new("CUDA_MEMCPY3D *")
     for prefix, side, pitch, slice_h in (("src", s, src_pitch, src_height), ("dst", d, dst_pitch, dst_height)):
@@ -218,7 +213,7 @@ def copy_3d(dst: Any, dst_pitch: int, dst_height: int, src: Any, src_pitch: int,
         _run(ctx, driver, "cuMemcpy3D", p)
     else:
         _run(ctx, driver, "cuMemcpy3DAsync", p, _stream_arg(stream, ctx, driver, "cuMemcpy3DAsync"))
-    _record(last, d, s)
+    _end(last, d, s)
 
 
 def _place(drv: Driver, p: Any, prefix: str, side: _Side) -> None:
@@ -248,14 +243,12 @@ def memset(dst: Any, value: int, count: int | None = None, *, element_bits: int 
         raise invalid(call, f"{count} elements of {size} bytes do not fit the {d.nbytes}-byte destination")
     if not 0 <= value < (1 << element_bits):
         raise invalid(call, f"value {value} does not fit {element_bits} bits")
-    stream = _foreign(stream, call + "Async", driver)
-    ctx = _binding(stream, d)
-    last = _prepare(stream, ctx, driver, call + "Async", d)
+    stream, ctx, last = _begin(stream, driver, call + "Async", d)
     if stream is None:
         _run(ctx, driver, call, d.ptr, value, count)
     else:
         _run(ctx, driver, call + "Async", d.ptr, value, count, _stream_arg(stream, ctx, driver, call + "Async"))
-    _record(last, d)
+    _end(last, d)
 
 
 def memset_2d(dst: Any, pitch: int, value: int, width: int, height: int, *, element_bits: int = 8,
@@ -271,15 +264,13 @@ def memset_2d(dst: Any, pitch: int, value: int, width: int, height: int, *, elem
     needed = pitch * (height - 1) + width * size if height else 0
     if d.nbytes is not None and needed > d.nbytes:
         raise invalid(call, f"the region needs {needed} bytes; the destination has {d.nbytes}")
-    stream = _foreign(stream, call + "Async", driver)
-    ctx = _binding(stream, d)
-    last = _prepare(stream, ctx, driver, call + "Async", d)
+    stream, ctx, last = _begin(stream, driver, call + "Async", d)
     if stream is None:
         _run(ctx, driver, call, d.ptr, pitch, value, width, height)
     else:
         _run(ctx, driver, call + "Async", d.ptr, pitch, value, width, height,
              _stream_arg(stream, ctx, driver, call + "Async"))
-    _record(last, d)
+    _end(last, d)
 
 
 __all__ = ["copy", "copy_2d", "copy_3d", "memset", "memset_2d"]
