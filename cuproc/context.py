@@ -492,7 +492,7 @@ class PrimaryContext:
     def release(self) -> None:
         """cuDevicePrimaryCtxRelease of one retain cuproc holds.  Releasing the last one first frees the
         stream-ordered memory made in the context (the driver would leave its pool counting it) and is
-        refused while NumPy views of pinned memory made in it exist; when the driver then destroys the
+        refused while NumPy views or DLPack exports of memory made in it exist; when the driver then destroys the
         context (no other holder), its Context object and everything made in it end."""
         r = self._retains
         with r.lock:

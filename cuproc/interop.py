@@ -245,7 +245,7 @@ def read_cai(obj: Any, call: str, *, writable: bool) -> tuple[int, int, int | No
     """(address, size in bytes, stream or None) of a C-contiguous ``__cuda_array_interface__`` exporter.
 
     Refused before any driver call: a mask (cuproc has no masked arrays), a read-only array where
-    ``writable`` is needed, non-C-contiguous strides, a version below 3 with a stream, stream 0."""
+    ``writable`` is needed, non-C-contiguous strides, a stream that is not None or a positive int."""
     desc = obj.__cuda_array_interface__
     if desc.get("mask") is not None:
         raise invalid(call, f"the {type(obj).__name__} has a mask in its __cuda_array_interface__; cuproc takes "
@@ -262,7 +262,7 @@ def read_cai(obj: Any, call: str, *, writable: bool) -> tuple[int, int, int | No
     for dim in shape:
         size *= dim
     stream = desc.get("stream")
-    if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int) or stream == 0):
+    if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int) or stream <= 0):
         raise invalid(call, f"the {type(obj).__name__}'s __cuda_array_interface__ names stream {stream!r}; "
                             "the protocol allows None, 1, 2 or a stream handle (never 0)")
     return int(ptr or 0), size, stream

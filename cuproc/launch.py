@@ -36,7 +36,7 @@ from ._support import get_driver, invalid
 from .context import call_in
 from .driver import forked_error
 from .errors import result_code
-from .stream import Stream, stream_handle
+from .stream import Stream, as_stream, stream_handle
 
 # Vector types: (component C type, count, device alignment) per the CUDA headers' __align__.
 VECTOR_TYPES = {
@@ -287,6 +287,8 @@ class PreparedLaunch:
         if not isinstance(shared_mem, int) or shared_mem < 0:
             raise invalid("cuLaunchKernel", f"shared_mem must be a non-negative int, got {shared_mem!r}")
         self.shared_mem, self.convention, self.entry = shared_mem, convention, entry
+        if not cached:
+            stream = as_stream(stream, entry, driver=drv)   # another library's stream: held, not owned
         self.stream = stream_handle(stream, drv, entry)
         self.stream_object = stream if isinstance(stream, Stream) else None
         self.config = None

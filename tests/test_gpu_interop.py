@@ -29,14 +29,6 @@ ffi = cuproc.ffi
 BIG = 1 << 30           # 1 GiB: each memset of it takes ~0.3-0.5 ms on an H100/H200
 
 
-@pytest.fixture()
-def primary():
-    pc = cuproc.use_device(0)
-    yield pc
-    cuproc.driver.default_driver().cuCtxSetCurrent(ffi.NULL)
-    pc.release()
-
-
 def slow_then_fill(stream: Stream, target: DeviceBuffer, value: int, rounds: int = 40) -> DeviceBuffer:
     """Queue ~15-20 ms of memsets on ``stream``, then fill ``target`` with ``value`` (32-bit) on it."""
     scratch = mem.alloc_async(BIG, stream)

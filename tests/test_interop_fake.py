@@ -208,6 +208,19 @@ def test_exported_device_memory_stays_alive_and_refuses_explicit_free(fk, pc):
     ctx.destroy()
 
 
+def test_last_primary_release_is_refused_while_device_memory_is_exported(fk):
+    pc = cuproc.use_device(0)
+    buf = DeviceBuffer(16)
+    cap = buf.__dlpack__()
+    with pytest.raises(BufferError):
+        pc.release()
+    assert pc.retain_count == 1 and fk.primary_refcount(0) == 1 and not buf.freed
+    del cap
+    buf.free()
+    pc.release()
+    assert fk.primary_refcount(0) == 0
+
+
 def test_dropped_unconsumed_capsule_runs_its_deleter(fk, pc):
     buf = DeviceBuffer(64)
     before = len(_dlpack._live)
@@ -562,6 +575,28 @@ def test_foreign_stream_objects_are_taken_wherever_a_stream_is(fk, pc):
         mem.memset(buf, 1, stream=Bad())
     buf.free()
     gc.collect()
+    foreign.destroy()
+
+
+def test_a_prepared_launch_holds_a_foreign_stream(fk, pc):
+    from fakedriver import fake_image
+    fn = cuproc.Module.load(fake_image({"empty": [8, 4, 4]})).get_function("empty")
+    foreign = ForeignStream()
+    holder = TorchLikeStream(handle_int(foreign.handle))
+    ref = weakref.ref(holder)
+    run = fn.prepare(["float*", "int", "float"], 1, 32, stream=holder)
+    del holder
+    gc.collect()
+    assert ref() is not None                                 # the launch keeps the foreign owner alive
+    before = fk.launch_count()
+    buf = DeviceBuffer(16)
+    run(buf, 1, 1.0)
+    fn.launch(1, 32, (buf, np.int32(1), np.float32(1)), stream=TorchLikeStream(handle_int(foreign.handle)))
+    assert fk.launch_count() == before + 2
+    buf.free()
+    del run
+    gc.collect()
+    assert ref() is None
     foreign.destroy()
 
 

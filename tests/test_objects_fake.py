@@ -458,6 +458,7 @@ def test_module_globals_copy_both_ways(fk, pc):
     g = m.get_global("counter")
     assert g.nbytes == 16 and g.context is pc.context
     assert g.__cuda_array_interface__["data"][0] == g.ptr and "16 bytes" in repr(g)
+    assert g.__cuda_array_interface__["stream"] == 1          # untracked: the legacy default stream
     mem.copy(g, np.array([1, 2, 3, 4], np.int32))
     assert host_of(g, 4, np.int32).tolist() == [1, 2, 3, 4]
     mem.memset(g, 0, element_bits=32)
