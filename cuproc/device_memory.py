@@ -44,6 +44,9 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
     """
 
     __slots__ = ("stream", "pool", "last_stream")
+    stream: Stream | Any | None        # where a stream-ordered buffer is freed
+    pool: MemoryPool | None
+    last_stream: Stream | int | None   # the last stream-ordered work on it (None: the default stream)
     typestr = "|u1"
     _release_call = "cuMemFree"
 
