@@ -154,7 +154,8 @@ class DeviceArrayExports:
         source: Any = self._copy_on_device() if copy else self
         producer = stream_marker(source.allocation)
         if consumer is not None and producer is not None and consumer != producer:
-            order_after(alloc.context, consumer, producer)
+            last = source.allocation.last_stream      # the event lives in the producer stream's context
+            order_after(last.context if isinstance(last, Stream) else alloc.context, consumer, producer)
         source.allocation.context.add_exporter(source.allocation)
         return to_capsule(source, source.ptr if copy else ptr, self.shape, self.typestr, own,
                                   versioned=versioned, copied=bool(copy), allocation=source.allocation)
@@ -287,7 +288,10 @@ def wait_for_cai(stream: int, waiter: Stream | Any | None, context: Context | No
         if h != stream:
             ctx = waiter.context if isinstance(waiter, Stream) else context
             ctx = ctx if ctx is not None else Context.require_current("cuStreamWaitEvent", driver=driver)
-            order_after(ctx, h, stream)
+            # The event lives in the exporter stream's context; a default stream is the waiter's context's.
+            signaller = ctx if stream in (LEGACY_STREAM, PER_THREAD_STREAM) else \
+                Stream.from_handle(stream, driver=driver).context
+            order_after(signaller, h, stream, ctx)
         return
     if stream == default_marker(driver):
         return          # a synchronous call runs on that default stream: already ordered after its work

@@ -96,10 +96,12 @@ def as_stream(stream: Stream | Any | None, call: str = "stream", *,
     return Stream.from_handle(handle, owner=stream, context=context, driver=driver)
 
 
-def order_after(context: Context, waiter: Any, signaller: Any) -> None:
+def order_after(context: Context, waiter: Any, signaller: Any, waiter_context: Context | None = None) -> None:
     """Make later work on stream ``waiter`` wait for the work queued on ``signaller`` so far, without
-    blocking the host: cuEventRecord on ``signaller`` and cuStreamWaitEvent on ``waiter`` with a
-    timing-free event made in ``context`` (destroyed at once; the driver keeps it until it fired)."""
+    blocking the host: cuEventRecord on ``signaller`` and cuStreamWaitEvent on ``waiter``, with a
+    timing-free event made in ``context`` -- the signaller's, as cuEventRecord needs -- and destroyed
+    at once (the driver keeps it until it fired).  The wait runs in ``waiter_context`` when known
+    (the event may belong to another context), else in ``context``."""
     drv = context.driver
     run = context.call_current
     out = ffi.new("CUevent *")
@@ -107,7 +109,8 @@ def order_after(context: Context, waiter: Any, signaller: Any) -> None:
     event = out[0]
     try:
         drv.check(run(drv.cuEventRecord, event, ffi.cast("CUstream", signaller)), "cuEventRecord")
-        drv.check(run(drv.cuStreamWaitEvent, ffi.cast("CUstream", waiter), event, 0), "cuStreamWaitEvent")
+        wait = (waiter_context or context).call_current
+        drv.check(wait(drv.cuStreamWaitEvent, ffi.cast("CUstream", waiter), event, 0), "cuStreamWaitEvent")
     finally:
         rc = run(drv.cuEventDestroy, event)
     drv.check(rc, "cuEventDestroy")

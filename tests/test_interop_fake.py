@@ -526,6 +526,26 @@ def test_cai_mask_read_only_and_stream_are_honoured(fk, pc, monkeypatch):
     s.close()
 
 
+def test_cai_stream_of_another_context_is_waited_for_across_contexts(fk, monkeypatch):
+    """The exporter's stream lives in context a, cuproc's work in b: the event is made and recorded in
+    a, the wait runs in b (the fake counts a binding error for either done in the wrong one)."""
+    a = Context.create(0)
+    producer = Stream()
+    Context.pop()
+    b = Context.create(0)                                   # current from here on
+    buf, s = DeviceBuffer(16), Stream()
+    calls = spy(monkeypatch, "cuEventRecord", "cuStreamWaitEvent")
+    mem.memset(CAI(buf.ptr, 16, stream=handle_int(producer.handle)), 2, stream=s)
+    assert waits(calls) == [(handle_int(s.handle), handle_int(producer.handle))]
+    assert fk.binding_errors() == 0, fk.binding_calls()
+    s.synchronize()
+    for x in (s, producer):
+        x.close()
+    buf.free()
+    for ctx in (a, b):
+        ctx.destroy()
+
+
 # ----------------------------------------------------------------------------- streams
 
 def test_stream_exports_cuda_stream_and_adopts_foreign_handles(fk, pc):
