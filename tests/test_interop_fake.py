@@ -581,6 +581,7 @@ def test_foreign_stream_objects_are_taken_wherever_a_stream_is(fk, pc):
     a = mem.alloc_async(16, foreign)
     assert a.stream.owner is foreign and a.context is pc.context
     a.free()
+    cuproc.Event().record(CupyLikeStream(h)).synchronize()            # events take them too
     mem.memset(buf, 1, stream=TorchLikeStream(0))                       # torch's default stream is handle 0
     assert buf.last_stream == 0 or buf.last_stream is not None
     with pytest.raises(TypeError, match="__cuda_stream__"):
