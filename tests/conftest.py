@@ -84,13 +84,3 @@ def pc(fk):
     cuproc.driver.default_driver().cuCtxSetCurrent(cuproc.ffi.NULL)
     while pc.retain_count:
         pc.release()
-
-
-@pytest.fixture()
-def primary():
-    """GPU tests: device 0's primary context retained and current; released afterwards."""
-    import cuproc
-    pc = cuproc.use_device(0)
-    yield pc
-    cuproc.driver.default_driver().cuCtxSetCurrent(cuproc.ffi.NULL)
-    pc.release()
