@@ -26,9 +26,12 @@ Policy
   meanwhile (see :mod:`cuproc.allocation`).  CAI has no lifetime protocol.
 * **Import.**  :func:`from_dlpack` views another library's tensor (or a
   capsule) as a :class:`DLPackArray` that keeps the producer alive and calls
-  its deleter exactly once.  CAI objects are taken where cuproc takes device
-  memory (:func:`read_cai`): a mask is refused, a read-only array is refused as
-  a destination, and the exporter's stream is waited for (:func:`wait_for_cai`).
+  its deleter exactly once.  CAI objects given to copies and memsets are read
+  per the spec (:func:`read_cai`): a mask is refused, a read-only array is
+  refused as a destination, and the exporter's stream is waited for
+  (:func:`wait_for_cai`).  As kernel arguments (:mod:`cuproc.launch`) only
+  their address is read: synchronize with their stream yourself, or import
+  them with :func:`from_dlpack`, whose stream handshake orders them.
 """
 from __future__ import annotations
 
