@@ -27,7 +27,7 @@ import sys
 
 from . import _fork
 from ._cffi_abi import ffi
-from .errors import DriverNotFoundError
+from .errors import DriverNotFoundError, result_code
 
 ENV_LIBRARY = "CUPROC_LIBCUDA"
 
@@ -44,7 +44,7 @@ else:
         "/usr/lib/wsl/lib/libcuda.so.1",
     )
 
-CUDA_ERROR_STUB_LIBRARY = 34   # the stub's answer to every call (cuda.h)
+CUDA_ERROR_STUB_LIBRARY = result_code("CUDA_ERROR_STUB_LIBRARY")   # the stub's answer to every call
 STUB_MESSAGE = ("is the CUDA toolkit's stub library (CUDA_ERROR_STUB_LIBRARY), which only satisfies the "
                 "linker: a stub was found where a driver was expected")
 

@@ -395,6 +395,16 @@ def test_import_keeps_the_producer_alive_and_deletes_once(fk, pc):
     s.close()
 
 
+def test_import_of_pinned_memory_passes_no_stream(fk, pc):
+    pinned = mem.PinnedBuffer(32)
+    arr = from_dlpack(pinned, stream=Stream())              # kDLCUDAHost: DLPack has no stream for it
+    assert (arr.ptr, arr.device, arr.stream, arr.producer) == (pinned.ptr, (3, 0), None, pinned)
+    with pytest.raises(BufferError):
+        pinned.free()                                       # the import holds an export of it
+    arr.close()
+    pinned.free()
+
+
 def test_import_of_a_capsule_and_of_a_legacy_producer(fk, pc):
     buf = DeviceBuffer(8)
     p = Producer(buf, versioned=False)
