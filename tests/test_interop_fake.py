@@ -264,6 +264,10 @@ def test_dl_device_rules(fk, pc):
     host = np.ctypeslib.as_array((ctypes.c_uint16 * 4).from_address(t.ptr))
     assert host.tolist() == np.arange(8, dtype=np.uint8).view(np.uint16).tolist()
     t.release()
+    if np.lib.NumpyVersion(np.__version__) >= "2.1.0":              # from_dlpack(device=) is NumPy 2.1+
+        on_host = np.from_dlpack(buf.view(np.uint16), device="cpu")  # NumPy asks for dl_device=(kDLCPU, 0)
+        assert on_host.tolist() == np.arange(8, dtype=np.uint8).view(np.uint16).tolist()
+        assert not buf.has_views()                                   # a copy: the buffer is not exported
     with pytest.raises(TypeError):
         buf.__dlpack__(dl_device="cuda")
     buf.free()
@@ -322,13 +326,16 @@ def test_host_memory_exports_cuda_host_and_managed_devices(fk, pc, kind):
     assert arr.ctypes.data == buf.ptr and arr.tolist() == list(range(16))
     with pytest.raises(BufferError):
         buf.free()                                          # NumPy's array still uses it
-    on_cpu = np.from_dlpack(buf, device="cpu")              # dl_device=(kDLCPU, 0): the same bytes
-    assert on_cpu.ctypes.data == buf.ptr
-    copied = np.from_dlpack(buf, copy=True)
-    assert copied.ctypes.data != buf.ptr and copied.tolist() == list(range(16))
+    on_cpu = _dlpack.consume(buf.__dlpack__(dl_device=(1, 0)))     # kDLCPU: the same bytes
+    assert (on_cpu.ptr, on_cpu.device) == (buf.ptr, (1, 0))
+    copied = _dlpack.consume(buf.__dlpack__(copy=True, max_version=(1, 0)))
+    assert copied.ptr != buf.ptr and copied.device == buf.__dlpack_device__()
+    assert bytes((ctypes.c_ubyte * 16).from_address(copied.ptr)) == bytes(range(16))
     with pytest.raises(BufferError):
         buf.__dlpack__(dl_device=(2, 0))
-    del arr, on_cpu, copied
+    del arr
+    for t in (on_cpu, copied):
+        t.release()
     gc.collect()
     buf.free()
 
