@@ -33,13 +33,22 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from . import _fork, errors
-from ._cffi_abi import ffi
+from ._cffi_abi import ffi as ffi  # re-exported: cuproc.driver.ffi is part of the C-named namespace
 from .loader import DIRECT_LOOKUP, GET_PROC_ADDRESS_V2, DriverLibrary, open_library
 from .registry import NOT_YET_INTRODUCED, PER_THREAD_NEEDS_7_0, Registry, Selection, default_registry
 from .version import CudaVersion
+
+if TYPE_CHECKING:
+    # The C names as type checkers see them: generated from headers/ by tools/build_stubs.py.
+    from ._cnames import *  # noqa: F403
+    from ._cnames import CFunctions
+    _DriverFunctions = CFunctions[int]      # Driver(...).cuX returns the CUresult
+    _CheckedFunctions = CFunctions[None]    # Driver(...).checked.cuX raises instead
+else:
+    _DriverFunctions = _CheckedFunctions = object
 
 ENV_VERSION = "CUPROC_CUDA_VERSION"
 ENV_PER_THREAD = "CUPROC_PER_THREAD_DEFAULT_STREAM"
@@ -168,7 +177,7 @@ def _env_per_thread() -> bool:
     return os.environ.get(ENV_PER_THREAD, "").strip().lower() not in _OFF
 
 
-class Driver:
+class Driver(_DriverFunctions):
     """A handle on the driver at one requested CUDA version and stream flag.
 
     ``version``: the CUDA version whose ABIs you code against (``"12.4"``,
@@ -471,7 +480,7 @@ def _tracking_cuinit(function: Callable[[int], int]) -> Callable[[int], int]:
     return cuInit
 
 
-class Checked:
+class Checked(_CheckedFunctions):
     """``driver.checked.cuX(...)``: calls ``cuX`` and raises CudaError on any result but CUDA_SUCCESS."""
 
     def __init__(self, driver: Driver) -> None:
@@ -538,6 +547,9 @@ def is_driver_available() -> bool:
     """True when a driver opens and answers; never raises."""
     from .loader import is_driver_available as available
     return available()
+
+
+checked: Checked   # the default handle's checked functions (made on first access below)
 
 
 def __getattr__(name: str) -> Any:
