@@ -52,7 +52,8 @@ else:
 
 ENV_VERSION = "CUPROC_CUDA_VERSION"
 ENV_PER_THREAD = "CUPROC_PER_THREAD_DEFAULT_STREAM"
-_OFF = {"", "0", "false", "no", "off"}
+_ON = frozenset({"1", "true", "yes", "on"})
+_OFF = frozenset({"", "0", "false", "no", "off"})
 
 # Resolution statuses (also dump_symbols' status column).
 RESOLVED = "resolved"
@@ -163,18 +164,36 @@ def _is_type_name(name: str) -> bool:
 
 # --------------------------------------------------------------------------- the handle
 
-def _env_version() -> CudaVersion | None:
+def env_version() -> CudaVersion | None:
+    """The requested version from CUPROC_CUDA_VERSION (None when unset or empty).
+
+    Raises ValueError naming the variable when it is set to something that is not a CUDA
+    version.  The library and ``cuproc-dump-symbols`` both read it here.
+    """
     text = os.environ.get(ENV_VERSION, "").strip()
     if not text:
         return None
     try:
         return CudaVersion.parse(text)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{ENV_VERSION}={text!r}: {exc}") from None
+        raise ValueError(f"{ENV_VERSION}={text!r}: {exc}; set it to a CUDA version such as 12.4 or 12040, "
+                         f"or unset it") from None
 
 
-def _env_per_thread() -> bool:
-    return os.environ.get(ENV_PER_THREAD, "").strip().lower() not in _OFF
+def env_per_thread() -> bool:
+    """The stream flag from CUPROC_PER_THREAD_DEFAULT_STREAM: 1/true/yes/on, or 0/false/no/off/empty.
+
+    Raises ValueError naming the variable for any other value, so that a typo does not silently
+    select the legacy stream.  The library and ``cuproc-dump-symbols`` both read it here.
+    """
+    text = os.environ.get(ENV_PER_THREAD, "").strip().lower()
+    if text in _ON:
+        return True
+    if text in _OFF:
+        return False
+    raise ValueError(f"{ENV_PER_THREAD}={os.environ[ENV_PER_THREAD]!r}: expected one of "
+                     f"{', '.join(sorted(_ON))} (per-thread default stream) or {', '.join(sorted(_OFF - {''}))} "
+                     f"(legacy default stream), or unset it")
 
 
 class Driver(_DriverFunctions):
@@ -192,9 +211,9 @@ class Driver(_DriverFunctions):
 
     def __init__(self, version: object = None, *, per_thread_default_stream: bool | None = None,
                  library: str | os.PathLike[str] | None = None, registry: Registry | None = None) -> None:
-        self._requested = CudaVersion.parse(version) if version is not None else _env_version()
+        self._requested = CudaVersion.parse(version) if version is not None else env_version()
         self.per_thread_default_stream = (
-            _env_per_thread() if per_thread_default_stream is None else bool(per_thread_default_stream))
+            env_per_thread() if per_thread_default_stream is None else bool(per_thread_default_stream))
         self._library_path = library
         self._registry = registry
         self._lib: DriverLibrary | None = None
