@@ -37,17 +37,19 @@ def test_stub_matches_headers():
         f"cuproc/{build_stubs.STUB_NAME} is stale: run tools/build_ffi.py"
 
 
-def _stub_module_names() -> tuple[dict[str, str], set[str]]:
-    """(name -> annotation of each module-level constant/type, module-level function names) from the stub."""
+def _stub_names() -> tuple[dict[str, str], set[str], set[str]]:
+    """From the stub: (annotation of each constant/type on a handle, functions on a handle,
+    the names of the module namespace)."""
     text = (PACKAGE / build_stubs.STUB_NAME).read_text()
-    module_part = text.split("\nclass CFunctions", 1)[0]
-    values = dict(re.findall(r"^(\w+): (Final.*)$", module_part, re.M))
-    functions = set(re.findall(r"^def (\w+)\(", module_part, re.M))
-    return values, functions
+    handle, module = text.split("\nclass CFunctions", 1)[1].split("\n_default: CFunctions[int]\n", 1)
+    values = dict(re.findall(r"^    (\w+): (Final.*)$", handle, re.M))
+    functions = set(re.findall(r"^    def (\w+)\(self", handle, re.M))
+    module_names = set(re.findall(r"^(\w+) = _default\.\1$", module, re.M))
+    return values, functions, module_names
 
 
 def test_stub_declares_what_the_runtime_has():
-    values, functions = _stub_module_names()
+    values, functions, module_names = _stub_names()
     assert functions == set(driver.default_registry())
     constants = driver.constants()
     for name, annotation in values.items():
@@ -57,20 +59,20 @@ def test_stub_declares_what_the_runtime_has():
             assert driver.ffi.typeof(name).cname == annotation.split("# ", 1)[1], name
         else:
             assert annotation.startswith("Final[CData]") and driver.ffi.typeof(constants[name]).kind == "pointer"
-    runtime = {n for n in constants if n.startswith(("cu", "CU"))}
-    runtime |= {n for n in driver.ffi.list_types()[0] if n.startswith(("cu", "CU"))}
-    assert set(values) == runtime
+    assert set(values) == set(constants) | set(driver.ffi.list_types()[0])
+    # the module answers the cu*/CU* names only (cuproc.driver.__getattr__)
+    assert module_names == {n for n in [*values, *functions] if n.startswith(("cu", "CU"))}
 
 
 def test_stub_signatures_follow_the_abi():
     text = (PACKAGE / build_stubs.STUB_NAME).read_text()
     # one parameter per C parameter, positional-only; ints where C takes integers
-    assert "def cuMemAlloc(dptr: CData, bytesize: SupportsIndex, /) -> int:" in text
-    assert "def cuInit(Flags: SupportsIndex, /) -> int:" in text
+    assert "    def cuMemAlloc(self, dptr: CData, bytesize: SupportsIndex, /) -> _R:" in text
+    assert "    def cuInit(self, Flags: SupportsIndex, /) -> _R:" in text
     # variants of different arity are overloads: 3 (CUDA 2.0/3.2), 5 (11.4) and 4 (12.5) arguments
-    overloads = re.findall(r"^@overload\ndef cuCtxCreate\((.*?)\) -> int:", text, re.M)
+    overloads = re.findall(r"^    @overload\n    def cuCtxCreate\(self, (.*?)\) -> _R:", text, re.M)
     assert sorted(o.count(":") for o in overloads) == [3, 4, 5]
-    assert "def cuCtxSynchronize() -> int:" in text
+    assert "    def cuCtxSynchronize(self) -> _R:" in text
     # the docstring gives the C declaration
     assert "CUresult cuMemAlloc(CUdeviceptr_v2 *dptr, size_t bytesize)" in text
 
@@ -180,7 +182,7 @@ def test_mypy_reports_wrong_argument_counts(tmp_path):
 
 def _pyright(tmp_path: Path, files: list[Path]) -> dict:
     _need("pyright")
-    config = {"pythonVersion": f"{sys.version_info.major}.{sys.version_info.minor}"}
+    config: dict[str, object] = {"pythonVersion": f"{sys.version_info.major}.{sys.version_info.minor}"}
     if not _installed_in_site_packages():
         config["extraPaths"] = [str(PACKAGE.parent)]
     (tmp_path / "pyrightconfig.json").write_text(json.dumps(config))

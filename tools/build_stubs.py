@@ -142,13 +142,14 @@ class _Function:
         declarations.append(f"CUDA {version // 1000}.{version % 1000 // 10} ABI ({typedef}): "
                             f"{result} {self.name}({', '.join(decls) or 'void'})")
 
-    def render(self, *, method: bool, returns: str, indent: str) -> list[str]:
+    def render(self, *, returns: str, indent: str) -> list[str]:
+        """The method(s) of ``CFunctions``: one per signature, ``@overload`` when there are several."""
         lines: list[str] = []
         overloaded = len(self.signatures) > 1
         for names, types, declarations in self.signatures.values():
-            params = ["self"] if method else []
-            params += [f"{n}: {'CData' if 'CData' in t else ' | '.join(sorted(t))}" for n, t in zip(names, types)]
-            if len(params) > (1 if method else 0):
+            params = ["self"] + [f"{n}: {'CData' if 'CData' in t else ' | '.join(sorted(t))}"
+                                 for n, t in zip(names, types)]
+            if len(params) > 1:
                 params.append("/")
             if overloaded:
                 lines.append(f"{indent}@overload")
@@ -191,29 +192,24 @@ def stub_text(headers: Path, generated: Path) -> str:
     if clash:
         raise ValueError(f"names that are both a constant and a type or function: {sorted(clash)}")
 
-    def names(indent: str, module: bool) -> list[str]:
-        # The module namespace answers only cu*/CU* names (cuproc.driver.__getattr__); a Driver answers all.
-        keep = (lambda n: n.startswith(("cu", "CU"))) if module else (lambda n: True)
-        lines = [f"{indent}{n}: Final = {v}" for n, v in sorted(constants.items()) if keep(n)]
-        lines += [f"{indent}{n}: Final[CData]  # ({c}){data.DEFINES[n]}"
-                  for n, c in sorted(data.POINTER_CONSTANTS.items()) if keep(n)]
-        lines += [f"{indent}{n}: Final[CType]  # {c}" for n, c in sorted(types.items()) if keep(n)]
-        return lines
-
     out = HEADER.splitlines()
-    out += ["", "# " + "-" * 70 + " the module namespace: cuproc.driver.<C name>", ""]
-    module_names = names("", module=True)
-    exported = [line.split(":")[0] for line in module_names] + [f.name for f in functions]
-    out += ["__all__ = [", *(f"    {n!r}," for n in exported), "]", ""]   # what driver.py's star import takes
-    out += module_names
-    for function in functions:
-        out += ["", *function.render(method=False, returns="int", indent="")]
-    out += ["", "", "class CFunctions(Generic[_R]):",
+    out += ["", "class CFunctions(Generic[_R]):",
             '    """The C names on a handle: ``Driver(...).cuX`` returns the CUresult (``_R`` is ``int``),',
             '    ``Driver(...).checked.cuX`` raises ``CudaError`` instead (``_R`` is ``None``)."""', ""]
-    out += names("    ", module=False)
+    out += [f"    {n}: Final = {v}" for n, v in sorted(constants.items())]
+    out += [f"    {n}: Final[CData]  # ({c}){data.DEFINES[n]}" for n, c in sorted(data.POINTER_CONSTANTS.items())]
+    out += [f"    {n}: Final[CType]  # {c}" for n, c in sorted(types.items())]
     for function in functions:
-        out += ["", *function.render(method=True, returns="_R", indent="    ")]
+        out += ["", *function.render(returns="_R", indent="    ")]
+
+    # The module namespace: the default handle's names.  It answers only cu*/CU* names
+    # (cuproc.driver.__getattr__); a Driver answers all.
+    exported = [n for n in [*sorted(constants), *sorted(data.POINTER_CONSTANTS), *sorted(types)]
+                if n.startswith(("cu", "CU"))] + [f.name for f in functions]
+    out += ["", "", "# " + "-" * 70 + " the module namespace: cuproc.driver.<C name>", "",
+            "_default: CFunctions[int]", ""]
+    out += [f"{n} = _default.{n}" for n in exported]
+    out += ["", "__all__ = [", *(f"    {n!r}," for n in exported), "]"]   # what driver.py's star import takes
     return "\n".join(out) + "\n"
 
 
