@@ -83,8 +83,8 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    """The object layer loads on first use, so ``import cuproc`` stays cheap."""
+def _lazy(name: str) -> object:
+    """The object layer loads on first use, so ``import cuproc`` stays cheap (``__getattr__``)."""
     import importlib
     for module in _LAZY_MODULES:
         mod = importlib.import_module(f".{module}", __name__)
@@ -93,3 +93,7 @@ def __getattr__(name: str) -> object:
             globals()[name] = value
             return value
     raise AttributeError(f"module 'cuproc' has no attribute {name!r}")
+
+
+if not TYPE_CHECKING:   # checkers see the TYPE_CHECKING imports above, so a misspelt name is an error
+    __getattr__ = _lazy

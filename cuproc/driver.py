@@ -418,7 +418,8 @@ class Driver(_DriverFunctions):
         return self._checked
 
     # ---------------------------------------------------------------- the C names
-    def __getattr__(self, name: str) -> Any:
+    def _c_name(self, name: str) -> Any:
+        """``drv.cuX``, ``drv.CU_X``, ``drv.CUtype``: resolved on first access (``__getattr__``)."""
         if name.startswith("_"):
             raise AttributeError(name)
         if name in self.registry:
@@ -440,6 +441,9 @@ class Driver(_DriverFunctions):
         if _is_type_name(name):
             return ffi.typeof(name)
         raise AttributeError(f"no CUDA driver function, constant or type named {name!r}")
+
+    if not TYPE_CHECKING:   # checkers see the declared C names only (CFunctions), so a misspelt one is an error
+        __getattr__ = _c_name
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(self.registry) | set(constants()))
@@ -505,7 +509,8 @@ class Checked(_CheckedFunctions):
     def __init__(self, driver: Driver) -> None:
         self._driver = driver
 
-    def __getattr__(self, name: str) -> Any:
+    def _c_name(self, name: str) -> Any:
+        """``drv.checked.cuX``: the checked wrapper, made on first access (``__getattr__``)."""
         if name.startswith("_"):
             raise AttributeError(name)
         value = getattr(self._driver, name)
@@ -517,6 +522,9 @@ class Checked(_CheckedFunctions):
                 wrapper = _make_checked(value, name, self._driver.error)
                 self.__dict__[name] = wrapper
         return wrapper
+
+    if not TYPE_CHECKING:   # as for Driver: checkers see the declared C names only
+        __getattr__ = _c_name
 
     def __dir__(self) -> list[str]:
         return dir(self._driver)
@@ -571,7 +579,8 @@ def is_driver_available() -> bool:
 checked: Checked   # the default handle's checked functions (made on first access below)
 
 
-def __getattr__(name: str) -> Any:
+def _module_c_name(name: str) -> Any:
+    """``cuproc.driver.cuX``: the default handle's, cached as a module attribute (``__getattr__``)."""
     if name == "checked":
         value: Any = default_driver().checked
         globals()[name] = value
@@ -583,3 +592,7 @@ def __getattr__(name: str) -> Any:
     globals()[name] = value   # cache: the next access is a plain module attribute load
     _module_cache.add(name)
     return value
+
+
+if not TYPE_CHECKING:   # checkers see the declared C names only (cuproc/_cnames.pyi), so a misspelt one is an error
+    __getattr__ = _module_c_name

@@ -112,8 +112,13 @@ drv.cuInit(0, 1)
 drv.checked.cuCtxSynchronize(1, 2)
 ok: int = cu.cuCtxSynchronize() + cu.CU_CTX_SCHED_AUTO
 cuproc.Module.load(1, 2, 3, 4, 5)
+cu.checked.cuInit()
+cu.cuMemAloc(0)
+drv.CU_CTX_SCHED_AUTOO
+cuproc.DeviceBufer(16)
 """
-WRONG_LINES = {4, 5, 7, 8, 10}   # line 9 is right: the argument count of a CUDA 2.0 ABI
+WRONG_COUNTS = {4, 5, 7, 8, 10, 11}   # line 9 is right: the argument count of a CUDA 2.0 ABI
+MISSPELT = {12, 13, 14}
 
 
 def _sources(tmp_path: Path) -> list[Path]:
@@ -168,16 +173,16 @@ def test_mypy_accepts_readme_and_examples(tmp_path):
     assert "Success: no issues found" in proc.stdout
 
 
-def test_mypy_reports_wrong_argument_counts(tmp_path):
+def test_mypy_reports_wrong_argument_counts_and_misspelt_names(tmp_path):
     _need("mypy")
     bad = tmp_path / "wrong_calls.py"
     bad.write_text(WRONG_CALLS)
     proc = _mypy(tmp_path, [bad])
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    lines = {int(n) for n in re.findall(r"^wrong_calls\.py:(\d+): error: .*\[call-(?:arg|overload)\]",
-                                        proc.stdout, re.M)}
-    assert lines == WRONG_LINES, proc.stdout
-    assert re.search(r"^wrong_calls\.py:\d+: error", proc.stdout, re.M)
+    errors = re.findall(r"^wrong_calls\.py:(\d+): error: .*\[([\w-]+)\]$", proc.stdout, re.M)
+    assert {int(n) for n, code in errors if code in ("call-arg", "call-overload")} == WRONG_COUNTS, proc.stdout
+    assert {int(n) for n, code in errors if code == "attr-defined"} == MISSPELT, proc.stdout
+    assert {int(n) for n, _ in errors} == WRONG_COUNTS | MISSPELT, proc.stdout
 
 
 def _pyright(tmp_path: Path, files: list[Path]) -> dict:
@@ -204,10 +209,12 @@ def test_pyright_accepts_readme_and_examples(tmp_path):
     assert report["summary"]["filesAnalyzed"] >= 4
 
 
-def test_pyright_reports_wrong_argument_counts(tmp_path):
+def test_pyright_reports_wrong_argument_counts_and_misspelt_names(tmp_path):
     bad = tmp_path / "wrong_calls.py"
     bad.write_text(WRONG_CALLS)
     report = _pyright(tmp_path, [bad])
-    lines = {d["range"]["start"]["line"] + 1 for d in report["generalDiagnostics"]
-             if d["severity"] == "error" and d.get("rule") == "reportCallIssue"}
-    assert lines == WRONG_LINES, report["generalDiagnostics"]
+    errors = [(d["range"]["start"]["line"] + 1, d.get("rule")) for d in report["generalDiagnostics"]
+              if d["severity"] == "error"]
+    assert {n for n, rule in errors if rule == "reportCallIssue"} == WRONG_COUNTS, errors
+    assert {n for n, rule in errors if rule == "reportAttributeAccessIssue"} == MISSPELT, errors
+    assert {n for n, _ in errors} == WRONG_COUNTS | MISSPELT, errors
