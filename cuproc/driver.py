@@ -28,6 +28,14 @@ Policy
 * **fork.**  Nothing touches the driver at import.  A child forked after CUDA
   was initialized gets :class:`~cuproc.errors.ForkedProcessError` on first use,
   not an obscure failure.
+* **Types.**  The names come from ``__getattr__`` at run time; type checkers
+  see instead the declarations that ``tools/build_stubs.py`` generates from
+  ``headers/`` into ``_cnames.pyi`` (every function with its parameters, every
+  constant and type), so a wrong argument count or a misspelt name is reported
+  before the program runs.
+* **Environment.**  ``CUPROC_CUDA_VERSION`` and ``CUPROC_PER_THREAD_DEFAULT_STREAM``
+  are read by :func:`env_version` and :func:`env_per_thread` (the CLI uses the
+  same two); a value they do not understand is a ValueError naming the variable.
 """
 from __future__ import annotations
 
