@@ -77,6 +77,21 @@ def test_stub_signatures_follow_the_abi():
     assert "CUresult cuMemAlloc(CUdeviceptr_v2 *dptr, size_t bytesize)" in text
 
 
+def test_stub_generator_maps_c_types_as_cffi_passes_them():
+    ffi = driver.ffi
+    assert build_stubs._python_type(ffi.typeof("unsigned long long")) == "SupportsIndex"
+    assert build_stubs._python_type(ffi.typeof("_Bool")) == "SupportsIndex"
+    assert build_stubs._python_type(ffi.typeof("CUdevice_attribute")) == "SupportsIndex"   # enum
+    assert build_stubs._python_type(ffi.typeof("double")) == "float"
+    assert build_stubs._python_type(ffi.typeof("char")) == "bytes"
+    assert build_stubs._python_type(ffi.typeof("CUstream")) == "CData"                     # a handle
+    assert build_stubs._python_type(ffi.typeof("CUmemLocation")) == "CData"                # by-value struct
+    with pytest.raises(ValueError, match="long double"):   # a new kind of parameter fails the build, loudly
+        build_stubs._python_type(ffi.typeof("long double"))
+    assert build_stubs._param_names(["CUdeviceptr *", "int lambda", "int x", "int x", "void **extra"]) == \
+        ["arg0", "lambda_", "x", "x_", "extra"]
+
+
 def test_lazy_exports_are_visible_to_type_checkers():
     """The names cuproc/__init__.py imports under TYPE_CHECKING are exactly what __getattr__ serves."""
     source = Path(cuproc.__file__).read_text()

@@ -40,7 +40,7 @@ _PFN = re.compile(r"^PFN_(\w+?)_v(\d+)(_ptds|_ptsz)?$")
 _DECL = re.compile(r"typedef\s+(\w+)\s+\(\*(PFN_\w+)\)\((.*?)\);", re.S)
 _IDENT = re.compile(r"([A-Za-z_]\w*)\s*(?:\[\s*\w*\s*\])?\s*$")
 _INTEGER_PRIMITIVES = frozenset({
-    "char", "signed char", "unsigned char", "short", "unsigned short", "int", "unsigned int",
+    "_Bool", "signed char", "unsigned char", "short", "unsigned short", "int", "unsigned int",
     "long", "unsigned long", "long long", "unsigned long long", "size_t", "ssize_t",
     "int8_t", "uint8_t", "int16_t", "uint16_t", "int32_t", "uint32_t", "int64_t", "uint64_t",
     "intptr_t", "uintptr_t"})
@@ -106,6 +106,8 @@ def _python_type(ctype: Any) -> str:
         return "SupportsIndex"
     if ctype.kind == "primitive" and ctype.cname in _FLOAT_PRIMITIVES:
         return "float"
+    if ctype.kind == "primitive" and ctype.cname == "char":   # cffi passes a plain char as a 1-byte bytes
+        return "bytes"
     if ctype.kind in ("pointer", "struct", "union", "function", "array"):
         return "CData"
     raise ValueError(f"no Python type for the C parameter type {ctype.cname!r} ({ctype.kind})")
