@@ -8,6 +8,8 @@ Layers, bottom up: ``headers/`` -> ``cuproc._cffi_abi`` (ffi) -> ``loader`` ->
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ._cffi_abi import ffi
 from .driver import Driver, default_driver, is_driver_available, set_default_driver
 from .errors import (
@@ -27,23 +29,77 @@ from .errors import (
 from .registry import default_registry
 from .version import CudaVersion
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    # The object layer, loaded lazily by __getattr__ below; imported here so that type checkers
+    # see the real classes.  tests/test_typing.py checks that these are exactly the ``__all__``
+    # of the modules in _LAZY_MODULES.
+    from .context import Context, PrimaryContext, PrimaryRetains, call_in, synchronize_context, use_device
+    from .device import Device
+    from .memory import (
+        Allocation,
+        DLPackArray,
+        DeviceBuffer,
+        DeviceView,
+        GlobalView,
+        HostMemory,
+        ManagedBuffer,
+        MemoryPool,
+        PinnedBuffer,
+        RegisteredHostMemory,
+        alloc_async,
+        copy,
+        copy_2d,
+        copy_3d,
+        from_dlpack,
+        mem_info,
+        memset,
+        memset_2d,
+        pointer_attributes,
+    )
+    from .module import Function, JitResult, Kernel, Library, Linker, Module
+    from .stream import (
+        Event,
+        HostCallbackError,
+        Stream,
+        as_stream,
+        default_stream,
+        foreign_stream_handle,
+        launch_host_func,
+        order_after,
+        stream_context,
+        stream_handle,
+    )
+
+__version__ = "0.1.0"   # the one place: pyproject.toml reads it ([tool.setuptools.dynamic])
+
+_LAZY_MODULES = ("context", "device", "stream", "memory", "module")
 
 __all__ = [
     "ClosedResourceError", "CudaWarning", "CudaError", "CudaVersion", "Driver", "DriverNotFoundError", "DriverTooOldError", "ForkedProcessError",
     "InvalidContextError", "InvalidValueError", "NotFoundError", "NotInitializedError", "OutOfMemoryError",
     "SymbolNotFoundError", "default_driver", "default_registry", "ffi", "is_driver_available",
     "set_default_driver",
+    # the object layer (lazy)
+    "Context", "PrimaryContext", "PrimaryRetains", "call_in", "synchronize_context", "use_device", "Device",
+    "Allocation", "DLPackArray", "DeviceBuffer", "DeviceView", "GlobalView", "HostMemory", "ManagedBuffer", "MemoryPool",
+    "PinnedBuffer", "RegisteredHostMemory", "alloc_async", "copy", "copy_2d", "copy_3d", "from_dlpack", "mem_info", "memset",
+    "memset_2d", "pointer_attributes", "Function", "JitResult", "Kernel", "Library", "Linker", "Module",
+    "Event", "HostCallbackError", "Stream", "as_stream", "default_stream", "foreign_stream_handle", "launch_host_func",
+    "order_after", "stream_context", "stream_handle",
 ]
 
 
-def __getattr__(name: str) -> object:
-    """The object layer loads on first use, so ``import cuproc`` stays cheap."""
+def _lazy(name: str) -> object:
+    """The object layer loads on first use, so ``import cuproc`` stays cheap (``__getattr__``)."""
     import importlib
-    for module in ("context", "device", "stream", "memory", "module"):
+    for module in _LAZY_MODULES:
         mod = importlib.import_module(f".{module}", __name__)
         if name in getattr(mod, "__all__", ()):
             value = getattr(mod, name)
             globals()[name] = value
             return value
     raise AttributeError(f"module 'cuproc' has no attribute {name!r}")
+
+
+if not TYPE_CHECKING:   # checkers see the TYPE_CHECKING imports above, so a misspelt name is an error
+    __getattr__ = _lazy

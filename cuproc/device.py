@@ -82,14 +82,17 @@ class Device:
     # ---------------------------------------------------------------- attributes
     def attribute(self, attr: str | int) -> int:
         """One CUdevice_attribute, by enumerator (``"MULTIPROCESSOR_COUNT"`` or the full name) or value."""
+        code: int
         if isinstance(attr, str):
             name = attr if attr.startswith(_ATTR_PREFIX) else _ATTR_PREFIX + attr.upper()
             try:
-                attr = ffi.typeof("CUdevice_attribute").relements[name]
+                code = ffi.typeof("CUdevice_attribute").relements[name]
             except KeyError:
                 raise KeyError(f"no device attribute {name}") from None
+        else:
+            code = attr
         out = ffi.new("int *")
-        self.driver.checked.cuDeviceGetAttribute(out, attr, self.handle)
+        self.driver.checked.cuDeviceGetAttribute(out, code, self.handle)
         return out[0]
 
     def attributes(self) -> dict[str, int]:

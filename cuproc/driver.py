@@ -39,24 +39,42 @@ Policy
 * **fork.**  Nothing touches the driver at import.  A child forked after CUDA
   was initialized gets :class:`~cuproc.errors.ForkedProcessError` on first use,
   not an obscure failure.
+* **Types.**  The names come from ``__getattr__`` at run time; type checkers
+  see instead the declarations that ``tools/build_stubs.py`` generates from
+  ``headers/`` into ``_cnames.pyi`` (every function with its parameters, every
+  constant and type), so a wrong argument count or a misspelt name is reported
+  before the program runs.
+* **Environment.**  ``CUPROC_CUDA_VERSION`` and ``CUPROC_PER_THREAD_DEFAULT_STREAM``
+  are read by :func:`env_version` and :func:`env_per_thread` (the CLI uses the
+  same two); a value they do not understand is a ValueError naming the variable.
 """
 from __future__ import annotations
 
 import os
 import re
 import weakref
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from . import _fork, errors
-from ._cffi_abi import ffi
+from ._cffi_abi import ffi as ffi  # re-exported: cuproc.driver.ffi is part of the C-named namespace
 from .loader import DIRECT_LOOKUP, GET_PROC_ADDRESS_V2, DriverLibrary, open_library
 from .registry import (NOT_ON_THIS_PLATFORM, NOT_YET_INTRODUCED, PER_THREAD_NEEDS_7_0, Registry, Selection,
                        default_registry)
 from .version import CudaVersion
 
+if TYPE_CHECKING:
+    # The C names as type checkers see them: generated from headers/ by tools/build_stubs.py.
+    from ._cnames import *  # noqa: F403
+    from ._cnames import CFunctions
+    _DriverFunctions = CFunctions[int]      # Driver(...).cuX returns the CUresult
+    _CheckedFunctions = CFunctions[None]    # Driver(...).checked.cuX raises instead
+else:
+    _DriverFunctions = _CheckedFunctions = object
+
 ENV_VERSION = "CUPROC_CUDA_VERSION"
 ENV_PER_THREAD = "CUPROC_PER_THREAD_DEFAULT_STREAM"
-_OFF = {"", "0", "false", "no", "off"}
+_ON = frozenset({"1", "true", "yes", "on"})
+_OFF = frozenset({"", "0", "false", "no", "off"})
 
 # Resolution statuses (also dump_symbols' status column).
 RESOLVED = "resolved"
@@ -168,21 +186,39 @@ def _is_type_name(name: str) -> bool:
 
 # --------------------------------------------------------------------------- the handle
 
-def _env_version() -> CudaVersion | None:
+def env_version() -> CudaVersion | None:
+    """The requested version from CUPROC_CUDA_VERSION (None when unset or empty).
+
+    Raises ValueError naming the variable when it is set to something that is not a CUDA
+    version.  The library and ``cuproc-dump-symbols`` both read it here.
+    """
     text = os.environ.get(ENV_VERSION, "").strip()
     if not text:
         return None
     try:
         return CudaVersion.parse(text)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{ENV_VERSION}={text!r}: {exc}") from None
+        raise ValueError(f"{ENV_VERSION}={text!r}: {exc}; set it to a CUDA version such as 12.4 or 12040, "
+                         f"or unset it") from None
 
 
-def _env_per_thread() -> bool:
-    return os.environ.get(ENV_PER_THREAD, "").strip().lower() not in _OFF
+def env_per_thread() -> bool:
+    """The stream flag from CUPROC_PER_THREAD_DEFAULT_STREAM: 1/true/yes/on, or 0/false/no/off/empty.
+
+    Raises ValueError naming the variable for any other value, so that a typo does not silently
+    select the legacy stream.  The library and ``cuproc-dump-symbols`` both read it here.
+    """
+    text = os.environ.get(ENV_PER_THREAD, "").strip().lower()
+    if text in _ON:
+        return True
+    if text in _OFF:
+        return False
+    raise ValueError(f"{ENV_PER_THREAD}={os.environ[ENV_PER_THREAD]!r}: expected one of "
+                     f"{', '.join(sorted(_ON))} (per-thread default stream) or {', '.join(sorted(_OFF - {''}))} "
+                     f"(legacy default stream), or unset it")
 
 
-class Driver:
+class Driver(_DriverFunctions):
     """A handle on the driver at one requested CUDA version and stream flag.
 
     ``version``: the CUDA version whose ABIs you code against (``"12.4"``,
@@ -197,9 +233,9 @@ class Driver:
 
     def __init__(self, version: object = None, *, per_thread_default_stream: bool | None = None,
                  library: str | os.PathLike[str] | None = None, registry: Registry | None = None) -> None:
-        self._requested = CudaVersion.parse(version) if version is not None else _env_version()
+        self._requested = CudaVersion.parse(version) if version is not None else env_version()
         self.per_thread_default_stream = (
-            _env_per_thread() if per_thread_default_stream is None else bool(per_thread_default_stream))
+            env_per_thread() if per_thread_default_stream is None else bool(per_thread_default_stream))
         self._library_path = library
         self._registry = registry
         self._lib: DriverLibrary | None = None
@@ -486,7 +522,8 @@ class Driver:
         return self._checked
 
     # ---------------------------------------------------------------- the C names
-    def __getattr__(self, name: str) -> Any:
+    def _c_name(self, name: str) -> Any:
+        """``drv.cuX``, ``drv.CU_X``, ``drv.CUtype``: resolved on first access (``__getattr__``)."""
         if name.startswith("_"):
             raise AttributeError(name)
         if name in self._declared:      # in __dict__ until fork() dropped it
@@ -510,6 +547,9 @@ class Driver:
         if _is_type_name(name):
             return ffi.typeof(name)
         raise AttributeError(f"no CUDA driver function, constant or type named {name!r}")
+
+    if not TYPE_CHECKING:   # checkers see the declared C names only (CFunctions), so a misspelt one is an error
+        __getattr__ = _c_name
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(self.registry) | set(constants()))
@@ -633,13 +673,14 @@ def _tracking_cuinit(function: Callable[[int], int]) -> Callable[[int], int]:
     return cuInit
 
 
-class Checked:
+class Checked(_CheckedFunctions):
     """``driver.checked.cuX(...)``: calls ``cuX`` and raises CudaError on any result but CUDA_SUCCESS."""
 
     def __init__(self, driver: Driver) -> None:
         self._driver = driver
 
-    def __getattr__(self, name: str) -> Any:
+    def _c_name(self, name: str) -> Any:
+        """``drv.checked.cuX``: the checked wrapper, made on first access (``__getattr__``)."""
         if name.startswith("_"):
             raise AttributeError(name)
         value = getattr(self._driver, name)
@@ -651,6 +692,9 @@ class Checked:
                 wrapper = _make_checked(value, name, self._driver.error)
                 self.__dict__[name] = wrapper
         return wrapper
+
+    if not TYPE_CHECKING:   # as for Driver: checkers see the declared C names only
+        __getattr__ = _c_name
 
     def __dir__(self) -> list[str]:
         return dir(self._driver)
@@ -702,7 +746,11 @@ def is_driver_available() -> bool:
     return available()
 
 
-def __getattr__(name: str) -> Any:
+checked: Checked   # the default handle's checked functions (made on first access below)
+
+
+def _module_c_name(name: str) -> Any:
+    """``cuproc.driver.cuX``: the default handle's, cached as a module attribute (``__getattr__``)."""
     if name == "checked":
         value: Any = default_driver().checked
         globals()[name] = value
@@ -714,3 +762,7 @@ def __getattr__(name: str) -> Any:
     globals()[name] = value   # cache: the next access is a plain module attribute load
     _module_cache.add(name)
     return value
+
+
+if not TYPE_CHECKING:   # checkers see the declared C names only (cuproc/_cnames.pyi), so a misspelt one is an error
+    __getattr__ = _module_c_name

@@ -87,3 +87,38 @@ def test_console_script_and_tools_wrapper():
         proc = subprocess.run([*cmd, "--json", "--no-driver", "cuInit"], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout)[0]["entry_point"] == "cuInit"
+
+
+def test_version(capsys):
+    import cuproc
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.split() == ["cuproc-dump-symbols", cuproc.__version__]
+
+
+def _dump_symbols_command() -> list[str]:
+    script = shutil.which("cuproc-dump-symbols")
+    return [script] if script else [sys.executable, "-m", "cuproc.tools.dump_symbols"]
+
+
+def test_closed_pipe_is_quiet_and_succeeds():
+    """`cuproc-dump-symbols --json | head -c 100`: the reader leaves early; no traceback, status 0.
+    The output is far larger than a pipe's buffer (see below), so the writer does meet the closed pipe."""
+    proc = subprocess.Popen([*_dump_symbols_command(), "--json", "--no-driver"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.read(100)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 0, err.decode()
+    assert first and err == b""
+
+
+def test_full_output_still_fits_a_pipe_reader():
+    """The pipe handling does not swallow output: a reader that stays gets all of it."""
+    proc = subprocess.run([*_dump_symbols_command(), "--json", "--no-driver"], capture_output=True, timeout=60)
+    assert proc.returncode == 0 and proc.stderr == b""
+    from cuproc.registry import default_registry
+    assert len(json.loads(proc.stdout)) == len(default_registry())
+    assert len(proc.stdout) > 4 << 16   # four times Linux's default pipe buffer

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = Path(importlib.util.find_spec("cuproc").origin).parent   # the checkout's, or the installed wheel's
 LOCAL_TOOLKIT = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
 sys.path.insert(0, str(ROOT / "tools"))
 import build_ffi  # noqa: E402
@@ -41,7 +42,7 @@ def test_generated_modules_match_headers(tmp_path):
     build_ffi.build_abi_module(ROOT / "headers", tmp_path)
     build_ffi.build_header_data(ROOT / "headers", tmp_path)
     for name in ("_cffi_abi.py", "_header_data.py"):
-        assert filecmp.cmp(tmp_path / name, ROOT / "cuproc" / name, shallow=False), \
+        assert filecmp.cmp(tmp_path / name, PACKAGE / name, shallow=False), \
             f"cuproc/{name} is stale: run tools/build_ffi.py"
 
 

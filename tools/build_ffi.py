@@ -11,8 +11,9 @@ It also writes ``cuproc/_header_data.py``: the ``#define`` constants (with
 the C type of the pointer-valued ones) and the toolkits that declare each
 ``PFN_`` typedef, so the registry and tools need not read ``headers/``.
 
-Both outputs are checked in; ``tests/test_headers.py`` rebuilds them and
-fails when they drift from ``headers/``.
+Then ``cuproc/_cnames.pyi``, the type stub of the C-named namespace
+(``tools/build_stubs.py``).  All three are checked in; ``tests/test_headers.py``
+and ``tests/test_typing.py`` rebuild them and fail when they drift from ``headers/``.
 """
 from __future__ import annotations
 
@@ -119,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     for target in (build_abi_module(args.headers, args.out), build_header_data(args.headers, args.out)):
         print(f"build_ffi: wrote {target}")
+    from build_stubs import build_driver_stub   # the type stub of the C names follows the same data
+    print(f"build_ffi: wrote {build_driver_stub(args.headers, args.out, args.out)}")
     return 0
 
 

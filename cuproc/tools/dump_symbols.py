@@ -3,19 +3,27 @@
 Without a driver every status is ``not_checked``; the table is still the
 registry's full answer for the requested version and flag.  With a driver
 the status column is the driver's own answer (see ``cuproc.driver``).
+
+Configuration is the library's: ``CUPROC_CUDA_VERSION``,
+``CUPROC_PER_THREAD_DEFAULT_STREAM`` and ``CUPROC_LIBCUDA`` are read by the
+same functions ``cuproc.Driver`` uses, with or without a driver, and the
+command-line options override them.  A bad value is a usage error (exit 2)
+naming the variable.  A reader that closes the pipe early (``| head``) ends
+the output quietly with exit status 0.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .. import __version__
+from ..driver import ENV_PER_THREAD, ENV_VERSION, Driver, env_per_thread, env_version
+from ..loader import ENV_LIBRARY
 from ..registry import Registry, Selection, default_registry
 from ..version import CudaVersion
-
-if TYPE_CHECKING:
-    from ..driver import Driver
 
 NOT_CHECKED = "not_checked"
 
@@ -31,37 +39,55 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cuproc-dump-symbols",
         description="Show, per CUDA driver symbol, the ABI variant cuproc selects and what the driver resolves.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("patterns", nargs="*", metavar="PATTERN",
                    help="glob filters on the C name, e.g. 'cuMemcpy*' (default: every symbol)")
     p.add_argument("--cuda-version", "-V", type=_version_arg, metavar="VERSION",
-                   help="requested CUDA version, e.g. 12.4 or 12040 "
-                        "(default: the driver's, capped at the registry's newest; the registry's newest without one)")
-    p.add_argument("--per-thread-default-stream", "--ptds", action="store_true",
-                   help="select the per-thread default stream entries (_ptds/_ptsz)")
+                   help=f"requested CUDA version, e.g. 12.4 or 12040 (default: {ENV_VERSION}, else the "
+                        "driver's, capped at the registry's newest; the registry's newest without a driver)")
+    p.add_argument("--per-thread-default-stream", "--ptds", action=argparse.BooleanOptionalAction, default=None,
+                   help=f"select the per-thread default stream entries (_ptds/_ptsz) (default: {ENV_PER_THREAD})")
     p.add_argument("--diff", nargs=2, type=_version_arg, metavar=("A", "B"),
                    help="list the symbols added, removed or re-versioned between versions A and B")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     driver = p.add_mutually_exclusive_group()
     driver.add_argument("--no-driver", action="store_true", help="do not open the driver (status: not_checked)")
-    driver.add_argument("--library", metavar="PATH", help="driver library to open (default: CUPROC_LIBCUDA, then libcuda.so.1)")
+    driver.add_argument("--library", metavar="PATH", help=f"driver library to open (default: {ENV_LIBRARY}, then libcuda.so.1)")
     p.add_argument("--newer-only", action="store_true",
                    help="only the symbols that do not exist at the requested version (newer-driver features)")
     return p
 
 
-def _open_driver(args: argparse.Namespace) -> tuple[Driver | None, str]:
-    """Open the driver for status checks; (None, why) when there is none."""
+def _configure(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Fill what the command line left open from the environment, as ``cuproc.Driver`` does."""
+    try:
+        if args.cuda_version is None:
+            args.cuda_version = env_version()
+        if args.per_thread_default_stream is None:
+            args.per_thread_default_stream = env_per_thread()
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+def _open_driver(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Driver | None, str]:
+    """Open the driver for status checks; (None, why) when there is none.
+
+    No driver at the default places is a normal answer ("not available").  A library named by
+    ``--library`` or CUPROC_LIBCUDA that does not open is a usage error naming where it came from.
+    """
     if args.no_driver:
         return None, "not opened (--no-driver)"
+    drv = Driver(args.cuda_version, per_thread_default_stream=args.per_thread_default_stream,
+                 library=args.library)
     try:
-        from ..driver import Driver
-    except ImportError:  # the resolution layer is not part of this build
-        return None, "not opened (no resolution layer)"
-    try:
-        drv = Driver(args.cuda_version, per_thread_default_stream=args.per_thread_default_stream,
-                     library=args.library)
         drv.open()
     except Exception as exc:  # noqa: BLE001 - any failure to open means "no driver" here
+        why = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        if args.library is not None:
+            parser.error(f"--library {args.library}: cannot open a CUDA driver there ({why})")
+        if os.environ.get(ENV_LIBRARY):
+            parser.error(f"{ENV_LIBRARY}={os.environ[ENV_LIBRARY]!r}: cannot open a CUDA driver there ({why}); "
+                         f"point it at libcuda.so.1 or unset it")
         return None, f"not available ({type(exc).__name__}: {str(exc).splitlines()[0]})"
     return drv, drv.describe()
 
@@ -119,15 +145,37 @@ def _print_diff(registry: Registry, args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The console script.  A closed stdout (``| head``) ends it quietly with status 0."""
+    try:
+        code = _run(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _discard_stdout()
+        return 0
+    return code
+
+
+def _discard_stdout() -> None:
+    """After EPIPE: point stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout without a file descriptor (captured in tests)
+        pass
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _configure(parser, args)
     registry = default_registry()
     if args.patterns and not registry.filter(args.patterns):
         parser.exit(1, f"cuproc-dump-symbols: no symbol matches {' '.join(args.patterns)!r}\n")
     if args.diff:
         return _print_diff(registry, args)
 
-    driver, driver_line = _open_driver(args)
+    driver, driver_line = _open_driver(parser, args)
     requested = driver.version if driver is not None else (args.cuda_version or registry.newest_version)
     selections = [registry.select(s.name, requested, per_thread=args.per_thread_default_stream)
                   for s in registry.filter(args.patterns)]

@@ -1,0 +1,107 @@
+"""CUPROC_* variables: the library and cuproc-dump-symbols read them the same way, with or without a
+driver, and a bad value is an error that names the variable."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import cuproc
+from cuproc.tools.dump_symbols import main
+
+BAD_VALUES = [("CUPROC_CUDA_VERSION", "bogus"), ("CUPROC_CUDA_VERSION", "12045"),
+              ("CUPROC_PER_THREAD_DEFAULT_STREAM", "maybe"), ("CUPROC_PER_THREAD_DEFAULT_STREAM", "2")]
+
+
+@pytest.fixture()
+def sim_driver(sims, monkeypatch):
+    """The simulated CUDA 13.0 driver, named by CUPROC_LIBCUDA."""
+    sim = sims["v2"]
+    sim.set_version(13000)
+    sim.set_result(0)
+    monkeypatch.setenv("CUPROC_LIBCUDA", str(sim.path))
+    return sim
+
+
+@pytest.fixture()
+def no_driver(monkeypatch, tmp_path):
+    """No driver at all: CUPROC_LIBCUDA unset and the default names not on this machine."""
+    monkeypatch.delenv("CUPROC_LIBCUDA", raising=False)
+    if cuproc.is_driver_available():
+        pytest.skip("a CUDA driver is installed here; this case needs a machine without one")
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize(("variable", "value"), BAD_VALUES)
+def test_library_rejects_a_bad_value_naming_the_variable(monkeypatch, variable, value):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError, match=variable):
+        cuproc.Driver()
+
+
+@pytest.mark.parametrize("with_driver", [False, True], ids=["no-driver", "sim-driver"])
+@pytest.mark.parametrize(("variable", "value"), BAD_VALUES)
+def test_cli_rejects_a_bad_value_naming_the_variable(capsys, monkeypatch, request, with_driver, variable, value):
+    request.getfixturevalue("sim_driver" if with_driver else "no_driver")
+    monkeypatch.setenv(variable, value)
+    for args in (["cuInit"], ["--no-driver", "cuInit"], ["--json", "cuInit"]):
+        code, out, err = cli(capsys, *args)
+        assert code == 2, (args, out, err)
+        assert variable in err and out == ""
+
+
+def test_cli_rejects_a_library_path_that_does_not_open(capsys, monkeypatch, tmp_path):
+    missing = tmp_path / "libcuda.so.1"
+    monkeypatch.setenv("CUPROC_LIBCUDA", str(missing))
+    code, out, err = cli(capsys, "cuInit")
+    assert code == 2 and "CUPROC_LIBCUDA" in err and str(missing) in err and out == ""
+    monkeypatch.delenv("CUPROC_LIBCUDA")
+    code, out, err = cli(capsys, "--library", str(missing), "cuInit")
+    assert code == 2 and "--library" in err and out == ""
+    # --no-driver does not open it, so the path is not checked
+    monkeypatch.setenv("CUPROC_LIBCUDA", str(missing))
+    assert cli(capsys, "--no-driver", "cuInit")[0] == 0
+
+
+def test_no_driver_at_the_default_places_is_not_an_error(capsys, no_driver):
+    code, out, _ = cli(capsys, "cuInit")
+    assert code == 0 and "# driver: not available" in out
+
+
+@pytest.mark.parametrize("with_driver", [False, True], ids=["no-driver", "sim-driver"])
+def test_cli_and_library_read_the_same_configuration(capsys, monkeypatch, request, with_driver):
+    request.getfixturevalue("sim_driver" if with_driver else "no_driver")
+    monkeypatch.setenv("CUPROC_CUDA_VERSION", "11.8")
+    monkeypatch.setenv("CUPROC_PER_THREAD_DEFAULT_STREAM", "yes")
+    code, out, _ = cli(capsys, "--json", "cuMemcpyHtoD", "cuLibraryLoadData")
+    assert code == 0
+    records = {r["name"]: r for r in json.loads(out)}
+    assert records["cuMemcpyHtoD"]["entry_point"] == "cuMemcpyHtoD_v2_ptds"
+    assert records["cuLibraryLoadData"]["newer_driver_feature"] is True   # 12.0 > the requested 11.8
+    if with_driver:
+        drv = cuproc.Driver()
+        assert (drv.version, drv.per_thread_default_stream) == (cuproc.CudaVersion(11, 8), True)
+        assert records["cuMemcpyHtoD"]["status"] == drv.resolution("cuMemcpyHtoD").status == "resolved"
+        assert records["cuMemcpyHtoD"]["resolved_entry_point"] == "cuMemcpyHtoD_v2_ptds"
+    else:
+        assert records["cuMemcpyHtoD"]["status"] == "not_checked"
+    # the command line overrides the environment
+    code, out, _ = cli(capsys, "--json", "--no-ptds", "-V", "12.4", "cuMemcpyHtoD")
+    assert json.loads(out)[0]["entry_point"] == "cuMemcpyHtoD_v2"
+    code, out, _ = cli(capsys, "cuMemcpyHtoD")
+    assert "# requested CUDA 11.8; per-thread default stream: on" in out
+
+
+@pytest.mark.parametrize(("value", "expected"), [("1", True), ("ON", True), (" true ", True), ("off", False),
+                                                 ("No", False), ("", False)])
+def test_per_thread_spellings(monkeypatch, value, expected):
+    monkeypatch.setenv("CUPROC_PER_THREAD_DEFAULT_STREAM", value)
+    assert cuproc.Driver().per_thread_default_stream is expected
