@@ -130,7 +130,11 @@ class Resource:
         if FORKED[0]:
             self._claim("left behind by fork()")
             return
-        parent_gone = any(p.ended_owner() is not None for p in self.parents())
+        parent_gone = False
+        for parent in self.parents():
+            if parent.ended_owner() is not None:
+                parent_gone = True
+                break
         if not self._claim(self._ended_word):   # first: whatever the driver says, never twice
             return
         if parent_gone:
