@@ -40,7 +40,8 @@ __all__ = [
 def __getattr__(name: str) -> object:
     """The object layer loads on first use, so ``import cuproc`` stays cheap."""
     import importlib
-    for module in ("context", "device", "stream", "memory", "module"):
+    # device_memory before memory: a first DeviceBuffer imports no host memory, pools or transfers
+    for module in ("context", "device", "stream", "device_memory", "memory", "module"):
         mod = importlib.import_module(f".{module}", __name__)
         if name in getattr(mod, "__all__", ()):
             value = getattr(mod, name)
