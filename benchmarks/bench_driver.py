@@ -16,8 +16,17 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import (ROOT, Goals, build_c, child_ms, fast_path_active, machine, per_call_us,  # noqa: E402
-                     smoke_driver, write_results)
+from harness import (  # noqa: E402
+    ROOT,
+    Goals,
+    build_c,
+    child_ms,
+    fast_path_active,
+    machine,
+    per_call_us,
+    smoke_driver,
+    write_results,
+)
 
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # installed packages have .pyc
 BARE = "bare cffi (function pointer in a local)"

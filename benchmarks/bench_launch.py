@@ -29,7 +29,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import ROOT, Goals, build_c, machine, peer, plot_bars, smoke_driver, write_results  # noqa: E402
+from harness import (  # noqa: E402
+    ROOT,
+    Goals,
+    build_c,
+    machine,
+    peer,
+    plot_bars,
+    smoke_driver,
+    write_results,
+)
 
 CUBIN = ROOT / "kernels" / "kernels.cubin"
 DEFAULT = "cuproc prepared (default)"   # what Function.prepare gives without options
@@ -58,7 +67,7 @@ def measure_interleaved(loops: dict[str, Callable[[int], object]], natives: set[
         loops[name](count)
         return (time.perf_counter() - t) / count
 
-    for name in loops:   # warm up: the generated code, the caches, the driver
+    for name in list(loops):   # warm up: the generated code, the caches, the driver
         burst(name, burst_size)
     bursts: dict[str, list[float]] = {name: [] for name in loops}
     for _ in range(reps):
@@ -67,10 +76,10 @@ def measure_interleaved(loops: dict[str, Callable[[int], object]], natives: set[
             bursts[name].append(burst(name, burst_size))
     out = {}
     block = max(reps // BLOCKS, 1)
-    for name in loops:
+    for name, loop in loops.items():
         sync()
         t = time.perf_counter()
-        loops[name](steady)
+        loop(steady)
         sync()
         values = bursts[name]
         out[name] = {"burst_us": statistics.median(values) * 1e6, "steady_us": (time.perf_counter() - t) / steady * 1e6,
@@ -123,10 +132,8 @@ def launchers(c_lib: Path | None, smoke: bool, steady: int) -> tuple[dict, set, 
     for entry in ("cuLaunchKernelEx", "cuLaunchKernel"):
         for conv in ("buffer", "params"):
             if (entry, conv) != (default.entry, default.convention):
-                def cuproc_variant(count, prepared=fn.prepare(sig, 1, 32, convention=conv, entry=entry)):
-                    for i in range(count):
-                        prepared(buf, i, i)
-                loops[f"cuproc prepared ({entry}, {conv})"] = cuproc_variant
+                loops[f"cuproc prepared ({entry}, {conv})"] = prepared_loop(
+                    fn.prepare(sig, 1, 32, convention=conv, entry=entry), buf)
 
     def one_shot_sig(count):
         for i in range(count):
@@ -183,6 +190,13 @@ def launchers(c_lib: Path | None, smoke: bool, steady: int) -> tuple[dict, set, 
     return loops, natives, sync, errors, default, close
 
 
+def prepared_loop(prepared: Callable[..., None], buf: Any) -> Callable[[int], None]:
+    def cuproc_variant(count):
+        for i in range(count):
+            prepared(buf, i, i)
+    return cuproc_variant
+
+
 def bindings_loop(ptr: int) -> dict:
     """cuda.bindings in its fastest documented form: kernelParams as the address of an array of
     pointers to the argument values, built once; each launch stores the new values only."""
@@ -207,9 +221,13 @@ def core_loops(ptr: int, i32: list, f32: list) -> dict:
     """cuda.core ``launch`` with its LaunchConfig built once (it takes NumPy scalars for int and float)."""
     import numpy as np
     try:
-        from cuda.core import Device as CDevice, LaunchConfig, ObjectCode, launch as core_launch
+        from cuda.core import Device as CDevice
+        from cuda.core import LaunchConfig, ObjectCode
+        from cuda.core import launch as core_launch
     except ImportError:
-        from cuda.core.experimental import Device as CDevice, LaunchConfig, ObjectCode, launch as core_launch
+        from cuda.core.experimental import Device as CDevice
+        from cuda.core.experimental import LaunchConfig, ObjectCode
+        from cuda.core.experimental import launch as core_launch
     cdev = CDevice(0)
     cdev.set_current()
     stream = cdev.default_stream

@@ -20,7 +20,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import ROOT, Goals, build_c, machine, peer, plot_bars, smoke_driver, write_results  # noqa: E402
+from harness import (  # noqa: E402
+    ROOT,
+    Goals,
+    build_c,
+    machine,
+    peer,
+    plot_bars,
+    smoke_driver,
+    write_results,
+)
 
 SMALL = 256                    # bytes per allocation (the size)
 COPY_SIZES = (64 << 20, 256 << 20)
@@ -56,7 +65,9 @@ def allocations(c_lib: Any, smoke: bool, n: int, repeat: int, errors: dict) -> d
         for _ in range(k):
             cuproc.DeviceBuffer(SMALL).free()
 
-    def raw(k, p=ffi.new("CUdeviceptr *"), alloc=drv.cuMemAlloc, free=drv.cuMemFree):
+    out_ptr = ffi.new("CUdeviceptr *")
+
+    def raw(k, p=out_ptr, alloc=drv.cuMemAlloc, free=drv.cuMemFree):
         for _ in range(k):
             alloc(p, SMALL)
             free(p[0])
@@ -66,7 +77,7 @@ def allocations(c_lib: Any, smoke: bool, n: int, repeat: int, errors: dict) -> d
             memory.alloc_async(SMALL, stream).free_async()
         stream.synchronize()
 
-    def raw_async(k, p=ffi.new("CUdeviceptr *"), alloc=drv.cuMemAllocAsync, free=drv.cuMemFreeAsync,
+    def raw_async(k, p=out_ptr, alloc=drv.cuMemAllocAsync, free=drv.cuMemFreeAsync,
                   hs=stream.handle):
         for _ in range(k):
             alloc(p, SMALL, hs)
@@ -156,8 +167,7 @@ def copies(c_lib: Any, smoke: bool, rounds: int) -> dict[str, dict[str, float]]:
     ffi = cuproc.ffi
     sync = drv.checked.cuCtxSynchronize if cuproc._support.arity(drv, "cuCtxSynchronize") == 0 else \
         (lambda: drv.checked.cuCtxSynchronize(ffi.NULL))
-    out: dict[str, dict[str, float]] = {}
-    for size in (COPY_SIZES if not smoke else (1 << 20,)):
+    def one_size(size: int) -> dict[str, float]:
         d = cuproc.DeviceBuffer(size)
         pinned = memory.PinnedBuffer(size)
         ctypes.memset(pinned.ptr, 1, size)
@@ -187,16 +197,16 @@ def copies(c_lib: Any, smoke: bool, rounds: int) -> dict[str, dict[str, float]]:
                 "pageable D2H, C floor": lambda: c_lib.c_copy(1, d.address, hpage, size),
             })
         times: dict[str, list[float]] = {name: [] for name in rows}
-        for name in rows:           # warm up
-            rows[name]()
+        for fn in rows.values():    # warm up
+            fn()
         for _ in range(rounds):
             for name, fn in rows.items():
                 times[name].append(fn())
-        out[f"{size >> 20} MiB"] = {name: size / statistics.median(v) / 1e9 for name, v in times.items()
-                                    if min(v) > 0}
         d.close()
         pinned.close()
-    return out
+        return {name: size / statistics.median(v) / 1e9 for name, v in times.items() if min(v) > 0}
+
+    return {f"{size >> 20} MiB": one_size(size) for size in (COPY_SIZES if not smoke else (1 << 20,))}
 
 
 def evaluate(alloc: dict, bw: dict, smoke: bool, errors: dict) -> Goals:

@@ -9,7 +9,6 @@ also list the cuproc modules that a first allocation imported.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -19,7 +18,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import ROOT, Goals, build_c, machine, plot_bars, smoke_driver, write_results  # noqa: E402
+from harness import (  # noqa: E402
+    ROOT,
+    Goals,
+    build_c,
+    machine,
+    plot_bars,
+    smoke_driver,
+    write_results,
+)
 
 PY = {
     "python -c pass (interpreter alone)": "pass",

@@ -174,8 +174,8 @@ def write_results(out_dir: Path, name: str, data: dict[str, Any], table: list[li
     (out_dir / f"{name}.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
     m = data["machine"]
     widths = [max(len(str(r[i])) for r in [header, *table]) for i in range(len(header))]
-    lines = [f"# {name}", "", f"date: {m['date']}", f"machine: GPU {m.get('gpu')}; CPU {m.get('cpu')}; "
-             f"Python {m['python']}; {m['platform']}", f"cuproc path: {m['cuproc_path']}", ""]
+    host = f"machine: GPU {m.get('gpu')}; CPU {m.get('cpu')}; Python {m['python']}; {m['platform']}"
+    lines = [f"# {name}", "", f"date: {m['date']}", host, f"cuproc path: {m['cuproc_path']}", ""]
     if data.get("smoke"):
         lines += ["SMOKE RUN on the fake driver: the numbers mean nothing; C floors and peers skipped.", ""]
     lines += ["## Goals", "", *goals.lines(), "", "## Results", ""]

@@ -578,7 +578,7 @@ def _launch_uncached(function: Any, grid: Any, block: Any, args: Sequence[Any], 
     cache = function.launch_cache
     if signature is None:
         sig: tuple = tuple(infer_type(a) for a in args)
-        if key is not None and not all([_typed_class(a) for a in args]):
+        if key is not None and not all(_typed_class(a) for a in args):
             # a value whose class does not fix its C type (an ndarray, a cffi struct): key by the types
             key = ((tuple((t.name, t.size, t.align, t.kind) for t in sig),) + key[1:])
             cached = cache.get(key)

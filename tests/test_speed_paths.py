@@ -12,12 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fakedriver import fake_image
 
 import cuproc
 from cuproc import Context, DeviceBuffer, Module, Stream
 from cuproc.errors import ClosedResourceError, CudaError, InvalidValueError
-
-from fakedriver import fake_image
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = fake_image({"empty": [8, 4, 4], "wide": [8, 8, 4]})
@@ -149,7 +148,7 @@ def test_a_first_allocation_imports_only_what_it_needs(fake):
 @pytest.mark.parametrize("bench", sorted(p.name for p in (ROOT / "benchmarks").glob("bench_*.py")))
 def test_benchmarks_run_end_to_end_in_smoke_mode(bench, tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / bench), "--smoke", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=240)
+                         capture_output=True, text=True, timeout=240, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     text = (tmp_path / bench.replace(".py", ".md")).read_text()
     goals = text.split("## Goals", 1)[1].split("## Results", 1)[0]
