@@ -29,16 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import (  # noqa: E402
-    ROOT,
-    Goals,
-    build_c,
-    machine,
-    peer,
-    plot_bars,
-    smoke_driver,
-    write_results,
-)
+from harness import ROOT, Goals, build_c, machine, peer, plot_bars, smoke_driver, write_results  # noqa: E402, I001
 
 CUBIN = ROOT / "kernels" / "kernels.cubin"
 DEFAULT = "cuproc prepared (default)"   # what Function.prepare gives without options
