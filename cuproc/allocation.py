@@ -21,6 +21,7 @@ class Allocation(Resource):
 
     __slots__ = ("context", "address", "nbytes")
     _ended_word = "freed"
+    _leaf = True       # no resource names memory as its parent: freeing it leaves EPOCH alone
     kind = "device"
 
     context: Context
