@@ -155,3 +155,23 @@ def test_benchmarks_run_end_to_end_in_smoke_mode(bench, tmp_path):
     lines = [line for line in goals.splitlines() if line.startswith("- [")]
     assert lines and all(line.startswith(("- [met]", "- [MISSED]", "- [not evaluated")) for line in lines)
     assert "cuproc path:" in text and "SMOKE RUN" in text
+
+
+def test_a_remembered_check_still_sees_its_own_end_and_its_parents_end(fk, pc):
+    from cuproc import memory as mem
+    buf = DeviceBuffer(64)
+    view = buf.view(np.float32)
+    buf.check("test")
+    view.check("test")                          # both remembered at this epoch
+    buf.free()                                  # a leaf: the epoch stays, its own end is seen
+    for attempt in (lambda: buf.check("test"), lambda: view.check("test"),
+                    lambda: mem.copy(view, np.zeros(16, np.float32))):
+        with pytest.raises(ClosedResourceError):
+            attempt()
+    ctx = Context.create(0)
+    stream = Stream(context=ctx)
+    stream.check("test")
+    ctx.destroy()                               # a parent ends: the stream's remembered check is void
+    with pytest.raises(ClosedResourceError):
+        stream.check("test")
+    cuproc.driver.default_driver().cuCtxSetCurrent(pc.context.handle)
