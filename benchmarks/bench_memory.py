@@ -1,38 +1,37 @@
-"""Memory benchmarks: allocation and free (sync and stream-ordered) and copy bandwidth.
+"""Memory benchmarks: allocation and free (synchronous and stream-ordered) and copy bandwidth.
 
-cuproc beside the C floor (``c_floor_memory.c``) and cuda.bindings, in one run, on the GPU machine.
-Pinned copy bandwidth must be at least 97% of the driver's own (the C floor).
+Everything in one process on the GPU machine, on the primary context of device 0: the C floor
+(``c_floor_memory.c``, a shared library called through ctypes on the same context and the same
+buffers), cuproc, and the peers (cuda.bindings' raw pairs, cuda.core, CuPy).  Allocation loops are
+not interleaved with other work: each runs alone, several times, and its best repetition counts.
+Copies: the same device buffer and the same host buffer for every row; each copy is timed to
+completion (the copy, then cuCtxSynchronize) and the rows alternate copy by copy.  Pageable host
+memory is one NumPy array used by both sides (so it is allocated the same way for both).
 """
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
-import subprocess
+import ctypes
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-import numpy as np
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import ROOT, machine, write_results  # noqa: E402
+from harness import ROOT, Goals, build_c, machine, peer, plot_bars, smoke_driver, write_results  # noqa: E402, I001
 
-HERE = Path(__file__).resolve().parent
-N, SZ, BW = 2000, 1 << 20, 256 << 20
-
-
-def c_floor() -> dict:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    with tempfile.TemporaryDirectory() as tmp:
-        exe = Path(tmp, "c_floor_memory")
-        subprocess.run([cc, "-O2", "-o", str(exe), str(HERE / "c_floor_memory.c"), "-ldl"], check=True)
-        return json.loads(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout)
+SMALL = 256                    # bytes per allocation (the issue's size)
+COPY_SIZES = (64 << 20, 256 << 20)
+C_SYNC, C_ASYNC = "C floor cuMemAlloc+cuMemFree", "C floor cuMemAllocAsync+cuMemFreeAsync"
+OURS_SYNC, OURS_ASYNC = "cuproc DeviceBuffer(n).free()", "cuproc alloc_async(n, stream).free_async()"
+BIND_SYNC, BIND_ASYNC = "cuda.bindings cuMemAlloc+cuMemFree", "cuda.bindings cuMemAllocAsync+cuMemFreeAsync"
 
 
-def best_per_op(fn, n: int = N, repeat: int = 5) -> float:
-    best = 1e9
+def best_us(fn: Callable[[int], Any], n: int, repeat: int) -> float:
+    """Best of ``repeat`` runs of ``fn(n)`` (n operations), µs per operation."""
+    best = float("inf")
     for _ in range(repeat):
         t = time.perf_counter()
         fn(n)
@@ -40,137 +39,236 @@ def best_per_op(fn, n: int = N, repeat: int = 5) -> float:
     return best * 1e6
 
 
-def best_gbps(fn, nbytes: int, repeat: int = 10) -> float:
-    best = 0.0
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = max(best, nbytes / (time.perf_counter() - t) / 1e9)
-    return best
-
-
-def cuproc_numbers() -> dict:
+def allocations(c_lib: Any, smoke: bool, n: int, repeat: int, errors: dict) -> dict[str, dict[str, float]]:
     import cuproc
-    from cuproc import memory as mem
-    pc = cuproc.use_device(0)
+    from cuproc import memory
     drv = cuproc.driver.default_driver()
     stream = cuproc.Stream(non_blocking=True)
-    out = {}
+    ffi = cuproc.ffi
+    sync: dict[str, Callable[[int], Any]] = {}
+    stream_ordered: dict[str, Callable[[int], Any]] = {}
+    if c_lib is not None:
+        h = int(ffi.cast("uintptr_t", stream.handle))
+        sync[C_SYNC] = lambda k: c_lib.c_alloc_free(k, SMALL)
+        stream_ordered[C_ASYNC] = lambda k: c_lib.c_alloc_free_async(k, SMALL, h)
 
-    def objects(n):
-        for _ in range(n):
-            cuproc.DeviceBuffer(SZ).free()
+    def objects(k):
+        for _ in range(k):
+            cuproc.DeviceBuffer(SMALL).free()
 
-    def raw(n):
-        p, alloc, free = cuproc.ffi.new("CUdeviceptr *"), drv.cuMemAlloc, drv.cuMemFree
-        for _ in range(n):
-            alloc(p, SZ)
+    out_ptr = ffi.new("CUdeviceptr *")
+
+    def raw(k, p=out_ptr, alloc=drv.cuMemAlloc, free=drv.cuMemFree):
+        for _ in range(k):
+            alloc(p, SMALL)
             free(p[0])
 
-    def objects_async(n):
-        for _ in range(n):
-            mem.alloc_async(SZ, stream).free_async(stream)
+    def objects_async(k):
+        for _ in range(k):
+            memory.alloc_async(SMALL, stream).free_async()
         stream.synchronize()
 
-    out["alloc_free_us"] = {"cuproc DeviceBuffer": best_per_op(objects), "cuproc raw namespace": best_per_op(raw)}
-    out["alloc_free_async_us"] = {"cuproc alloc_async/free_async": best_per_op(objects_async)}
-    d = cuproc.DeviceBuffer(BW)
-    pinned = mem.PinnedBuffer(BW)
-    np.frombuffer(pinned, np.uint8)[:] = 1
-    pageable = np.ones(BW, np.uint8)
-    out["bandwidth_GBps"] = {
-        "htod_pageable": best_gbps(lambda: mem.copy(d, pageable), BW),
-        "dtoh_pageable": best_gbps(lambda: mem.copy(pageable, d), BW),
-    }
-    # Pinned: cuproc's copy() and the driver's own call through the same pointer, interleaved, so
-    # both see the same machine state (the 97% goal is against this "driver raw" figure).
-    hp = cuproc.ffi.cast("void *", pinned.ptr)
-    raw_htod, raw_dtoh = drv.cuMemcpyHtoD, drv.cuMemcpyDtoH
-    ours_h = ours_d = raw_h = raw_d = 0.0
-    for _ in range(30):
-        ours_h = max(ours_h, best_gbps(lambda: mem.copy(d, pinned), BW, repeat=1))
-        raw_h = max(raw_h, best_gbps(lambda: raw_htod(d.ptr, hp, BW), BW, repeat=1))
-        ours_d = max(ours_d, best_gbps(lambda: mem.copy(pinned, d), BW, repeat=1))
-        raw_d = max(raw_d, best_gbps(lambda: raw_dtoh(hp, d.ptr, BW), BW, repeat=1))
-    out["bandwidth_GBps"].update(htod_pinned=ours_h, dtoh_pinned=ours_d)
-    out["driver_raw_GBps"] = {"htod_pinned": raw_h, "dtoh_pinned": raw_d}
-    d.close(), pinned.close()
+    def raw_async(k, p=out_ptr, alloc=drv.cuMemAllocAsync, free=drv.cuMemFreeAsync,
+                  hs=stream.handle):
+        for _ in range(k):
+            alloc(p, SMALL, hs)
+            free(p[0], hs)
+        stream.synchronize()
+    sync[OURS_SYNC], sync["cuproc raw C names (drv.cuMemAlloc)"] = objects, raw
+    stream_ordered[OURS_ASYNC], stream_ordered["cuproc raw C names (drv.cuMemAllocAsync)"] = objects_async, raw_async
+    if not smoke:
+        made = peer(errors, "cuda.bindings", lambda: bindings_allocs(stream.handle))
+        if made:
+            sync[BIND_SYNC], stream_ordered[BIND_ASYNC] = made
+        made = peer(errors, "cuda.core", core_allocs)
+        if made:
+            stream_ordered["cuda.core DeviceMemoryResource allocate+close(stream)"] = made
+        made = peer(errors, "CuPy", cupy_allocs)
+        if made:
+            stream_ordered["CuPy malloc_async, freed on drop"] = made
+    out = {"sync_us": {}, "stream_ordered_us": {}}
+    for group, loops in (("sync_us", sync), ("stream_ordered_us", stream_ordered)):
+        for name, fn in loops.items():
+            fn(max(n // 10, 1))                    # warm up (pools, caches)
+            out[group][name] = best_us(fn, n, repeat)
+            if name.startswith("C floor") and out[group][name] < 0:
+                errors[name] = "the C floor's driver call failed"
+                del out[group][name]
     stream.close()
-    drv.cuCtxSetCurrent(cuproc.ffi.NULL)
-    pc.release()
     return out
 
 
-def bindings_numbers() -> dict:
-    try:
-        from cuda.bindings import driver as cbd
-    except ImportError:
-        return {}
-    cbd.cuInit(0)
-    _, dev = cbd.cuDeviceGet(0)
-    _, ctx = cbd.cuDevicePrimaryCtxRetain(dev)
-    cbd.cuCtxSetCurrent(ctx)
+def bindings_allocs(stream_handle: Any) -> tuple[Callable, Callable]:
+    from cuda.bindings import driver as cbd
+    s = cbd.CUstream(int(stream_handle))
+    alloc, free, alloc_a, free_a = cbd.cuMemAlloc, cbd.cuMemFree, cbd.cuMemAllocAsync, cbd.cuMemFreeAsync
 
-    def allocs(n):
-        for _ in range(n):
-            _, p = cbd.cuMemAlloc(SZ)
-            cbd.cuMemFree(p)
+    def pair(k):
+        for _ in range(k):
+            _, p = alloc(SMALL)
+            free(p)
 
-    _, s = cbd.cuStreamCreate(1)
-
-    def allocs_async(n):
-        for _ in range(n):
-            _, p = cbd.cuMemAllocAsync(SZ, s)
-            cbd.cuMemFreeAsync(p, s)
+    def pair_async(k):
+        for _ in range(k):
+            _, p = alloc_a(SMALL, s)
+            free_a(p, s)
         cbd.cuStreamSynchronize(s)
+    return pair, pair_async
 
-    out = {"alloc_free_us": best_per_op(allocs), "alloc_free_async_us": best_per_op(allocs_async)}
-    _, d = cbd.cuMemAlloc(BW)
-    _, pinned = cbd.cuMemAllocHost(BW)
-    out["htod_pinned"] = best_gbps(lambda: cbd.cuMemcpyHtoD(d, pinned, BW), BW)
-    out["dtoh_pinned"] = best_gbps(lambda: cbd.cuMemcpyDtoH(pinned, d, BW), BW)
-    cbd.cuMemFree(d), cbd.cuMemFreeHost(pinned)
-    cbd.cuCtxSetCurrent(None)
-    cbd.cuDevicePrimaryCtxRelease(dev)
-    return out
+
+def core_allocs() -> Callable:
+    try:
+        from cuda.core import Device as CDevice
+    except ImportError:
+        from cuda.core.experimental import Device as CDevice
+    dev = CDevice(0)
+    dev.set_current()
+    stream = dev.create_stream()
+    mr = dev.memory_resource
+
+    def allocs(k):
+        for _ in range(k):
+            mr.allocate(SMALL, stream).close(stream)
+        stream.sync()
+    allocs.keep = stream   # type: ignore[attr-defined]
+    return allocs
+
+
+def cupy_allocs() -> Callable:
+    import cupy
+    stream = cupy.cuda.Stream(non_blocking=True)
+    malloc = cupy.cuda.memory.malloc_async
+
+    def allocs(k):
+        with stream:
+            for _ in range(k):
+                malloc(SMALL)
+        stream.synchronize()
+    return allocs
+
+
+def copies(c_lib: Any, smoke: bool, rounds: int) -> dict[str, dict[str, float]]:
+    """GB/s, median over ``rounds`` of copies alternating between cuproc and the C floor (and the raw
+    C name through cuproc's pointer), each timed to completion, on the same buffers."""
+    import numpy as np
+
+    import cuproc
+    from cuproc import memory
+    drv = cuproc.driver.default_driver()
+    ffi = cuproc.ffi
+    sync = drv.checked.cuCtxSynchronize if cuproc._support.arity(drv, "cuCtxSynchronize") == 0 else \
+        (lambda: drv.checked.cuCtxSynchronize(ffi.NULL))
+    def one_size(size: int) -> dict[str, float]:
+        d = cuproc.DeviceBuffer(size)
+        pinned = memory.PinnedBuffer(size)
+        ctypes.memset(pinned.ptr, 1, size)
+        pageable = np.ones(size, np.uint8)
+        hp = ffi.cast("void *", pinned.ptr)
+        hpage = pageable.ctypes.data
+        htod, dtoh = drv.cuMemcpyHtoD, drv.cuMemcpyDtoH
+
+        def timed(fn: Callable[[], Any]) -> float:
+            t = time.perf_counter()
+            fn()
+            sync()
+            return time.perf_counter() - t
+        rows: dict[str, Callable[[], float]] = {
+            "pinned H2D, cuproc memory.copy": lambda: timed(lambda: memory.copy(d, pinned)),
+            "pinned H2D, raw C name": lambda: timed(lambda: htod(d.address, hp, size)),
+            "pinned D2H, cuproc memory.copy": lambda: timed(lambda: memory.copy(pinned, d)),
+            "pinned D2H, raw C name": lambda: timed(lambda: dtoh(hp, d.address, size)),
+            "pageable H2D, cuproc memory.copy": lambda: timed(lambda: memory.copy(d, pageable)),
+            "pageable D2H, cuproc memory.copy": lambda: timed(lambda: memory.copy(pageable, d)),
+        }
+        if c_lib is not None:
+            rows.update({
+                "pinned H2D, C floor": lambda: c_lib.c_copy(0, d.address, pinned.address, size),
+                "pinned D2H, C floor": lambda: c_lib.c_copy(1, d.address, pinned.address, size),
+                "pageable H2D, C floor": lambda: c_lib.c_copy(0, d.address, hpage, size),
+                "pageable D2H, C floor": lambda: c_lib.c_copy(1, d.address, hpage, size),
+            })
+        times: dict[str, list[float]] = {name: [] for name in rows}
+        for fn in rows.values():    # warm up
+            fn()
+        for _ in range(rounds):
+            for name, fn in rows.items():
+                times[name].append(fn())
+        d.close()
+        pinned.close()
+        return {name: size / statistics.median(v) / 1e9 for name, v in times.items() if min(v) > 0}
+
+    return {f"{size >> 20} MiB": one_size(size) for size in (COPY_SIZES if not smoke else (1 << 20,))}
+
+
+def evaluate(alloc: dict, bw: dict, smoke: bool, errors: dict) -> Goals:
+    goals = Goals()
+    why = "smoke run" if smoke else None
+    s, a = alloc["sync_us"], alloc["stream_ordered_us"]
+    goals.check(f"DeviceBuffer alloc+free of {SMALL} B <= 1.3x the C floor",
+                s[OURS_SYNC] / s[C_SYNC] if C_SYNC in s else None, 1.3, why_not=why)
+    goals.check("stream-ordered alloc+free through the object layer <= cuda.bindings' raw pair (ours / theirs)",
+                a[OURS_ASYNC] / a[BIND_ASYNC] if BIND_ASYNC in a else None, 1.0,
+                why_not=why or (None if BIND_ASYNC in a else f"cuda.bindings: {errors.get('cuda.bindings', 'missing')}"))
+    for size in (f"{n >> 20} MiB" for n in COPY_SIZES):
+        rows = bw.get(size, {})
+        for direction in ("H2D", "D2H"):
+            ours, raw = rows.get(f"pinned {direction}, cuproc memory.copy"), rows.get(f"pinned {direction}, C floor")
+            goals.check(f"memory.copy pinned {direction} {size} >= 0.98x the driver's own call (C, same buffers)",
+                        ours / raw if ours and raw else None, 0.98, at_most=False, why_not=why)
+    return goals
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--smoke", action="store_true", help="run on the fake driver, no C floor, no peers")
     args = p.parse_args(argv)
-    floor = c_floor()
-    ours = cuproc_numbers()
-    peers = bindings_numbers()
-    data = {"machine": machine(), "c_floor": floor, "cuproc": ours, "cuda.bindings": peers}
-    rows = [["alloc+free 1 MiB", "C floor", f"{floor['alloc_free_us']:.2f} µs", "1.00"]]
-    for name, v in ours["alloc_free_us"].items():
-        rows.append(["alloc+free 1 MiB", name, f"{v:.2f} µs", f"{v / floor['alloc_free_us']:.2f}"])
-    if peers:
-        rows.append(["alloc+free 1 MiB", "cuda.bindings", f"{peers['alloc_free_us']:.2f} µs",
-                     f"{peers['alloc_free_us'] / floor['alloc_free_us']:.2f}"])
-    rows.append(["stream-ordered 1 MiB", "C floor", f"{floor['alloc_free_async_us']:.2f} µs", "1.00"])
-    for name, v in ours["alloc_free_async_us"].items():
-        rows.append(["stream-ordered 1 MiB", name, f"{v:.2f} µs", f"{v / floor['alloc_free_async_us']:.2f}"])
-    if peers:
-        rows.append(["stream-ordered 1 MiB", "cuda.bindings", f"{peers['alloc_free_async_us']:.2f} µs",
-                     f"{peers['alloc_free_async_us'] / floor['alloc_free_async_us']:.2f}"])
-    for key in ("htod_pinned", "dtoh_pinned", "htod_pageable", "dtoh_pageable"):
-        c = floor[f"{key}_GBps"]
-        rows.append([f"{key} 256 MiB", "C floor", f"{c:.2f} GB/s", "1.00"])
-        rows.append([f"{key} 256 MiB", "cuproc copy()", f"{ours['bandwidth_GBps'][key]:.2f} GB/s",
-                     f"{ours['bandwidth_GBps'][key] / c:.3f}"])
-        if key in ours["driver_raw_GBps"]:
-            raw = ours["driver_raw_GBps"][key]
-            rows.append([f"{key} 256 MiB", "driver raw call, interleaved", f"{raw:.2f} GB/s", f"{raw / c:.3f}"])
-        if key in peers:
-            rows.append([f"{key} 256 MiB", "cuda.bindings", f"{peers[key]:.2f} GB/s", f"{peers[key] / c:.3f}"])
-    pinned_ratio = min(ours["bandwidth_GBps"][k] / ours["driver_raw_GBps"][k] for k in ("htod_pinned", "dtoh_pinned"))
-    floor_ratio = min(ours["bandwidth_GBps"][k] / floor[f"{k}_GBps"] for k in ("htod_pinned", "dtoh_pinned"))
-    notes = [f"pinned bandwidth, cuproc copy() / the driver's own call interleaved in the same process "
-             f"(worse direction): {pinned_ratio:.3f} (goal >= 0.97); / the C floor process: {floor_ratio:.3f}",
-             "ratio column: time or bandwidth against the C floor of the same row group, same run."]
-    path = write_results(args.out, "bench_memory", data, rows, ["operation", "who", "value", "x C floor"], notes)
+    import cuproc
+    errors: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        c_lib = None
+        if args.smoke:
+            smoke_driver()
+        else:
+            path = build_c("c_floor_memory.c", Path(tmp), shared=True)
+            if path is not None:
+                c_lib = ctypes.CDLL(str(path))
+                for fn in (c_lib.c_alloc_free, c_lib.c_alloc_free_async, c_lib.c_copy):
+                    fn.restype = ctypes.c_double
+                c_lib.c_alloc_free.argtypes = [ctypes.c_int, ctypes.c_ulonglong]
+                c_lib.c_alloc_free_async.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_void_p]
+                c_lib.c_copy.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_void_p, ctypes.c_ulonglong]
+        pc = cuproc.use_device(0)
+        alloc = allocations(c_lib, args.smoke, *((200, 2) if args.smoke else (20_000, 7)), errors)
+        bw = copies(c_lib, args.smoke, 3 if args.smoke else 20)
+        cuproc.driver.default_driver().cuCtxSetCurrent(cuproc.ffi.NULL)
+        pc.release()
+    goals = evaluate(alloc, bw, args.smoke, errors)
+    data = {"machine": machine(), "smoke": args.smoke, "allocation_us": alloc, "copy_GBps": bw, "errors": errors}
+    table = []
+    for group, floor_name, label in (("sync_us", C_SYNC, f"alloc+free {SMALL} B"),
+                                     ("stream_ordered_us", C_ASYNC, f"stream-ordered {SMALL} B")):
+        floor = alloc[group].get(floor_name)
+        for name, v in sorted(alloc[group].items(), key=lambda kv: kv[1]):
+            table.append([label, name, f"{v:.3f} µs", f"{v / floor:.2f}" if floor else ""])
+    for size, rows in bw.items():
+        for name, v in rows.items():
+            kind = name.split(",")[0]
+            floor = rows.get(f"{kind}, C floor")
+            table.append([f"copy {size}", name, f"{v:.2f} GB/s", f"{v / floor:.3f}" if floor else ""])
+    for name, why in errors.items():
+        table.append(["", name, "missing", why[:70]])
+    notes = ["ratio column: against the C floor of the same group, same process and run (copies: bandwidth ratio)",
+             "stream-ordered loops synchronize their stream once at the end, inside the timing, on every side"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    floor = alloc["sync_us"].get(C_SYNC)
+    plot = plot_bars(args.out / "bench_memory.png", f"Allocation, {SMALL} B, {data['machine'].get('gpu')}, "
+                     f"{data['machine']['date']}, {data['machine']['cuproc_path']}", "µs per alloc+free",
+                     [(k + (" (stream-ordered)" if g == "stream_ordered_us" else ""), v)
+                      for g in ("sync_us", "stream_ordered_us") for k, v in alloc[g].items()
+                      if not k.startswith("C floor")], ("C floor cuMemAlloc+cuMemFree", floor) if floor else None)
+    path = write_results(args.out, "bench_memory", data, table, ["operation", "who", "value", "x C floor"], notes,
+                         goals, [plot])
     print(path.read_text())
     return 0
 

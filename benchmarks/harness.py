@@ -1,22 +1,34 @@
-"""Benchmark harness: timing helpers, machine facts, and the results file.
+"""Benchmark harness: timing helpers, machine facts, goals, plots and the results file.
 
-Policy: every benchmark times cuproc *in the same run* as the C floor and the
-peers (ctypes, bare cffi, cuda-bindings, ...), and results are compared as
-ratios, since absolute times differ between machines and runs.
+Policy: every benchmark times cuproc *in the same run* as the C floor and the peers
+(cuda.bindings, cuda.core, CuPy, ...), and results are compared as ratios, since absolute
+times differ between machines and runs.  Every goal of the issue and of benchmarks/ is
+printed as met or missed with its number -- none is left out; a goal that cannot be
+evaluated in a run (a peer missing, the pure path where the goal is the compiled one's,
+a smoke run) says so and why.  A peer that is missing or fails is reported, never fatal.
+
+``--smoke`` (every bench_*.py): run end to end on a CPU against the fake driver of
+tests/fakedriver.py, with the C floors and the peers skipped and few repetitions, so that
+a benchmark is never first executed on the GPU machine.  Its numbers mean nothing.
 """
 from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import timeit
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
+HERE = ROOT / "benchmarks"
 
 
 def per_call_us(stmt: Callable[[], Any] | str, number: int = 200_000, repeat: int = 7,
@@ -37,26 +49,141 @@ def child_ms(code: str, runs: int = 15, env: dict | None = None) -> float:
 
 def machine() -> dict[str, Any]:
     info: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
-                            "date": datetime.date.today().isoformat()}
+                            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                            "cpu": platform.processor() or platform.machine(), "cuproc_path": fast_path_status()}
     try:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
                               "--format=csv,noheader"], capture_output=True, text=True, check=True)
         info["gpu"] = smi.stdout.strip().splitlines()[0]
-    except (OSError, subprocess.CalledProcessError):
+    except (OSError, subprocess.CalledProcessError, IndexError):
         info["gpu"] = None
     return info
 
 
+def fast_path_active() -> bool:
+    """Whether cuproc's compiled fast path is on (``cuproc.fastpath.active()``; absent: the pure path)."""
+    try:
+        from cuproc import fastpath  # type: ignore[attr-defined]
+    except ImportError:
+        return False
+    try:
+        return bool(fastpath.active())
+    except Exception:  # noqa: BLE001 - a broken fast path is reported as not active
+        return False
+
+
+def fast_path_status() -> str:
+    forced = os.environ.get("CUPROC_PURE_PYTHON", "").strip() not in ("", "0")
+    if fast_path_active():
+        return "compiled fast path (cffi API mode)"
+    return "pure Python (cffi ABI mode)" + (", forced by CUPROC_PURE_PYTHON" if forced else "")
+
+
+def build_c(source: str, out_dir: Path, *, shared: bool) -> Path | None:
+    """Compile benchmarks/<source> (a shared library or a program); None without a C compiler."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    stem = Path(source).stem
+    target = out_dir / (f"lib{stem}.so" if shared else stem)
+    flags = ["-O2", "-shared", "-fPIC", "-DC_FLOOR_LIBRARY"] if shared else ["-O2"]
+    subprocess.run([cc, *flags, "-o", str(target), str(HERE / source), "-ldl"], check=True)
+    return target
+
+
+def smoke_driver() -> Any:
+    """For ``--smoke``: the fake driver built from tests/fakedriver.c as cuproc's default handle."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from fakedriver import build
+
+    import cuproc
+    fake = build(Path(tempfile.mkdtemp(prefix="cuproc-smoke-")))
+    fake.reset()
+    cuproc.set_default_driver(cuproc.Driver(library=str(fake.path)))
+    return fake
+
+
+def peer(errors: dict[str, str], name: str, make: Callable[[], Any]) -> Any:
+    """``make()``, or None with the reason noted in ``errors`` (a missing or failing peer is reported)."""
+    try:
+        return make()
+    except Exception:  # noqa: BLE001 - any failure of a peer is a row, not a crash
+        errors[name] = traceback.format_exc(limit=2).strip().splitlines()[-1][:160]
+        return None
+
+
+class Goals:
+    """The goals of one benchmark, each printed as met, missed, or not evaluated (and why)."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def check(self, goal: str, value: float | None, limit: float | None, *, at_most: bool = True,
+              unit: str = "x", why_not: str | None = None) -> None:
+        """``value`` against ``limit`` (``at_most``: value <= limit, else value >= limit)."""
+        if why_not is None and (value is None or limit is None):
+            why_not = "a number it needs is missing in this run"
+        if why_not is not None:
+            self.rows.append({"goal": goal, "status": f"not evaluated ({why_not})", "value": value, "limit": limit})
+            return
+        met = value <= limit if at_most else value >= limit
+        self.rows.append({"goal": goal, "status": "met" if met else "MISSED", "value": value, "limit": limit,
+                          "text": f"{value:.3f}{unit} (goal {'<=' if at_most else '>='} {limit:g}{unit})"})
+
+    def fast_only(self, goal: str, value: float | None, limit: float, **kw: Any) -> None:
+        """A goal of the compiled fast path: evaluated only when it is active."""
+        self.check(goal, value, limit, why_not=None if fast_path_active() else "pure path", **kw)
+
+    def lines(self) -> list[str]:
+        return [f"- [{r['status']}] {r['goal']}" + (f": {r['text']}" if "text" in r else
+                                                    (f": {r['value']:.3f}" if isinstance(r["value"], float) else ""))
+                for r in self.rows]
+
+
+def plot_bars(path: Path, title: str, xlabel: str, rows: list[tuple[str, float]],
+              floor: tuple[str, float] | None) -> str | None:
+    """One bar per launcher or peer, the C floor as a vertical line; None (and no file) without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = sorted(rows, key=lambda r: r[1])
+    colours = [("cuproc", "#4c72b0"), ("bare", "#bbbbbb"), ("C ", "#55a868")]
+    fig, ax = plt.subplots(figsize=(9, 0.38 * len(rows) + 1.6))
+    ax.barh([r[0] for r in rows], [r[1] for r in rows],
+            color=[next((c for k, c in colours if r[0].startswith(k)), "#dd8452") for r in rows])
+    ax.invert_yaxis()
+    if floor is not None:
+        ax.axvline(floor[1], color="black", linestyle="--", label=floor[0])
+        ax.legend(loc="lower right")
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
 def write_results(out_dir: Path, name: str, data: dict[str, Any], table: list[list[str]],
-                  header: list[str], notes: list[str]) -> Path:
+                  header: list[str], notes: list[str], goals: Goals, plots: list[str | None] = ()) -> Path:
+    """``<name>.md`` (machine, date, path, goals, table, notes, plots) and ``<name>.json`` in out_dir."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
+    data = {**data, "goals": goals.rows}
+    (out_dir / f"{name}.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+    m = data["machine"]
     widths = [max(len(str(r[i])) for r in [header, *table]) for i in range(len(header))]
-    lines = [f"# {name}", "", f"machine: {data['machine']}", ""]
+    host = f"machine: GPU {m.get('gpu')}; CPU {m.get('cpu')}; Python {m['python']}; {m['platform']}"
+    lines = [f"# {name}", "", f"date: {m['date']}", host, f"cuproc path: {m['cuproc_path']}", ""]
+    if data.get("smoke"):
+        lines += ["SMOKE RUN on the fake driver: the numbers mean nothing; C floors and peers skipped.", ""]
+    lines += ["## Goals", "", *goals.lines(), "", "## Results", ""]
     lines.append("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
     lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     lines += ["| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |" for row in table]
     lines += ["", *notes, ""]
+    lines += [f"![{p}]({p})" for p in plots if p]
     path = out_dir / f"{name}.md"
-    path.write_text("\n".join(lines))
+    path.write_text("\n".join(lines) + "\n")
     return path

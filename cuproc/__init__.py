@@ -72,7 +72,8 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"   # the one place: pyproject.toml reads it ([tool.setuptools.dynamic])
 
-_LAZY_MODULES = ("context", "device", "stream", "memory", "module")
+# device_memory before memory: a first DeviceBuffer imports no host memory, pools or transfers
+_LAZY_MODULES = ("context", "device", "stream", "device_memory", "memory", "module")
 
 __all__ = [
     "ClosedResourceError", "CudaWarning", "CudaError", "CudaVersion", "Driver", "DriverNotFoundError", "DriverTooOldError", "ForkedProcessError",

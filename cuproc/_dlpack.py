@@ -22,6 +22,7 @@ import threading
 from typing import Any, Callable
 
 from . import _fork
+from .allocation import EXPORTS   # id(allocation) -> number of its live managed tensors
 
 _TYPE_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}  # kDLInt, kDLUInt, kDLFloat, kDLComplex, kDLBool
 _TYPE_KINDS = {code: kind for kind, code in _TYPE_CODES.items()}
@@ -68,7 +69,6 @@ DLManagedTensorVersioned._fields_ = [("version", DLPackVersion), ("manager_ctx",
                                      ("dl_tensor", DLTensor)]
 
 _live: dict[int, tuple[Any, ...]] = {}   # address of a managed tensor -> (tensor, shape, owner, allocation key)
-EXPORTS: dict[int, int] = {}             # id(allocation) -> number of its live managed tensors
 _lock = _fork.lock()   # fresh in a forked child
 
 _PyCapsule_New = ctypes.pythonapi.PyCapsule_New

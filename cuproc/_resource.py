@@ -27,9 +27,13 @@ Every object that holds a driver handle is a :class:`Resource`.
   *another thread is in the middle of a call* with it is a race in the
   program, as it is in C: cuproc checks before each call, and the driver call
   itself is not guarded against a concurrent destroy.
-* **A cheap validity token.**  :data:`EPOCH` changes whenever any resource
-  ends (and at fork).  Hot paths (a prepared launch) verify their parents once
-  and then only compare the epoch they saw with the current one.
+* **A cheap validity token.**  :data:`EPOCH` changes whenever a resource that
+  others can depend on ends (and at fork).  Hot paths (a prepared launch,
+  :meth:`Resource.check` itself) verify the parents once and then only compare
+  the epoch they saw with the current one.  A *leaf* (an allocation: nothing
+  names it as a parent) ends without moving the epoch, so allocating and freeing
+  in a loop does not send every other object back to a full check; every check
+  of a leaf reads its own ``ended`` first.
 
 Subclasses provide ``_release()`` (the driver call that gives the handle back,
 returning its CUresult) and ``_release_call`` (its C name, for errors).
@@ -61,12 +65,14 @@ _fork.on_fork_in_child(_bump_epoch_in_child)
 class Resource:
     """Something that holds a driver handle and gives it back once (see the module docstring)."""
 
-    __slots__ = ("driver", "ended", "__weakref__")
+    __slots__ = ("driver", "ended", "_checked_at", "__weakref__")
 
     #: the C name of the call ``_release`` makes (for errors and warnings)
     _release_call = "release"
     #: the word for how it ended after ``close()`` ("freed", "destroyed", "unloaded", ...)
     _ended_word = "closed"
+    #: True where no resource names this one as a parent (see "A cheap validity token")
+    _leaf = False
 
     driver: Driver
     ended: str | None   # None while usable; else how it ended
@@ -102,12 +108,19 @@ class Resource:
             yield from parent.ancestors()
 
     def check(self, call: str) -> None:
-        """Raise unless this object and everything it depends on are usable in this process."""
+        """Raise unless this object and everything it depends on are usable in this process.
+
+        A check that passed is remembered with the :data:`EPOCH` it saw: until some resource
+        ends (or the process forks) the next check is one comparison, not a walk of the parents."""
+        epoch = EPOCH[0]
+        if self.ended is None and getattr(self, "_checked_at", None) == epoch:   # unset until a check passed
+            return
         if FORKED[0]:
             raise forked_error(call)
         gone = self.ended_owner()
         if gone is not None:
             raise ClosedResourceError(call, self.describe(), gone.describe(), gone.ended or "closed")
+        self._checked_at = epoch
 
     @property
     def closed(self) -> bool:
@@ -120,7 +133,8 @@ class Resource:
             if self.ended is not None:
                 return False
             self.ended = how
-        EPOCH[0] += 1
+        if not self._leaf:
+            EPOCH[0] += 1
         return True
 
     def close(self) -> None:
@@ -130,7 +144,11 @@ class Resource:
         if FORKED[0]:
             self._claim("left behind by fork()")
             return
-        parent_gone = any(p.ended_owner() is not None for p in self.parents())
+        parent_gone = False
+        for parent in self.parents():
+            if parent.ended_owner() is not None:
+                parent_gone = True
+                break
         if not self._claim(self._ended_word):   # first: whatever the driver says, never twice
             return
         if parent_gone:
@@ -156,7 +174,8 @@ class Resource:
                 self.ended = "dropped"
                 return
             self.ended = "dropped"
-            EPOCH[0] += 1
+            if not self._leaf:
+                EPOCH[0] += 1
             rc = self._release()
         except Exception as exc:  # noqa: BLE001 - a finalizer never raises
             report(f"releasing {self.describe()} at collection raised {exc!r}")

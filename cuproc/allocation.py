@@ -20,9 +20,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._dlpack import EXPORTS
 from ._resource import FORKED, Resource
 from .context import Context
+
+#: id(allocation) -> number of its live DLPack tensors.  Kept here, not in _dlpack, so that
+#: checking for exports costs an allocation no import of the DLPack machinery; _dlpack counts in it
+#: (each tensor holds its allocation, so an id here is never reused while counted).
+EXPORTS: dict[int, int] = {}
 
 
 class Allocation(Resource):
@@ -30,6 +34,7 @@ class Allocation(Resource):
 
     __slots__ = ("context", "address", "nbytes")
     _ended_word = "freed"
+    _leaf = True       # no resource names memory as its parent: freeing it leaves EPOCH alone
     kind = "device"
 
     context: Context

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from . import _fork
 from ._cffi_abi import ffi
-from ._resource import Resource, report
+from ._resource import FORKED, Resource, report
 from ._support import arity, get_driver, handle_int, invalid
 from .device import Device
 from .driver import Driver
@@ -119,21 +119,41 @@ class Context(Resource):
 
     @classmethod
     def current(cls, *, driver: Driver | None = None) -> Context | None:
-        """The context current on this thread, as the driver says; None when there is none."""
-        drv = get_driver(driver)
+        """The context current on this thread, as the driver says (cuCtxGetCurrent); None when there is none."""
+        return cls._current(get_driver(driver))
+
+    @classmethod
+    def _current(cls, drv: Driver) -> Context | None:
+        """:meth:`current` for an initialized handle.  The driver is asked every time (other code may
+        change the thread's context); the object for its answer is remembered weakly per thread, so
+        asking again for the same handle skips the process-wide lookup (:meth:`adopt`).  An ended
+        object is never returned from there."""
         out = _popped()
-        drv.checked.cuCtxGetCurrent(out)
-        return None if out[0] == ffi.NULL else cls.adopt(out[0], driver=drv)
+        rc = drv.cuCtxGetCurrent(out)
+        if rc:
+            raise drv.error(rc, "cuCtxGetCurrent")
+        handle = out[0]
+        if handle == ffi.NULL:
+            return None
+        last = getattr(_scratch, "last", None)
+        if last is not None:
+            ctx = last()
+            if ctx is not None and ctx.ended is None and ctx.driver is drv and ctx.handle == handle:
+                return ctx
+        ctx = cls.adopt(handle, driver=drv)
+        _scratch.last = weakref.ref(ctx)
+        return ctx
 
     @classmethod
     def require_current(cls, call: str, *, driver: Driver | None = None) -> Context:
         """The current context, or an error saying ``call`` needs one (before the driver is asked)."""
-        ctx = cls.current(driver=driver)
+        ctx = cls._current(get_driver(driver))
         if ctx is None:
             raise refusal(call, "no context is current on this thread: call cuproc.use_device(0) (or retain "
                                 "a primary context / create one) first", InvalidContextError,
                           "CUDA_ERROR_INVALID_CONTEXT")
-        ctx.check(call)
+        if FORKED[0] or ctx.ended is not None:   # a context has no parents: this is all check() asks
+            ctx.check(call)
         return ctx
 
     @classmethod
@@ -142,9 +162,8 @@ class Context(Resource):
         """Where a call that acts on "the current context" (create, allocate) goes: ``context`` if
         given, else the current one, checked usable for ``call``; and the way to call into it
         (:meth:`call_current` for a given context, which may not be current; a plain call otherwise)."""
-        if context is None:
-            ctx = cls.require_current(call, driver=driver)
-            return ctx, ctx.call
+        if context is None:     # it is current: the call goes straight to the driver
+            return cls.require_current(call, driver=driver), _as_is
         context.check(call)
         return context, context.call_current
 
@@ -357,6 +376,10 @@ def synchronize_context(context: Context) -> int:
     if arity(drv, "cuCtxSynchronize") == 1:
         return drv.cuCtxSynchronize(context.handle)
     return context.pushed(drv.cuCtxSynchronize)
+
+
+def _as_is(function: Callable[..., int], *args: Any) -> int:
+    return function(*args)
 
 
 def call_in(context: Context | None, function: Callable[..., int], *args: Any) -> int:

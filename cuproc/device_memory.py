@@ -32,6 +32,8 @@ from .stream import Stream, as_stream, default_stream, stream_handle
 if TYPE_CHECKING:
     from .pools import MemoryPool
 
+_DEVICE_POINTER = ffi.typeof("CUdeviceptr *")   # parsed once: ffi.new of a string parses it per call
+
 
 class DeviceBuffer(DeviceArrayExports, Allocation):
     """Linear device memory from cuMemAlloc (or cuMemAllocAsync, see :func:`alloc_async`).
@@ -55,7 +57,7 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
             raise invalid("cuMemAlloc", f"size must be a positive int, got {nbytes!r}")
         ctx, run = Context.target(context, "cuMemAlloc", driver=driver)
         drv = ctx.driver
-        out = ffi.new("CUdeviceptr *")
+        out = ffi.new(_DEVICE_POINTER)
         rc = run(drv.cuMemAlloc, out, nbytes)
         if rc:
             raise drv.error(rc, "cuMemAlloc")
@@ -127,7 +129,7 @@ def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: Memory
         ctx, run = Context.target(context, "cuMemAllocAsync", driver=driver)
         h = stream_handle(stream, ctx.driver) if stream is not None else default_stream(ctx.driver)
     drv = ctx.driver
-    out = ffi.new("CUdeviceptr *")
+    out = ffi.new(_DEVICE_POINTER)
     if pool is None:
         rc = run(drv.cuMemAllocAsync, out, nbytes, h)
     else:

@@ -93,6 +93,8 @@ _QUERY_STATUS = {
     _query["CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT"]: VERSION_NOT_SUFFICIENT,
 }
 _CUDA_SUCCESS = 0
+_VOID_PP = ffi.typeof("void **")                                     # parsed once, not per symbol
+_QUERY_RESULT_P = ffi.typeof("CUdriverProcAddressQueryResult *")
 _CUDA_ERROR_NOT_FOUND = errors.result_code("CUDA_ERROR_NOT_FOUND")
 
 
@@ -352,11 +354,11 @@ class Driver(_DriverFunctions):
         if lib.lookup == DIRECT_LOOKUP:
             address = lib.symbol_address(entry)
             return (RESOLVED, ffi.cast("void *", address)) if address else (SYMBOL_NOT_FOUND, None)
-        pfn = ffi.new("void **")
+        pfn = ffi.new(_VOID_PP)
         flags = FLAG_PER_THREAD if self.per_thread_default_stream else FLAG_LEGACY_STREAM
         symbol = name.encode()
         if lib.lookup == GET_PROC_ADDRESS_V2:
-            status = ffi.new("CUdriverProcAddressQueryResult *")
+            status = ffi.new(_QUERY_RESULT_P)
             rc = lib.get_proc_address(symbol, pfn, int(version), flags, status)
             if rc != _CUDA_SUCCESS:
                 return SYMBOL_NOT_FOUND, None
@@ -483,13 +485,28 @@ class Driver(_DriverFunctions):
         return name in self._declared
 
     def preload(self) -> dict[str, int]:
-        """Resolve every symbol now; returns the count of each status."""
+        """Resolve every symbol now (one pass under one lock); returns the count of each status."""
+        self.open()
+        if _fork.FORKED[0]:
+            raise forked_error("preload")
         counts: dict[str, int] = {}
-        for name in self.registry:
-            getattr(self, name)
-            status = self._resolutions[name].status
-            counts[status] = counts.get(status, 0) + 1
+        resolutions, published, version = self._resolutions, self.__dict__, self._version
+        assert version is not None
+        with self._lock:
+            for name in self.registry:
+                res = resolutions.get(name)
+                if res is None:
+                    res = resolutions[name] = self._resolve(name, version, explicit=False)
+                if name not in published:
+                    published[name] = self._published(name, res)
+                counts[res.status] = counts.get(res.status, 0) + 1
         return counts
+
+    def _published(self, name: str, res: Resolution) -> Any:
+        """What ``self.<name>`` becomes: the function, or an Unavailable that raises when called."""
+        if res.function is None:
+            return Unavailable(res, lambda: self._unavailable_error(res))
+        return self._with_alias(name, res, _public(name, res), self._version)
 
     def _unavailable_error(self, res: Resolution) -> errors.CudaError:
         cls = errors.DriverTooOldError if res.status == DRIVER_TOO_OLD else errors.SymbolNotFoundError
@@ -535,11 +552,7 @@ class Driver(_DriverFunctions):
             with self._lock:  # one published object per name, whichever thread gets here first
                 value = self.__dict__.get(name)
                 if value is None:
-                    if res.function is None:
-                        value = Unavailable(res, lambda res=res: self._unavailable_error(res))
-                    else:
-                        value = self._with_alias(name, res, _public(name, res), self._version)
-                    self.__dict__[name] = value  # later accesses are plain attribute loads
+                    value = self.__dict__[name] = self._published(name, res)  # later: plain attribute loads
             return value
         table = constants()
         if name in table:
@@ -686,10 +699,12 @@ class Checked(_CheckedFunctions):
         value = getattr(self._driver, name)
         if name not in self._driver.registry and not self._driver.is_declared(name):
             return value  # constants and types pass through
+        # A bare cffi pointer has a known arity; wrappers (aliases, by-value structs) check their own.
+        arity = len(ffi.typeof(value).args) if isinstance(value, ffi.CData) else None
         with self._driver._lock:
             wrapper = self.__dict__.get(name)
             if wrapper is None:
-                wrapper = _make_checked(value, name, self._driver.error)
+                wrapper = _make_checked(value, name, self._driver.error, arity)
                 self.__dict__[name] = wrapper
         return wrapper
 
@@ -700,15 +715,24 @@ class Checked(_CheckedFunctions):
         return dir(self._driver)
 
 
-def _make_checked(function: Callable[..., int], name: str,
-                  error: Callable[[int, str], errors.CudaError]) -> Callable[..., None]:
-    def call(*args: Any, _forked: list[bool] = _fork.FORKED) -> None:
-        if _forked[0]:   # a checked function captured before fork() refuses in the child
-            raise forked_error(name)
-        rc = function(*args)
-        if rc:
-            raise error(rc, name)
-    call.__name__ = call.__qualname__ = name
+def _make_checked(function: Callable[..., int], name: str, error: Callable[[int, str], errors.CudaError],
+                  arity: int | None = None) -> Callable[..., None]:
+    """``name`` raising on failure.  With the typedef's ``arity`` known, the wrapper takes exactly that
+    many positional parameters (generated source: no argument tuple is built and unpacked per call,
+    which is most of what a wrapper adds to a trivial call); otherwise ``*args``."""
+    params = ", ".join(f"a{i}" for i in range(arity)) if arity is not None else "*args"
+    passed = params
+    source = (f"def make(function, error, forked, forked_error):\n"
+              f"    def {name}({params}):\n"
+              f"        if forked[0]:   # a checked function captured before fork() refuses in the child\n"
+              f"            raise forked_error({name!r})\n"
+              f"        rc = function({passed})\n"
+              f"        if rc:\n"
+              f"            raise error(rc, {name!r})\n"
+              f"    return {name}\n")
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<cuproc checked {name}>", "exec"), namespace)  # noqa: S102 - a C name and ints only
+    call = namespace["make"](function, error, _fork.FORKED, forked_error)
     call.__doc__ = f"{name}, raising cuproc.CudaError on failure (returns None)."
     return call
 

@@ -36,16 +36,19 @@ Policy
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._dlpack import VERSION as DLPACK_VERSION
-from ._dlpack import Imported, consume, to_capsule
 from ._cffi_abi import ffi
 from ._resource import Resource
 from ._support import get_driver, handle_int, invalid
 from .context import Context, call_in
 from .driver import Driver
 from .stream import Stream, default_stream, order_after, stream_handle
+
+if TYPE_CHECKING:
+    from ._dlpack import Imported
+
+# _dlpack (ctypes structures) loads on first export or import, not with every DeviceBuffer.
 
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_CUDA_MANAGED = 1, 2, 3, 13   # DLDeviceType values
 LEGACY_STREAM, PER_THREAD_STREAM = 1, 2                             # CAI / DLPack default-stream markers
@@ -152,7 +155,7 @@ class DeviceArrayExports:
                 raise BufferError(f"__dlpack__: this memory is on {_device_name(own)}; it cannot be exported to "
                                   f"{_device_name(target)}" + (" without a copy (copy=False)" if copy is False else ""))
             host = self._to_host()
-            return to_capsule(host, host.ctypes.data, self.shape, self.typestr, (KDL_CPU, 0),
+            return _dlpack().to_capsule(host, host.ctypes.data, self.shape, self.typestr, (KDL_CPU, 0),
                                       versioned=versioned, copied=True)
         source: Any = self._copy_on_device() if copy else self
         producer = stream_marker(source.allocation)
@@ -160,7 +163,7 @@ class DeviceArrayExports:
             last = source.allocation.last_stream      # the event lives in the producer stream's context
             order_after(last.context if isinstance(last, Stream) else alloc.context, consumer, producer)
         source.allocation.context.add_exporter(source.allocation)
-        return to_capsule(source, source.ptr if copy else ptr, self.shape, self.typestr, own,
+        return _dlpack().to_capsule(source, source.ptr if copy else ptr, self.shape, self.typestr, own,
                                   versioned=versioned, copied=bool(copy), allocation=source.allocation)
 
     def __dlpack_device__(self) -> tuple[int, int]:
@@ -225,7 +228,7 @@ class HostArrayExports:
             if consumer != producer:
                 order_after(alloc.context, consumer, producer)
         alloc.context.add_exporter(alloc)
-        return to_capsule(alloc, ptr, (alloc.nbytes,), "|u1", device, versioned=versioned,
+        return _dlpack().to_capsule(alloc, ptr, (alloc.nbytes,), "|u1", device, versioned=versioned,
                                   copied=bool(copy), allocation=alloc)
 
     def _copy_on_host(self) -> Any:
@@ -374,7 +377,7 @@ def from_dlpack(obj: Any, *, stream: Stream | Any | None = None, driver: Driver 
     """
     drv = get_driver(driver)
     if type(obj).__name__ == "PyCapsule":
-        tensor, producer = consume(obj), None
+        tensor, producer = _dlpack().consume(obj), None
         marker = None
     else:
         if not hasattr(obj, "__dlpack__"):
@@ -387,10 +390,10 @@ def from_dlpack(obj: Any, *, stream: Stream | Any | None = None, driver: Driver 
         on_host = device is not None and device[0] == KDL_CUDA_HOST     # pinned memory: no stream in DLPack
         marker = None if on_host else handle_int(stream_handle(stream, drv, "from_dlpack"))
         try:
-            capsule = obj.__dlpack__(stream=marker, max_version=DLPACK_VERSION)
+            capsule = obj.__dlpack__(stream=marker, max_version=_dlpack().VERSION)
         except TypeError:                   # a producer from before DLPack 1.0 (no max_version)
             capsule = obj.__dlpack__(stream=marker)
-        tensor, producer = consume(capsule), obj
+        tensor, producer = _dlpack().consume(capsule), obj
     if tensor.device[0] not in _IMPORTABLE:
         tensor.release()
         raise BufferError(f"from_dlpack: the tensor is on {_device_name(tensor.device)}; cuproc takes CUDA device, "
@@ -401,3 +404,8 @@ def from_dlpack(obj: Any, *, stream: Stream | Any | None = None, driver: Driver 
 __all__ = ["DLPackArray", "DeviceArrayExports", "HostArrayExports", "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST",
            "KDL_CUDA_MANAGED", "cai", "consumer_stream", "default_marker", "from_dlpack", "read_cai",
            "stream_marker", "typestr_of", "wait_for_cai"]
+
+
+def _dlpack():  # noqa: ANN202 - the module
+    from . import _dlpack as module
+    return module

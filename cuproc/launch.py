@@ -145,6 +145,7 @@ def _writer(t: ArgType, address: Any) -> Callable[[Any], None]:
 
         def write(value: Any) -> None:
             if type(value) not in (int, float) and hasattr(value, "item") and not isinstance(value, ffi.CData):
+                _typed_class(value)    # a NumPy integer class: generated launchers store it directly from now on
                 value = value.item()   # NumPy scalar: its exact value, then cffi's range check
             try:
                 slot[0] = value
@@ -430,7 +431,9 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple, block: tuple, shared
             body += [f"{slot} = {a}"]          # cffi takes any real number here; a str raises TypeError
         elif t.kind == "scalar":
             # only an exact int is stored directly: cffi would truncate a NumPy float silently
-            body += [f"if {a}.__class__ is int:", f"    {slot} = {a}", "else:", f"    w{i}({a})"]
+            # (and a NumPy integer: cffi converts it exactly and checks its range)
+            body += [f"if {a}.__class__ is int or {a}.__class__ in numpy_ints:", f"    {slot} = {a}", "else:",
+                     f"    w{i}({a})"]
         else:
             body += [f"w{i}({a})"]
     if body:
@@ -461,7 +464,7 @@ def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any, cach
     from .device_memory import DeviceBuffer
     env: dict[str, Any] = {
         "launch_entry": cu_launch, "config": prepared.config, "error": error,
-        "DeviceBuffer": DeviceBuffer, "epoch": EPOCH,
+        "DeviceBuffer": DeviceBuffer, "epoch": EPOCH, "numpy_ints": NUMPY_INTEGERS,
         "handle": prepared.function.handle, "stream": prepared.stream, "fill": packed.fill,
         "params": packed.params if prepared.convention == "params" else ffi.NULL,
         "extra": packed.extra if prepared.convention == "buffer" else ffi.NULL,
@@ -488,6 +491,32 @@ def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any, cach
 
 
 _PREPARED_PER_FUNCTION = 64   # distinct (signature, grid, block, ...) one-shot launches remembered per function
+# Classes whose every instance has one C type: NumPy scalar types (added as they are first seen, so
+# NumPy is never imported here) and cuproc's memory objects (pointers).  A one-shot launch of such
+# values is cached under the tuple of their classes, which costs one ``map(type, args)`` to key.
+_TYPED_CLASSES: set[type] = set()
+# NumPy integer scalar classes: a generated launcher stores them into an integer slot directly
+# (cffi converts them exactly and range-checks them); NumPy floats are refused there (they truncate).
+NUMPY_INTEGERS: set[type] = set()
+
+
+def _typed_class(value: Any) -> bool:
+    """Whether every instance of ``type(value)`` has the C type ``value`` has (noting the class if so)."""
+    cls = value.__class__
+    if cls in _TYPED_CLASSES:
+        return True
+    dtype = getattr(value, "dtype", None)
+    if cls.__module__ == "numpy" and dtype is not None and getattr(dtype, "type", None) is cls \
+            and dtype.fields is None and (dtype.kind, dtype.itemsize) in _NUMPY_KINDS:
+        if dtype.kind in "iub":
+            NUMPY_INTEGERS.add(cls)
+    else:
+        from .allocation import Allocation
+        from .device_memory import DeviceView
+        if not isinstance(value, (Allocation, DeviceView)):
+            return False
+    _TYPED_CLASSES.add(cls)
+    return True
 
 
 def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, signature: Sequence[Any] | None = None,
@@ -496,42 +525,77 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
     """Launch once (cuLaunchKernel / cuLaunchKernelEx, or cuLaunchCooperativeKernel with ``cooperative=True``).
 
     Repeated one-shot launches of the same shape reuse a :class:`PreparedLaunch` kept on the
-    function, so a loop over ``launch`` costs little more than a prepared launch.  The cache
-    never keeps a Stream alive: an entry for a Stream remembers it weakly and is used only for
-    that very object (the caller holds it for the call).
+    function (``function.launch_cache``), so a loop over ``launch`` costs little more than a
+    prepared launch.  The key: the signature (or, without one, the classes of the values when
+    each class has one C type -- NumPy scalars, cuproc buffers -- else the inferred C types),
+    grid, block, shared memory, the stream, convention and entry.  The cache lives on the
+    function, so a new kernel (or a library kernel in another context) never meets another's
+    entry.  It never keeps a Stream alive: an entry for a Stream remembers it weakly and is
+    used only for that very object (the caller holds it for the call).  Each entry notes the
+    resource epoch at which the function and stream were last checked, and checks them again
+    only when some resource has ended since (or the process forked).
     """
-    if hasattr(function, "launch_target"):
-        function = function.launch_target()
+    function = function.launch_target()
     if cooperative:
         _launch_cooperative(function, grid, block, args, signature, shared_mem, stream)
         return
-    sig: tuple = tuple(signature) if signature is not None else tuple(infer_type(a) for a in args)
+    stream_key: Any = stream
+    if stream is not None:
+        if isinstance(stream, Stream):
+            stream_key = ("stream", id(stream))
+        else:
+            stream_key = int(ffi.cast("uintptr_t", stream_handle(stream, function.driver)))
+    cache = function.launch_cache
+    try:
+        key = (tuple(map(type, args)) if signature is None else tuple(signature),
+               grid, block, shared_mem, stream_key, convention, entry)
+        cached = cache.get(key)
+    except TypeError:   # an unhashable signature entry, grid or block (a list): the general path
+        key = cached = None
+    if cached is not None and (stream_key.__class__ is not tuple or cached[1]() is stream):  # else: a new
+        if cached[2][0] != EPOCH[0]:                                                # Stream at a dead one's id
+            _recheck(function, stream, cached)
+        cached[0](*args)
+        return
+    _launch_uncached(function, grid, block, args, signature, shared_mem, stream, stream_key, convention, entry, key)
+
+
+def _recheck(function: Any, stream: Any, cached: tuple) -> None:
+    """Some resource ended since this entry last checked: the function and the stream, again."""
+    epoch = EPOCH[0]
+    function.check("cuLaunchKernel")     # the launcher checks the function's owners, not the function
     if isinstance(stream, Stream):
         stream.check("cuLaunchKernel")
-        stream_key: Any = ("stream", id(stream))
+    cached[2][0] = epoch
+
+
+def _launch_uncached(function: Any, grid: Any, block: Any, args: Sequence[Any], signature: Sequence[Any] | None,
+                     shared_mem: int, stream: Any, stream_key: Any, convention: str, entry: str | None,
+                     key: tuple | None) -> None:
+    """A one-shot launch the cache did not have: check, prepare, remember (where the key allows), launch."""
+    epoch = EPOCH[0]
+    function.check("cuLaunchKernel")
+    if isinstance(stream, Stream):
+        stream.check("cuLaunchKernel")
+    cache = function.launch_cache
+    if signature is None:
+        sig: tuple = tuple(infer_type(a) for a in args)
+        if key is not None and not all(_typed_class(a) for a in args):
+            # a value whose class does not fix its C type (an ndarray, a cffi struct): key by the types
+            key = ((tuple((t.name, t.size, t.align, t.kind) for t in sig),) + key[1:])
+            cached = cache.get(key)
+            if cached is not None and (stream_key.__class__ is not tuple or cached[1]() is stream):
+                cached[2][0] = epoch
+                cached[0](*args)
+                return
     else:
-        stream_key = None if stream is None else int(ffi.cast("uintptr_t", stream_handle(stream, function.driver)))
-    try:
-        key = (sig if signature is not None else tuple((t.name, t.size, t.align, t.kind) for t in sig),
-               grid if isinstance(grid, int) else tuple(grid), block if isinstance(block, int) else tuple(block),
-               shared_mem, stream_key, convention, entry)
-        cache = function.launch_cache
-        cached = cache.get(key)
-    except TypeError:   # an unhashable signature entry: prepare without remembering
-        key, cache, cached = None, None, None
-    if cached is not None and isinstance(stream, Stream) and cached[1]() is not stream:
-        cached = None   # a new Stream object at a dead one's id
-    if function.ended is not None:   # the cached launcher checks the function's owners, not the function
-        function.check("cuLaunchKernel")
-    if cached is None:
-        prepared = PreparedLaunch(function, sig, grid, block, shared_mem=shared_mem, stream=stream,
-                                  convention=convention, entry=entry, cached=True).launch
-        if cache is not None:
-            if len(cache) >= _PREPARED_PER_FUNCTION:
-                cache.clear()
-            cache[key] = (prepared, weakref.ref(stream) if isinstance(stream, Stream) else None)
-    else:
-        prepared = cached[0]
+        sig = tuple(signature)
+    prepared = PreparedLaunch(function, sig, grid, block, shared_mem=shared_mem, stream=stream,
+                              convention=convention, entry=entry, cached=True).launch
+    if key is not None:
+        if len(cache) >= _PREPARED_PER_FUNCTION:
+            cache.clear()
+        cache[key] = (prepared, weakref.ref(stream) if isinstance(stream, Stream) else None, [epoch])
     prepared(*args)
 
 

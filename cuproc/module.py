@@ -28,6 +28,7 @@ from .context import Context, call_in
 from .device_memory import GlobalView
 from .driver import Driver
 from .errors import CudaError, result_code
+from .launch import launch as _one_shot_launch
 
 _LOG_SIZE = 1 << 14
 _UNSUPPORTED_PTX = result_code("CUDA_ERROR_UNSUPPORTED_PTX_VERSION")
@@ -428,9 +429,9 @@ class Function(Resource):
         return PreparedLaunch(self, signature, grid, block, shared_mem=shared_mem, stream=stream,
                               convention=convention, entry=entry).launch
 
-    def launch(self, grid: Any, block: Any, args: tuple = (), **kwargs: Any) -> None:
-        from .launch import launch
-        launch(self, grid, block, args, **kwargs)
+    # fn.launch(grid, block, args, signature=..., stream=...): cuproc.launch.launch itself, as a method
+    # (no frame in between: a one-shot launch in a loop pays for every call it makes).
+    launch = _one_shot_launch
 
     def __repr__(self) -> str:
         return f"<cuproc.Function {self.name}>"

@@ -260,3 +260,24 @@ def test_one_library_two_gpus():
                 mem.copy(out, d)
             np.testing.assert_array_equal(out, 2 * a)
     lib.unload()
+
+
+def test_cached_one_shot_and_numpy_integer_launches_carry_every_value(module):
+    """Issue 9's fast paths on the real driver: repeated one-shot launches (one cached entry, new values
+    each time), NumPy integers stored straight into a prepared launch, and a signature-keyed entry."""
+    counter = module.get_global("counter")
+    start, value = np.zeros(1, np.int32), np.zeros(1, np.int32)
+    mem.copy(start, counter)
+    bump = module.get_function("bump")
+    for i in range(1, 11):
+        bump.launch(1, 1, (np.int32(i),))                      # cached by the class np.int32: 55 in all
+    run = bump.prepare(["int"], 1, 1)
+    for v in (np.int32(-3), np.int64(7), np.int16(2), 4):       # NumPy integers stored directly: +10
+        run(v)
+    for i in range(3):
+        bump.launch(1, 1, (i,), signature=["int"])             # +3
+    Context.current().synchronize()
+    mem.copy(value, counter)
+    assert value[0] - start[0] == 55 + 10 + 3
+    with pytest.raises(InvalidValueError):
+        run(np.int64(1 << 40))                                 # out of range for int: refused, not wrapped

@@ -1,0 +1,177 @@
+"""The fast paths of issue 9 keep cuproc's behaviour: one-shot launch caching, NumPy integers in
+generated launchers, the per-thread current-context memo, checked calls of exact arity, preload,
+what a first allocation imports, and the benchmarks' smoke runs (all on the fake driver)."""
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fakedriver import fake_image
+
+import cuproc
+from cuproc import Context, DeviceBuffer, Module, Stream
+from cuproc.errors import ClosedResourceError, CudaError, InvalidValueError
+
+ROOT = Path(__file__).resolve().parent.parent
+IMAGE = fake_image({"empty": [8, 4, 4], "wide": [8, 8, 4]})
+SIG = ["float*", "int", "float"]
+
+
+def test_one_shot_entries_follow_the_value_classes_not_just_their_count(fk, pc):
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    fn.launch(1, 32, (buf, np.int32(3), np.float32(0.5)))
+    assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 3, 0.5)
+    fn.launch(1, 32, (buf, np.int32(-4), np.float32(1.5)))   # same classes: the same entry, new values
+    assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, -4, 1.5)
+    assert len(fn.launch_cache) == 1
+    with pytest.raises(InvalidValueError):                     # int64 is 8 bytes: the driver's param info
+        fn.launch(1, 32, (buf, np.int64(3), np.float32(0.5)))  # refuses it, never the int32 entry
+    fn.launch(1, 32, (buf, np.float32(3), np.float32(0.5)))  # 4 bytes like int: its own entry, a float's bits
+    assert fk.last_launch()[1] == struct.pack("<Qff", buf.ptr, 3.0, 0.5) and len(fn.launch_cache) == 2
+    assert fk.launch_count() == 3
+
+
+def test_values_whose_class_does_not_fix_the_type_are_keyed_by_their_type(fk, pc):
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    fn.launch(1, 32, (buf, np.array(7, np.int32), np.array(2.5, np.float32)))   # 0-d arrays: class ndarray
+    assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 7, 2.5)
+    with pytest.raises(InvalidValueError):       # same classes, other dtype: never the int32 entry
+        fn.launch(1, 32, (buf, np.array(7, np.int64), np.array(2.5, np.float32)))
+    fn.launch(1, 32, (buf, np.array(8, np.int32), np.array(0.5, np.float32)))
+    assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 8, 0.5)
+    assert fk.launch_count() == 2
+
+
+def test_one_shot_entries_are_per_stream_and_per_function(fk, pc):
+    module = Module.load(IMAGE)
+    fn, fn2 = module.get_function("empty"), Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    args = (buf, np.int32(1), np.float32(1))
+    s1, s2 = Stream(), Stream()
+    fn.launch(1, 32, args, stream=s1)
+    fn.launch(1, 32, args, stream=s2)
+    fn.launch(1, 32, args)
+    assert len(fn.launch_cache) == 3 and not fn2.launch_cache
+    fn2.launch(1, 32, args, stream=s1)
+    assert len(fn2.launch_cache) == 1
+    s1.close()
+    with pytest.raises(ClosedResourceError):
+        fn.launch(1, 32, args, stream=s1)       # the cached entry checks again once something ended
+    fn.launch(1, 32, args, stream=s2)
+    module.unload()
+    with pytest.raises(ClosedResourceError):
+        fn.launch(1, 32, args, stream=s2)
+    assert fk.launch_count() == 5
+
+
+def test_numpy_integers_go_straight_into_a_prepared_launch_and_keep_their_checks(fk, pc):
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    run = fn.prepare(SIG, 1, 32)
+    fn.launch(1, 32, (buf, np.int32(0), np.float32(0)))      # notes the NumPy integer class
+    run(buf, np.int32(9), 1.0)
+    assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 9, 1.0)
+    run(buf, np.int64(-2), np.float32(3))
+    assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, -2, 3.0)
+    with pytest.raises(InvalidValueError, match="int"):
+        run(buf, np.int64(1 << 40), 1.0)                     # out of range for int: refused, not wrapped
+    with pytest.raises(InvalidValueError):
+        run(buf, np.float32(2.5), 1.0)                       # a float for an int: refused, not truncated
+    assert fk.launch_count() == 3
+
+
+def test_current_context_memo_follows_the_thread_and_the_driver(fk, pc):
+    ctx = Context.current()
+    assert ctx is pc.context
+    assert Context.current() is ctx
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(Context.current()))
+    t.start()
+    t.join()
+    assert seen == [None]                                    # nothing current on the new thread
+    other = Context.create(0)
+    try:
+        assert Context.current() is other                    # created and current: not the memo
+        buf = DeviceBuffer(16)
+        assert buf.context is other
+        buf.free()
+    finally:
+        other.destroy()
+    cuproc.driver.default_driver().cuCtxSetCurrent(ctx.handle)
+    assert Context.current() is ctx
+
+
+def test_checked_calls_take_exactly_the_typedefs_parameters(fk):
+    drv = cuproc.driver.default_driver()
+    checked = drv.checked
+    count = cuproc.ffi.new("int *")
+    assert checked.cuDeviceGetCount(count) is None and count[0] >= 1
+    with pytest.raises(TypeError, match="cuDeviceGetCount"):
+        checked.cuDeviceGetCount(count, 1)
+    with pytest.raises(CudaError) as info:
+        checked.cuDeviceGet(cuproc.ffi.new("CUdevice *"), 999)
+    assert info.value.call == "cuDeviceGet"
+
+
+def test_preload_resolves_every_symbol_as_access_would(fk):
+    drv = cuproc.Driver(library=str(fk.path))
+    counts = drv.preload()
+    assert sum(counts.values()) == len(drv.registry)
+    expected: dict[str, int] = {}
+    for name in drv.registry:
+        status = drv.resolution(name).status
+        expected[status] = expected.get(status, 0) + 1
+        assert bool(getattr(drv, name)) == (status == "resolved")
+    assert counts == expected and counts.get("resolved", 0) > 0
+    assert drv.preload() == counts
+
+
+def test_a_first_allocation_imports_only_what_it_needs(fake):
+    code = ("import sys, cuproc; pc = cuproc.use_device(0); b = cuproc.DeviceBuffer(256); b.free(); "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('cuproc'))))")
+    env = {**os.environ, "CUPROC_LIBCUDA": str(fake.path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    modules = set(out.stdout.split())
+    assert "cuproc.device_memory" in modules
+    assert not modules & {"cuproc.memory", "cuproc.host_memory", "cuproc.pools", "cuproc.transfers",
+                          "cuproc.launch", "cuproc.module", "cuproc._dlpack"}
+
+
+@pytest.mark.parametrize("bench", sorted(p.name for p in (ROOT / "benchmarks").glob("bench_*.py")))
+def test_benchmarks_run_end_to_end_in_smoke_mode(bench, tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / bench), "--smoke", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=240, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = (tmp_path / bench.replace(".py", ".md")).read_text()
+    goals = text.split("## Goals", 1)[1].split("## Results", 1)[0]
+    lines = [line for line in goals.splitlines() if line.startswith("- [")]
+    assert lines and all(line.startswith(("- [met]", "- [MISSED]", "- [not evaluated")) for line in lines)
+    assert "cuproc path:" in text and "SMOKE RUN" in text
+
+
+def test_a_remembered_check_still_sees_its_own_end_and_its_parents_end(fk, pc):
+    from cuproc import memory as mem
+    buf = DeviceBuffer(64)
+    view = buf.view(np.float32)
+    buf.check("test")
+    view.check("test")                          # both remembered at this epoch
+    buf.free()                                  # a leaf: the epoch stays, its own end is seen
+    for attempt in (lambda: buf.check("test"), lambda: view.check("test"),
+                    lambda: mem.copy(view, np.zeros(16, np.float32))):
+        with pytest.raises(ClosedResourceError):
+            attempt()
+    ctx = Context.create(0)
+    stream = Stream(context=ctx)
+    stream.check("test")
+    ctx.destroy()                               # a parent ends: the stream's remembered check is void
+    with pytest.raises(ClosedResourceError):
+        stream.check("test")
+    cuproc.driver.default_driver().cuCtxSetCurrent(pc.context.handle)
