@@ -11,8 +11,9 @@ Two ways in::
 Policy
 ------
 * **C semantics.**  ``drv.cuMemAlloc(pdptr, n)`` is the cffi function pointer
-  itself (except the few wrappers named below: cuInit, by-value struct
-  arguments, :class:`AliasedName`): it returns the CUresult, and out-parameters come from ``ffi.new``.
+  itself (except a few thin wrappers: cuInit, by-value struct arguments,
+  :class:`AliasedName`): it returns the CUresult, and out-parameters come
+  from ``ffi.new``.
   After the first access it is a plain attribute, so a call costs what a bare
   cffi call through the same pointer costs.  ``drv.checked.cuMemAlloc`` raises
   :class:`~cuproc.errors.CudaError` instead of returning a code.
