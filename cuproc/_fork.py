@@ -4,8 +4,10 @@ Policy: the CUDA driver cannot be used across ``fork()``.  A child forked
 after ``cuInit`` succeeded gets :class:`~cuproc.errors.ForkedProcessError` from
 everything cuproc handed out -- driver attributes, checked functions, prepared
 launchers, objects -- before any call reaches the driver.  The one exception is
-a raw cffi function pointer the user took on purpose (``cuproc.driver.cuX``
-after the first access is the pointer itself): it calls the driver as C would.
+a raw function the user took on purpose (``cuproc.driver.cuX`` after the
+first access: the cffi pointer itself, or for a few names a thin wrapper around
+it -- cuInit, by-value struct arguments, a header alias's ``.function``): it
+calls the driver as C would.
 
 Locks made by :func:`lock` are fresh in the child, so a thread that held one
 during ``fork()`` cannot deadlock it.  Forking before any CUDA use is safe.

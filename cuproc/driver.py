@@ -11,7 +11,9 @@ Two ways in::
 Policy
 ------
 * **C semantics.**  ``drv.cuMemAlloc(pdptr, n)`` is the cffi function pointer
-  itself: it returns the CUresult, and out-parameters come from ``ffi.new``.
+  itself (except a few thin wrappers: cuInit, by-value struct arguments,
+  :class:`AliasedName`): it returns the CUresult, and out-parameters come
+  from ``ffi.new``.
   After the first access it is a plain attribute, so a call costs what a bare
   cffi call through the same pointer costs.  ``drv.checked.cuMemAlloc`` raises
   :class:`~cuproc.errors.CudaError` instead of returning a code.
@@ -32,7 +34,8 @@ Policy
   C source's ``cuGraphInstantiate`` mean ``cuGraphInstantiateWithFlags``.  For
   such names (few: :meth:`Registry.aliased_names`) the attribute is a thin
   :class:`AliasedName` whose repr and docstring say so and whose wrong-arity
-  call names the alias.
+  call names the alias.  It is not a cffi pointer: its ``.function`` is (for
+  ``ffi.cast`` or an address).
 * **Functions cuproc's headers lack.**  :meth:`Driver.declare` resolves any
   name with a signature you give, as the programming guide's ``cuFoo``
   example does.
@@ -301,7 +304,10 @@ class Driver(_DriverFunctions):
     # ---------------------------------------------------------------- resolution
     def resolution(self, name: str, version: object = None) -> Resolution:
         """Resolve ``name`` (at R, or at ``version`` when given) and say how it went. Never raises for
-        a known symbol; raises KeyError for a name the registry does not know."""
+        a known symbol or a name :meth:`declare` resolved; raises KeyError for any other name."""
+        declared = self._declared.get(name)
+        if declared is not None and (version is None or CudaVersion.parse(version) == declared.query_version):
+            return declared
         if version is None and name in self._resolutions:
             return self._resolutions[name]
         self.open()
@@ -417,8 +423,11 @@ class Driver(_DriverFunctions):
         typedef headers write it, ``"typedef CUresult (CUDAAPI *PFN_cuFoo_v12000)(int x);"``) or
         a cffi type; it must return CUresult.  ``version``: the CUDA version to ask
         ``cuGetProcAddress`` at (default: the driver's own).  The query uses this handle's
-        stream flag.  Returns the raw function (a cffi pointer returning CUresult); a name the
-        registry lacks is then also ``drv.<name>`` and ``drv.checked.<name>``.
+        stream flag.  Returns the function as ``drv.<name>`` is: the cffi pointer returning
+        CUresult, or for a signature with a by-value struct cffi cannot pass (CUmemLocation) the
+        same small converting wrapper registry functions get.  A name the registry lacks is then
+        also ``drv.<name>`` and ``drv.checked.<name>``, known to :meth:`has` and :meth:`resolution`;
+        declaring it again replaces all of them (the module namespace's too).
 
         A name the registry knows resolves as the registry does, and only when your signature
         agrees with the one it selects at ``version`` (else TypeError showing both).  Raises
@@ -427,6 +436,9 @@ class Driver(_DriverFunctions):
         """
         if not _DRIVER_NAME.fullmatch(name):
             raise ValueError(f"declare({name!r}): not a driver function name (cu followed by letters, digits, _)")
+        if name.startswith("cuda"):
+            raise ValueError(f"declare({name!r}): a CUDA runtime API name (libcudart); declare() resolves driver "
+                             f"API functions (cuXxx) through cuGetProcAddress, which has no runtime functions")
         if _fork.FORKED[0]:
             raise forked_error(name)
         ctype = _declared_type(name, signature)
@@ -450,7 +462,7 @@ class Driver(_DriverFunctions):
             with self._lock:
                 status, pointer = self._ask(name, name, at)
             if status == RESOLVED:
-                res = res._replace(entry_point=name, function=ffi.cast(ctype, pointer))
+                res = res._replace(entry_point=name, function=ffi.cast(_callable_type(ctype.cname), pointer))
             else:
                 why = ("exists in this driver only from a newer CUDA version: declare it at a higher one "
                        f"(at most {driver_version})" if status == VERSION_NOT_SUFFICIENT else
@@ -460,12 +472,14 @@ class Driver(_DriverFunctions):
                     f"CUDA {at}: it {why}"))
         if res.function is None:
             raise self._unavailable_error(res)
-        with self._lock:
+        public = _public(name, res)
+        with self._lock:   # __dict__ first: a reader that sees the name in _declared finds it there
+            self.__dict__[name] = public
             self._declared[name] = res
-            self.__dict__[name] = res.function
             if self._checked is not None:
                 self._checked.__dict__.pop(name, None)
-        return res.function
+        _forget_module_name(self, name)
+        return public
 
     def has(self, name: str, *, newer_driver_features: bool = True) -> bool:
         """Does the installed driver provide ``name`` to this handle?  Never raises.
@@ -543,8 +557,13 @@ class Driver(_DriverFunctions):
         """``drv.cuX``, ``drv.CU_X``, ``drv.CUtype``: resolved on first access (``__getattr__``)."""
         if name.startswith("_"):
             raise AttributeError(name)
-        if name in self._declared:      # in __dict__ until fork() dropped it
-            raise forked_error(name)
+        if name in self._declared:      # in __dict__ unless fork() dropped it
+            if _fork.FORKED[0]:
+                raise forked_error(name)
+            with self._lock:            # a declare() of this name in flight has stored it once we hold this
+                value = self.__dict__.get(name)
+            if value is not None:
+                return value
         if name in self.registry:
             if _fork.FORKED[0]:
                 raise forked_error(name)
@@ -620,6 +639,13 @@ def _declared_type(name: str, signature: Any) -> Any:
                             f"function pointer type such as 'CUresult (*)(CUdevice *, int)'") from None
     elif isinstance(signature, ffi.CType):
         ctype = signature
+        try:
+            ours = ffi.typeof(ctype.cname) is ctype
+        except ffi.error:
+            ours = False
+        if not ours:
+            raise TypeError(f"declare({name!r}): {ctype.cname} is a type from another FFI; build the signature "
+                            f"with cuproc.ffi (cuproc.ffi.typeof(...)) or give C text")
     else:
         raise TypeError(f"declare({name!r}): signature must be C text or a cffi type, not "
                         f"{type(signature).__name__}")
@@ -638,7 +664,8 @@ class AliasedName:
     It calls what cuGetProcAddress returns for ``name`` (the C-named namespace's
     contract), at the cost of one Python call; its repr and docstring say what C
     source means by the name, and a call with the wrong number of arguments
-    raises TypeError naming the alias.
+    raises TypeError naming the alias.  It is a Python object, not a cffi
+    pointer: ``.function`` is the cffi pointer (``ffi.cast("void *", f.function)``).
     """
 
     def __init__(self, function: Callable[..., int], res: Resolution, alias: str, version: CudaVersion) -> None:
@@ -699,12 +726,13 @@ class Checked(_CheckedFunctions):
         value = getattr(self._driver, name)
         if name not in self._driver.registry and not self._driver.is_declared(name):
             return value  # constants and types pass through
-        # A bare cffi pointer has a known arity; wrappers (aliases, by-value structs) check their own.
-        arity = len(ffi.typeof(value).args) if isinstance(value, ffi.CData) else None
-        with self._driver._lock:
+        with self._driver._lock:   # declare() replaces the function and drops our wrapper under this lock
             wrapper = self.__dict__.get(name)
             if wrapper is None:
-                wrapper = _make_checked(value, name, self._driver.error, arity)
+                function = getattr(self._driver, name)
+                # A bare cffi pointer has a known arity; wrappers (aliases, by-value structs) check their own.
+                arity = len(ffi.typeof(function).args) if isinstance(function, ffi.CData) else None
+                wrapper = _make_checked(function, name, self._driver.error, arity)
                 self.__dict__[name] = wrapper
         return wrapper
 
@@ -762,6 +790,15 @@ def set_default_driver(driver: Driver | None) -> None:
         for name in _module_cache:
             module.pop(name, None)
         _module_cache.clear()
+
+
+def _forget_module_name(driver: Driver, name: str) -> None:
+    """declare() replaced ``name`` on ``driver``: drop the module namespace's cached copy if it is
+    the default handle's, so ``cuproc.driver.<name>`` resolves again."""
+    with _default_lock:
+        if _default is driver and name in _module_cache:
+            globals().pop(name, None)
+            _module_cache.discard(name)
 
 
 def is_driver_available() -> bool:

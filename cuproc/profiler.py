@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from .context import Context
 from .errors import CudaError, CudaWarning
 
-__all__ = ["range", "start", "stop"]
+__all__ = ["start", "stop"]   # not range: a star import would shadow the builtin; use profiler.range
 
 
 def _context(context: Context | None, call: str) -> Context:

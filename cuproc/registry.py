@@ -18,7 +18,8 @@ were checked against a real 580 driver for the 485 symbols of cudaTypedefs.h (CU
   driver newer than the headers cannot hand back an ABI without a typedef.
 * **Windows only.** A symbol its typedef header declares only under
   ``_WIN32`` (cuWGLGetDevice) has no entry on other platforms: its selection
-  there is ``not_on_this_platform``.
+  there is ``not_on_this_platform``.  The platform is a registry field
+  (``platform=``, default ``sys.platform``), so either answer can be asked for anywhere.
 * **Header aliases.** ``cuda.h`` may ``#define`` a name to another function
   (``cuGraphInstantiate`` -> ``cuGraphInstantiateWithFlags`` from 12.0).  The
   registry keeps the C name's own ABIs -- what cuGetProcAddress returns --
@@ -40,8 +41,8 @@ if TYPE_CHECKING:
 #: Per-thread-default-stream entries exist from this version on.
 PER_THREAD_MIN_VERSION = CudaVersion(7, 0)
 PER_THREAD_SUFFIXES = ("_ptds", "_ptsz")
-#: Whether this process runs on Windows: Windows-only symbols exist only there.
-ON_WINDOWS = sys.platform == "win32"
+#: The platform whose driver has the Windows-only symbols (``sys.platform`` spelling).
+WINDOWS = "win32"
 
 _PFN = re.compile(r"^PFN_(\w+?)_v(\d+)(_ptds|_ptsz)?$")
 
@@ -144,16 +145,24 @@ class Change(NamedTuple):
 
 class Registry(Mapping[str, Symbol]):
     """All symbols, by C name.  Each :class:`Symbol` is built on first use, so resolving
-    one function does not pay for all 561."""
+    one function does not pay for all 561.
+
+    ``windows_only``: names that exist only when ``platform`` is Windows; ``symbol_headers``:
+    the typedef header of each name (default cudaTypedefs.h); ``header_aliases``: per name,
+    (version, target) spans of a header ``#define`` (target None ends one); ``platform``: the
+    ``sys.platform`` the selections are for.
+    """
 
     def __init__(self, symbol_typedefs: Mapping[str, Iterable[str]],
                  toolkits: Mapping[str, Iterable[str]] | None = None, *,
                  windows_only: Iterable[str] = (), symbol_headers: Mapping[str, str] | None = None,
-                 header_aliases: Mapping[str, Iterable[tuple[str, str | None]]] | None = None) -> None:
+                 header_aliases: Mapping[str, Iterable[tuple[VersionLike, str | None]]] | None = None,
+                 platform: str = sys.platform) -> None:
         self._typedefs = {name: tuple(symbol_typedefs[name]) for name in sorted(symbol_typedefs)}
         self._toolkits = toolkits or {}
         self._windows_only = frozenset(windows_only)
         self._headers = dict(symbol_headers or {})
+        self._platform = platform
         self._aliases = {name: tuple((CudaVersion.parse(v), target) for v, target in spans)
                          for name, spans in (header_aliases or {}).items()}
         self._aliased = frozenset(self._aliases)
@@ -161,8 +170,12 @@ class Registry(Mapping[str, Symbol]):
         self._newest: CudaVersion | None = None
 
     @classmethod
-    def from_typedefs(cls, typedefs: Mapping[str, Iterable[str]] | Iterable[str]) -> Registry:
-        """Build from PFN typedef names (optionally mapped to the toolkits declaring them)."""
+    def from_typedefs(cls, typedefs: Mapping[str, Iterable[str]] | Iterable[str], *,
+                      windows_only: Iterable[str] = (), symbol_headers: Mapping[str, str] | None = None,
+                      header_aliases: Mapping[str, Iterable[tuple[VersionLike, str | None]]] | None = None,
+                      platform: str = sys.platform) -> Registry:
+        """Build from PFN typedef names (optionally mapped to the toolkits declaring them); the
+        keywords are the constructor's (without them no name is Windows-only or aliased)."""
         toolkits = dict(typedefs) if isinstance(typedefs, Mapping) else {n: () for n in typedefs}
         grouped: dict[str, list[str]] = {}
         for name in toolkits:
@@ -170,10 +183,30 @@ class Registry(Mapping[str, Symbol]):
             if m is None:
                 raise ValueError(f"not a versioned PFN typedef: {name}")
             grouped.setdefault(m.group(1), []).append(name)
-        registry = cls(grouped, toolkits)
+        registry = cls(grouped, toolkits, windows_only=windows_only, symbol_headers=symbol_headers,
+                       header_aliases=header_aliases, platform=platform)
         for sym in grouped:  # validate eagerly: bad input fails here, not at first use
             registry[sym]
         return registry
+
+    @property
+    def platform(self) -> str:
+        """The ``sys.platform`` whose driver the selections describe (Windows-only names need "win32")."""
+        return self._platform
+
+    def without(self, names: Iterable[str] = (), *, platform: str | None = None) -> Registry:
+        """This registry less ``names``, keeping everything else it knows about the rest (Windows-only
+        marks, headers, aliases; its platform unless ``platform`` is given): a handle that must
+        ``declare()`` those names uses it."""
+        drop = set(names)
+        unknown = drop - set(self._typedefs)
+        if unknown:
+            raise KeyError(f"without(): the registry has no {sorted(unknown)}")
+        kept = {n: t for n, t in self._typedefs.items() if n not in drop}
+        return Registry(kept, self._toolkits, windows_only=self._windows_only - drop,
+                        symbol_headers={n: h for n, h in self._headers.items() if n not in drop},
+                        header_aliases={n: a for n, a in self._aliases.items() if n not in drop},
+                        platform=self._platform if platform is None else platform)
 
     def _build(self, sym: str) -> Symbol:
         variants: dict[tuple[int, str], str] = {}
@@ -242,7 +275,7 @@ class Registry(Mapping[str, Symbol]):
             chosen = variant
         if chosen is None:
             availability = NOT_YET_INTRODUCED
-        elif symbol.windows_only and not ON_WINDOWS:
+        elif symbol.windows_only and self._platform != WINDOWS:
             availability = NOT_ON_THIS_PLATFORM
         elif per_thread and symbol.per_thread_suffix and requested < PER_THREAD_MIN_VERSION:
             availability = PER_THREAD_NEEDS_7_0

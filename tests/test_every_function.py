@@ -275,3 +275,146 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 3, proc.stderr
+
+
+# --------------------------------------------------------------------------- review fixes
+
+def test_reading_a_name_while_it_is_declared_never_says_forked(sim135):
+    """A reader racing declare() gets AttributeError (not yet declared) or the function, never
+    ForkedProcessError in a process that did not fork."""
+    import threading
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    errors: list[BaseException] = []
+    try:
+        for _ in range(1500):
+            drv = Driver(library=sim135.path).open()
+            go = threading.Event()
+
+            def reader(drv: Driver = drv, go: threading.Event = go) -> None:
+                go.wait()
+                for _ in range(2000):
+                    try:
+                        drv.cuFooSim
+                        return
+                    except AttributeError:
+                        pass
+                    except Exception as exc:  # noqa: BLE001 - the test collects what went wrong
+                        errors.append(exc)
+                        return
+            thread = threading.Thread(target=reader)
+            thread.start()
+            go.set()
+            drv.declare("cuFooSim", "CUresult (*)(int)")
+            thread.join()
+            if errors:
+                break
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, errors
+
+
+def test_declared_by_value_struct_signature_is_callable(sim135):
+    """cffi's ABI mode cannot pass CUmemLocation by value; declare() converts it as the registry does."""
+    drv = Driver(library=sim135.path)
+    fn = drv.declare("cuFooSim", "CUresult (*)(CUmemLocation, unsigned int)")
+    loc = cuproc.ffi.new("CUmemLocation *", {"type": 1, "id": 3})
+    sim135.reset_last_called()
+    assert fn(loc[0], 0) == 0 and fn(loc, 0) == 0                 # a struct or a pointer to one
+    assert sim135.last_called() == "cuFooSim"
+    assert drv.cuFooSim is fn and drv.checked.cuFooSim(loc[0], 0) is None
+
+
+def test_declared_names_are_known_to_has_and_resolution(sim135):
+    drv = Driver(library=sim135.path)
+    assert not drv.has("cuFooSim")
+    drv.declare("cuFooSim", "CUresult (*)(void)", version="13.5")
+    assert drv.has("cuFooSim")
+    res = drv.resolution("cuFooSim")
+    assert res.status == "resolved" and res.entry_point == "cuFooSim" and str(res.query_version) == "13.5"
+    assert drv.resolution("cuFooSim", "13.5") == res
+    with pytest.raises(KeyError):
+        drv.resolution("cuNotDeclaredAnywhere")
+
+
+def test_declaring_again_replaces_the_module_names_and_checked_wrappers(sim135):
+    from cuproc import driver as module
+    drv = Driver(library=sim135.path)
+    cuproc.set_default_driver(drv)
+    try:
+        drv.declare("cuFooSim", "CUresult (*)(int)")
+        one, checked_one = module.cuFooSim, module.checked.cuFooSim
+        assert len(cuproc.ffi.typeof(one).args) == 1
+        two = drv.declare("cuFooSim", "CUresult (*)(int, int)")
+        assert module.cuFooSim is two                                 # not the stale one-argument pointer
+        assert module.checked.cuFooSim is not checked_one
+        assert module.checked.cuFooSim(1, 2) is None
+        with pytest.raises(TypeError):
+            module.checked.cuFooSim(1)
+        other = Driver(library=sim135.path)                           # not the default: module untouched
+        other.declare("cuFooSim", "CUresult (*)(void)")
+        assert module.cuFooSim is two
+    finally:
+        cuproc.set_default_driver(None)
+
+
+def test_checked_wrapper_is_built_from_the_function_published_under_the_lock(sim135):
+    """A checked wrapper built while declare() replaces the function wraps the new one: the lookup
+    and the store happen under the handle's lock, which declare() holds while it swaps."""
+    import threading
+    drv = Driver(library=sim135.path)
+    drv.declare("cuFooSim", "CUresult (*)(int)")
+    checked = drv.checked
+    done = threading.Event()
+    real_getattr = Driver.__getattribute__
+    swapped = []
+
+    class Racing(Driver):
+        def __getattribute__(self, name: str):  # the first read of cuFooSim lets declare() run in between
+            value = real_getattr(self, name)
+            if name == "cuFooSim" and not swapped:
+                swapped.append(True)
+                t = threading.Thread(target=lambda: (drv.declare("cuFooSim", "CUresult (*)(int, int)"), done.set()))
+                t.start()
+                t.join(0.2)
+            return value
+    drv.__class__ = Racing
+    try:
+        wrapper = checked.cuFooSim
+        assert done.wait(5)
+        assert wrapper(1, 2) is None                                  # wraps the (int, int) declare() published
+        assert drv.checked.cuFooSim is wrapper
+    finally:
+        drv.__class__ = Driver
+
+
+def test_declare_names_a_foreign_ffi_and_runtime_names():
+    import cffi
+    other = cffi.FFI()
+    other.cdef("typedef enum cudaError_enum { CUDA_SUCCESS = 0 } CUresult;")
+    with pytest.raises(TypeError, match="another FFI"):
+        Driver().declare("cuFooSim", other.typeof("CUresult(*)(int)"))
+    for name in ("cudaMalloc", "cudaGetDeviceCount"):
+        with pytest.raises(ValueError, match="runtime API"):
+            Driver().declare(name, "CUresult (*)(void)")
+
+
+def test_aliased_name_exposes_its_cffi_pointer(sim):
+    drv = Driver("12.0", library=sim.path)
+    fn = drv.cuGraphInstantiate
+    assert not isinstance(fn, cuproc.ffi.CData)
+    assert cuproc.ffi.typeof(fn.function) is cuproc.ffi.typeof("PFN_cuGraphInstantiate_v11000")
+    assert cuproc.ffi.cast("void *", fn.function) == cuproc.ffi.cast("void *", drv.resolution("cuGraphInstantiate").function)
+    assert ".function" in type(fn).__doc__
+
+
+def test_dump_symbols_takes_aliases_from_the_drivers_registry(sim):
+    from cuproc.registry import Registry
+    reg = default_registry()
+    mine = Registry.from_typedefs([v.typedef for v in reg["cuGraphInstantiate"].variants],
+                                  header_aliases={"cuGraphInstantiate": [("11.0", "cuSomethingElse")]})
+    drv = Driver("12.0", library=sim.path, registry=mine)
+    sel = mine.select("cuGraphInstantiate", "12.0")
+    assert dump_symbols.symbol_record(sel, drv)["header_alias"] == "cuSomethingElse"
+    assert dump_symbols.symbol_record(reg.select("cuGraphInstantiate", "12.0"), None)["header_alias"] == \
+        "cuGraphInstantiateWithFlags"

@@ -47,3 +47,10 @@ def test_no_current_context_is_refused_before_the_driver(pc, fk):
     with pytest.raises(cuproc.InvalidContextError, match="cuProfilerStop"):
         profiler.stop()
     assert not fk.profiling()
+
+
+def test_star_import_does_not_shadow_builtin_range():
+    namespace: dict = {}
+    exec("from cuproc.profiler import *", namespace)
+    assert "range" not in namespace and {"start", "stop"} <= set(namespace)
+    assert callable(profiler.range)

@@ -108,3 +108,45 @@ def test_toolkits_recorded_for_every_variant():
     for name in ("cuDeviceComputeCapability", "cuTexRefSetArray", "cuTexRefGetAddress", "cuModuleGetTexRef"):
         assert default_registry().select(name, "13.0").entry_point is not None
     assert default_registry()["cuLibraryLoadData"].variants[0].toolkits[0] == "12.0"
+
+
+def test_platform_is_a_registry_field_and_windows_selects_the_windows_only_entries():
+    from cuproc.registry import AVAILABLE, NOT_ON_THIS_PLATFORM
+    reg = default_registry()
+    linux, windows = reg.without(platform="linux"), reg.without(platform="win32")
+    assert (linux.platform, windows.platform) == ("linux", "win32")
+    assert linux.select("cuWGLGetDevice", "13.0").availability == NOT_ON_THIS_PLATFORM
+    sel = windows.select("cuWGLGetDevice", "13.0")
+    assert sel.availability == AVAILABLE and sel.entry_point == "cuWGLGetDevice"
+    assert windows.select("cuD3D11GetDevice", "13.0").exists
+    made = Registry.from_typedefs(["PFN_cuWGLGetDevice_v2020"], windows_only=["cuWGLGetDevice"], platform="win32")
+    assert made.select("cuWGLGetDevice", "13.0").exists
+    assert not Registry.from_typedefs(["PFN_cuWGLGetDevice_v2020"], windows_only=["cuWGLGetDevice"],
+                                      platform="linux").select("cuWGLGetDevice", "13.0").exists
+
+
+def test_from_typedefs_takes_marks_headers_and_aliases():
+    reg = Registry.from_typedefs(["PFN_cuWGLGetDevice_v2020", "PFN_cuGraphInstantiate_v11000"],
+                                 windows_only=["cuWGLGetDevice"], symbol_headers={"cuWGLGetDevice": "cudaGLTypedefs.h"},
+                                 header_aliases={"cuGraphInstantiate": [("12.0", "cuGraphInstantiateWithFlags")]},
+                                 platform="linux")
+    assert reg["cuWGLGetDevice"].windows_only and reg["cuWGLGetDevice"].header == "cudaGLTypedefs.h"
+    assert reg.header_alias("cuGraphInstantiate", "12.4") == "cuGraphInstantiateWithFlags"
+    assert reg.header_alias("cuGraphInstantiate", "11.8") is None
+    assert reg.aliased_names == {"cuGraphInstantiate"}
+
+
+def test_without_keeps_everything_it_knows_about_the_rest():
+    full = default_registry()
+    less = full.without(["cuDeviceGetCount", "cuCtxCreate"])
+    assert "cuDeviceGetCount" not in less and "cuCtxCreate" not in less
+    assert len(less) == len(full) - 2
+    assert less.platform == full.platform
+    for name in ("cuWGLGetDevice", "cuGraphInstantiate", "cuProfilerStart", "cuMemAlloc"):
+        assert less[name] == full[name]
+        for version in ("11.8", "12.0", "13.0"):
+            assert less.select(name, version) == full.select(name, version)
+            assert less.header_alias(name, version) == full.header_alias(name, version)
+    assert less.aliased_names == full.aliased_names
+    with pytest.raises(KeyError, match="cuNoSuch"):
+        full.without(["cuNoSuch"])

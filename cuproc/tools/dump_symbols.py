@@ -92,8 +92,11 @@ def _open_driver(parser: argparse.ArgumentParser, args: argparse.Namespace) -> t
     return drv, drv.describe()
 
 
-def symbol_record(sel: Selection, driver: Driver | None) -> dict[str, Any]:
-    """One JSON object per symbol; the keys are a documented interface."""
+def symbol_record(sel: Selection, driver: Driver | None, registry: Registry | None = None) -> dict[str, Any]:
+    """One JSON object per symbol; the keys are a documented interface.  ``registry`` is the one
+    ``sel`` came from (default: the driver's, else the default registry)."""
+    if registry is None:
+        registry = driver.registry if driver is not None else default_registry()
     record: dict[str, Any] = {
         "name": sel.symbol.name,
         "introduced": int(sel.symbol.introduced),
@@ -108,7 +111,7 @@ def symbol_record(sel: Selection, driver: Driver | None) -> dict[str, Any]:
         "header": sel.symbol.header,
         "windows_only": sel.symbol.windows_only,
         # what C source means by the name at this version, when a header #defines it to another function
-        "header_alias": default_registry().header_alias(sel.symbol.name, sel.requested),
+        "header_alias": registry.header_alias(sel.symbol.name, sel.requested),
     }
     if driver is not None:
         info = driver.resolution(sel.symbol.name)
@@ -181,7 +184,7 @@ def _run(argv: list[str] | None) -> int:
                   for s in registry.filter(args.patterns)]
     if args.newer_only:
         selections = [s for s in selections if s.newer_driver_feature]
-    records = [symbol_record(sel, driver) for sel in selections]
+    records = [symbol_record(sel, driver, registry) for sel in selections]
 
     if args.json:
         print(json.dumps(records, indent=1))
