@@ -284,12 +284,13 @@ def test_7_everything_refuses_in_a_forked_child():
         buf = cuproc.DeviceBuffer(64)
         fn = cuproc.Module.load({str(CUBIN)!r}).get_function("empty")
         run = fn.prepare(["float*", "int", "float"], 1, 32)
-        checked = drv.checked.cuCtxSynchronize
+        checked = drv.checked.cuDriverGetVersion   # exact-arity wrapper around a bare pointer
+        version = cuproc.ffi.new("int *")
         s = cuproc.Stream()
         pid = os.fork()
         if pid == 0:
             refused = 0
-            for attempt in (lambda: checked(), lambda: run(buf, 1, 1.0), lambda: buf.ptr, s.synchronize,
+            for attempt in (lambda: checked(version), lambda: run(buf, 1, 1.0), lambda: buf.ptr, s.synchronize,
                             lambda: mem.copy(np.zeros(16, np.float32), buf), lambda: cuproc.DeviceBuffer(64)):
                 try:
                     attempt()
