@@ -10,10 +10,12 @@ Two ways in::
 
 Policy
 ------
-* **C semantics.**  ``drv.cuMemAlloc(pdptr, n)`` is the cffi function pointer
-  itself: it returns the CUresult, and out-parameters come from ``ffi.new``.
-  After the first access it is a plain attribute, so a call costs what a bare
-  cffi call through the same pointer costs.  ``drv.checked.cuMemAlloc`` raises
+* **C semantics.**  ``drv.cuMemAlloc(pdptr, n)`` calls the resolved function
+  pointer: it returns the CUresult, and out-parameters come from ``ffi.new``.
+  It is the cffi function pointer itself, or with the compiled fast path
+  (:mod:`cuproc.fastpath`) a C trampoline bound to that same pointer, which takes
+  the same arguments.  After the first access it is a plain attribute, so a call
+  costs what a bare call through the pointer costs.  ``drv.checked.cuMemAlloc`` raises
   :class:`~cuproc.errors.CudaError` instead of returning a code.
 * **Resolution** is lazy, cached per symbol, thread-safe.  Each symbol is asked
   for at its selected variant's *own* version (see :mod:`cuproc.registry`),
@@ -35,8 +37,8 @@ import os
 import weakref
 from typing import Any, Callable, NamedTuple
 
-from . import _fork, errors
-from ._cffi_abi import ffi
+from . import _fork, errors, fastpath
+from ._ffi import ffi
 from .loader import DIRECT_LOOKUP, GET_PROC_ADDRESS_V2, DriverLibrary, open_library
 from .registry import NOT_YET_INTRODUCED, PER_THREAD_NEEDS_7_0, Registry, Selection, default_registry
 from .version import CudaVersion
@@ -433,13 +435,17 @@ def _callable_type(typedef: str) -> Any:
 
 
 def _public(name: str, res: Resolution) -> Callable[..., int]:
-    """What ``driver.<name>`` is: the cffi pointer itself, except for cuInit (tracked for fork
-    safety) and functions taking a by-value struct as an integer (converted here)."""
+    """What ``driver.<name>`` is: the function at the resolved pointer -- its compiled trampoline
+    when the fast path is on (:mod:`cuproc.fastpath`), else the cffi pointer itself -- except for
+    cuInit (tracked for fork safety) and functions taking a by-value struct as an integer
+    (converted here; those have no trampoline)."""
     function = res.function
-    if name == "cuInit":
-        return _tracking_cuinit(function)
     ctype = ffi.typeof(res.typedef)
     swapped = [i for i, a in enumerate(ctype.args) if a.cname in _BY_VALUE_AS_INTEGER]
+    if not swapped:
+        function = fastpath.trampoline(res.typedef, function) or function
+    if name == "cuInit":
+        return _tracking_cuinit(function)
     if not swapped:
         return function
 

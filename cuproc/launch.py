@@ -29,7 +29,7 @@ import threading
 import weakref
 from typing import Any, Callable, Sequence
 
-from ._cffi_abi import ffi
+from ._ffi import ffi
 from ._header_data import DEFINES
 from ._resource import EPOCH, FORKED, Resource
 from ._support import get_driver, invalid

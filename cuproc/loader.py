@@ -20,7 +20,7 @@ import os
 import sys
 
 from . import _fork
-from ._cffi_abi import ffi
+from ._ffi import ffi
 from .errors import DriverNotFoundError
 
 ENV_LIBRARY = "CUPROC_LIBCUDA"

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import types
 
 import pytest
 
@@ -33,7 +34,11 @@ CALL = "CUresult(*)(void)"
 
 
 def call0(fn):
-    """Call an entry stub with no arguments (stubs take none; the real typedef would want them)."""
+    """Call an entry stub with no arguments (stubs take none; the real typedef would want them).
+
+    With the compiled fast path, ``drv.cuX`` is a trampoline bound to the resolved pointer: cast that."""
+    if isinstance(fn, types.MethodType):
+        fn = fn.__self__
     return cuproc.ffi.cast(CALL, fn)()
 
 

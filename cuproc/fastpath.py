@@ -1,0 +1,58 @@
+"""Is the optional compiled fast path in use, and why (not)?
+
+cuproc is complete in pure Python (cffi's ABI mode: every call goes through libffi).  When a C
+compiler and the Python headers were there at install, setup.py also built
+``cuproc._fastpath_c`` from the same ``headers/`` (tools/build_fastpath.py): C trampolines that
+call the pointer cuGetProcAddress resolved, with its exact typedef, and a C packer for prepared
+launches.  Nothing else changes: the same versioned resolution, the same arguments and results,
+the same refusals.  ``CUPROC_PURE_PYTHON=1`` (read once, at import) turns it off.
+
+Where it applies:
+
+* ``drv.cuX`` is the trampoline bound to the resolved pointer (``cuproc.driver``); a typedef
+  without a trampoline (one taking a struct by value, a signature declared at run time) stays
+  the cffi pointer.
+* ``Function.prepare`` returns a C launcher (``cuproc.launch``) that stores the values into the
+  argument block and calls cuLaunchKernel(Ex) in C; every other case -- another thread, an ended
+  resource, a fork, a value it does not convert exactly as cffi would -- goes to the pure launcher.
+"""
+from __future__ import annotations
+
+import types
+from typing import Any, Callable
+
+from . import _ffi
+
+
+def active() -> bool:
+    """True when the compiled fast path is in use in this process."""
+    return _ffi.COMPILED is not None
+
+
+def status() -> str:
+    """Why it is on or off, in one line ("on: ...", "off: CUPROC_PURE_PYTHON is set", ...)."""
+    return _ffi.STATUS
+
+
+def trampoline(typedef: str, function: Any) -> Callable[..., int] | None:
+    """The C trampoline for ``typedef`` bound to ``function`` (a cffi pointer of that typedef), or None.
+
+    A bound method puts the pointer in front of the caller's arguments without building a tuple:
+    cheaper per call than functools.partial, and each Driver handle gets its own binding.
+    """
+    compiled = _ffi.COMPILED
+    if compiled is None:
+        return None
+    call = getattr(compiled.lib, f"cuproc_{typedef}", None)
+    if call is None or _ffi.ffi.typeof(function) is not _ffi.ffi.typeof(typedef):
+        return None
+    return types.MethodType(call, function)
+
+
+def launcher_factory() -> Callable[..., Callable[..., None]] | None:
+    """``cuproc._fastpath_c.make_launcher`` (see tools/fastpath_launch.c), or None without the fast path."""
+    compiled = _ffi.COMPILED
+    return None if compiled is None else compiled.make_launcher
+
+
+__all__ = ["active", "status"]
