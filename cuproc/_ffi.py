@@ -16,6 +16,7 @@ Policy
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ def _load() -> tuple[Any, Any, str]:
     if _pure_requested():
         return _abi_ffi(), None, f"off: {ENV_PURE} is set"
     try:
-        from . import _fastpath_c
+        _fastpath_c = importlib.import_module("cuproc._fastpath_c")
     except ImportError as exc:
         return _abi_ffi(), None, f"off: the compiled module cuproc._fastpath_c is not built ({exc})"
     digest = hashlib.sha256((Path(__file__).with_name("_cffi_abi.py")).read_bytes()).hexdigest()

@@ -214,7 +214,7 @@ static PyTypeObject *cuproc_launcher_type;
  *               (gx, gy, gz), (bx, by, bz), shmem, stream, params, extra, block, kinds, offsets) */
 static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
 {
-    PyObject *slow, *on_error, *epoch, *seen, *owner, *buffer_type, *keep, *offsets;
+    PyObject *slow, *on_error, *epoch, *seen, *owner, *buffer_type, *keep, *kind_bytes, *offsets;
     int ex;
     unsigned long long fn, config, handle, stream, params, extra, block;
     unsigned int g[3], b[3], shmem;
@@ -222,11 +222,13 @@ static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
     Py_ssize_t nkinds, i;
     cuproc_launcher *self;
     (void)module;
-    if (!PyArg_ParseTuple(args, "OOO!O!O!OOpKKK(III)(III)IKKKKy#O!", &slow, &on_error, &PyList_Type, &epoch,
+    if (!PyArg_ParseTuple(args, "OOO!O!O!OOpKKK(III)(III)IKKKKO!O!", &slow, &on_error, &PyList_Type, &epoch,
                           &PyList_Type, &seen, &PyList_Type, &owner, &buffer_type, &keep, &ex, &fn, &config,
                           &handle, &g[0], &g[1], &g[2], &b[0], &b[1], &b[2], &shmem, &stream, &params, &extra,
-                          &block, &kinds, &nkinds, &PyTuple_Type, &offsets))
+                          &block, &PyBytes_Type, &kind_bytes, &PyTuple_Type, &offsets))
         return NULL;
+    kinds = PyBytes_AS_STRING(kind_bytes);   /* no '#' format: cffi includes Python.h without PY_SSIZE_T_CLEAN */
+    nkinds = PyBytes_GET_SIZE(kind_bytes);
     if (PyList_GET_SIZE(epoch) != 1 || PyList_GET_SIZE(seen) != 1 || PyList_GET_SIZE(owner) != 1
         || PyTuple_GET_SIZE(offsets) != nkinds || !PyCallable_Check(slow) || !PyCallable_Check(on_error)
         || fn == 0 || (ex && config == 0)) {
