@@ -489,9 +489,10 @@ def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any, cach
     title = f"{name}[{', '.join(t.name for t in packed.types)}]"   # "VecAdd[float*, int]() takes 2 ..."
     code = launch.__code__
     launch.__code__ = code.replace(co_name=title, **({"co_qualname": title} if hasattr(code, "co_qualname") else {}))
+    launch.__name__ = launch.__qualname__ = title
     if kinds is not None:
         launch = _compiled_launcher(prepared, launch, kinds, env)
-    launch.__name__ = launch.__qualname__ = title
+        launch.__name__ = launch.__qualname__ = title
     launch.entry, launch.convention, launch.grid, launch.block = (prepared.entry, prepared.convention,
                                                                   prepared.grid, prepared.block)
     launch.function = None if cached else prepared.function

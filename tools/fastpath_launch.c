@@ -26,7 +26,7 @@ typedef struct {
     void **params, **extra;
     unsigned int grid[3], blk[3], shmem;
     char *block;
-    Py_ssize_t nargs;
+    Py_ssize_t nargs, fallbacks;
     unsigned char *kinds;
     Py_ssize_t *offsets;
 } cuproc_launcher;
@@ -155,6 +155,7 @@ static PyObject *cuproc_launcher_call(PyObject *obj, PyObject *const *args, size
     Py_DECREF(code);
     return result;
 slow:
+    self->fallbacks++;
     return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
 }
 
@@ -190,6 +191,8 @@ static void cuproc_launcher_dealloc(PyObject *obj)
 static PyMemberDef cuproc_launcher_members[] = {
     {"__dictoffset__", T_PYSSIZET, offsetof(cuproc_launcher, dict), READONLY, NULL},
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(cuproc_launcher, vectorcall), READONLY, NULL},
+    {"fallbacks", T_PYSSIZET, offsetof(cuproc_launcher, fallbacks), READONLY,
+     "how many calls went to the pure launcher (the first one claims the block; the rest say why it is slow)"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -259,6 +262,7 @@ static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
     memcpy(self->grid, g, sizeof g); memcpy(self->blk, b, sizeof b); self->shmem = shmem;
     self->block = (char *)(uintptr_t)block;
     self->nargs = nkinds;
+    self->fallbacks = 0;
     self->kinds = PyMem_Malloc(nkinds ? (size_t)nkinds : 1);
     self->offsets = PyMem_Malloc(sizeof(Py_ssize_t) * (nkinds ? (size_t)nkinds : 1));
     if (self->kinds == NULL || self->offsets == NULL) {
