@@ -19,7 +19,9 @@ Policy
   before launch.
 * **Prepare once, launch many.**  :class:`PreparedLaunch` owns the packed
   buffer and the argument array; a call only stores the new values and calls
-  the driver.
+  the driver.  With the compiled fast path (:mod:`cuproc.fastpath`) and
+  pointer/scalar arguments, the stores and the call happen in C, in front of
+  the generated Python launcher, which takes every call the C one does not.
 """
 from __future__ import annotations
 
