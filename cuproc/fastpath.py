@@ -19,7 +19,8 @@ Where it applies:
 from __future__ import annotations
 
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import _ffi
 

@@ -45,8 +45,8 @@ def run_python(code: str, copy: Path | None = None, **env: str) -> subprocess.Co
         paths = sysconfig.get_paths()
         env = {**env, "PYTHONPATH": os.pathsep.join([str(copy), paths["purelib"], paths["platlib"]])}
         flags = ["-S"]
-    return subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **env}, cwd=copy or ROOT)
+    return subprocess.run([sys.executable, *flags, "-c", code], check=False, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **env}, cwd=copy or ROOT)
 
 
 # ----------------------------------------------------------------------------- status and the switch
@@ -272,7 +272,8 @@ def test_pure_path_reruns_driver_launch_and_ownership():
     # Of the object tests, those that launch; not the 2000 random sequences (30 s, run once, on the
     # fast path) nor the build test (it does not depend on the path).
     only = "(not test_objects_fake or launch or typed) and not random_sequences and not install_without"
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-k", only, *files],
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-k", only, *files]
+    out = subprocess.run(command, check=False,
                          capture_output=True, text=True, timeout=900, cwd=ROOT,
                          env={**os.environ, "CUPROC_PURE_PYTHON": "1"})
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
@@ -291,7 +292,7 @@ def test_install_without_a_working_compiler_succeeds_with_one_notice(tmp_path):
     (tmp_path / "tools").mkdir()
     for name in ("build_fastpath.py", "fastpath_launch.c"):
         shutil.copy(ROOT / "tools" / name, tmp_path / "tools")
-    out = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], capture_output=True,
+    out = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], check=False, capture_output=True,
                          text=True, timeout=300, cwd=tmp_path, env={**os.environ, "CC": "/bin/false"})
     assert out.returncode == 0, out.stderr[-3000:]
     notices = [line for line in out.stderr.splitlines() if line.startswith("cuproc: the optional compiled")]

@@ -23,14 +23,6 @@ ffi = cuproc.ffi
 SM_COUNT = 16   # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
 
 
-@pytest.fixture()
-def primary():
-    pc = cuproc.use_device(0)
-    yield pc
-    cuproc.driver.default_driver().cuCtxSetCurrent(ffi.NULL)
-    pc.release()
-
-
 def test_status_is_reported():
     print(f"cuproc fast path: {fastpath.status()}")
     assert fastpath.status().startswith("on: " if fastpath.active() else "off: ")

@@ -22,14 +22,6 @@ K = ROOT / "kernels"
 
 
 @pytest.fixture()
-def primary():
-    pc = cuproc.use_device(0)
-    yield pc
-    cuproc.driver.default_driver().cuCtxSetCurrent(cuproc.ffi.NULL)
-    pc.release()
-
-
-@pytest.fixture()
 def module(primary):
     with Module.load(K / "kernels.cubin") as m:
         yield m

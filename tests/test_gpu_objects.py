@@ -21,14 +21,6 @@ if not cuproc.is_driver_available():
 ffi = cuproc.ffi
 
 
-@pytest.fixture()
-def primary():
-    pc = cuproc.use_device(0)
-    yield pc
-    cuproc.driver.default_driver().cuCtxSetCurrent(ffi.NULL)
-    pc.release()
-
-
 
 # ----------------------------------------------------------------------------- devices
 
