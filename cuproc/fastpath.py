@@ -35,11 +35,17 @@ def status() -> str:
     return _ffi.STATUS
 
 
-def trampoline(typedef: str, function: Any) -> Callable[..., int] | None:
-    """The C trampoline for ``typedef`` bound to ``function`` (a cffi pointer of that typedef), or None.
+_SLOTS = 2                                  # tools/build_fastpath.py SLOTS
+_slot_pointers: dict[Any, Any] = {}         # slot trampoline -> the pointer its slot holds (for pointer())
 
-    A bound method puts the pointer in front of the caller's arguments without building a tuple:
-    cheaper per call than functools.partial, and each Driver handle gets its own binding.
+
+def trampoline(typedef: str, function: Any) -> Callable[..., int] | None:
+    """The C trampoline for ``typedef`` calling ``function`` (a cffi pointer of that typedef), or None.
+
+    A slot trampoline where the typedef has them and a slot holds (or takes) this very pointer
+    (tools/build_fastpath.py: never rewritten, so handles with other pointers cannot share it);
+    else the pointer-argument trampoline as a bound method, which puts the pointer in front of the
+    caller's arguments without building a tuple (cheaper than functools.partial).
     """
     compiled = _ffi.COMPILED
     if compiled is None:
@@ -47,7 +53,23 @@ def trampoline(typedef: str, function: Any) -> Callable[..., int] | None:
     call = getattr(compiled.lib, f"cuproc_{typedef}", None)
     if call is None or _ffi.ffi.typeof(function) is not _ffi.ffi.typeof(typedef):
         return None
+    name = typedef.encode()
+    for k in range(_SLOTS):
+        claimed = compiled.lib.cuproc_slot_claim(name, k, function)
+        if claimed < 0:
+            break
+        if claimed:
+            slot = getattr(compiled.lib, f"cuproc_{typedef}_s{k}")
+            _slot_pointers[slot] = function
+            return slot
     return types.MethodType(call, function)
+
+
+def pointer(function: Any) -> Any:
+    """The cffi function pointer behind what :func:`trampoline` returned (or ``function`` itself)."""
+    if isinstance(function, types.MethodType):
+        return function.__self__
+    return _slot_pointers.get(function, function)
 
 
 def launcher_factory() -> Callable[..., Callable[..., None]] | None:

@@ -6,11 +6,11 @@ import os
 import subprocess
 import sys
 import threading
-import types
 
 import pytest
 
 import cuproc
+from cuproc import fastpath
 from cuproc import driver as driver_module
 from cuproc import loader
 from cuproc.driver import Driver
@@ -36,10 +36,8 @@ CALL = "CUresult(*)(void)"
 def call0(fn):
     """Call an entry stub with no arguments (stubs take none; the real typedef would want them).
 
-    With the compiled fast path, ``drv.cuX`` is a trampoline bound to the resolved pointer: cast that."""
-    if isinstance(fn, types.MethodType):
-        fn = fn.__self__
-    return cuproc.ffi.cast(CALL, fn)()
+    With the compiled fast path, ``drv.cuX`` is a trampoline calling the resolved pointer: cast that."""
+    return cuproc.ffi.cast(CALL, fastpath.pointer(fn))()
 
 
 @pytest.fixture()

@@ -94,12 +94,18 @@ def test_every_typedef_has_a_trampoline_except_by_value_structs(pfn_typedef_name
     by_value = {name for name in pfn_typedef_names
                 if any(a.kind in ("struct", "union") for a in ffi.typeof(name).args)}
     cdefs, bodies = build_fastpath.trampolines(ROOT / "headers", ffi)
-    covered = {re.match(r"CUresult cuproc_(PFN_\w+)\(", c).group(1) for c in cdefs}
-    assert covered == set(pfn_typedef_names) - by_value and len(bodies) == len(cdefs)
+    covered = {m.group(1) for c in cdefs if (m := re.match(r"CUresult cuproc_(PFN_\w+)\(PFN_\w+ cuproc_fn", c))}
+    assert covered == set(pfn_typedef_names) - by_value
     assert by_value   # the CUmemLocation ones, passed as integers by cuproc.driver
+    short = {name for name in covered if len(ffi.typeof(name).args) <= 1}
+    slots = {re.match(r"CUresult cuproc_(PFN_\w+)_s\d\(", c).group(1) for c in cdefs if "cuproc_fn" not in c
+             and c.startswith("CUresult")}
+    assert slots == short and len(cdefs) == len(covered) + build_fastpath.SLOTS * len(short) + 1
     if fastpath.active():
         import cuproc._fastpath_c as compiled
         assert all(hasattr(compiled.lib, f"cuproc_{name}") for name in covered)
+        assert all(hasattr(compiled.lib, f"cuproc_{name}_s{k}") for name in short for k in range(2))
+        assert compiled.lib.cuproc_slot_claim(b"PFN_cuMemAlloc_v3020", 0, ffi.NULL) == -1   # two parameters
 
 
 @needs_fast
@@ -107,7 +113,7 @@ def test_raw_names_call_the_resolved_pointer_with_c_semantics(fk):
     drv = cuproc.driver.default_driver()
     for name in ("cuCtxGetCurrent", "cuDriverGetVersion", "cuMemAlloc", "cuLaunchKernelEx"):
         public = getattr(drv, name)
-        assert isinstance(public, types.MethodType) and public.__self__ is drv.resolution(name).function
+        assert not isinstance(public, ffi.CData) and fastpath.pointer(public) is drv.resolution(name).function
     version, via_pointer = ffi.new("int *"), ffi.new("int *")
     assert drv.cuDriverGetVersion(version) == 0 == drv.resolution("cuDriverGetVersion").function(via_pointer)
     assert version[0] == via_pointer[0] == 13000
@@ -128,10 +134,27 @@ def test_handles_at_other_versions_and_stream_flags_keep_their_own_pointers(sims
     for drv in (legacy, per_thread, old):
         for name in ("cuMemcpyAsync", "cuCtxCreate", "cuMemAllocAsync"):
             public = getattr(drv, name)
-            assert public.__self__ is drv.resolution(name).function
-            seen[(id(drv), name)] = int(ffi.cast("uintptr_t", public.__self__))
+            assert fastpath.pointer(public) is drv.resolution(name).function
+            seen[(id(drv), name)] = int(ffi.cast("uintptr_t", fastpath.pointer(public)))
     assert seen[(id(legacy), "cuMemcpyAsync")] != seen[(id(per_thread), "cuMemcpyAsync")]
     assert seen[(id(legacy), "cuCtxCreate")] != seen[(id(old), "cuCtxCreate")]
+
+
+@needs_fast
+def test_slot_trampolines_never_share_a_slot_between_pointers(fake, sims):
+    """cuDriverGetVersion (one parameter: slot trampolines) from four libraries in one process:
+    each handle reaches its own library, whichever slot or bound trampoline it got."""
+    libraries = [fake.path, sims["v2"].path, sims["v1"].path, sims["none"].path]
+    handles = [cuproc.Driver(library=str(path)) for path in libraries] + [cuproc.Driver(library=str(fake.path))]
+    for drv in handles:
+        public, bare = drv.cuDriverGetVersion, drv.resolution("cuDriverGetVersion").function
+        assert fastpath.pointer(public) is bare
+        ours, theirs = ffi.new("int *"), ffi.new("int *")
+        assert public(ours) == bare(theirs) == 0 and ours[0] == theirs[0]
+    kinds = {type(drv.cuDriverGetVersion) for drv in handles}
+    assert types.MethodType in kinds and len(kinds) == 2    # the slots ran out: the bound form took over
+    first, again = handles[0].cuDriverGetVersion, handles[-1].cuDriverGetVersion
+    assert first is again or first == again                 # one library, one pointer: the same trampoline
 
 
 def test_by_value_struct_functions_take_the_same_arguments_on_both_paths(fk):

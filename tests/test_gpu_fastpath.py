@@ -42,7 +42,7 @@ def test_raw_names_agree_with_the_driver_symbols(primary):
     assert drv.cuCtxGetCurrent(ctx) == 0 == lib.cuCtxGetCurrent(ctypes.byref(their_ctx))
     assert int(ffi.cast("uintptr_t", ctx[0])) == their_ctx.value == int(ffi.cast("uintptr_t", primary.handle))
     if fastpath.active():
-        assert drv.cuCtxGetCurrent.__self__ is drv.resolution("cuCtxGetCurrent").function
+        assert fastpath.pointer(drv.cuCtxGetCurrent) is drv.resolution("cuCtxGetCurrent").function
 
 
 def test_prepared_vector_add_with_values_changing(primary):

@@ -13,6 +13,13 @@ cffi *API-mode* extension is a direct C call.  This module is one API-mode exten
   handle and symbol (a bound method: no cost per call beyond the argument).
   Typedefs taking a struct by value get none: cuproc.driver passes those as integers in the
   pure path, and the two paths must take the same arguments (they stay on the cffi pointer).
+* for typedefs of at most one parameter, :data:`SLOTS` *slot* trampolines
+  ``cuproc_PFN_x_s<k>(<parameters>)`` that call the pointer in a static slot.  cffi calls a
+  function of one argument without building a tuple, so a trivial call costs ~60 ns instead of
+  ~100 ns through the bound pointer argument (a no-op C function, this machine).  A slot is
+  claimed once with one pointer (``cuproc_slot_claim``, compare-and-swap) and never rewritten,
+  so handles that resolved the same pointer share it and a handle with another pointer takes the
+  next slot, or the pointer-argument trampoline when all are taken.
 * the prepared-launch packer of ``tools/fastpath_launch.c``.
 * the declarations of ``headers/`` themselves, so that the module's ``ffi`` knows every type:
   cffi cannot ``include()`` the out-of-line ABI module into an API-mode one, so with the fast
@@ -66,15 +73,47 @@ def _passes_struct_by_value(ffi: cffi.FFI, name: str) -> bool:
     return any(arg.kind in ("struct", "union") for arg in ffi.typeof(name).args)
 
 
+# Slot trampolines per typedef of at most one parameter (see the module docstring).
+SLOTS = 2
+
+
 def trampolines(headers: Path, ffi: cffi.FFI) -> tuple[list[str], list[str]]:
-    """(cdef declarations, C definitions) of the trampolines."""
-    cdefs, bodies = [], []
+    """(cdef declarations, C definitions) of the trampolines, the slots and ``cuproc_slot_claim``."""
+    cdefs, bodies, slotted = [], [], []
     for name, params in typedefs(headers):
         if _passes_struct_by_value(ffi, name):
             continue
+        names = ", ".join(_param_name(p) for p in params)
         signature = f"CUresult cuproc_{name}({', '.join([f'{name} cuproc_fn', *params])})"
         cdefs.append(signature + ";")
-        bodies.append(f"{signature} {{ return cuproc_fn({', '.join(_param_name(p) for p in params)}); }}")
+        bodies.append(f"{signature} {{ return cuproc_fn({names}); }}")
+        if len(params) <= 1:
+            base = len(slotted) * SLOTS
+            slotted.append(name)
+            for k in range(SLOTS):
+                slot_signature = f"CUresult cuproc_{name}_s{k}({', '.join(params) or 'void'})"
+                cdefs.append(slot_signature + ";")
+                bodies.append(f"{slot_signature} {{ return (({name})cuproc_slots[{base + k}])({names}); }}")
+    table = ", ".join(f'"{name}"' for name in sorted(slotted))
+    order = ", ".join(str(slotted.index(name) * SLOTS) for name in sorted(slotted))
+    bodies.insert(0, f"static void *cuproc_slots[{max(len(slotted) * SLOTS, 1)}];")
+    bodies.append(f"""
+static const char *const cuproc_slot_names[] = {{{table}}};   /* sorted, for bsearch */
+static const int cuproc_slot_bases[] = {{{order}}};
+static int cuproc_slot_compare(const void *key, const void *item) {{
+    return strcmp((const char *)key, *(const char *const *)item);
+}}
+/* 1: slot k of typedef holds fn (now or already); 0: it holds another pointer; -1: no such slot */
+int cuproc_slot_claim(const char *typedef_name, int k, void *fn) {{
+    const char *const *found = bsearch(typedef_name, cuproc_slot_names, {len(slotted)}, sizeof(char *),
+                                       cuproc_slot_compare);
+    void *expected = NULL;
+    if (found == NULL || k < 0 || k >= {SLOTS} || fn == NULL) return -1;
+    void **slot = &cuproc_slots[cuproc_slot_bases[found - cuproc_slot_names] + k];
+    if (__atomic_compare_exchange_n(slot, &expected, fn, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return 1;
+    return expected == fn;
+}}""")
+    cdefs.append("int cuproc_slot_claim(const char *typedef_name, int k, void *fn);")
     return cdefs, bodies
 
 
