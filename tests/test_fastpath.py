@@ -151,10 +151,10 @@ def test_slot_trampolines_never_share_a_slot_between_pointers(fake, sims):
         assert fastpath.pointer(public) is bare
         ours, theirs = ffi.new("int *"), ffi.new("int *")
         assert public(ours) == bare(theirs) == 0 and ours[0] == theirs[0]
-    kinds = {type(drv.cuDriverGetVersion) for drv in handles}
-    assert types.MethodType in kinds and len(kinds) == 2    # the slots ran out: the bound form took over
+    bound = [drv for drv in handles if isinstance(drv.cuDriverGetVersion, types.MethodType)]
+    assert len(bound) >= 2     # four pointers, two slots (earlier tests may hold them): the bound form took over
     first, again = handles[0].cuDriverGetVersion, handles[-1].cuDriverGetVersion
-    assert first is again or first == again                 # one library, one pointer: the same trampoline
+    assert fastpath.pointer(first) == fastpath.pointer(again) and type(first) is type(again)   # one library
 
 
 def test_by_value_struct_functions_take_the_same_arguments_on_both_paths(fk):
