@@ -3,14 +3,14 @@
 Importing cuproc does not touch the driver: ``Driver`` handles open it on
 first use, so forking before first use is safe.
 
-Layers, bottom up: ``headers/`` -> ``cuproc._cffi_abi`` (ffi) -> ``loader`` ->
+Layers, bottom up: ``headers/`` -> ``cuproc._ffi`` (the ABI module, or the compiled fast path) -> ``loader`` ->
 ``registry`` -> ``driver`` (C names, errors) -> objects -> ``tools``.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._cffi_abi import ffi
+from ._ffi import ffi
 from .driver import Driver, default_driver, is_driver_available, set_default_driver
 from .errors import (
     ClosedResourceError,

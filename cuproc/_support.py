@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _fork
-from ._cffi_abi import ffi
+from ._ffi import ffi
 from .driver import Driver, default_driver
 from .errors import CudaError, InvalidValueError, refusal, result_code
 

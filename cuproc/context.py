@@ -32,7 +32,7 @@ import weakref
 from typing import Any, Callable
 
 from . import _fork
-from ._cffi_abi import ffi
+from ._ffi import ffi
 from ._resource import FORKED, Resource, report
 from ._support import arity, get_driver, handle_int, invalid
 from .device import Device

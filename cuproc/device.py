@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._cffi_abi import ffi
+from ._ffi import ffi
 from ._support import get_driver
 from .driver import Driver
 

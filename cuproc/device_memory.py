@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._cffi_abi import ffi
+from ._ffi import ffi
 from ._resource import Resource
 from ._support import handle_int, invalid
 from .allocation import Allocation

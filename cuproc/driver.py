@@ -10,12 +10,14 @@ Two ways in::
 
 Policy
 ------
-* **C semantics.**  ``drv.cuMemAlloc(pdptr, n)`` is the cffi function pointer
-  itself (except a few thin wrappers: cuInit, by-value struct arguments,
-  :class:`AliasedName`): it returns the CUresult, and out-parameters come
-  from ``ffi.new``.
-  After the first access it is a plain attribute, so a call costs what a bare
-  cffi call through the same pointer costs.  ``drv.checked.cuMemAlloc`` raises
+* **C semantics.**  ``drv.cuMemAlloc(pdptr, n)`` calls the resolved function
+  pointer: it returns the CUresult, and out-parameters come from ``ffi.new``.
+  It is the cffi function pointer itself, or with the compiled fast path
+  (:mod:`cuproc.fastpath`) a C trampoline bound to that same pointer, which takes
+  the same arguments (a few are thin wrappers: cuInit, by-value struct arguments,
+  :class:`AliasedName`; ``fastpath.pointer()`` gives the cffi pointer of any).
+  After the first access it is a plain attribute, so a call
+  costs what a bare call through the pointer costs.  ``drv.checked.cuMemAlloc`` raises
   :class:`~cuproc.errors.CudaError` instead of returning a code.
 * **Resolution** is lazy, cached per symbol, thread-safe.  Each symbol is asked
   for at its selected variant's *own* version (see :mod:`cuproc.registry`),
@@ -58,8 +60,8 @@ import re
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
-from . import _fork, errors
-from ._cffi_abi import ffi as ffi  # re-exported: cuproc.driver.ffi is part of the C-named namespace
+from . import _fork, errors, fastpath
+from ._ffi import ffi as ffi  # re-exported: cuproc.driver.ffi is part of the C-named namespace
 from .loader import DIRECT_LOOKUP, GET_PROC_ADDRESS_V2, DriverLibrary, open_library
 from .registry import (NOT_ON_THIS_PLATFORM, NOT_YET_INTRODUCED, PER_THREAD_NEEDS_7_0, Registry, Selection,
                        default_registry)
@@ -603,13 +605,17 @@ def _callable_type(typedef: str) -> Any:
 
 
 def _public(name: str, res: Resolution) -> Callable[..., int]:
-    """What ``driver.<name>`` is: the cffi pointer itself, except for cuInit (tracked for fork
-    safety) and functions taking a by-value struct as an integer (converted here)."""
+    """What ``driver.<name>`` is: the function at the resolved pointer -- its compiled trampoline
+    when the fast path is on (:mod:`cuproc.fastpath`), else the cffi pointer itself -- except for
+    cuInit (tracked for fork safety) and functions taking a by-value struct as an integer
+    (converted here; those have no trampoline)."""
     function = res.function
-    if name == "cuInit":
-        return _tracking_cuinit(function)
     ctype = ffi.typeof(res.typedef)
     swapped = [i for i, a in enumerate(ctype.args) if a.cname in _BY_VALUE_AS_INTEGER]
+    if not swapped:
+        function = fastpath.trampoline(res.typedef, function) or function
+    if name == "cuInit":
+        return _tracking_cuinit(function)
     if not swapped:
         return function
 
@@ -669,7 +675,8 @@ class AliasedName:
     """
 
     def __init__(self, function: Callable[..., int], res: Resolution, alias: str, version: CudaVersion) -> None:
-        self.function = function
+        self._call = function                       # the trampoline where the fast path is on
+        self.function = fastpath.pointer(function)  # the cffi pointer, on either path
         self.name = res.name
         self.alias = alias
         self.entry_point = res.entry_point
@@ -682,7 +689,7 @@ class AliasedName:
 
     def __call__(self, *args: Any) -> int:
         try:
-            return self.function(*args)
+            return self._call(*args)
         except TypeError:
             if len(args) == self.nargs:
                 raise
@@ -730,8 +737,10 @@ class Checked(_CheckedFunctions):
             wrapper = self.__dict__.get(name)
             if wrapper is None:
                 function = getattr(self._driver, name)
-                # A bare cffi pointer has a known arity; wrappers (aliases, by-value structs) check their own.
-                arity = len(ffi.typeof(function).args) if isinstance(function, ffi.CData) else None
+                # A bare pointer or its trampoline has a known arity; wrappers (aliases, by-value structs)
+                # check their own.
+                bare = fastpath.pointer(function)
+                arity = len(ffi.typeof(bare).args) if isinstance(bare, ffi.CData) else None
                 wrapper = _make_checked(function, name, self._driver.error, arity)
                 self.__dict__[name] = wrapper
         return wrapper

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ._cffi_abi import ffi
+from ._ffi import ffi
 
 _RESULT_NAMES: dict[int, str] | None = None
 

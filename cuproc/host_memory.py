@@ -20,7 +20,7 @@ import sys
 import weakref
 from typing import Any
 
-from ._cffi_abi import ffi
+from ._ffi import ffi
 from ._support import arity, handle_int, invalid
 from .allocation import Allocation
 from .context import Context

@@ -38,7 +38,7 @@ from __future__ import annotations
 import ctypes
 from typing import TYPE_CHECKING, Any
 
-from ._cffi_abi import ffi
+from ._ffi import ffi
 from ._resource import Resource
 from ._support import get_driver, handle_int, invalid
 from .context import Context, call_in

@@ -19,7 +19,9 @@ Policy
   before launch.
 * **Prepare once, launch many.**  :class:`PreparedLaunch` owns the packed
   buffer and the argument array; a call only stores the new values and calls
-  the driver.
+  the driver.  With the compiled fast path (:mod:`cuproc.fastpath`) and
+  pointer/scalar arguments, the stores and the call happen in C, in front of
+  the generated Python launcher, which takes every call the C one does not.
 """
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ import threading
 import weakref
 from typing import Any, Callable, Sequence
 
-from ._cffi_abi import ffi
+from . import fastpath
+from ._ffi import ffi
 from ._header_data import DEFINES
 from ._resource import EPOCH, FORKED, Resource
 from ._support import get_driver, invalid
@@ -390,7 +393,7 @@ def _launch_support(prepared: PreparedLaunch, cu_launch: Any, cached: bool) -> d
 
 
 def _launcher_source(types: Sequence[ArgType], grid: tuple, block: tuple, shared_mem: int,
-                     entry: str = "cuLaunchKernel") -> str:
+                     entry: str = "cuLaunchKernel", *, cache_pointers: bool = True) -> str:
     """Python source of a launch function specialised to one signature.
 
     Why generated: a loop over per-argument writer closures costs more than the
@@ -399,12 +402,15 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple, block: tuple, shared
     shared memory) are formatted into the source; everything else is looked up in
     the function's globals.  A value cffi refuses (range, type) falls back to the
     general writers, which say which parameter and why.
+
+    ``cache_pointers=False`` stores every pointer on every call: when the compiled launcher
+    (tools/fastpath_launch.c) writes the same block, this one cannot know what is in it.
     """
     names = [_param_name(i, t) for i, t in enumerate(types)]
     # plain positional parameters: Python's own count check costs nothing, and its message
     # names the kernel and the missing parameter (see _compile_launcher for the name)
     lines = [f"def launch({', '.join(names)}):"]
-    cached = [f"p{i}" for i, t in enumerate(types) if t.kind == "pointer"]
+    cached = [f"p{i}" for i, t in enumerate(types) if t.kind == "pointer"] if cache_pointers else []
     if cached:
         lines.append(f"    global {', '.join(cached)}")
     # One comparison stands for "nothing this launch holds has ended, and this is not a forked child".
@@ -422,11 +428,16 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple, block: tuple, shared
             # a freed buffer or an ended context goes on to the general writer, which raises.
             # p{i} is the address in the slot: a 64-bit store costs more than the comparison, and
             # the same buffer launch after launch is the common case.  Other writers reset it.
-            body += [f"if {a}.__class__ is DeviceBuffer and {a}.ended is None and {a}.context.ended is None:",
-                     f"    if {a}.address != p{i}:", f"        {slot} = p{i} = {a}.address",
-                     f"elif {a}.__class__ is int:",
-                     f"    if {a} != p{i}:", f"        {slot} = p{i} = {a}",
-                     "else:", f"    p{i} = None", f"    w{i}({a})"]
+            if cache_pointers:
+                body += [f"if {a}.__class__ is DeviceBuffer and {a}.ended is None and {a}.context.ended is None:",
+                         f"    if {a}.address != p{i}:", f"        {slot} = p{i} = {a}.address",
+                         f"elif {a}.__class__ is int:",
+                         f"    if {a} != p{i}:", f"        {slot} = p{i} = {a}",
+                         "else:", f"    p{i} = None", f"    w{i}({a})"]
+            else:
+                body += [f"if {a}.__class__ is DeviceBuffer and {a}.ended is None and {a}.context.ended is None:",
+                         f"    {slot} = {a}.address", f"elif {a}.__class__ is int:", f"    {slot} = {a}",
+                         "else:", f"    w{i}({a})"]
         elif t.kind == "scalar" and t.ctype in ("float", "double"):
             body += [f"{slot} = {a}"]          # cffi takes any real number here; a str raises TypeError
         elif t.kind == "scalar":
@@ -459,9 +470,11 @@ def _param_name(i: int, t: ArgType) -> str:
 
 
 def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any, cached: bool) -> Callable[..., None]:
+    """The launch function: the generated pure launcher, behind the compiled one where it applies."""
     packed = prepared.packed
     name = prepared.function.name
     from .device_memory import DeviceBuffer
+    kinds = _compiled_kinds(prepared)
     env: dict[str, Any] = {
         "launch_entry": cu_launch, "config": prepared.config, "error": error,
         "DeviceBuffer": DeviceBuffer, "epoch": EPOCH, "numpy_ints": NUMPY_INTEGERS,
@@ -476,18 +489,77 @@ def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any, cach
             env[f"s{i}"] = ffi.cast((t.ctype or "uint64_t") + " *", packed.block + off)
         if t.kind == "pointer":
             env[f"p{i}"] = None   # nothing stored yet
-    source = _launcher_source(packed.types, prepared.grid, prepared.block, prepared.shared_mem, prepared.entry)
+    source = _launcher_source(packed.types, prepared.grid, prepared.block, prepared.shared_mem, prepared.entry,
+                              cache_pointers=kinds is None)
     exec(compile(source, f"<cuproc launcher for {name}>", "exec"), env)  # noqa: S102 - our own source, ints only
     launch = env.pop("launch")   # its globals must not name it: a function <-> globals cycle waits for gc
     title = f"{name}[{', '.join(t.name for t in packed.types)}]"   # "VecAdd[float*, int]() takes 2 ..."
     code = launch.__code__
     launch.__code__ = code.replace(co_name=title, **({"co_qualname": title} if hasattr(code, "co_qualname") else {}))
     launch.__name__ = launch.__qualname__ = title
+    if kinds is not None:
+        launch = _compiled_launcher(prepared, launch, kinds, env)
+        launch.__name__ = launch.__qualname__ = title
     launch.entry, launch.convention, launch.grid, launch.block = (prepared.entry, prepared.convention,
                                                                   prepared.grid, prepared.block)
     launch.function = None if cached else prepared.function
     launch.stream = None if cached else prepared.stream_object
     return launch
+
+
+# The argument kinds tools/fastpath_launch.c converts and stores (its K_ enum, in order).
+_COMPILED_KINDS = {"pointer": 0, "int8_t": 1, "int16_t": 2, "int32_t": 3, "int64_t": 4, "uint8_t": 5,
+                   "uint16_t": 6, "uint32_t": 7, "uint64_t": 8, "float": 9, "double": 10}
+_COMPILED_ENTRY_TYPEDEFS = {"cuLaunchKernel": "PFN_cuLaunchKernel_v4000",
+                            "cuLaunchKernelEx": "PFN_cuLaunchKernelEx_v11060"}
+
+
+def _compiled_kinds(prepared: PreparedLaunch) -> bytes | None:
+    """The C launcher's kind per argument, or None where it does not apply: no fast path, a vector
+    or struct argument, or an entry resolved with another signature than the launcher calls."""
+    if fastpath.launcher_factory() is None:
+        return None
+    kinds = []
+    for t in prepared.packed.types:
+        kind = _COMPILED_KINDS.get("pointer" if t.kind == "pointer" else t.ctype if t.kind == "scalar" else "")
+        if kind is None:
+            return None
+        kinds.append(kind)
+    res = prepared.driver.resolution(prepared.entry)
+    if res.function is None or ffi.typeof(res.typedef) is not ffi.typeof(_COMPILED_ENTRY_TYPEDEFS[prepared.entry]):
+        return None
+    return bytes(kinds)
+
+
+def _compiled_launcher(prepared: PreparedLaunch, pure: Callable[..., None], kinds: bytes,
+                       env: dict[str, Any]) -> Callable[..., None]:
+    """The C launcher (tools/fastpath_launch.c) over the same block, falling back to ``pure``.
+
+    It takes the common case only -- the block's owner thread, EPOCH unchanged, values it converts
+    exactly as cffi does -- and gives every other call to ``pure`` unchanged, so every refusal
+    (closed parents, fork, another thread, a bad value) is the pure launcher's.  A failed launch
+    goes to ``on_error``: the same rebind-then-raise as the pure launcher's.
+    """
+    rebind, error, entry = env["rebind"], env["error"], prepared.entry
+
+    def on_error(rc: int) -> None:
+        rc = rebind(rc)
+        if rc:
+            raise error(rc, entry)
+
+    from .device_memory import DeviceBuffer
+    packed = prepared.packed
+
+    def address(cdata: Any) -> int:
+        return 0 if cdata is None else int(ffi.cast("uintptr_t", cdata))
+
+    keep = (packed, prepared.config, getattr(prepared, "_config_attrs", None), env["handle"], env["stream"])
+    fn = prepared.driver.resolution(prepared.entry).function
+    return fastpath.launcher_factory()(  # type: ignore[misc] - _compiled_kinds checked it is there
+        pure, on_error, EPOCH, env["seen"], env["owner"], DeviceBuffer, keep, entry == "cuLaunchKernelEx",
+        address(fn), address(prepared.config), address(env["handle"]), prepared.grid, prepared.block,
+        prepared.shared_mem, address(env["stream"]), address(env["params"]), address(env["extra"]),
+        address(packed.block), kinds, tuple(packed.offsets))
 
 
 _PREPARED_PER_FUNCTION = 64   # distinct (signature, grid, block, ...) one-shot launches remembered per function

@@ -26,7 +26,7 @@ import os
 import sys
 
 from . import _fork
-from ._cffi_abi import ffi
+from ._ffi import ffi
 from .errors import DriverNotFoundError, result_code
 
 ENV_LIBRARY = "CUPROC_LIBCUDA"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _fork
-from ._cffi_abi import ffi
+from ._ffi import ffi
 from ._resource import Resource
 from ._support import get_driver, handle_int, invalid
 from .context import Context, call_in

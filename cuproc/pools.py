@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._cffi_abi import ffi
+from ._ffi import ffi
 from ._resource import Resource
 from ._support import get_driver, handle_int, invalid
 from .device import Device

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from . import _fork
-from ._cffi_abi import ffi
+from ._ffi import ffi
 from ._resource import Resource
 from ._support import CUDA_ERROR_NOT_READY, arity, get_driver, handle_int, invalid
 from .context import Context

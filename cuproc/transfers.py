@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._cffi_abi import ffi
+from ._ffi import ffi
 from ._support import get_driver, handle_int, invalid
 from .allocation import Allocation
 from .context import Context, call_in

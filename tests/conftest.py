@@ -84,3 +84,13 @@ def pc(fk):
     cuproc.driver.default_driver().cuCtxSetCurrent(cuproc.ffi.NULL)
     while pc.retain_count:
         pc.release()
+
+
+@pytest.fixture()
+def primary():
+    """Device 0's primary context retained and current on the real driver (GPU tests); released afterwards."""
+    import cuproc
+    pc = cuproc.use_device(0)
+    yield pc
+    cuproc.driver.default_driver().cuCtxSetCurrent(cuproc.ffi.NULL)
+    pc.release()

@@ -205,6 +205,10 @@ class FakeDriver:
     def launch_count(self) -> int:
         return self._lib.fake_launch_count()
 
+    def set_launch_pause(self, on: bool) -> None:
+        """Launches pause while reading the argument block (the race detector); off for timing only."""
+        self._lib.fake_set_launch_pause(1 if on else 0)
+
     def launch_mismatches(self) -> int:
         return self._lib.fake_launch_mismatches()
 

@@ -10,6 +10,7 @@ import threading
 import pytest
 
 import cuproc
+from cuproc import fastpath
 from cuproc import driver as driver_module
 from cuproc import loader
 from cuproc.driver import Driver
@@ -33,8 +34,10 @@ CALL = "CUresult(*)(void)"
 
 
 def call0(fn):
-    """Call an entry stub with no arguments (stubs take none; the real typedef would want them)."""
-    return cuproc.ffi.cast(CALL, fn)()
+    """Call an entry stub with no arguments (stubs take none; the real typedef would want them).
+
+    With the compiled fast path, ``drv.cuX`` is a trampoline calling the resolved pointer: cast that."""
+    return cuproc.ffi.cast(CALL, fastpath.pointer(fn))()
 
 
 def sim_for(sims, driver_version):

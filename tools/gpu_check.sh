@@ -14,14 +14,21 @@ if ! python3 -c "import cffi" 2>/dev/null; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+# The optional compiled fast path, built in place (what pip install does); a failure leaves the pure path.
+python3 tools/build_fastpath.py > "$OUT/build_fastpath.log" 2>&1 || echo "fast path not built: see build_fastpath.log"
+fastpath=$(python3 -c "import cuproc.fastpath as f; print(f.status())" 2>&1 | tail -1)
+echo "fast path: $fastpath" | tee "$OUT/fastpath.txt"
 CUPROC_MATRIX_REPORT=$OUT/matrix_mismatches.jsonl timeout 540 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log"
 tests_rc=${PIPESTATUS[0]}
+# The GPU files once more on the pure path (the CPU suite reruns its driver/launch/ownership tests itself).
+CUPROC_PURE_PYTHON=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_*.py 2>&1 | tee "$OUT/pytest_pure.log"
+pure_rc=${PIPESTATUS[0]}
 pack
 python3 -m cuproc.tools.dump_symbols --json > "$OUT/dump_symbols.json" 2> "$OUT/dump_symbols.err"
 python3 -m cuproc.tools.dump_symbols 'cuCtxCreate*' 'cuMemcpyHtoD*' 'cuLaunchKernel*' | head -8
 for b in benchmarks/bench_*.py; do timeout 240 python3 "$b" --out "$OUT" > "$OUT/$(basename "$b" .py).log" 2>&1 || echo "benchmark $b failed: see $OUT/$(basename "$b" .py).log"; pack; done
 cat "$OUT"/bench_*.md 2>/dev/null
-summary="SUMMARY: $(tail -1 "$OUT/pytest.log") on $(head -1 "$OUT/gpu.txt") (pytest rc=$tests_rc)"
+summary="SUMMARY: $(tail -1 "$OUT/pytest.log") on $(head -1 "$OUT/gpu.txt") (pytest rc=$tests_rc); pure-path GPU pass: $(tail -1 "$OUT/pytest_pure.log") (rc=$pure_rc); fast path $fastpath"
 echo "$summary" > "$OUT/summary.txt"
 pack
 echo "$summary"

@@ -1,0 +1,81 @@
+"""Is the optional compiled fast path in use, and why (not)?
+
+cuproc is complete in pure Python (cffi's ABI mode: every call goes through libffi).  When a C
+compiler and the Python headers were there at install, setup.py also built
+``cuproc._fastpath_c`` from the same ``headers/`` (tools/build_fastpath.py): C trampolines that
+call the pointer cuGetProcAddress resolved, with its exact typedef, and a C packer for prepared
+launches.  Nothing else changes: the same versioned resolution, the same arguments and results,
+the same refusals.  ``CUPROC_PURE_PYTHON=1`` (read once, at import) turns it off.
+
+Where it applies:
+
+* ``drv.cuX`` is the trampoline bound to the resolved pointer (``cuproc.driver``); a typedef
+  without a trampoline (one taking a struct by value, a signature declared at run time) stays
+  the cffi pointer.
+* ``Function.prepare`` returns a C launcher (``cuproc.launch``) that stores the values into the
+  argument block and calls cuLaunchKernel(Ex) in C; every other case -- another thread, an ended
+  resource, a fork, a value it does not convert exactly as cffi would -- goes to the pure launcher.
+"""
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+from . import _ffi
+
+
+def active() -> bool:
+    """True when the compiled fast path is in use in this process."""
+    return _ffi.COMPILED is not None
+
+
+def status() -> str:
+    """Why it is on or off, in one line ("on: ...", "off: CUPROC_PURE_PYTHON is set", ...)."""
+    return _ffi.STATUS
+
+
+_SLOTS = 2                                  # tools/build_fastpath.py SLOTS
+_slot_pointers: dict[Any, Any] = {}         # slot trampoline -> the pointer its slot holds (for pointer())
+
+
+def trampoline(typedef: str, function: Any) -> Callable[..., int] | None:
+    """The C trampoline for ``typedef`` calling ``function`` (a cffi pointer of that typedef), or None.
+
+    A slot trampoline where the typedef has them and a slot holds (or takes) this very pointer
+    (tools/build_fastpath.py: never rewritten, so handles with other pointers cannot share it);
+    else the pointer-argument trampoline as a bound method, which puts the pointer in front of the
+    caller's arguments without building a tuple (cheaper than functools.partial).
+    """
+    compiled = _ffi.COMPILED
+    if compiled is None:
+        return None
+    call = getattr(compiled.lib, f"cuproc_{typedef}", None)
+    if call is None or _ffi.ffi.typeof(function) is not _ffi.ffi.typeof(typedef):
+        return None
+    name = typedef.encode()
+    for k in range(_SLOTS):
+        claimed = compiled.lib.cuproc_slot_claim(name, k, function)
+        if claimed < 0:
+            break
+        if claimed:
+            slot = getattr(compiled.lib, f"cuproc_{typedef}_s{k}")
+            _slot_pointers[slot] = function
+            return slot
+    return types.MethodType(call, function)
+
+
+def pointer(function: Any) -> Any:
+    """The cffi function pointer behind what :func:`trampoline` returned (or ``function`` itself)."""
+    if isinstance(function, types.MethodType):
+        return function.__self__
+    return _slot_pointers.get(function, function)
+
+
+def launcher_factory() -> Callable[..., Callable[..., None]] | None:
+    """``cuproc._fastpath_c.make_launcher`` (see tools/fastpath_launch.c), or None without the fast path."""
+    compiled = _ffi.COMPILED
+    return None if compiled is None else compiled.make_launcher
+
+
+__all__ = ["active", "status"]

@@ -1,0 +1,55 @@
+"""Build hook for the optional compiled fast path; the project's metadata lives in pyproject.toml.
+
+``cuproc._fastpath_c`` (tools/build_fastpath.py, from headers/) is built when a C compiler and the
+Python headers are there.  It is never required: when anything about it fails, the install goes
+on without it and prints one line saying so (cuproc then runs in pure Python, see
+cuproc/fastpath.py).  ``CUPROC_NO_FASTPATH=1`` skips it on purpose.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+MODULE = "cuproc._fastpath_c"
+
+
+def notice(reason: object) -> None:
+    text = " ".join(str(reason).split()) or type(reason).__name__
+    print(f"cuproc: the optional compiled fast path was not built ({text[:300]}); cuproc runs in pure Python",
+          file=sys.stderr)
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext for one optional extension whose C source cffi generates here."""
+
+    def run(self) -> None:
+        if os.environ.get("CUPROC_NO_FASTPATH", "").strip().lower() in ("1", "true", "yes", "on"):
+            notice("CUPROC_NO_FASTPATH is set")
+            return
+        try:
+            sys.path.insert(0, str(ROOT / "tools"))
+            try:
+                from build_fastpath import ffibuilder
+            finally:
+                sys.path.remove(str(ROOT / "tools"))
+            Path(self.build_temp).mkdir(parents=True, exist_ok=True)
+            generated = ffibuilder(ROOT).distutils_extension(tmpdir=self.build_temp)
+            for ext in self.extensions:   # setuptools' own Extension, given cffi's source and flags
+                for field in ("sources", "include_dirs", "define_macros", "undef_macros", "libraries",
+                              "library_dirs", "extra_compile_args", "extra_link_args"):
+                    setattr(ext, field, list(getattr(generated, field) or []))
+            super().run()
+        except Exception as exc:  # noqa: BLE001 - a missing compiler, headers, cffi: never fatal
+            notice(exc)
+
+    def get_outputs(self) -> list[str]:
+        """Only what was built (the wheel and editable installs list these)."""
+        return [path for path in super().get_outputs() if os.path.exists(path)]
+
+
+setup(ext_modules=[Extension(MODULE, sources=[])], cmdclass={"build_ext": OptionalBuildExt})

@@ -1,0 +1,331 @@
+"""The optional compiled fast path (cuproc.fastpath, tools/build_fastpath.py, tools/fastpath_launch.c).
+
+Both paths run in CI: the rest of the suite runs on whichever path this process has (the fast one
+after ``pip install -e .`` with a compiler), and ``test_pure_path_reruns_driver_launch_and_ownership``
+reruns the driver, launch and ownership tests with ``CUPROC_PURE_PYTHON=1``.  The fast path's own
+checks compare against references that do not go through it: the cffi pointer itself, ``struct``
+packing, the fake driver's record of what it was given.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import sysconfig
+import threading
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cuproc
+from cuproc import DeviceBuffer, Module, Stream, fastpath
+from cuproc.errors import ClosedResourceError, InvalidValueError
+
+from fakedriver import fake_image
+
+ROOT = Path(__file__).resolve().parent.parent
+ffi = cuproc.ffi
+needs_fast = pytest.mark.skipif(not fastpath.active(), reason=f"the compiled fast path is {fastpath.status()}")
+ALL_KINDS = ["int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t", "uint64_t",
+             "float", "double", "float*"]
+ALL_FORMAT = "<bxhiqBxHIQf4xdQ"     # each at its own alignment (guide: "Kernel Execution")
+IMAGE = fake_image({"empty": [8, 4, 4], "fake_pair": [8, 8], "all": [1, 2, 4, 8, 1, 2, 4, 8, 4, 8, 8]})
+
+
+def run_python(code: str, copy: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter; with ``copy``, the cuproc in that folder, not the installed one
+    (``-S``: an editable install's import hook would find the checkout's modules first)."""
+    flags = []
+    if copy is not None:
+        paths = sysconfig.get_paths()
+        env = {**env, "PYTHONPATH": os.pathsep.join([str(copy), paths["purelib"], paths["platlib"]])}
+        flags = ["-S"]
+    return subprocess.run([sys.executable, *flags, "-c", code], check=False, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **env}, cwd=copy or ROOT)
+
+
+# ----------------------------------------------------------------------------- status and the switch
+
+def test_status_says_why_and_the_variable_forces_the_pure_path():
+    assert fastpath.status().startswith("on: " if fastpath.active() else "off: ")
+    probe = "import cuproc.fastpath as f, cuproc; print(f.active(), f.status(), type(cuproc.ffi).__module__)"
+    pure = run_python(probe, CUPROC_PURE_PYTHON="1")
+    assert pure.returncode == 0 and pure.stdout.startswith("False off: CUPROC_PURE_PYTHON"), pure.stderr
+    default = run_python(probe, CUPROC_PURE_PYTHON="0")
+    assert default.returncode == 0 and "CUPROC_PURE_PYTHON" not in default.stdout, default.stderr
+    if os.environ.get("CUPROC_PURE_PYTHON", "0") == "0":
+        assert default.stdout.startswith(str(fastpath.active()))
+
+
+def test_a_bad_value_of_the_variable_names_it():
+    out = run_python("import cuproc", CUPROC_PURE_PYTHON="maybe")
+    assert out.returncode != 0 and "ValueError" in out.stderr and "CUPROC_PURE_PYTHON='maybe'" in out.stderr
+
+
+def test_a_module_built_from_other_headers_is_not_used(tmp_path):
+    """A stale in-place build (headers changed since) must not be loaded: its types would differ."""
+    if not fastpath.active():
+        pytest.skip(f"the compiled fast path is {fastpath.status()}")
+    import cuproc._fastpath_c as compiled
+    copy = tmp_path / "cuproc"
+    shutil.copytree(ROOT / "cuproc", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(compiled.__file__, copy)
+    with open(copy / "_cffi_abi.py", "a") as f:
+        f.write("\n# changed\n")
+    out = run_python("import cuproc.fastpath as f; print(f.active(), f.status())", copy=tmp_path)
+    assert out.returncode == 0 and out.stdout.startswith("False off:") and "other headers" in out.stdout, out.stderr
+
+
+# ----------------------------------------------------------------------------- the trampolines
+
+def test_every_typedef_has_a_trampoline_except_by_value_structs(pfn_typedef_names):
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import build_fastpath
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    parsed = build_fastpath.typedefs(ROOT / "headers")
+    assert [name for name, _ in parsed] == pfn_typedef_names
+    by_value = {name for name in pfn_typedef_names
+                if any(a.kind in ("struct", "union") for a in ffi.typeof(name).args)}
+    cdefs, bodies = build_fastpath.trampolines(ROOT / "headers", ffi)
+    covered = {m.group(1) for c in cdefs if (m := re.match(r"CUresult cuproc_(PFN_\w+)\(PFN_\w+ cuproc_fn", c))}
+    assert covered == set(pfn_typedef_names) - by_value
+    assert by_value   # the CUmemLocation ones, passed as integers by cuproc.driver
+    short = {name for name in covered if len(ffi.typeof(name).args) <= 1}
+    slots = {re.match(r"CUresult cuproc_(PFN_\w+)_s\d\(", c).group(1) for c in cdefs if "cuproc_fn" not in c
+             and c.startswith("CUresult")}
+    assert slots == short and len(cdefs) == len(covered) + build_fastpath.SLOTS * len(short) + 1
+    if fastpath.active():
+        import cuproc._fastpath_c as compiled
+        assert all(hasattr(compiled.lib, f"cuproc_{name}") for name in covered)
+        assert all(hasattr(compiled.lib, f"cuproc_{name}_s{k}") for name in short for k in range(2))
+        assert compiled.lib.cuproc_slot_claim(b"PFN_cuMemAlloc_v3020", 0, ffi.NULL) == -1   # two parameters
+
+
+@needs_fast
+def test_raw_names_call_the_resolved_pointer_with_c_semantics(fk):
+    drv = cuproc.driver.default_driver()
+    for name in ("cuCtxGetCurrent", "cuDriverGetVersion", "cuMemAlloc", "cuLaunchKernelEx"):
+        public = getattr(drv, name)
+        assert not isinstance(public, ffi.CData) and fastpath.pointer(public) is drv.resolution(name).function
+    version, via_pointer = ffi.new("int *"), ffi.new("int *")
+    assert drv.cuDriverGetVersion(version) == 0 == drv.resolution("cuDriverGetVersion").function(via_pointer)
+    assert version[0] == via_pointer[0] == 13000
+    assert drv.cuCtxGetCurrent(ffi.NULL) != 0                  # the driver's answer, not a Python error
+    for bad in ((ffi.new("int *"),), (), (1,), (ffi.new("CUcontext *"), 1)):
+        with pytest.raises(TypeError):                      # cffi's checks, as on the pointer
+            drv.cuCtxGetCurrent(*bad)
+    with pytest.raises(OverflowError):
+        drv.cuDeviceGet(ffi.new("CUdevice *"), 1 << 40)
+
+
+@needs_fast
+def test_handles_at_other_versions_and_stream_flags_keep_their_own_pointers(sims):
+    legacy = cuproc.Driver("12.4", library=str(sims["v2"].path))
+    per_thread = cuproc.Driver("12.4", library=str(sims["v2"].path), per_thread_default_stream=True)
+    old = cuproc.Driver("11.0", library=str(sims["v2"].path))
+    seen = {}
+    for drv in (legacy, per_thread, old):
+        for name in ("cuMemcpyAsync", "cuCtxCreate", "cuMemAllocAsync"):
+            public = getattr(drv, name)
+            assert fastpath.pointer(public) is drv.resolution(name).function
+            seen[(id(drv), name)] = int(ffi.cast("uintptr_t", fastpath.pointer(public)))
+    assert seen[(id(legacy), "cuMemcpyAsync")] != seen[(id(per_thread), "cuMemcpyAsync")]
+    assert seen[(id(legacy), "cuCtxCreate")] != seen[(id(old), "cuCtxCreate")]
+
+
+@needs_fast
+def test_slot_trampolines_never_share_a_slot_between_pointers(fake, sims):
+    """cuDriverGetVersion (one parameter: slot trampolines) from four libraries in one process:
+    each handle reaches its own library, whichever slot or bound trampoline it got."""
+    libraries = [fake.path, sims["v2"].path, sims["v1"].path, sims["none"].path]
+    handles = [cuproc.Driver(library=str(path)) for path in libraries] + [cuproc.Driver(library=str(fake.path))]
+    for drv in handles:
+        public, bare = drv.cuDriverGetVersion, drv.resolution("cuDriverGetVersion").function
+        assert fastpath.pointer(public) is bare
+        ours, theirs = ffi.new("int *"), ffi.new("int *")
+        assert public(ours) == bare(theirs) == 0 and ours[0] == theirs[0]
+    bound = [drv for drv in handles if isinstance(drv.cuDriverGetVersion, types.MethodType)]
+    assert len(bound) >= 2     # four pointers, two slots (earlier tests may hold them): the bound form took over
+    first, again = handles[0].cuDriverGetVersion, handles[-1].cuDriverGetVersion
+    assert fastpath.pointer(first) == fastpath.pointer(again) and type(first) is type(again)   # one library
+
+
+def test_by_value_struct_functions_take_the_same_arguments_on_both_paths(fk):
+    drv = cuproc.driver.default_driver()
+    name = next(n for n in ("cuMemPrefetchAsync", "cuMemAdvise") if drv.has(n))
+    res = drv.resolution(name)
+    if any(a.kind == "struct" for a in ffi.typeof(res.typedef).args):
+        assert not isinstance(getattr(drv, name), types.MethodType)   # the integer conversion in driver.py
+
+
+# ----------------------------------------------------------------------------- the prepared launch in C
+
+VALUES = [-5, -300, -70000, -(1 << 40), 200, 60000, 4000000000, 1 << 63, 0.25, 1e300, None]
+
+
+def _expected(values, address):
+    vals = [address if v is None else v for v in values]
+    vals[8] = struct.unpack("<f", struct.pack("<f", vals[8]))[0]
+    return struct.pack(ALL_FORMAT, *vals)
+
+
+def test_prepared_launch_packs_every_scalar_kind_as_c_does(fk, pc):
+    fn = Module.load(IMAGE).get_function("all")
+    buf = DeviceBuffer(64)
+    run = fn.prepare(ALL_KINDS, 1, 1)
+    assert isinstance(run, types.FunctionType) != fastpath.active()   # the C launcher when on
+    for values in (VALUES, [-128, 32767, 1 << 31 - 1, -1, 255, 0, 1, (1 << 64) - 1, -1.5, -0.0, None],
+                   [127, -32768, -(1 << 31), (1 << 63) - 1, 0, 65535, (1 << 32) - 1, 0, 3e38, 5e-324, None]):
+        run(*[buf if v is None else v for v in values])
+        assert fk.last_launch() == ("all", _expected(values, buf.ptr))
+    np_values = [np.int8(-1), np.int16(2), np.int32(-3), np.int64(4), np.uint8(5), np.uint16(6), np.uint32(7),
+                 np.uint64(8), np.float32(0.5), np.float64(-2.5), buf.ptr]
+    run(*np_values)
+    assert fk.last_launch()[1] == struct.pack(ALL_FORMAT, -1, 2, -3, 4, 5, 6, 7, 8, 0.5, -2.5, buf.ptr)
+    run(True, 0, 0, 0, 0, 0, 0, 0, 1, 2, 0)                # bool is an int; an int is a float
+    assert fk.last_launch()[1] == struct.pack(ALL_FORMAT, 1, 0, 0, 0, 0, 0, 0, 0, 1.0, 2.0, 0)
+    assert fk.launch_count() == 5 and fk.stale_count() == 0
+    if fastpath.active():
+        assert run.fallbacks == 1           # only the first call (it claims the block) went to Python
+
+
+@needs_fast
+def test_the_c_launcher_hands_uncommon_calls_to_the_pure_one(fk, pc):
+    fn = Module.load(IMAGE).get_function("empty")
+    run = fn.prepare(["float*", "int", "float"], 1, 32)
+    buf = DeviceBuffer(64)
+    for i in range(5):
+        run(buf, i, 0.5 * i)
+    assert run.fallbacks == 1 and fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 4, 2.0)
+    run(buf, 7, np.float32(1.5))                           # converted in C (__float__)
+    run(buf.ptr, 8, 1)
+    assert run.fallbacks == 1 and fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 8, 1.0)
+    run(buf.view(np.float32), 9, 1.0)                      # a CAI object: the pure writer
+    assert run.fallbacks == 2 and fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 9, 1.0)
+    Stream().close()                                       # EPOCH moves (memory frees do not): the pure launcher verifies once
+    run(buf, 10, 1.0)
+    run(buf, 11, 1.0)
+    assert run.fallbacks == 3 and fk.launch_count() == 10
+
+
+@pytest.mark.parametrize("index,bad", [(0, 128), (1, -32769), (2, 1 << 31), (3, 1 << 63), (4, -1), (5, 65536),
+                                       (6, 1 << 32), (7, -1), (7, 1 << 64), (2, 1.5), (2, "3"), (8, "x"),
+                                       (10, -1), (10, 1 << 64), (10, "not a pointer"), (10, 0.5)])
+def test_prepared_launch_refuses_what_cffi_refuses_before_the_driver(fk, pc, index, bad):
+    fn = Module.load(IMAGE).get_function("all")
+    run = fn.prepare(ALL_KINDS, 1, 1)
+    ok = [0] * 10 + [DeviceBuffer(64)]
+    run(*ok)
+    with pytest.raises(InvalidValueError):
+        run(*ok[:index], bad, *ok[index + 1:])
+    assert fk.launch_count() == 1
+    run(*ok)                                               # the block is whole again afterwards
+    assert fk.last_launch()[1] == struct.pack(ALL_FORMAT, *[0] * 10, ok[10].ptr)
+
+
+def test_prepared_launch_keeps_the_pure_refusals(fk, pc):
+    fn = Module.load(IMAGE).get_function("empty")
+    run = fn.prepare(["float*", "int", "float"], 1, 32)
+    buf = DeviceBuffer(64)
+    run(buf, 1, 1.0)
+    with pytest.raises(TypeError, match=r"empty\[float\*, int, float\]"):
+        run(buf, 1)                                        # Python's count error, naming the kernel
+    with pytest.raises(TypeError):
+        run(buf, 1, 1.0, x=1)
+    other = DeviceBuffer(64)
+    other.free()
+    with pytest.raises(ClosedResourceError):
+        run(other, 1, 1.0)
+    run(buf.address, 2, 2.0)
+    buf.free()
+    with pytest.raises(ClosedResourceError):
+        run(buf, 1, 1.0)
+    assert fk.launch_count() == 2 and fk.stale_count() == 0
+
+
+def test_prepared_launch_from_other_threads_uses_private_blocks(fk, pc):
+    fn = Module.load(IMAGE).get_function("fake_pair")
+    run = fn.prepare(["int64_t", "int64_t"], 1, 1)
+    run(0, 1)                                              # this thread owns the shared block
+    errors = []
+
+    def worker(seed):
+        try:
+            for a in range(seed, seed + 40):
+                run(a, 3 * a + 1)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=worker, args=(1000 * i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for a in range(40):
+        run(a, 3 * a + 1)
+    for t in threads:
+        t.join()
+    assert not errors and fk.launch_mismatches() == 0 and fk.launch_count() == 1 + 4 * 40
+
+
+def test_prepared_launch_rebinds_and_raises_on_a_driver_error(fk, pc):
+    fn = Module.load(IMAGE).get_function("empty")
+    drv = cuproc.driver.default_driver()
+    entry = "cuLaunchKernelEx" if drv.has("cuLaunchKernelEx", newer_driver_features=False) else "cuLaunchKernel"
+    run = fn.prepare(["float*", "int", "float"], 1, 32)
+    buf = DeviceBuffer(64)
+    fk.fail(entry, 2)                                      # CUDA_ERROR_OUT_OF_MEMORY once
+    with pytest.raises(cuproc.OutOfMemoryError):
+        run(buf, 1, 1.0)
+    drv.cuCtxSetCurrent(ffi.NULL)                          # no context current: the launch rebinds
+    run(buf, 3, 1.0)
+    assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 3, 1.0) and fk.binding_errors() <= 1
+
+
+# ----------------------------------------------------------------------------- both paths in CI
+
+@pytest.mark.skipif(not fastpath.active(), reason="this run already is the pure path")
+def test_pure_path_reruns_driver_launch_and_ownership():
+    files = ["tests/test_driver_sim.py", "tests/test_launch_cpu.py", "tests/test_objects_fake.py",
+             "tests/test_ownership.py", "tests/test_fastpath.py"]
+    # Of the object tests, those that launch; not the 2000 random sequences (30 s, run once, on the
+    # fast path) nor the build test (it does not depend on the path).
+    only = "(not test_objects_fake or launch or typed) and not random_sequences and not install_without"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-k", only, *files]
+    out = subprocess.run(command, check=False,
+                         capture_output=True, text=True, timeout=900, cwd=ROOT,
+                         env={**os.environ, "CUPROC_PURE_PYTHON": "1"})
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert re.search(r"\d+ passed", out.stdout)
+
+
+# ----------------------------------------------------------------------------- the build
+
+def test_install_without_a_working_compiler_succeeds_with_one_notice(tmp_path):
+    """setup.py's build_ext with a compiler that fails: no extension, exit 0, one line saying so."""
+    pytest.importorskip("setuptools")
+    for name in ("setup.py", "pyproject.toml", "README.md", "MANIFEST.in", "LICENSE"):
+        shutil.copy(ROOT / name, tmp_path)
+    # This runs setup.py with the environment's own setuptools (no build isolation), which may predate
+    # PEP 639 metadata (setuptools 77): the optional build is under test here, not the license fields.
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text("".join(line for line in pyproject.read_text().splitlines(keepends=True)
+                                 if not line.startswith(("license =", "license-files ="))))
+    for folder in ("cuproc", "headers"):
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    (tmp_path / "tools").mkdir()
+    for name in ("build_fastpath.py", "fastpath_launch.c"):
+        shutil.copy(ROOT / "tools" / name, tmp_path / "tools")
+    out = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], check=False, capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path, env={**os.environ, "CC": "/bin/false"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    notices = [line for line in out.stderr.splitlines() if line.startswith("cuproc: the optional compiled")]
+    assert len(notices) == 1 and "pure Python" in notices[0]
+    assert not list((tmp_path / "cuproc").glob("_fastpath_c*"))
+    probe = run_python("import cuproc.fastpath as f; print(f.active(), f.status())", copy=tmp_path,
+                       CUPROC_PURE_PYTHON="0")
+    assert probe.stdout.startswith("False off: the compiled module cuproc._fastpath_c is not built"), probe.stderr

@@ -1,0 +1,95 @@
+"""The compiled fast path on a real GPU: trampolines against the driver's own symbols (ctypes/dlsym),
+prepared launches in C against NumPy.  Runs on both paths (tools/gpu_check.sh reruns the GPU files
+with CUPROC_PURE_PYTHON=1); the checks that only mean something with the fast path say so."""
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cuproc
+from cuproc import DeviceBuffer, Module, fastpath
+from cuproc import memory as mem
+
+pytestmark = pytest.mark.gpu
+if not cuproc.is_driver_available():
+    pytest.skip("no CUDA driver on this machine", allow_module_level=True)
+
+K = Path(__file__).resolve().parent.parent / "kernels"
+ffi = cuproc.ffi
+SM_COUNT = 16   # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+
+
+def test_status_is_reported():
+    print(f"cuproc fast path: {fastpath.status()}")
+    assert fastpath.status().startswith("on: " if fastpath.active() else "off: ")
+
+
+def test_raw_names_agree_with_the_driver_symbols(primary):
+    """cuDriverGetVersion, cuDeviceGetAttribute and cuCtxGetCurrent by cuproc's name and by dlsym."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    drv = cuproc.driver.default_driver()
+    ours, theirs = ffi.new("int *"), ctypes.c_int()
+    assert drv.cuDriverGetVersion(ours) == 0 == lib.cuDriverGetVersion(ctypes.byref(theirs))
+    assert ours[0] == theirs.value
+    assert drv.cuDeviceGetAttribute(ours, SM_COUNT, 0) == 0 == lib.cuDeviceGetAttribute(
+        ctypes.byref(theirs), SM_COUNT, 0)
+    assert ours[0] == theirs.value > 0
+    ctx, their_ctx = ffi.new("CUcontext *"), ctypes.c_void_p()
+    assert drv.cuCtxGetCurrent(ctx) == 0 == lib.cuCtxGetCurrent(ctypes.byref(their_ctx))
+    assert int(ffi.cast("uintptr_t", ctx[0])) == their_ctx.value == int(ffi.cast("uintptr_t", primary.handle))
+    if fastpath.active():
+        assert fastpath.pointer(drv.cuCtxGetCurrent) is drv.resolution("cuCtxGetCurrent").function
+
+
+def test_prepared_vector_add_with_values_changing(primary):
+    with Module.load(K / "kernels.cubin") as m:
+        run = m.get_function("VecAdd_kernel").prepare(["float*", "float*", "float*", "int"], grid=8, block=256)
+        rng = np.random.default_rng(1)
+        bufs = [DeviceBuffer(2048 * 4) for _ in range(3)]
+        hosts = [rng.random(2048, dtype=np.float32) for _ in range(2)]
+        for d, h in zip(bufs, hosts):
+            mem.copy(d, h)
+        outs = []   # kept: a buffer ending moves EPOCH, and the next launch re-verifies in Python
+        for n in (2048, 1000, 1):
+            out = DeviceBuffer(2048 * 4)
+            outs.append(out)
+            mem.copy(out, np.zeros(2048, np.float32))
+            run(bufs[0], bufs[1], out, n)
+            result = np.empty(2048, np.float32)
+            mem.copy(result, out)
+            np.testing.assert_array_equal(result[:n], hosts[0][:n] + hosts[1][:n])
+            assert not result[n:].any()
+        run(bufs[1], bufs[1].address, bufs[2], 2048)             # an int address is a pointer too
+        result = np.empty(2048, np.float32)
+        mem.copy(result, bufs[2])
+        np.testing.assert_array_equal(result, 2 * hosts[1])
+        if fastpath.active():
+            assert run.fallbacks == 1                             # the first call claims the block
+
+
+def test_prepared_launches_from_threads_never_mix_arguments(primary):
+    slots_per_thread, threads = 256, 4
+    with Module.load(K / "kernels.cubin") as m, DeviceBuffer(2 * 8 * slots_per_thread * (threads + 1)) as log:
+        run = m.get_function("record_pair").prepare(["long long*", "int", "long long", "long long"], 1, 1)
+
+        def work(t):   # no context set up in the threads: the launch runs in its function's
+            for i in range(slots_per_thread):
+                slot = t * slots_per_thread + i
+                a = 1000 * slot + 7
+                run(log, slot, a, 3 * a + 1)
+        pool = [threading.Thread(target=work, args=(t,)) for t in range(1, threads + 1)]
+        for th in pool:
+            th.start()
+        work(0)
+        for th in pool:
+            th.join()
+        primary.synchronize()
+        pairs = np.empty(2 * slots_per_thread * (threads + 1), np.int64)
+        mem.copy(pairs, log)
+        a, b = pairs[0::2], pairs[1::2]
+        np.testing.assert_array_equal(a, 1000 * np.arange(a.size) + 7)
+        np.testing.assert_array_equal(b, 3 * a + 1)

@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Generate and build ``cuproc._fastpath_c``, the optional compiled fast path, from ``headers/``.
+
+Why: a call through a cffi function pointer in ABI mode goes through libffi; a call into a
+cffi *API-mode* extension is a direct C call.  This module is one API-mode extension holding
+
+* one trampoline per ``PFN_`` typedef of ``headers/cuda_pfn.h``:
+  ``CUresult cuproc_PFN_x(PFN_x fn, <the typedef's parameters>) { return fn(<names>); }``.
+  It calls the pointer it is given -- the one cuGetProcAddress returned for the variant
+  cuproc.driver selected -- and never links against libcuda.  The pointer is an argument, not a
+  global slot, because several ``Driver`` handles (other versions, stream flags, libraries)
+  coexist in one process and must not share pointers; ``cuproc.fastpath`` binds it once per
+  handle and symbol (a bound method: no cost per call beyond the argument).
+  Typedefs taking a struct by value get none: cuproc.driver passes those as integers in the
+  pure path, and the two paths must take the same arguments (they stay on the cffi pointer).
+* for typedefs of at most one parameter, :data:`SLOTS` *slot* trampolines
+  ``cuproc_PFN_x_s<k>(<parameters>)`` that call the pointer in a static slot.  cffi calls a
+  function of one argument without building a tuple, so a trivial call costs ~60 ns instead of
+  ~100 ns through the bound pointer argument (a no-op C function, this machine).  A slot is
+  claimed once with one pointer (``cuproc_slot_claim``, compare-and-swap) and never rewritten,
+  so handles that resolved the same pointer share it and a handle with another pointer takes the
+  next slot, or the pointer-argument trampoline when all are taken.
+* the prepared-launch packer of ``tools/fastpath_launch.c``.
+* the declarations of ``headers/`` themselves, so that the module's ``ffi`` knows every type:
+  cffi cannot ``include()`` the out-of-line ABI module into an API-mode one, so with the fast
+  path on, this ``ffi`` is *the* ffi of cuproc (``cuproc._ffi``) and cdata passes between the
+  trampolines and the rest of cuproc without casts.
+* ``cuproc_abi_digest()``: the SHA-256 of ``cuproc/_cffi_abi.py`` it was built beside.  A module
+  built from other headers is not loaded (``cuproc.fastpath.status()`` says so).
+
+Rerunnable: everything comes from ``headers/`` (any typedef issue 10 adds gets its trampoline at
+the next build).  ``setup.py`` calls :func:`ffibuilder` at install; ``python
+tools/build_fastpath.py`` builds the module in place in a checkout.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import cffi
+
+ROOT = Path(__file__).resolve().parent.parent
+HEADER_ORDER = ("cuda_types.h", "cuda_pfn.h")
+MODULE = "cuproc._fastpath_c"
+LAUNCH_SOURCE = Path(__file__).resolve().parent / "fastpath_launch.c"
+_PFN_DECL = re.compile(r"^typedef CUresult \(\*(PFN_\w+)\)\((.*)\);$", re.MULTILINE)
+
+
+def typedefs(headers: Path) -> list[tuple[str, list[str]]]:
+    """(typedef name, [parameter declarations]) of every PFN typedef, in header order."""
+    text = (headers / "cuda_pfn.h").read_text()
+    found = []
+    for name, params in _PFN_DECL.findall(text):
+        decls = [] if params.strip() == "void" else [p.strip() for p in params.split(",")]
+        found.append((name, decls))
+    if len(found) != text.count("typedef"):
+        raise ValueError("cuda_pfn.h has a typedef this tool does not read (not 'typedef CUresult (*PFN_x)(...);')")
+    return found
+
+
+def _param_name(decl: str) -> str:
+    names = re.findall(r"[A-Za-z_]\w*", decl)
+    if len(names) < 2:   # headers/ names every parameter; a bare type would need a generated name
+        raise ValueError(f"unnamed parameter {decl!r} in cuda_pfn.h")
+    return names[-1]
+
+
+def _passes_struct_by_value(ffi: cffi.FFI, name: str) -> bool:
+    return any(arg.kind in ("struct", "union") for arg in ffi.typeof(name).args)
+
+
+# Slot trampolines per typedef of at most one parameter (see the module docstring).
+SLOTS = 2
+
+
+def trampolines(headers: Path, ffi: cffi.FFI) -> tuple[list[str], list[str]]:
+    """(cdef declarations, C definitions) of the trampolines, the slots and ``cuproc_slot_claim``."""
+    cdefs, bodies, slotted = [], [], []
+    for name, params in typedefs(headers):
+        if _passes_struct_by_value(ffi, name):
+            continue
+        names = ", ".join(_param_name(p) for p in params)
+        signature = f"CUresult cuproc_{name}({', '.join([f'{name} cuproc_fn', *params])})"
+        cdefs.append(signature + ";")
+        bodies.append(f"{signature} {{ return cuproc_fn({names}); }}")
+        if len(params) <= 1:
+            base = len(slotted) * SLOTS
+            slotted.append(name)
+            for k in range(SLOTS):
+                slot_signature = f"CUresult cuproc_{name}_s{k}({', '.join(params) or 'void'})"
+                cdefs.append(slot_signature + ";")
+                bodies.append(f"{slot_signature} {{ return (({name})cuproc_slots[{base + k}])({names}); }}")
+    table = ", ".join(f'"{name}"' for name in sorted(slotted))
+    order = ", ".join(str(slotted.index(name) * SLOTS) for name in sorted(slotted))
+    bodies.insert(0, f"static void *cuproc_slots[{max(len(slotted) * SLOTS, 1)}];")
+    bodies.append(f"""
+static const char *const cuproc_slot_names[] = {{{table}}};   /* sorted, for bsearch */
+static const int cuproc_slot_bases[] = {{{order}}};
+static int cuproc_slot_compare(const void *key, const void *item) {{
+    return strcmp((const char *)key, *(const char *const *)item);
+}}
+/* 1: slot k of typedef holds fn (now or already); 0: it holds another pointer; -1: no such slot */
+int cuproc_slot_claim(const char *typedef_name, int k, void *fn) {{
+    const char *const *found = bsearch(typedef_name, cuproc_slot_names, {len(slotted)}, sizeof(char *),
+                                       cuproc_slot_compare);
+    void *expected = NULL;
+    if (found == NULL || k < 0 || k >= {SLOTS} || fn == NULL) return -1;
+    void **slot = &cuproc_slots[cuproc_slot_bases[found - cuproc_slot_names] + k];
+    if (__atomic_compare_exchange_n(slot, &expected, fn, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return 1;
+    return expected == fn;
+}}""")
+    cdefs.append("int cuproc_slot_claim(const char *typedef_name, int k, void *fn);")
+    return cdefs, bodies
+
+
+def abi_digest(package: Path) -> str:
+    """SHA-256 of the ABI module the compiled module must match (both come from headers/)."""
+    return hashlib.sha256((package / "_cffi_abi.py").read_bytes()).hexdigest()
+
+
+def ffibuilder(root: Path = ROOT) -> cffi.FFI:
+    """The API-mode FFI of ``cuproc._fastpath_c`` (compile with ``.compile()`` or setuptools)."""
+    headers = root / "headers"
+    declarations = "".join((headers / name).read_text() for name in HEADER_ORDER)
+    ffi = cffi.FFI()
+    ffi.cdef(declarations)
+    cdefs, bodies = trampolines(headers, ffi)
+    digest = abi_digest(root / "cuproc")
+    ffi.cdef("\n".join(cdefs) + "\nconst char *cuproc_abi_digest(void);\nint cuproc_install_launcher(void);\n")
+    source = "\n".join([
+        "#include <stdint.h>", "#include <stddef.h>", "#include <string.h>", declarations,
+        *bodies,
+        f'const char *cuproc_abi_digest(void) {{ return "{digest}"; }}',
+        LAUNCH_SOURCE.read_text(),
+    ])
+    # The launcher uses the full C API (vectorcall, GIL state): no limited API.  -O1: the
+    # trampolines are one call each, and -O2 doubles the build time for nothing measurable.
+    ffi.set_source(MODULE, source, py_limited_api=False, define_macros=[("_CFFI_NO_LIMITED_API", None)],
+                   extra_compile_args=["-O1"] if sys.platform != "win32" else [])
+    return ffi
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Build cuproc._fastpath_c in place (a checkout's cuproc/)")
+    p.add_argument("--root", type=Path, default=ROOT)
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        built = Path(ffibuilder(args.root).compile(tmpdir=tmp))
+        target = args.root / "cuproc" / built.name
+        target.write_bytes(built.read_bytes())
+    print(f"build_fastpath: wrote {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
