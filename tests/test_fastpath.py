@@ -22,6 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import _cffi_backend
+import cffi
+
 import cuproc
 from cuproc import DeviceBuffer, Module, Stream, fastpath
 from cuproc.errors import ClosedResourceError, InvalidValueError
@@ -43,7 +46,10 @@ def run_python(code: str, copy: Path | None = None, **env: str) -> subprocess.Co
     flags = []
     if copy is not None:
         paths = sysconfig.get_paths()
-        env = {**env, "PYTHONPATH": os.pathsep.join([str(copy), paths["purelib"], paths["platlib"]])}
+        # cffi where this interpreter finds it (site-packages, or a PYTHONPATH folder as on the GPU machine)
+        cffi_dirs = {str(Path(m.__file__).resolve().parent) for m in (_cffi_backend,)} | \
+            {str(Path(cffi.__file__).resolve().parent.parent)}
+        env = {**env, "PYTHONPATH": os.pathsep.join([str(copy), paths["purelib"], paths["platlib"], *sorted(cffi_dirs)])}
         flags = ["-S"]
     return subprocess.run([sys.executable, *flags, "-c", code], check=False, capture_output=True, text=True,
                           timeout=120, env={**os.environ, **env}, cwd=copy or ROOT)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import cuproc
+from cuproc import fastpath
 from cuproc import loader, profiler
 from cuproc.driver import Driver
 from cuproc.errors import DriverTooOldError, SymbolNotFoundError
@@ -130,8 +131,9 @@ def test_declare_by_hand_equals_dlsym_and_calls(libcuda, primary):
     with pytest.raises(SymbolNotFoundError):
         drv.declare("cuNoSuchFunctionAnywhere", "CUresult (*)(void)")
     full = Driver()
-    assert full.declare("cuMemAlloc", "CUresult (*)(CUdeviceptr *, size_t)") == full.resolve(
-        "cuMemAlloc", full.driver_version)
+    declared = full.declare("cuMemAlloc", "CUresult (*)(CUdeviceptr *, size_t)")
+    resolved = full.resolve("cuMemAlloc", full.driver_version)
+    assert ffi.cast("void *", fastpath.pointer(declared)) == ffi.cast("void *", fastpath.pointer(resolved))
 
 
 def test_graph_instantiate_alias_on_the_real_driver(libcuda, primary):

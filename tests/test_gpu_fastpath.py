@@ -87,7 +87,7 @@ def test_prepared_launches_from_threads_never_mix_arguments(primary):
         work(0)
         for th in pool:
             th.join()
-        primary.synchronize()
+        primary.context.synchronize()
         pairs = np.empty(2 * slots_per_thread * (threads + 1), np.int64)
         mem.copy(pairs, log)
         a, b = pairs[0::2], pairs[1::2]
