@@ -175,3 +175,66 @@ def test_a_remembered_check_still_sees_its_own_end_and_its_parents_end(fk, pc):
     with pytest.raises(ClosedResourceError):
         stream.check("test")
     cuproc.driver.default_driver().cuCtxSetCurrent(pc.context.handle)
+
+
+def test_a_reused_context_handle_ends_the_object_the_memo_remembers(fk, pc):
+    # Another library creates a context and cuproc adopts it (A, remembered per thread); that library
+    # destroys it and the driver hands the freed address to the next cuCtxCreate.  The fake never reuses
+    # addresses, so the registration of the new context (C) under the same handle is made directly.
+    from cuproc.context import CREATED, _register
+    drv = cuproc.driver.default_driver()
+    out = cuproc.ffi.new("CUcontext *")
+    drv.checked.cuCtxCreate(out, cuproc.ffi.NULL, 0, 0)      # made outside cuproc's objects
+    adopted = Context.current()
+    assert adopted.kind == "adopted" and Context.current() is adopted     # the memo answers now
+    reborn = _register(Context(out[0], driver=drv, kind=CREATED))
+    assert adopted.ended == "replaced"
+    assert Context.current() is reborn                       # never the remembered, replaced object
+    buf = DeviceBuffer(16)
+    assert buf.context is reborn
+    buf.free()
+    reborn.destroy()
+    with pytest.raises(ClosedResourceError):
+        adopted.check("test")
+    drv.cuCtxSetCurrent(pc.context.handle)
+
+
+@pytest.mark.parametrize("grid, block, shared_mem", [
+    (1.0, 32, 0), (True, 32, 0), (1, 32.0, 0), ((1, 1.0), 32, 0), (1, 32, 0.0), (1, 32, False), (1, 32, -1)])
+def test_a_warm_one_shot_entry_refuses_what_a_cold_launch_refuses(fk, pc, grid, block, shared_mem):
+    args = (DeviceBuffer(64), np.int32(1), np.float32(1))
+    for warm in (False, True):
+        fn = Module.load(IMAGE).get_function("empty")
+        if warm:
+            fn.launch(1, 32, args)                           # the entry an equal-but-wrong key would hit
+            fn.launch((1, 1), 32, args)
+        with pytest.raises(InvalidValueError, match="grid|block|shared_mem"):
+            fn.launch(grid, block, args, shared_mem=shared_mem)
+        with pytest.raises(InvalidValueError, match="grid|block|shared_mem"):
+            fn.launch(grid, block, args, signature=SIG, shared_mem=shared_mem)
+    assert fk.launch_count() == 2
+
+
+def test_numpy_integers_are_grid_block_and_shared_memory_cold_and_warm(fk, pc):
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    for _ in range(2):                                       # cold, then from the entry
+        fn.launch(np.int64(2), (np.int32(32), 1), (buf, np.int32(5), np.float32(1)), shared_mem=np.uint32(16))
+        fn.launch(np.int64(2), np.int16(32), (buf, 5, 1.0), signature=SIG, shared_mem=np.int64(0))
+    run = fn.prepare(SIG, np.int64(2), np.int32(32), shared_mem=np.int64(8))
+    run(buf, 1, 2.0)
+    assert fk.launch_count() == 5 and fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 1, 2.0)
+
+
+def test_aligned_and_packed_struct_dtypes_get_their_own_one_shot_entries(fk, pc):
+    fields = {"names": ["b"], "formats": ["<i4"]}
+    packed, aligned = np.dtype(fields), np.dtype(fields, align=True)
+    assert packed == aligned and hash(packed) == hash(aligned) and (packed.alignment, aligned.alignment) == (1, 4)
+    fn = Module.load(fake_image({"s": [1, 4]})).get_function("s")      # a char, then 4 bytes at offset 4
+    value = np.zeros((), aligned)
+    value["b"] = -3
+    fn.launch(1, 32, (np.int8(5), value), signature=["char", aligned])
+    assert fk.last_launch()[1] == struct.pack("<b3xi", 5, -3)
+    with pytest.raises(InvalidValueError, match="at offset 1"):      # packed: offset 1, never the aligned entry
+        fn.launch(1, 32, (np.int8(5), np.zeros((), packed)), signature=["char", packed])
+    assert fk.launch_count() == 1 and len(fn.launch_cache) == 1
