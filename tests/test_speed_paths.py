@@ -238,3 +238,38 @@ def test_aligned_and_packed_struct_dtypes_get_their_own_one_shot_entries(fk, pc)
     with pytest.raises(InvalidValueError, match="at offset 1"):      # packed: offset 1, never the aligned entry
         fn.launch(1, 32, (np.int8(5), np.zeros((), packed)), signature=["char", packed])
     assert fk.launch_count() == 1 and len(fn.launch_cache) == 1
+
+
+def test_a_launcher_failing_in_the_benchmark_is_reported_and_the_run_goes_on():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_launch
+
+    def broken(count):
+        raise TypeError("allocate() takes 2 positional arguments")   # a peer's API changed
+    counted = []
+    errors: dict[str, str] = {}
+    out = bench_launch.measure_interleaved({"peer": broken, "ours": counted.append}, set(), lambda: None,
+                                           4, 3, 8, errors)
+    assert set(out) == {"ours"} and "allocate()" in errors["peer"]
+    assert counted.count(8) == bench_launch.STEADY_ROUNDS and counted.count(4) == 4   # warm-up + 3 bursts
+    low, high = out["ours"]["steady_range_us"]
+    assert low <= out["ours"]["steady_us"] <= high
+
+
+def test_benchmark_ratios_use_the_c_loop_over_the_rows_own_entry_point():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_launch as b
+    ex = ("cuLaunchKernelEx", "buffer")
+    assert b.floor_of(b.DEFAULT, *ex) == "C loop over cuLaunchKernelEx (packed buffer)"
+    assert b.floor_of("cuproc prepared (cuLaunchKernel, params)", *ex) == "C loop over cuLaunchKernel"
+    assert b.floor_of(b.ONE_SHOT_SIG, *ex) == "C loop over cuLaunchKernelEx (packed buffer)"
+    assert b.floor_of(b.BINDINGS_EX, *ex) == "C loop over cuLaunchKernelEx"
+    assert set(map(lambda e: b.floor_of(e, *ex), (b.DEFAULT, b.BINDINGS, b.BINDINGS_EX))) <= set(b.C_LOOPS)
+    loops = {name: {"burst_us": us, "steady_us": 2 * us, "steady_range_us": [2 * us, 2 * us], "block_us": [us]}
+             for name, us in (("C loop over cuLaunchKernelEx (packed buffer)", 3.36), ("C loop over cuLaunchKernel", 3.42),
+                              (b.DEFAULT, 4.24))}
+    goals, _ = b.evaluate(loops, {}, False, ex)
+    row = next(r for r in goals.rows if r["goal"].startswith("burst: prepared launch <= 1.25x"))
+    assert row["value"] == pytest.approx(4.24 / 3.36)             # the Ex loop, not the cheaper-looking one
+    assert any(r["goal"].startswith("steady: prepared launch <= 1.25x") and r["value"] == pytest.approx(4.24 / 3.36)
+               for r in goals.rows)
