@@ -113,9 +113,14 @@ def test_checked_calls_take_exactly_the_typedefs_parameters(fk):
     drv = cuproc.driver.default_driver()
     checked = drv.checked
     count = cuproc.ffi.new("int *")
+    assert checked.cuInit(0) is None
     assert checked.cuDeviceGetCount(count) is None and count[0] >= 1
     with pytest.raises(TypeError, match="cuDeviceGetCount"):
         checked.cuDeviceGetCount(count, 1)
+    with pytest.raises(TypeError, match=r"^cuDeviceGetCount\(\) missing 1 required positional argument: 'arg0_int_ptr'$"):
+        checked.cuDeviceGetCount()
+    with pytest.raises(TypeError, match=r"^cuMemAlloc\(\) missing 1 .*'arg1_size_t'$"):
+        checked.cuMemAlloc(cuproc.ffi.new("CUdeviceptr *"))
     with pytest.raises(CudaError) as info:
         checked.cuDeviceGet(cuproc.ffi.new("CUdevice *"), 999)
     assert info.value.call == "cuDeviceGet"
