@@ -644,14 +644,10 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
     cache = function.launch_cache
     # The key holds grid, block and shared memory as Python ints: a float, a bool or a NumPy integer
     # equals (and hashes as) the int, and must get the cold path's answer, not a warm entry's.
-    if grid.__class__ is not int:
-        grid = _dims(grid, "grid")
-    if block.__class__ is not int:
-        block = _dims(block, "block")
-    if shared_mem.__class__ is not int:
-        shared_mem = _shared_mem(shared_mem)
-    try:
-        key = (tuple(map(type, args)) if signature is None else _signature_key(signature),
+    if grid.__class__ is not int or block.__class__ is not int or shared_mem.__class__ is not int:
+        grid, block, shared_mem = _dims(grid, "grid"), _dims(block, "block"), _shared_mem(shared_mem)
+    try:   # a signature with other entries than C type strings is never stored under this key (below)
+        key = (tuple(map(type, args)) if signature is None else tuple(signature),
                grid, block, shared_mem, stream_key, convention, entry)
         cached = cache.get(key)
     except TypeError:   # an unhashable signature entry (a list): the general path
@@ -662,19 +658,6 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
         cached[0](*args)
         return
     _launch_uncached(function, grid, block, args, signature, shared_mem, stream, stream_key, convention, entry, key)
-
-
-_STR_ONLY = frozenset((str,))
-
-
-def _signature_key(signature: Sequence[Any]) -> tuple:
-    """A signature as a cache key.  C type strings stand for themselves; any other entry (a NumPy
-    dtype, a cffi type) by its layout -- equal dtypes can differ in alignment (aligned and packed
-    structured dtypes compare equal), and the layout is what the entry's packing depends on."""
-    sig = tuple(signature)
-    if set(map(type, sig)) <= _STR_ONLY:
-        return sig
-    return tuple(s if s.__class__ is str else _type_key(arg_type(s)) for s in sig)
 
 
 def _type_key(t: ArgType) -> tuple:
@@ -711,6 +694,15 @@ def _launch_uncached(function: Any, grid: Any, block: Any, args: Sequence[Any], 
                 return
     else:
         sig = tuple(signature)
+        if key is not None and any(s.__class__ is not str for s in sig):
+            # a NumPy dtype or cffi type: equal entries can differ in layout (an aligned and a packed
+            # structured dtype compare equal), so such signatures are keyed by the layouts only
+            key = ((tuple(_type_key(arg_type(s)) for s in sig),) + key[1:])
+            cached = cache.get(key)
+            if cached is not None and (stream_key.__class__ is not tuple or cached[1]() is stream):
+                cached[2][0] = epoch
+                cached[0](*args)
+                return
     prepared = PreparedLaunch(function, sig, grid, block, shared_mem=shared_mem, stream=stream,
                               convention=convention, entry=entry, cached=True).launch
     if key is not None:
