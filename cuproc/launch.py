@@ -288,7 +288,8 @@ class PreparedLaunch:
     ``grid``, ``block``, ``function`` and ``stream`` as attributes.
 
     Threads: the packed block belongs to the first thread that launches; any other thread
-    launches with a private block (slower, never shared).  Prepare per thread for speed.
+    launches with a block of its own, made once per thread (slower: the general writers; never
+    shared).  Prepare per thread for speed.
 
     ``entry=None`` picks cuLaunchKernelEx where the requested version has it: the same
     driver work as cuLaunchKernel (the C loops over both in bench_launch) with the
@@ -390,9 +391,15 @@ def _launch_support(prepared: PreparedLaunch, cu_launch: Any, cached: bool) -> d
     types, convention, config = prepared.packed.types, prepared.convention, prepared.config
     handle, stream = function.handle, prepared.stream
 
+    blocks = threading.local()    # each other thread's own argument block, made on its first launch
+
     def private(values: Sequence[Any]) -> None:
-        """One launch with its own argument block, for a thread that found the shared one busy."""
-        packed = PackedArgs(types)
+        """One launch with this thread's own argument block, for a thread that found the shared one
+        taken (a one-shot entry first launched on another thread of a pool, a launcher shared by
+        threads).  The block is made once per thread and goes with the thread."""
+        packed = getattr(blocks, "packed", None)
+        if packed is None:
+            packed = blocks.packed = PackedArgs(types)
         packed.fill(values)
         params = packed.params if convention == "params" else ffi.NULL
         extra = packed.extra if convention == "buffer" else ffi.NULL

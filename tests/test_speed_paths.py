@@ -278,3 +278,30 @@ def test_benchmark_ratios_use_the_c_loop_over_the_rows_own_entry_point():
     assert row["value"] == pytest.approx(4.24 / 3.36)             # the Ex loop, not the cheaper-looking one
     assert any(r["goal"].startswith("steady: prepared launch <= 1.25x") and r["value"] == pytest.approx(4.24 / 3.36)
                for r in goals.rows)
+
+
+def test_another_thread_launches_a_shared_one_shot_entry_with_one_block_of_its_own(fk, pc, monkeypatch):
+    from cuproc import launch as launch_module
+    made: list[int] = []
+
+    class Counted(launch_module.PackedArgs):
+        def __init__(self, types):
+            made.append(threading.get_ident())
+            super().__init__(types)
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    fn.launch(1, 32, (buf, np.int32(0), np.float32(0)))        # this thread owns the entry's block
+    monkeypatch.setattr(launch_module, "PackedArgs", Counted)
+    seen = []
+
+    def worker():
+        for i in range(5):
+            fn.launch(1, 32, (buf, np.int32(i), np.float32(i / 2)))
+            seen.append(fk.last_launch()[1])
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen == [struct.pack("<Qif", buf.ptr, i, i / 2) for i in range(5)]
+    assert len(made) == 1 and len(fn.launch_cache) == 1        # one block for the thread, not one per launch
+    fn.launch(1, 32, (buf, np.int32(7), np.float32(1)))         # the owner's block is untouched by the other
+    assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 7, 1.0) and made == made[:1]
