@@ -216,8 +216,8 @@ def launchers(c_lib: Path | None, smoke: bool, steady: int) -> tuple[dict, set, 
     loops["bare cffi (cuLaunchKernelEx, packed buffer)"] = bare_ex
 
     if not smoke:
-        for name, make in ((BINDINGS, lambda: bindings_loop(ptr)), (BINDINGS_EX, lambda: bindings_ex_loop(ptr)), (CORE, lambda: core_loops(ptr, i32, f32)),
-                           (CUPY, lambda: cupy_loops(ptr, i32, f32))):
+        for name, make in ((BINDINGS, lambda: bindings_loop(ptr)), (BINDINGS_EX, lambda: bindings_ex_loop(ptr)),
+                           (CORE, lambda: core_loops(ptr, i32, f32)), (CUPY, lambda: cupy_loops(ptr, i32, f32))):
             made = peer(errors, name, make)
             if made is not None:
                 loops.update(made)
@@ -237,54 +237,56 @@ def prepared_loop(prepared: Callable[..., None], buf: Any) -> Callable[[int], No
     return cuproc_variant
 
 
-def bindings_loop(ptr: int) -> dict:
-    """cuda.bindings in its fastest documented form: kernelParams as the address of an array of
-    pointers to the argument values, built once; each launch stores the new values only."""
+def bindings_kernel(ptr: int) -> tuple[Any, Any, Any, Any, int, tuple]:
+    """cuda.bindings' module, kernel and argument values (the kernelParams array of their addresses,
+    built once): (module, kernel, the int value, the float value, kernelParams, what to keep)."""
     from cuda.bindings import driver as cbd
     _, cmod = cbd.cuModuleLoadData(CUBIN.read_bytes())
     _, cfn = cbd.cuModuleGetFunction(cmod, b"empty")
     vp, vn, vx = ctypes.c_uint64(ptr), ctypes.c_int(0), ctypes.c_float(0)
     addresses = (ctypes.c_void_p * 3)(ctypes.addressof(vp), ctypes.addressof(vn), ctypes.addressof(vx))
-    params = ctypes.addressof(addresses)
+    return cbd, cfn, vn, vx, ctypes.addressof(addresses), (cmod, vp, vn, vx, addresses)
+
+
+def checked_once(cbd: Any, name: str, result: tuple) -> None:
+    """cuda.bindings returns errors, it does not raise them: one launch is checked before timing."""
+    if result[0] != cbd.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{name} returned {result[0]}")
+
+
+def bindings_loop(ptr: int) -> dict:
+    """cuda.bindings in its fastest documented form: kernelParams as the address of an array of
+    pointers to the argument values, built once; each launch stores the new values only."""
+    cbd, cfn, vn, vx, params, keep = bindings_kernel(ptr)
     launch = cbd.cuLaunchKernel
-    (err,) = launch(cfn, 1, 1, 1, 32, 1, 1, 0, 0, params, 0)   # it returns errors: check one launch
-    if err != cbd.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuLaunchKernel returned {err}")
+    checked_once(cbd, "cuLaunchKernel", launch(cfn, 1, 1, 1, 32, 1, 1, 0, 0, params, 0))
 
     def bindings(count):
         for i in range(count):
             vn.value = i
             vx.value = i
             launch(cfn, 1, 1, 1, 32, 1, 1, 0, 0, params, 0)
-    bindings.keep = (cmod, vp, vn, vx, addresses)   # type: ignore[attr-defined]
+    bindings.keep = keep   # type: ignore[attr-defined]
     return {BINDINGS: bindings}
 
 
 def bindings_ex_loop(ptr: int) -> dict:
     """cuda.bindings cuLaunchKernelEx, its CUlaunchConfig and argument addresses built once: the same
-    entry point as cuproc's default prepared launch.  One launch is checked before it is timed
-    (cuda.bindings returns errors, it does not raise them)."""
-    from cuda.bindings import driver as cbd
-    _, cmod = cbd.cuModuleLoadData(CUBIN.read_bytes())
-    _, cfn = cbd.cuModuleGetFunction(cmod, b"empty")
-    vp, vn, vx = ctypes.c_uint64(ptr), ctypes.c_int(0), ctypes.c_float(0)
-    addresses = (ctypes.c_void_p * 3)(ctypes.addressof(vp), ctypes.addressof(vn), ctypes.addressof(vx))
-    params = ctypes.addressof(addresses)
+    entry point as cuproc's default prepared launch."""
+    cbd, cfn, vn, vx, params, keep = bindings_kernel(ptr)
     config = cbd.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = 1, 1, 1
     config.blockDimX, config.blockDimY, config.blockDimZ = 32, 1, 1
     config.sharedMemBytes, config.numAttrs = 0, 0
     launch = cbd.cuLaunchKernelEx
-    (err,) = launch(config, cfn, params, 0)
-    if err != cbd.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuLaunchKernelEx returned {err}")
+    checked_once(cbd, "cuLaunchKernelEx", launch(config, cfn, params, 0))
 
     def bindings_ex(count):
         for i in range(count):
             vn.value = i
             vx.value = i
             launch(config, cfn, params, 0)
-    bindings_ex.keep = (cmod, vp, vn, vx, addresses, config)   # type: ignore[attr-defined]
+    bindings_ex.keep = (keep, config)   # type: ignore[attr-defined]
     return {BINDINGS_EX: bindings_ex}
 
 
@@ -445,10 +447,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, why in errors.items():
         rows.append([name, "missing", "", "", "", "", why[:70]])
     notes = [f"default prepared launch: {results[DEFAULT]['entry']}",
-             "ratio columns: against the C loop over the same entry point and convention (last column), "
-             "same process and run; burst against burst, steady against steady",
-             f"steady: median (range) of {STEADY_ROUNDS} rounds taking turns; CPU: the thread's CPU time per launch "
-             "in those rounds (wall well above CPU: blocked in the driver)",
+             ("ratio columns: against the C loop over the same entry point and convention (last column), "
+              "same process and run; burst against burst, steady against steady"),
+             (f"steady: median (range) of {STEADY_ROUNDS} rounds taking turns; CPU: the thread's CPU time per "
+              "launch in those rounds (wall well above CPU: blocked in the driver)"),
              "every launcher launches on the legacy default stream; values change every launch (the counter i)"]
     if spread:
         notes.append(f"prepared vs {spread['against']}: lead {spread['lead'] * 100:.1f}%, per block " +

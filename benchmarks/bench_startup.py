@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{data['machine']['date']}", "ms (median)",
                      [(k, v) for k, v in ms.items() if not k.startswith("C ")],
                      next(((k, v) for k, v in ms.items() if k.startswith("C ")), None))
-    path = write_results(args.out, "bench_startup", data, table, ["process", "ms (median)", "range (ms)", "median vs ctypes + cuInit"], notes,
+    path = write_results(args.out, "bench_startup", data, table,
+                         ["process", "ms (median)", "range (ms)", "median vs ctypes + cuInit"], notes,
                          goals, [plot])
     print(path.read_text())
     return 0

@@ -117,7 +117,8 @@ def test_checked_calls_take_exactly_the_typedefs_parameters(fk):
     assert checked.cuDeviceGetCount(count) is None and count[0] >= 1
     with pytest.raises(TypeError, match="cuDeviceGetCount"):
         checked.cuDeviceGetCount(count, 1)
-    with pytest.raises(TypeError, match=r"^cuDeviceGetCount\(\) missing 1 required positional argument: 'arg0_int_ptr'$"):
+    with pytest.raises(TypeError, match=r"^cuDeviceGetCount\(\) missing 1 required positional argument: "
+                                        r"'arg0_int_ptr'$"):
         checked.cuDeviceGetCount()
     with pytest.raises(TypeError, match=r"^cuMemAlloc\(\) missing 1 .*'arg1_size_t'$"):
         checked.cuMemAlloc(cuproc.ffi.new("CUdeviceptr *"))
@@ -269,10 +270,11 @@ def test_benchmark_ratios_use_the_c_loop_over_the_rows_own_entry_point():
     assert b.floor_of("cuproc prepared (cuLaunchKernel, params)", *ex) == "C loop over cuLaunchKernel"
     assert b.floor_of(b.ONE_SHOT_SIG, *ex) == "C loop over cuLaunchKernelEx (packed buffer)"
     assert b.floor_of(b.BINDINGS_EX, *ex) == "C loop over cuLaunchKernelEx"
-    assert set(map(lambda e: b.floor_of(e, *ex), (b.DEFAULT, b.BINDINGS, b.BINDINGS_EX))) <= set(b.C_LOOPS)
+    assert {b.floor_of(e, *ex) for e in (b.DEFAULT, b.BINDINGS, b.BINDINGS_EX)} <= set(b.C_LOOPS)
+    measured = (("C loop over cuLaunchKernelEx (packed buffer)", 3.36), ("C loop over cuLaunchKernel", 3.42),
+                (b.DEFAULT, 4.24))
     loops = {name: {"burst_us": us, "steady_us": 2 * us, "steady_range_us": [2 * us, 2 * us], "block_us": [us]}
-             for name, us in (("C loop over cuLaunchKernelEx (packed buffer)", 3.36), ("C loop over cuLaunchKernel", 3.42),
-                              (b.DEFAULT, 4.24))}
+             for name, us in measured}
     goals, _ = b.evaluate(loops, {}, False, ex)
     row = next(r for r in goals.rows if r["goal"].startswith("burst: prepared launch <= 1.25x"))
     assert row["value"] == pytest.approx(4.24 / 3.36)             # the Ex loop, not the cheaper-looking one
