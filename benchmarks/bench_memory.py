@@ -265,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, why in errors.items():
         table.append(["", name, "missing", why[:70]])
     notes = ["ratio column: against the C floor of the same group, same process and run (copies: bandwidth ratio)",
+             ("statistics differ by group: allocation rows are the BEST of their repetitions (each loop runs "
+              "alone; the minimum is the least disturbed run), copy rows the MEDIAN over alternating copies; "
+              "bench_launch reports medians (bursts) and steady runs"),
              "stream-ordered loops synchronize their stream once at the end, inside the timing, on every side"]
     args.out.mkdir(parents=True, exist_ok=True)
     floor = alloc["sync_us"].get(C_SYNC)

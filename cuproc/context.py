@@ -389,8 +389,16 @@ def call_in(context: Context | None, function: Callable[..., int], *args: Any) -
 
 
 def _register(ctx: Context) -> Context:
+    """Make ``ctx`` the one object for its handle.  A live object already there names a context
+    that is gone (the driver handed its freed address out again, e.g. after another library
+    destroyed a context cuproc had adopted): it ends as "replaced", so nothing -- the per-thread
+    memo of :meth:`Context.current`, memory made in it -- mistakes the new context for it."""
+    key = (id(ctx.driver), handle_int(ctx.handle))
     with _known_lock:
-        _known[(id(ctx.driver), handle_int(ctx.handle))] = ctx
+        old = _known.get(key)
+        _known[key] = ctx
+    if old is not None and old is not ctx:
+        old.end("replaced")     # its _forget leaves the new entry alone
     return ctx
 
 

@@ -756,8 +756,18 @@ def _make_checked(function: Callable[..., int], name: str, error: Callable[[int,
                   arity: int | None = None) -> Callable[..., None]:
     """``name`` raising on failure.  With the typedef's ``arity`` known, the wrapper takes exactly that
     many positional parameters (generated source: no argument tuple is built and unpacked per call,
-    which is most of what a wrapper adds to a trivial call); otherwise ``*args``."""
-    params = ", ".join(f"a{i}" for i in range(arity)) if arity is not None else "*args"
+    which is most of what a wrapper adds to a trivial call), named for their C types, so Python's own
+    count error says what is missing: "cuMemAlloc() missing 1 required positional argument:
+    'arg1_size_t'"; otherwise ``*args``."""
+    if arity is not None:
+        bare = fastpath.pointer(function)
+        types = [t.cname for t in ffi.typeof(bare).args] if isinstance(bare, ffi.CData) else []
+        if len(types) != arity:
+            types = ["value"] * arity
+        params = ", ".join(f"arg{i}_" + re.sub(r"\W+", "_", t.replace("*", " ptr")).strip("_")
+                           for i, t in enumerate(types))
+    else:
+        params = "*args"
     passed = params
     source = (f"def make(function, error, forked, forked_error):\n"
               f"    def {name}({params}):\n"
@@ -770,6 +780,9 @@ def _make_checked(function: Callable[..., int], name: str, error: Callable[[int,
     namespace: dict[str, Any] = {}
     exec(compile(source, f"<cuproc checked {name}>", "exec"), namespace)  # noqa: S102 - a C name and ints only
     call = namespace["make"](function, error, _fork.FORKED, forked_error)
+    if hasattr(call.__code__, "co_qualname"):   # Python's count errors say "cuMemAlloc()", not "make.<locals>..."
+        call.__code__ = call.__code__.replace(co_qualname=name)
+    call.__qualname__ = name
     call.__doc__ = f"{name}, raising cuproc.CudaError on failure (returns None)."
     return call
 

@@ -26,6 +26,7 @@ Policy
 from __future__ import annotations
 
 import functools
+import operator
 import re
 import threading
 import weakref
@@ -205,11 +206,35 @@ def _struct_bytes(value: Any) -> bytes:
     raise invalid("cuLaunchKernel", f"cannot pass a {type(value).__name__} as a struct")
 
 
+def _whole(value: Any) -> int:
+    """``value`` as a Python int when it is an integer (an int, a NumPy integer); TypeError for
+    anything else, bool included (``True`` is no grid size)."""
+    if value.__class__ is bool:
+        raise TypeError("bool")
+    return operator.index(value)
+
+
 def _dims(value: Any, what: str) -> tuple[int, int, int]:
-    dims = (value,) if isinstance(value, int) else tuple(value)
-    if not 1 <= len(dims) <= 3 or any(not isinstance(d, int) or d < 1 for d in dims):
+    """Grid or block dimensions as three Python ints.  Integers of any integer type (NumPy's too)
+    are taken; a float or bool is refused, never rounded or read as 1."""
+    try:
+        dims = (_whole(value),) if hasattr(value, "__index__") else tuple(_whole(d) for d in value)
+    except TypeError:
+        dims = ()
+    if not 1 <= len(dims) <= 3 or any(d < 1 for d in dims):
         raise invalid("cuLaunchKernel", f"{what} must be a positive int or a tuple of 1-3 positive ints, got {value!r}")
     return dims + (1,) * (3 - len(dims))  # type: ignore[return-value]
+
+
+def _shared_mem(value: Any) -> int:
+    """The dynamic shared memory size as a Python int (NumPy integers taken; floats and bools refused)."""
+    try:
+        size = _whole(value)
+    except TypeError:
+        size = -1
+    if size < 0:
+        raise invalid("cuLaunchKernel", f"shared_mem must be a non-negative int, got {value!r}")
+    return size
 
 
 class PackedArgs:
@@ -263,7 +288,8 @@ class PreparedLaunch:
     ``grid``, ``block``, ``function`` and ``stream`` as attributes.
 
     Threads: the packed block belongs to the first thread that launches; any other thread
-    launches with a private block (slower, never shared).  Prepare per thread for speed.
+    launches with a block of its own, made once per thread (slower: the general writers; never
+    shared).  Prepare per thread for speed.
 
     ``entry=None`` picks cuLaunchKernelEx where the requested version has it: the same
     driver work as cuLaunchKernel (the C loops over both in bench_launch) with the
@@ -288,8 +314,7 @@ class PreparedLaunch:
         self.packed = packed = PackedArgs([arg_type(s) for s in signature])
         check_signature(function, packed)
         self.grid, self.block = _dims(grid, "grid"), _dims(block, "block")
-        if not isinstance(shared_mem, int) or shared_mem < 0:
-            raise invalid("cuLaunchKernel", f"shared_mem must be a non-negative int, got {shared_mem!r}")
+        shared_mem = _shared_mem(shared_mem)
         self.shared_mem, self.convention, self.entry = shared_mem, convention, entry
         if not cached:
             stream = as_stream(stream, entry, driver=drv)   # another library's stream: held, not owned
@@ -366,9 +391,15 @@ def _launch_support(prepared: PreparedLaunch, cu_launch: Any, cached: bool) -> d
     types, convention, config = prepared.packed.types, prepared.convention, prepared.config
     handle, stream = function.handle, prepared.stream
 
+    blocks = threading.local()    # each other thread's own argument block, made on its first launch
+
     def private(values: Sequence[Any]) -> None:
-        """One launch with its own argument block, for a thread that found the shared one busy."""
-        packed = PackedArgs(types)
+        """One launch with this thread's own argument block, for a thread that found the shared one
+        taken (a one-shot entry first launched on another thread of a pool, a launcher shared by
+        threads).  The block is made once per thread and goes with the thread."""
+        packed = getattr(blocks, "packed", None)
+        if packed is None:
+            packed = blocks.packed = PackedArgs(types)
         packed.fill(values)
         params = packed.params if convention == "params" else ffi.NULL
         extra = packed.extra if convention == "buffer" else ffi.NULL
@@ -618,11 +649,15 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
         else:
             stream_key = int(ffi.cast("uintptr_t", stream_handle(stream, function.driver)))
     cache = function.launch_cache
-    try:
+    # The key holds grid, block and shared memory as Python ints: a float, a bool or a NumPy integer
+    # equals (and hashes as) the int, and must get the cold path's answer, not a warm entry's.
+    if grid.__class__ is not int or block.__class__ is not int or shared_mem.__class__ is not int:
+        grid, block, shared_mem = _dims(grid, "grid"), _dims(block, "block"), _shared_mem(shared_mem)
+    try:   # a signature with other entries than C type strings is never stored under this key (below)
         key = (tuple(map(type, args)) if signature is None else tuple(signature),
                grid, block, shared_mem, stream_key, convention, entry)
         cached = cache.get(key)
-    except TypeError:   # an unhashable signature entry, grid or block (a list): the general path
+    except TypeError:   # an unhashable signature entry (a list): the general path
         key = cached = None
     if cached is not None and (stream_key.__class__ is not tuple or cached[1]() is stream):  # else: a new
         if cached[2][0] != EPOCH[0]:                                                # Stream at a dead one's id
@@ -630,6 +665,10 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
         cached[0](*args)
         return
     _launch_uncached(function, grid, block, args, signature, shared_mem, stream, stream_key, convention, entry, key)
+
+
+def _type_key(t: ArgType) -> tuple:
+    return (t.name, t.size, t.align, t.kind)
 
 
 def _recheck(function: Any, stream: Any, cached: tuple) -> None:
@@ -654,7 +693,7 @@ def _launch_uncached(function: Any, grid: Any, block: Any, args: Sequence[Any], 
         sig: tuple = tuple(infer_type(a) for a in args)
         if key is not None and not all(_typed_class(a) for a in args):
             # a value whose class does not fix its C type (an ndarray, a cffi struct): key by the types
-            key = ((tuple((t.name, t.size, t.align, t.kind) for t in sig),) + key[1:])
+            key = ((tuple(map(_type_key, sig)),) + key[1:])
             cached = cache.get(key)
             if cached is not None and (stream_key.__class__ is not tuple or cached[1]() is stream):
                 cached[2][0] = epoch
@@ -662,6 +701,15 @@ def _launch_uncached(function: Any, grid: Any, block: Any, args: Sequence[Any], 
                 return
     else:
         sig = tuple(signature)
+        if key is not None and any(s.__class__ is not str for s in sig):
+            # a NumPy dtype or cffi type: equal entries can differ in layout (an aligned and a packed
+            # structured dtype compare equal), so such signatures are keyed by the layouts only
+            key = ((tuple(_type_key(arg_type(s)) for s in sig),) + key[1:])
+            cached = cache.get(key)
+            if cached is not None and (stream_key.__class__ is not tuple or cached[1]() is stream):
+                cached[2][0] = epoch
+                cached[0](*args)
+                return
     prepared = PreparedLaunch(function, sig, grid, block, shared_mem=shared_mem, stream=stream,
                               convention=convention, entry=entry, cached=True).launch
     if key is not None:
@@ -687,7 +735,7 @@ def launch_ex(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *,
     if priority is not None:
         attrs.append(("CU_LAUNCH_ATTRIBUTE_PRIORITY", priority))
     h = stream_handle(stream, drv, "cuLaunchKernelEx")
-    config, _attrs = _launch_config(_dims(grid, "grid"), _dims(block, "block"), shared_mem, h, attrs)
+    config, _attrs = _launch_config(_dims(grid, "grid"), _dims(block, "block"), _shared_mem(shared_mem), h, attrs)
     rc = call_in(_binding(function, stream), drv.cuLaunchKernelEx, config, function.handle, packed.params, ffi.NULL)
     drv.check(rc, "cuLaunchKernelEx")
 
@@ -704,7 +752,7 @@ def _launch_cooperative(function: Any, grid: Any, block: Any, args: Sequence[Any
     """cuLaunchCooperativeKernel (kernelParams convention: it takes no ``extra``)."""
     packed = _packed_once(function, "cuLaunchCooperativeKernel", args, signature)
     drv = function.driver
-    call_args = (function.handle, *_dims(grid, "grid"), *_dims(block, "block"), shared_mem,
+    call_args = (function.handle, *_dims(grid, "grid"), *_dims(block, "block"), _shared_mem(shared_mem),
                  stream_handle(stream, drv, "cuLaunchCooperativeKernel"), packed.params)
     drv.check(call_in(_binding(function, stream), drv.cuLaunchCooperativeKernel, *call_args),
               "cuLaunchCooperativeKernel")

@@ -113,9 +113,15 @@ def test_checked_calls_take_exactly_the_typedefs_parameters(fk):
     drv = cuproc.driver.default_driver()
     checked = drv.checked
     count = cuproc.ffi.new("int *")
+    assert checked.cuInit(0) is None
     assert checked.cuDeviceGetCount(count) is None and count[0] >= 1
     with pytest.raises(TypeError, match="cuDeviceGetCount"):
         checked.cuDeviceGetCount(count, 1)
+    with pytest.raises(TypeError, match=r"^cuDeviceGetCount\(\) missing 1 required positional argument: "
+                                        r"'arg0_int_ptr'$"):
+        checked.cuDeviceGetCount()
+    with pytest.raises(TypeError, match=r"^cuMemAlloc\(\) missing 1 .*'arg1_size_t'$"):
+        checked.cuMemAlloc(cuproc.ffi.new("CUdeviceptr *"))
     with pytest.raises(CudaError) as info:
         checked.cuDeviceGet(cuproc.ffi.new("CUdevice *"), 999)
     assert info.value.call == "cuDeviceGet"
@@ -175,3 +181,129 @@ def test_a_remembered_check_still_sees_its_own_end_and_its_parents_end(fk, pc):
     with pytest.raises(ClosedResourceError):
         stream.check("test")
     cuproc.driver.default_driver().cuCtxSetCurrent(pc.context.handle)
+
+
+def test_a_reused_context_handle_ends_the_object_the_memo_remembers(fk, pc):
+    # Another library creates a context and cuproc adopts it (A, remembered per thread); that library
+    # destroys it and the driver hands the freed address to the next cuCtxCreate.  The fake never reuses
+    # addresses, so the registration of the new context (C) under the same handle is made directly.
+    from cuproc.context import CREATED, _register
+    drv = cuproc.driver.default_driver()
+    out = cuproc.ffi.new("CUcontext *")
+    drv.checked.cuCtxCreate(out, cuproc.ffi.NULL, 0, 0)      # made outside cuproc's objects
+    adopted = Context.current()
+    assert adopted.kind == "adopted" and Context.current() is adopted     # the memo answers now
+    reborn = _register(Context(out[0], driver=drv, kind=CREATED))
+    assert adopted.ended == "replaced"
+    assert Context.current() is reborn                       # never the remembered, replaced object
+    buf = DeviceBuffer(16)
+    assert buf.context is reborn
+    buf.free()
+    reborn.destroy()
+    with pytest.raises(ClosedResourceError):
+        adopted.check("test")
+    drv.cuCtxSetCurrent(pc.context.handle)
+
+
+@pytest.mark.parametrize("grid, block, shared_mem", [
+    (1.0, 32, 0), (True, 32, 0), (1, 32.0, 0), ((1, 1.0), 32, 0), (1, 32, 0.0), (1, 32, False), (1, 32, -1)])
+def test_a_warm_one_shot_entry_refuses_what_a_cold_launch_refuses(fk, pc, grid, block, shared_mem):
+    args = (DeviceBuffer(64), np.int32(1), np.float32(1))
+    for warm in (False, True):
+        fn = Module.load(IMAGE).get_function("empty")
+        if warm:
+            fn.launch(1, 32, args)                           # the entry an equal-but-wrong key would hit
+            fn.launch((1, 1), 32, args)
+        with pytest.raises(InvalidValueError, match="grid|block|shared_mem"):
+            fn.launch(grid, block, args, shared_mem=shared_mem)
+        with pytest.raises(InvalidValueError, match="grid|block|shared_mem"):
+            fn.launch(grid, block, args, signature=SIG, shared_mem=shared_mem)
+    assert fk.launch_count() == 2
+
+
+def test_numpy_integers_are_grid_block_and_shared_memory_cold_and_warm(fk, pc):
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    for _ in range(2):                                       # cold, then from the entry
+        fn.launch(np.int64(2), (np.int32(32), 1), (buf, np.int32(5), np.float32(1)), shared_mem=np.uint32(16))
+        fn.launch(np.int64(2), np.int16(32), (buf, 5, 1.0), signature=SIG, shared_mem=np.int64(0))
+    run = fn.prepare(SIG, np.int64(2), np.int32(32), shared_mem=np.int64(8))
+    run(buf, 1, 2.0)
+    assert fk.launch_count() == 5 and fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 1, 2.0)
+
+
+def test_aligned_and_packed_struct_dtypes_get_their_own_one_shot_entries(fk, pc):
+    fields = {"names": ["b"], "formats": ["<i4"]}
+    packed, aligned = np.dtype(fields), np.dtype(fields, align=True)
+    assert packed == aligned and hash(packed) == hash(aligned) and (packed.alignment, aligned.alignment) == (1, 4)
+    fn = Module.load(fake_image({"s": [1, 4]})).get_function("s")      # a char, then 4 bytes at offset 4
+    value = np.zeros((), aligned)
+    value["b"] = -3
+    fn.launch(1, 32, (np.int8(5), value), signature=["char", aligned])
+    assert fk.last_launch()[1] == struct.pack("<b3xi", 5, -3)
+    with pytest.raises(InvalidValueError, match="at offset 1"):      # packed: offset 1, never the aligned entry
+        fn.launch(1, 32, (np.int8(5), np.zeros((), packed)), signature=["char", packed])
+    assert fk.launch_count() == 1 and len(fn.launch_cache) == 1
+
+
+def test_a_launcher_failing_in_the_benchmark_is_reported_and_the_run_goes_on():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_launch
+
+    def broken(count):
+        raise TypeError("allocate() takes 2 positional arguments")   # a peer's API changed
+    counted = []
+    errors: dict[str, str] = {}
+    out = bench_launch.measure_interleaved({"peer": broken, "ours": counted.append}, set(), lambda: None,
+                                           4, 3, 8, errors)
+    assert set(out) == {"ours"} and "allocate()" in errors["peer"]
+    assert counted.count(8) == bench_launch.STEADY_ROUNDS and counted.count(4) == 4   # warm-up + 3 bursts
+    low, high = out["ours"]["steady_range_us"]
+    assert low <= out["ours"]["steady_us"] <= high
+
+
+def test_benchmark_ratios_use_the_c_loop_over_the_rows_own_entry_point():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_launch as b
+    ex = ("cuLaunchKernelEx", "buffer")
+    assert b.floor_of(b.DEFAULT, *ex) == "C loop over cuLaunchKernelEx (packed buffer)"
+    assert b.floor_of("cuproc prepared (cuLaunchKernel, params)", *ex) == "C loop over cuLaunchKernel"
+    assert b.floor_of(b.ONE_SHOT_SIG, *ex) == "C loop over cuLaunchKernelEx (packed buffer)"
+    assert b.floor_of(b.BINDINGS_EX, *ex) == "C loop over cuLaunchKernelEx"
+    assert {b.floor_of(e, *ex) for e in (b.DEFAULT, b.BINDINGS, b.BINDINGS_EX)} <= set(b.C_LOOPS)
+    measured = (("C loop over cuLaunchKernelEx (packed buffer)", 3.36), ("C loop over cuLaunchKernel", 3.42),
+                (b.DEFAULT, 4.24))
+    loops = {name: {"burst_us": us, "steady_us": 2 * us, "steady_range_us": [2 * us, 2 * us], "block_us": [us]}
+             for name, us in measured}
+    goals, _ = b.evaluate(loops, {}, False, ex)
+    row = next(r for r in goals.rows if r["goal"].startswith("burst: prepared launch <= 1.25x"))
+    assert row["value"] == pytest.approx(4.24 / 3.36)             # the Ex loop, not the cheaper-looking one
+    assert any(r["goal"].startswith("steady: prepared launch <= 1.25x") and r["value"] == pytest.approx(4.24 / 3.36)
+               for r in goals.rows)
+
+
+def test_another_thread_launches_a_shared_one_shot_entry_with_one_block_of_its_own(fk, pc, monkeypatch):
+    from cuproc import launch as launch_module
+    made: list[int] = []
+
+    class Counted(launch_module.PackedArgs):
+        def __init__(self, types):
+            made.append(threading.get_ident())
+            super().__init__(types)
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    fn.launch(1, 32, (buf, np.int32(0), np.float32(0)))        # this thread owns the entry's block
+    monkeypatch.setattr(launch_module, "PackedArgs", Counted)
+    seen = []
+
+    def worker():
+        for i in range(5):
+            fn.launch(1, 32, (buf, np.int32(i), np.float32(i / 2)))
+            seen.append(fk.last_launch()[1])
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen == [struct.pack("<Qif", buf.ptr, i, i / 2) for i in range(5)]
+    assert len(made) == 1 and len(fn.launch_cache) == 1        # one block for the thread, not one per launch
+    fn.launch(1, 32, (buf, np.int32(7), np.float32(1)))         # the owner's block is untouched by the other
+    assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 7, 1.0) and made == made[:1]
