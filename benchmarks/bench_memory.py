@@ -77,7 +77,7 @@ def allocations(c_lib: Any, smoke: bool, n: int, repeat: int, errors: dict) -> d
     sync[OURS_SYNC], sync["cuproc raw C names (drv.cuMemAlloc)"] = objects, raw
     stream_ordered[OURS_ASYNC], stream_ordered["cuproc raw C names (drv.cuMemAllocAsync)"] = objects_async, raw_async
     if not smoke:
-        made = peer(errors, "cuda.bindings", lambda: bindings_allocs(stream.handle))
+        made = peer(errors, "cuda.bindings", lambda: bindings_allocs(stream.__cuda_stream__()[1]))
         if made:
             sync[BIND_SYNC], stream_ordered[BIND_ASYNC] = made
         made = peer(errors, "cuda.core", core_allocs)
