@@ -22,6 +22,7 @@ Policy
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 from . import _fork
@@ -93,7 +94,34 @@ def as_stream(stream: Stream | Any | None, call: str = "stream", *,
     handle = foreign_stream_handle(stream, call)
     if handle == 0:                 # a library's name for the NULL (default) stream: nothing to keep
         return ffi.cast("CUstream", 0)
-    return Stream.from_handle(handle, owner=stream, context=context, driver=driver)
+    drv = get_driver(driver if context is None else context.driver)
+    return Stream.from_handle(handle, owner=stream, context=foreign_context(handle, stream, context, drv),
+                              driver=drv)
+
+
+# owner object (weakly) -> (driver, handle, the context cuStreamGetCtx named for it)
+_contexts: weakref.WeakKeyDictionary[Any, tuple[Driver, int, Context]] = weakref.WeakKeyDictionary()
+
+
+def foreign_context(handle: int, owner: Any, context: Context | None, driver: Driver) -> Context:
+    """The context of another library's stream ``handle``, which ``owner`` (its stream object, or the
+    array that named it) gave: ``context`` when given, else cuStreamGetCtx's answer -- asked once per
+    owner and remembered while the owner lives, for that driver and handle only (a different stream,
+    or the same owner naming another one, asks again; so does one whose context ended)."""
+    if context is not None:
+        return context
+    try:
+        known = _contexts.get(owner)
+    except TypeError:               # not weakly referenceable or not hashable: ask every time
+        known = None
+    if known is not None and known[0] is driver and known[1] == handle and known[2].ended is None:
+        return known[2]
+    found = Stream.from_handle(handle, driver=driver).context
+    try:
+        _contexts[owner] = (driver, handle, found)
+    except TypeError:
+        pass
+    return found
 
 
 def order_after(context: Context, waiter: Any, signaller: Any, waiter_context: Context | None = None) -> None:

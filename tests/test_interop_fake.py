@@ -600,7 +600,7 @@ def test_foreign_stream_objects_are_taken_wherever_a_stream_is(fk, pc):
     a.free()
     cuproc.Event().record(CupyLikeStream(h)).synchronize()            # events take them too
     mem.memset(buf, 1, stream=TorchLikeStream(0))                       # torch's default stream is handle 0
-    assert buf.last_stream == 0 or buf.last_stream is not None
+    assert buf.last_stream is None and buf.__cuda_array_interface__["stream"] == 1   # the NULL stream: never 0
     with pytest.raises(TypeError, match="__cuda_stream__"):
         mem.memset(buf, 1, stream=object())
     with pytest.raises(TypeError):
