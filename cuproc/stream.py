@@ -200,8 +200,10 @@ class Stream(Resource):
         if isinstance(handle, ffi.CData):
             handle = handle_int(handle)
         if not isinstance(handle, int) or isinstance(handle, bool) or handle <= 0:
-            raise invalid("cuStreamGetCtx", f"a stream handle is a positive int or a CUstream, got {handle!r} "
-                                            "(0 is ambiguous: name the default stream with None)")
+            # The driver call a bad handle stops: cuStreamGetCtx, unless the context was given.
+            raise invalid("cuStreamGetCtx" if context is None else "Stream.from_handle",
+                          f"a stream handle is a positive int or a CUstream, got {handle!r} "
+                          "(0 is ambiguous: name the default stream with None)")
         h = ffi.cast("CUstream", handle)
         if context is None:
             out = ffi.new("CUcontext *")
@@ -362,5 +364,7 @@ class Event(Resource):
         return out[0]
 
 
-__all__ = ["Event", "HostCallbackError", "Stream", "as_stream", "default_stream", "foreign_stream_handle",
-           "launch_host_func", "order_after", "stream_context", "stream_handle"]
+# as_stream, foreign_context, foreign_stream_handle and order_after are the interop layer's helpers:
+# importable from here, not part of the public API.
+__all__ = ["Event", "HostCallbackError", "Stream", "default_stream", "launch_host_func", "stream_context",
+           "stream_handle"]
