@@ -648,7 +648,14 @@ __attribute__((visibility("default"))) int cuDriverGetVersion(int *v) { *v = 130
 #else
 X(cuDriverGetVersion, (int *v))
 #endif
+#ifdef ANSWERS_LOOKUP
+__attribute__((visibility("default"))) int cuGetProcAddress_v2(const char *s, void **p, int v,
+                                                               unsigned long long f, int *st) {
+    *p = (void *)cuDriverGetVersion; if (st) *st = 0; return 0;
+}
+#else
 X(cuGetProcAddress_v2, (const char *s, void **p, int v, unsigned long long f, int *st))
+#endif
 X(cuGetProcAddress, (const char *s, void **p, int v, unsigned long long f))
 X(cuGetErrorName, (int c, const char **s))
 X(cuGetErrorString, (int c, const char **s))
@@ -730,12 +737,14 @@ print("ok")
 
 
 @pytest.mark.parametrize("extra", ["", "\nh.v = buf.__dlpack__(max_version=(1, 0))"])
-def test_an_unconsumed_capsule_in_a_cycle_at_exit_does_not_crash(fk, extra):
+def test_an_unconsumed_capsule_in_a_cycle_at_exit_does_not_crash(fk, extra, tmp_path):
     """Module teardown must not free the capsule destructor, the deleters or the tensors before the
-    final garbage collection runs the destructor (it segfaulted, status 139)."""
-    code = EXIT_CYCLE.format(tests=str(ROOT / "tests"), lib=str(fk.path), extra=extra)
-    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True,
-                          timeout=60)
+    final garbage collection runs the destructor (it segfaulted, status 139).  Run as a script, as
+    the reproducer was: a ``-c`` main module is torn down differently."""
+    script = tmp_path / "exit_cycle.py"
+    script.write_text(EXIT_CYCLE.format(tests=str(ROOT / "tests"), lib=str(fk.path), extra=extra))
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", str(script)], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", (proc.returncode, proc.stderr)
 
 
@@ -759,7 +768,8 @@ print(buf.has_views())
 
 def test_a_collection_inside_the_export_lock_does_not_deadlock(fk):
     code = GC_IN_LOCK.format(tests=str(ROOT / "tests"), lib=str(fk.path))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.strip() == "False", (proc.returncode, proc.stderr)
 
 
@@ -875,7 +885,9 @@ def test_from_dlpack_retries_only_for_a_missing_max_version(fk, pc):
             return (2, 0)
 
         def __dlpack__(self, *, stream=None, max_version=None):
-            raise TypeError("the producer's own bug")
+            if max_version is not None:        # a retry without it would hide this error
+                raise TypeError("the producer's own bug")
+            return src.__dlpack__(stream=stream)
 
     with pytest.raises(TypeError, match="the producer's own bug"):
         from_dlpack(Broken())
@@ -927,3 +939,33 @@ def test_internal_stream_helpers_are_not_public():
         assert callable(getattr(cuproc.stream, name))
         with pytest.raises(AttributeError):
             getattr(cuproc, name)
+
+
+STUB_PROBE = """
+import ctypes, os, sys
+from cuproc import loader
+try:
+    loader.open_library(sys.argv[1])
+except Exception as exc:
+    print(type(exc).__name__)
+else:
+    print("opened")
+with open("/proc/self/maps") as maps:
+    print(any(os.path.realpath(sys.argv[1]) in line for line in maps))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps (Linux)")
+def test_a_driver_in_a_stubs_directory_is_taken_and_a_rejected_stub_is_unloaded(stub, tmp_path):
+    """Where a library lives is only a hint: one in ``stubs/`` that answers cuDriverGetVersion and
+    resolves symbols is a driver.  A rejected stub is dlclosed (it no longer appears in the maps)."""
+    real = tmp_path / "stubs" / "libcuda.so"
+    real.parent.mkdir()
+    subprocess.run(["cc", "-shared", "-fPIC", "-DANSWERS_VERSION", "-DANSWERS_LOOKUP", "-o", str(real),
+                    str(stub[0].parent.parent / "stub.c")], check=True, capture_output=True)
+    for path, expected in ((real, ["opened", "True"]), (stub[0], ["DriverNotFoundError", "False"]),
+                           (stub[2], ["DriverNotFoundError", "False"])):
+        proc = subprocess.run([sys.executable, "-c", STUB_PROBE, str(path)], capture_output=True, text=True,
+                              timeout=60, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == expected, (path, proc.stdout)
