@@ -720,57 +720,53 @@ def test_a_stub_found_by_name_is_recognized_by_where_it_was_loaded_from(stub):
 
 # ----------------------------------------------------------------------------- review fixes
 
-EXIT_CYCLE = """
-import sys
-sys.path.insert(0, {tests!r})
+CAPSULE_PRELUDE = """
+import gc, sys
 import cuproc
 cuproc.set_default_driver(cuproc.Driver(library={lib!r}))
 pc = cuproc.use_device(0)
 buf = cuproc.DeviceBuffer(64)
 class Holder:
     pass
-h = Holder()
-h.c = buf.__dlpack__(){extra}
-h.s = h                  # a cycle: only the interpreter's last collection destroys the capsule
-print("ok")
 """
 
 
-@pytest.mark.parametrize("extra", ["", "\nh.v = buf.__dlpack__(max_version=(1, 0))"])
+def _run_script(tmp_path, fk, body):
+    """Run ``body`` after CAPSULE_PRELUDE as a script file (as the reproducers ran: a ``-c`` main
+    module is torn down differently); (exit status, stdout, stderr)."""
+    script = tmp_path / "script.py"
+    script.write_text(CAPSULE_PRELUDE.format(lib=str(fk.path)) + body)
+    try:
+        proc = subprocess.run([sys.executable, "-X", "faulthandler", str(script)], capture_output=True, text=True,
+                              timeout=30, cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        return None, "", f"timed out (a deadlock?): {exc.stderr!r}"
+    return proc.returncode, proc.stdout.strip(), proc.stderr
+
+
+@pytest.mark.parametrize("extra", ["", "h.v = buf.__dlpack__(max_version=(1, 0))\n"])
 def test_an_unconsumed_capsule_in_a_cycle_at_exit_does_not_crash(fk, extra, tmp_path):
     """Module teardown must not free the capsule destructor, the deleters or the tensors before the
-    final garbage collection runs the destructor (it segfaulted, status 139).  Run as a script, as
-    the reproducer was: a ``-c`` main module is torn down differently."""
-    script = tmp_path / "exit_cycle.py"
-    script.write_text(EXIT_CYCLE.format(tests=str(ROOT / "tests"), lib=str(fk.path), extra=extra))
-    proc = subprocess.run([sys.executable, "-X", "faulthandler", str(script)], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", (proc.returncode, proc.stderr)
+    final garbage collection runs the destructor (it segfaulted, status 139)."""
+    body = "h = Holder()\nh.c = buf.__dlpack__()\n" + extra + "h.s = h   # only the last collection frees it\nprint('ok')\n"
+    code, out, err = _run_script(tmp_path, fk, body)
+    assert (code, out) == (0, "ok"), err
 
 
-GC_IN_LOCK = """
-import gc, sys
-sys.path.insert(0, {tests!r})
-import cuproc
-cuproc.set_default_driver(cuproc.Driver(library={lib!r}))
-pc = cuproc.use_device(0)
-buf = cuproc.DeviceBuffer(64)
-class Holder:
-    pass
-gc.set_threshold(1)      # a collection inside every allocation, so also inside the export lock
-for _ in range(500):
+def test_a_collection_inside_the_export_lock_does_not_deadlock(fk, tmp_path):
+    """A garbage collection run while the export lock is held (say, by an allocation inside it) can
+    destroy a capsule, whose destructor takes the lock again on the same thread: held here on purpose,
+    deterministically (a plain Lock hung; the subprocess times out then)."""
+    body = """
+from cuproc import _dlpack
+with _dlpack._lock:
     h = Holder(); h.c = buf.__dlpack__(); h.s = h
     del h
-gc.collect()
+    gc.collect()         # the destructor runs the deleter, which takes the lock
 print(buf.has_views())
 """
-
-
-def test_a_collection_inside_the_export_lock_does_not_deadlock(fk):
-    code = GC_IN_LOCK.format(tests=str(ROOT / "tests"), lib=str(fk.path))
-    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)
-    assert proc.returncode == 0 and proc.stdout.strip() == "False", (proc.returncode, proc.stderr)
+    code, out, err = _run_script(tmp_path, fk, body)
+    assert (code, out) == (0, "False"), err
 
 
 class NullStream:
