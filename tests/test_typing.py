@@ -45,6 +45,7 @@ def _stub_names() -> tuple[dict[str, str], set[str], set[str]]:
     handle, module = text.split("\nclass CFunctions", 1)[1].split("\n_default: CFunctions[int]\n", 1)
     values = dict(re.findall(r"^    (\w+): (Final.*)$", handle, re.M))
     functions = set(re.findall(r"^    def (\w+)\(self", handle, re.M))
+    functions |= set(re.findall(r"^    (\w+): HeaderAlias_\1\[_R\]$", handle, re.M))   # header aliases
     module_names = set(re.findall(r"^(\w+) = _default\.\1$", module, re.M))
     return values, functions, module_names
 
@@ -137,6 +138,17 @@ WRONG_COUNTS = {4, 5, 7, 8, 10, 11}   # line 9 is right: the argument count of a
 MISSPELT = {12, 13, 14}
 
 
+ALIASES = """\
+import cuproc
+from cuproc import driver as cu
+
+pointer = cuproc.Driver().cuGraphInstantiate.function
+also = cu.cuGraphInstantiate.function
+means: str = cu.cuGraphInstantiate.alias
+rc: int = cu.cuGraphInstantiate(cu.ffi.NULL, cu.ffi.NULL, cu.ffi.NULL, cu.ffi.NULL, 0)
+"""
+
+
 def _sources(tmp_path: Path) -> list[Path]:
     """The README's Python blocks as files, and examples/."""
     blocks = README_BLOCK.findall((ROOT / "README.md").read_text())
@@ -148,7 +160,9 @@ def _sources(tmp_path: Path) -> list[Path]:
         files.append(path)
     examples = sorted((ROOT / "examples").glob("*.py"))
     assert examples
-    return files + examples
+    aliases = tmp_path / "header_aliases.py"     # what the README says of drv.cuGraphInstantiate
+    aliases.write_text(ALIASES)
+    return files + examples + [aliases]
 
 
 def _installed_in_site_packages() -> bool:
