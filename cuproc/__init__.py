@@ -61,11 +61,8 @@ if TYPE_CHECKING:
         Event,
         HostCallbackError,
         Stream,
-        as_stream,
         default_stream,
-        foreign_stream_handle,
         launch_host_func,
-        order_after,
         stream_context,
         stream_handle,
     )
@@ -85,8 +82,7 @@ __all__ = [
     "Allocation", "DLPackArray", "DeviceBuffer", "DeviceView", "GlobalView", "HostMemory", "ManagedBuffer", "MemoryPool",
     "PinnedBuffer", "RegisteredHostMemory", "alloc_async", "copy", "copy_2d", "copy_3d", "from_dlpack", "mem_info", "memset",
     "memset_2d", "pointer_attributes", "Function", "JitResult", "Kernel", "Library", "Linker", "Module",
-    "Event", "HostCallbackError", "Stream", "as_stream", "default_stream", "foreign_stream_handle", "launch_host_func",
-    "order_after", "stream_context", "stream_handle",
+    "Event", "HostCallbackError", "Stream", "default_stream", "launch_host_func", "stream_context", "stream_handle",
 ]
 
 

@@ -16,6 +16,21 @@ CType: TypeAlias = Any
 
 _R = TypeVar("_R")
 
+
+class HeaderAlias_cuGraphInstantiate(Generic[_R]):
+    """``drv.cuGraphInstantiate``: a C header #defines cuGraphInstantiate to another function; where that holds, a
+    raw handle's attribute is a ``cuproc.driver.AliasedName`` and ``.function`` its cffi pointer
+    (a bare pointer at older requested versions and through ``.checked`` has no ``.function``)."""
+
+    function: CData
+    alias: str
+
+    def __call__(self, phGraphExec: CData, hGraph: CData, phErrorNode: CData, logBuffer: CData, bufferSize: SupportsIndex, /) -> _R:
+        """CUDA 11.0 ABI (PFN_cuGraphInstantiate_v11000): CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize)
+        CUDA 10.0 ABI (PFN_cuGraphInstantiate_v10000): CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize)
+        """
+
+
 class CFunctions(Generic[_R]):
     """The C names on a handle: ``Driver(...).cuX`` returns the CUresult (``_R`` is ``int``),
     ``Driver(...).checked.cuX`` raises ``CudaError`` instead (``_R`` is ``None``)."""
@@ -3394,10 +3409,7 @@ class CFunctions(Generic[_R]):
         """CUDA 10.0 ABI (PFN_cuGraphHostNodeSetParams_v10000): CUresult cuGraphHostNodeSetParams(CUgraphNode hNode, const CUDA_HOST_NODE_PARAMS_v1 *nodeParams)
         """
 
-    def cuGraphInstantiate(self, phGraphExec: CData, hGraph: CData, phErrorNode: CData, logBuffer: CData, bufferSize: SupportsIndex, /) -> _R:
-        """CUDA 11.0 ABI (PFN_cuGraphInstantiate_v11000): CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize)
-        CUDA 10.0 ABI (PFN_cuGraphInstantiate_v10000): CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize)
-        """
+    cuGraphInstantiate: HeaderAlias_cuGraphInstantiate[_R]
 
     def cuGraphInstantiateWithFlags(self, phGraphExec: CData, hGraph: CData, flags: SupportsIndex, /) -> _R:
         """CUDA 11.4 ABI (PFN_cuGraphInstantiateWithFlags_v11040): CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)

@@ -18,6 +18,7 @@ says plus a function calling the producer's deleter at most once.
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from typing import Any, Callable
 
@@ -69,7 +70,9 @@ DLManagedTensorVersioned._fields_ = [("version", DLPackVersion), ("manager_ctx",
                                      ("dl_tensor", DLTensor)]
 
 _live: dict[int, tuple[Any, ...]] = {}   # address of a managed tensor -> (tensor, shape, owner, allocation key)
-_lock = _fork.lock()   # fresh in a forked child
+# Reentrant: the deleter and the capsule destructor take it, and a garbage collection run while it is
+# held can destroy a capsule on the same thread.  Fresh in a forked child.
+_lock = _fork.rlock()
 
 _PyCapsule_New = ctypes.pythonapi.PyCapsule_New
 _PyCapsule_New.restype = ctypes.py_object
@@ -88,40 +91,59 @@ _GetPointer.restype, _GetPointer.argtypes = ctypes.c_void_p, [ctypes.py_object, 
 _SetName = ctypes.pythonapi.PyCapsule_SetName
 _SetName.restype, _SetName.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
 
+# Interpreter exit: module teardown drops this module's globals, and a capsule left in a reference
+# cycle is destroyed by the last garbage collection *after* that.  So the C callbacks and what they
+# use must outlive the module: they bind it as default arguments, and the callbacks themselves (and
+# _live, whose tensors the capsules point at) are made immortal below.  Once the interpreter is
+# finalizing, a deleter frees nothing (the process is ending; its memory goes with it).
 
-def _forget(address: int) -> None:
+
+def _forget(address: int, _live: dict[int, tuple[Any, ...]] = _live, _exports: dict[int, int] = EXPORTS,
+            _lock: Any = _lock, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
+    if _finalizing():
+        return
     with _lock:
         entry = _live.pop(address, None)
         if entry is not None and entry[3] is not None:
-            left = EXPORTS[entry[3]] - 1
+            left = _exports[entry[3]] - 1
             if left:
-                EXPORTS[entry[3]] = left
+                _exports[entry[3]] = left
             else:
-                del EXPORTS[entry[3]]
+                del _exports[entry[3]]
 
 
 @_Deleter
-def _delete(managed: Any) -> None:
-    _forget(ctypes.addressof(managed.contents))
+def _delete(managed: Any, _forget: Callable[[int], None] = _forget, _addressof: Any = ctypes.addressof) -> None:
+    _forget(_addressof(managed.contents))
 
 
 @_DeleterVersioned
-def _delete_versioned(managed: Any) -> None:
-    _forget(ctypes.addressof(managed.contents))
+def _delete_versioned(managed: Any, _forget: Callable[[int], None] = _forget,
+                      _addressof: Any = ctypes.addressof) -> None:
+    _forget(_addressof(managed.contents))
 
 
 # A capsule keeps its name only while unconsumed: then we own the tensor and must delete it.
+_CAPSULE_KINDS = ((LEGACY_NAME, DLManagedTensor), (VERSIONED_NAME, DLManagedTensorVersioned))
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-def _capsule_destructor(capsule: int) -> None:
-    for name, struct in ((LEGACY_NAME, DLManagedTensor), (VERSIONED_NAME, DLManagedTensorVersioned)):
-        if _PyCapsule_IsValid(capsule, name):
-            address = _PyCapsule_GetPointer(capsule, name)
-            deleter = ctypes.cast(struct.from_address(address).deleter, ctypes.c_void_p).value
+def _capsule_destructor(capsule: int, _kinds: Any = _CAPSULE_KINDS, _is_valid: Any = _PyCapsule_IsValid,
+                        _get_pointer: Any = _PyCapsule_GetPointer, _cast: Any = ctypes.cast,
+                        _void_p: Any = ctypes.c_void_p, _raw: Any = _RawDeleter) -> None:
+    for name, struct in _kinds:
+        if _is_valid(capsule, name):
+            address = _get_pointer(capsule, name)
+            deleter = _cast(struct.from_address(address).deleter, _void_p).value
             if deleter:
-                _RawDeleter(deleter)(address)      # the tensor's own deleter, as DLPack says
+                _raw(deleter)(address)      # the tensor's own deleter, as DLPack says
             return
+
+
+_DESTRUCTOR_ADDRESS = ctypes.cast(_capsule_destructor, ctypes.c_void_p)
+for _immortal in (_delete, _delete_versioned, _capsule_destructor, _live):
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(_immortal))   # never freed: see above
+del _immortal
 
 
 def to_capsule(owner: Any, ptr: int, shape: tuple[int, ...], typestr: str, device: tuple[int, int], *,
@@ -158,7 +180,7 @@ def to_capsule(owner: Any, ptr: int, shape: tuple[int, ...], typestr: str, devic
         if key is not None:
             EXPORTS[key] = EXPORTS.get(key, 0) + 1
     name = VERSIONED_NAME if versioned else LEGACY_NAME
-    return _PyCapsule_New(address, name, ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+    return _PyCapsule_New(address, name, _DESTRUCTOR_ADDRESS)
 
 
 class Imported:
@@ -177,6 +199,17 @@ class Imported:
             deleter, self._deleter = self._deleter, None
         if deleter is not None:
             deleter(self._address)
+
+
+def c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], unit: int) -> bool:
+    """True when ``strides`` (in multiples of ``unit``: 1 for DLPack's elements, the item size for
+    CAI's bytes) lay ``shape`` out C-contiguously; a dimension of extent 1 may have any stride."""
+    expected = unit
+    for dim, stride in zip(reversed(shape), reversed(strides)):
+        if dim > 1 and stride != expected:
+            return False
+        expected *= dim
+    return True
 
 
 def consume(capsule: Any) -> Imported:
@@ -206,13 +239,9 @@ def consume(capsule: Any) -> Imported:
         raise BufferError(f"cuproc cannot view DLPack dtype (code {code}, {bits} bits, {lanes} lanes)")
     itemsize = bits // 8
     shape = tuple(t.shape[i] for i in range(t.ndim))
-    if t.strides:
-        expected = 1
-        for dim, stride in zip(reversed(shape), reversed([t.strides[i] for i in range(t.ndim)])):
-            if dim > 1 and stride != expected:
-                raise BufferError(f"the DLPack tensor (shape {shape}) is not C-contiguous; cuproc views only "
-                                  "C-contiguous memory (make a contiguous copy first)")
-            expected *= dim
+    if t.strides and not c_contiguous(shape, tuple(t.strides[i] for i in range(t.ndim)), 1):
+        raise BufferError(f"the DLPack tensor (shape {shape}) is not C-contiguous; cuproc views only "
+                          "C-contiguous memory (make a contiguous copy first)")
     typestr = ("|" if itemsize == 1 else "<") + _TYPE_KINDS[code] + str(itemsize)
     raw = ctypes.cast(managed.deleter, ctypes.c_void_p).value
     deleter = _RawDeleter(raw) if raw else None
@@ -224,4 +253,4 @@ def consume(capsule: Any) -> Imported:
 
 
 __all__ = ["DLManagedTensor", "DLManagedTensorVersioned", "DLTensor", "Imported", "EXPORTS", "VERSION",
-           "consume", "to_capsule"]
+           "c_contiguous", "consume", "to_capsule"]

@@ -140,7 +140,7 @@ def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: Memory
     buf = DeviceBuffer.__new__(DeviceBuffer)
     buf.driver, buf.ended, buf.context, buf.address, buf.nbytes = drv, None, ctx, int(out[0]), nbytes
     buf.stream = stream if isinstance(stream, Stream) else h    # where a drop frees it
-    buf.last_stream = stream if isinstance(stream, Stream) else handle_int(h)
+    buf.last_stream = stream if isinstance(stream, Stream) else (handle_int(h) or None)   # NULL: the default
     buf.pool = pool
     ctx.track_stream_ordered(buf)
     return buf

@@ -26,7 +26,7 @@ from .allocation import Allocation
 from .context import Context
 from .device import Device
 from .driver import Driver
-from .interop import KDL_CUDA_MANAGED, HostArrayExports, cai, default_marker
+from .interop import KDL_CUDA_MANAGED, HostArrayExports, cai, stream_marker
 from .stream import Stream, stream_handle
 
 
@@ -34,12 +34,14 @@ class HostMemory(HostArrayExports, Allocation):
     """Host memory with zero-copy views that keep it alive; DLPack exports it as kDLCUDAHost
     (managed memory: kDLCUDAManaged), see :mod:`cuproc.interop`."""
 
-    __slots__ = ("_views",)
+    __slots__ = ("_views", "last_stream")
     kind = "host"
+    last_stream: Stream | int | None   # the last stream-ordered copy cuproc queued on it (None: none pending)
 
     def _start(self, drv: Driver, ctx: Context, address: int, nbytes: int) -> None:
         self.driver, self.ended, self.context, self.address, self.nbytes = drv, None, ctx, address, nbytes
         self._views: dict[int, weakref.ref[Any]] | None = None
+        self.last_stream = None
 
     @property
     def buffer(self) -> memoryview:
@@ -157,8 +159,10 @@ class ManagedBuffer(HostMemory):
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        """Its stream is the default stream's marker: cuproc does not track work on managed memory."""
-        return cai(self.ptr, (self.nbytes,), "|u1", default_marker(self.driver))
+        """Its stream is that of the last stream-ordered copy cuproc queued on it, else the default
+        stream's marker (kernel launches are not tracked)."""
+        ptr = self.ptr
+        return cai(ptr, (self.nbytes,), "|u1", stream_marker(self))
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (KDL_CUDA_MANAGED, self.context.device.ordinal)

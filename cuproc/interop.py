@@ -43,7 +43,7 @@ from ._resource import Resource
 from ._support import get_driver, handle_int, invalid
 from .context import Context, call_in
 from .driver import Driver
-from .stream import Stream, default_stream, order_after, stream_handle
+from .stream import Stream, as_stream, default_stream, foreign_context, order_after, stream_handle
 
 if TYPE_CHECKING:
     from ._dlpack import Imported
@@ -59,21 +59,31 @@ def default_marker(driver: Driver) -> int:
     return PER_THREAD_STREAM if driver.per_thread_default_stream else LEGACY_STREAM
 
 
+def stream_number(stream: Stream | int | None, driver: Driver) -> int | None:
+    """A kept stream (a Stream, a raw handle as an int, None for the default) as CAI and DLPack number
+    it -- never 0, which CAI v3 forbids: the NULL stream is the default stream, so its marker.
+
+    A closed Stream gives None, after synchronizing its context (when still usable) so nothing can be
+    pending: a blocking cuCtxSynchronize, the one side effect of reading an export's stream, paid once
+    per closed stream (the caller then forgets it)."""
+    if isinstance(stream, Stream):
+        if stream.ended_owner() is None:
+            return handle_int(stream.handle)
+        if stream.context.ended_owner() is None:
+            stream.context.synchronize()     # the stream is gone but its work may not be
+        return None
+    return stream or default_marker(driver)
+
+
 def stream_marker(allocation: Any) -> int | None:
     """The stream a consumer of ``allocation`` must synchronize with, as CAI and DLPack number it.
 
     Its last stream's handle; the default-stream marker when none was recorded; None when its last
     stream was closed -- then the context is synchronized first, so nothing can be pending."""
-    stream = allocation.last_stream
-    if stream is None:
-        return default_marker(allocation.driver)
-    if isinstance(stream, Stream):
-        if stream.ended_owner() is None:
-            return handle_int(stream.handle)
-        allocation.context.synchronize()     # the stream is gone but its work may not be
+    number = stream_number(allocation.last_stream, allocation.driver)
+    if number is None:
         allocation.last_stream = None
-        return None
-    return stream
+    return number
 
 
 def cai(ptr: int, shape: tuple[int, ...], typestr: str, stream: int | None, readonly: bool = False) -> dict[str, Any]:
@@ -122,6 +132,31 @@ def _target_device(dl_device: Any) -> tuple[int, int] | None:
                         f"got {dl_device!r}") from None
 
 
+def _dlpack_arguments(exporter: Any, driver: Driver, stream: Any, max_version: Any,
+                      dl_device: Any) -> tuple[bool, int | None, tuple[int, int], tuple[int, int] | None]:
+    """``__dlpack__``'s arguments checked: (versioned capsule?, the consumer's stream number or None
+    for no synchronization, the exporter's own DLPack device, the requested one or None)."""
+    return (_versioned(max_version), consumer_stream(stream, driver), exporter.__dlpack_device__(),
+            _target_device(dl_device))
+
+
+def _order_consumer(allocation: Any, consumer: int) -> None:
+    """Make the consumer's stream wait for the allocation's pending work, on the device.
+
+    The event is made in the producer stream's context (as cuEventRecord needs); the wait runs in the
+    context the consumer's stream belongs to -- for a default-stream marker, the calling thread's
+    current context (the consumer's), else the allocation's."""
+    producer = stream_marker(allocation)
+    if producer is None or consumer == producer:
+        return
+    last = allocation.last_stream
+    signaller = last.context if isinstance(last, Stream) else allocation.context
+    waiter = None
+    if consumer in (LEGACY_STREAM, PER_THREAD_STREAM):
+        waiter = Context.current(driver=allocation.driver)
+    order_after(signaller, consumer, producer, waiter or allocation.context)
+
+
 class DeviceArrayExports:
     """Mixin for device memory: CAI v3 and DLPack from ``ptr``, ``shape``, ``typestr``, ``nbytes``,
     ``allocation`` (the DeviceBuffer) and ``__dlpack_device__``."""
@@ -147,9 +182,7 @@ class DeviceArrayExports:
         """A DLPack capsule; see the module docstring for the rules on each argument."""
         ptr = self.ptr
         alloc = self.allocation
-        versioned = _versioned(max_version)
-        consumer = consumer_stream(stream, alloc.driver)
-        own, target = self.__dlpack_device__(), _target_device(dl_device)
+        versioned, consumer, own, target = _dlpack_arguments(self, alloc.driver, stream, max_version, dl_device)
         if target is not None and target != own:
             if target != (KDL_CPU, 0) or copy is False:
                 raise BufferError(f"__dlpack__: this memory is on {_device_name(own)}; it cannot be exported to "
@@ -158,10 +191,8 @@ class DeviceArrayExports:
             return _dlpack().to_capsule(host, host.ctypes.data, self.shape, self.typestr, (KDL_CPU, 0),
                                       versioned=versioned, copied=True)
         source: Any = self._copy_on_device() if copy else self
-        producer = stream_marker(source.allocation)
-        if consumer is not None and producer is not None and consumer != producer:
-            last = source.allocation.last_stream      # the event lives in the producer stream's context
-            order_after(last.context if isinstance(last, Stream) else alloc.context, consumer, producer)
+        if consumer is not None:
+            _order_consumer(source.allocation, consumer)
         source.allocation.context.add_exporter(source.allocation)
         return _dlpack().to_capsule(source, source.ptr if copy else ptr, self.shape, self.typestr, own,
                                   versioned=versioned, copied=bool(copy), allocation=source.allocation)
@@ -209,13 +240,13 @@ class HostArrayExports:
 
     def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
                    dl_device: Any = None, copy: bool | None = None) -> Any:
-        """A DLPack capsule of the bytes (uint8); ``stream`` is checked, and for managed memory the
-        consumer's stream waits for the default stream (the only work cuproc can know about)."""
+        """A DLPack capsule of the bytes (uint8), ordered after the last stream-ordered work cuproc
+        queued on the memory (``last_stream``): for a kDLCPU export, or ``stream=None`` (the consumer
+        may read on the host), the host waits for that stream (cuStreamSynchronize) first; for a
+        consumer's CUDA stream, that stream waits on the device (an event); ``-1`` skips both."""
         alloc: Any = self
         ptr = alloc.ptr
-        versioned = _versioned(max_version)
-        consumer = consumer_stream(stream, alloc.driver) if stream is not None else None
-        own, target = self.__dlpack_device__(), _target_device(dl_device)
+        versioned, consumer, own, target = _dlpack_arguments(self, alloc.driver, stream, max_version, dl_device)
         if target is not None and target not in (own, (KDL_CPU, 0)):
             raise BufferError(f"__dlpack__: host memory ({_device_name(own)}) cannot be exported to "
                               f"{_device_name(target)}")
@@ -223,13 +254,24 @@ class HostArrayExports:
         if copy:
             alloc = self._copy_on_host()
             ptr = alloc.ptr
-        elif self._dlpack_type == KDL_CUDA_MANAGED and consumer is not None:
-            producer = default_marker(alloc.driver)
-            if consumer != producer:
-                order_after(alloc.context, consumer, producer)
+        elif stream is None or device == (KDL_CPU, 0):
+            self._wait_on_host()
+        elif consumer is not None:
+            _order_consumer(alloc, consumer)
         alloc.context.add_exporter(alloc)
         return _dlpack().to_capsule(alloc, ptr, (alloc.nbytes,), "|u1", device, versioned=versioned,
                                   copied=bool(copy), allocation=alloc)
+
+    def _wait_on_host(self) -> None:
+        """Block until the recorded last stream's work is done (cuStreamSynchronize); then nothing is
+        pending, so the record is dropped."""
+        alloc: Any = self
+        if alloc.last_stream is None:
+            return                          # synchronous work only: already complete
+        number = stream_number(alloc.last_stream, alloc.driver)
+        if number is not None:
+            alloc.context.run("cuStreamSynchronize", ffi_stream(number))
+        alloc.last_stream = None
 
     def _copy_on_host(self) -> Any:
         """A new allocation of the same kind with these bytes, once the context's work is done."""
@@ -264,7 +306,7 @@ def read_cai(obj: Any, call: str, *, writable: bool) -> tuple[int, int, int | No
     size = typestr_of(desc["typestr"])[1]
     shape = tuple(desc["shape"])
     strides = desc.get("strides")
-    if strides is not None and not _c_contiguous(shape, tuple(strides), size):
+    if strides is not None and not _dlpack().c_contiguous(shape, tuple(strides), size):
         raise invalid(call, "a device array given through __cuda_array_interface__ must be C-contiguous")
     for dim in shape:
         size *= dim
@@ -275,20 +317,13 @@ def read_cai(obj: Any, call: str, *, writable: bool) -> tuple[int, int, int | No
     return int(ptr or 0), size, stream
 
 
-def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
-    expected = itemsize
-    for dim, stride in zip(reversed(shape), reversed(strides)):
-        if dim > 1 and stride != expected:
-            return False
-        expected *= dim
-    return True
-
-
-def wait_for_cai(stream: int, waiter: Stream | Any | None, context: Context | None, driver: Driver) -> None:
+def wait_for_cai(stream: int, waiter: Stream | Any | None, context: Context | None, driver: Driver,
+                 exporter: Any = None) -> None:
     """Make cuproc's use of a CAI array wait for the exporter's ``stream``, as the CAI spec asks.
 
     Work on a stream (``waiter``) waits on the device (an event); a synchronous call waits on the
-    host (cuStreamSynchronize of the exporter's stream)."""
+    host (cuStreamSynchronize of the exporter's stream).  The exporter stream's context is asked of
+    the driver once per ``exporter`` (the CAI object) and stream (:func:`cuproc.stream.foreign_context`)."""
     if waiter is not None:
         h = handle_int(stream_handle(waiter, driver, "cuStreamWaitEvent"))
         if h != stream:
@@ -296,7 +331,7 @@ def wait_for_cai(stream: int, waiter: Stream | Any | None, context: Context | No
             ctx = ctx if ctx is not None else Context.require_current("cuStreamWaitEvent", driver=driver)
             # The event lives in the exporter stream's context; a default stream is the waiter's context's.
             signaller = ctx if stream in (LEGACY_STREAM, PER_THREAD_STREAM) else \
-                Stream.from_handle(stream, driver=driver).context
+                foreign_context(stream, exporter, None, driver)
             order_after(signaller, h, stream, ctx)
         return
     if stream == default_marker(driver):
@@ -324,14 +359,16 @@ class DLPackArray(Resource):
     dropping it calls the producer's deleter, exactly once.  C-contiguous; ``readonly`` when the
     producer marked it so (cuproc then refuses it as a destination).  It exports
     ``__cuda_array_interface__`` (with the stream it was imported for) and can be passed wherever
-    cuproc takes device memory.
+    cuproc takes device memory.  ``stream`` is the stream it was imported for: a :class:`Stream`
+    (kept, so a closed one is never named to the driver), else the protocol's number or None.
     """
 
     __slots__ = ("producer", "shape", "typestr", "nbytes", "device", "readonly", "stream", "_tensor", "_ptr")
     _ended_word = "released"
     _release_call = "DLPack deleter"
+    _leaf = True       # no resource names it as its parent: closing it leaves EPOCH alone
 
-    def __init__(self, tensor: Imported, producer: Any, stream: int | None, driver: Driver) -> None:
+    def __init__(self, tensor: Imported, producer: Any, stream: Stream | int | None, driver: Driver) -> None:
         self.driver, self.producer, self._tensor, self.stream = driver, producer, tensor, stream
         self.shape, self.typestr, self.device = tensor.shape, tensor.typestr, tensor.device
         self.readonly = tensor.readonly
@@ -357,7 +394,12 @@ class DLPackArray(Resource):
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        return cai(self.ptr, self.shape, self.typestr, self.stream, self.readonly)
+        stream = self.stream
+        if isinstance(stream, Stream):
+            stream = stream_number(stream, self.driver)
+            if stream is None:
+                self.stream = None       # closed, and its context synchronized: nothing pending
+        return cai(self.ptr, self.shape, self.typestr, stream, self.readonly)
 
     def __repr__(self) -> str:
         return f"<cuproc.DLPackArray {self.shape} {self.typestr} on {_device_name(self.device)}" \
@@ -376,9 +418,10 @@ def from_dlpack(obj: Any, *, stream: Stream | Any | None = None, driver: Driver 
     pinned (kDLCUDAHost) and managed memory are taken; anything else is a BufferError.
     """
     drv = get_driver(driver)
+    marker: int | None = None
+    kept: Stream | Any | None = None
     if type(obj).__name__ == "PyCapsule":
         tensor, producer = _dlpack().consume(obj), None
-        marker = None
     else:
         if not hasattr(obj, "__dlpack__"):
             raise TypeError(f"from_dlpack needs an object with __dlpack__ or a DLPack capsule, "
@@ -388,17 +431,21 @@ def from_dlpack(obj: Any, *, stream: Stream | Any | None = None, driver: Driver 
             raise BufferError(f"from_dlpack: the {type(obj).__name__} is on {_device_name(tuple(device))}; cuproc "
                               "takes CUDA device, pinned (kDLCUDAHost) or managed memory")
         on_host = device is not None and device[0] == KDL_CUDA_HOST     # pinned memory: no stream in DLPack
-        marker = None if on_host else handle_int(stream_handle(stream, drv, "from_dlpack"))
+        if not on_host:
+            kept = as_stream(stream, "from_dlpack", driver=drv)
+            marker = handle_int(stream_handle(kept, drv, "from_dlpack")) or default_marker(drv)
         try:
             capsule = obj.__dlpack__(stream=marker, max_version=_dlpack().VERSION)
-        except TypeError:                   # a producer from before DLPack 1.0 (no max_version)
+        except TypeError as exc:            # a producer from before DLPack 1.0 (no max_version)...
+            if "max_version" not in str(exc):
+                raise                       # ...else the producer's own error
             capsule = obj.__dlpack__(stream=marker)
         tensor, producer = _dlpack().consume(capsule), obj
     if tensor.device[0] not in _IMPORTABLE:
         tensor.release()
         raise BufferError(f"from_dlpack: the tensor is on {_device_name(tensor.device)}; cuproc takes CUDA device, "
                           "pinned (kDLCUDAHost) or managed memory")
-    return DLPackArray(tensor, producer, marker, drv)
+    return DLPackArray(tensor, producer, kept if isinstance(kept, Stream) else marker, drv)
 
 
 __all__ = ["DLPackArray", "DeviceArrayExports", "HostArrayExports", "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST",

@@ -107,11 +107,36 @@ class DriverLibrary:
 
     def is_stub(self) -> bool:
         """True for the toolkit's stub libcuda: it answers cuDriverGetVersion with
-        CUDA_ERROR_STUB_LIBRARY, or it was loaded from a ``stubs`` directory."""
-        if self.driver_get_version(ffi.new("int *")) == CUDA_ERROR_STUB_LIBRARY:
+        CUDA_ERROR_STUB_LIBRARY; or it was loaded from a ``stubs`` directory and its symbol lookup
+        (cuGetProcAddress) answers nothing either.  A library in a ``stubs`` directory that answers
+        both is a driver, wherever it was installed."""
+        rc = self.driver_get_version(ffi.new("int *"))
+        if rc == CUDA_ERROR_STUB_LIBRARY:
             return True
         where = self.loaded_from() or self.path
-        return "stubs" in os.path.dirname(os.path.realpath(where)).split(os.sep)
+        if "stubs" not in os.path.dirname(os.path.realpath(where)).split(os.sep):
+            return False
+        return rc != 0 or not self._looks_up("cuDriverGetVersion")
+
+    def _looks_up(self, name: str) -> bool:
+        """True when the lookup entry point resolves ``name`` (needs no cuInit); True for plain dlsym."""
+        out = ffi.new("void **")
+        if self.lookup == GET_PROC_ADDRESS_V2:
+            rc = self.get_proc_address(name.encode(), out, 2020, 0, ffi.new("CUdriverProcAddressQueryResult *"))
+        elif self.lookup == GET_PROC_ADDRESS_V1:
+            rc = self.get_proc_address(name.encode(), out, 2020, 0)
+        else:
+            return True
+        return rc == 0 and out[0] != ffi.NULL
+
+    def close(self) -> None:
+        """Unload the library (dlclose / FreeLibrary): only for one never handed out (a rejected stub),
+        whose entry points nothing holds."""
+        import _ctypes
+        unload = getattr(_ctypes, "dlclose", None) or getattr(_ctypes, "FreeLibrary", None)
+        handle, self._handle = self._handle, None
+        if unload is not None and handle is not None:
+            unload(handle._handle)
 
     def version_int(self) -> int:
         out = ffi.new("int *")
@@ -160,6 +185,7 @@ def open_library(path: str | os.PathLike[str] | None = None) -> DriverLibrary:
             lib = DriverLibrary(candidate, handle)
             if lib.is_stub():
                 attempts.append((candidate, STUB_MESSAGE))
+                lib.close()
                 continue
             _libraries[candidate] = lib
             return lib

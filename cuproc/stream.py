@@ -22,6 +22,7 @@ Policy
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 from . import _fork
@@ -93,7 +94,34 @@ def as_stream(stream: Stream | Any | None, call: str = "stream", *,
     handle = foreign_stream_handle(stream, call)
     if handle == 0:                 # a library's name for the NULL (default) stream: nothing to keep
         return ffi.cast("CUstream", 0)
-    return Stream.from_handle(handle, owner=stream, context=context, driver=driver)
+    drv = get_driver(driver if context is None else context.driver)
+    return Stream.from_handle(handle, owner=stream, context=foreign_context(handle, stream, context, drv),
+                              driver=drv)
+
+
+# owner object (weakly) -> (driver, handle, the context cuStreamGetCtx named for it)
+_contexts: weakref.WeakKeyDictionary[Any, tuple[Driver, int, Context]] = weakref.WeakKeyDictionary()
+
+
+def foreign_context(handle: int, owner: Any, context: Context | None, driver: Driver) -> Context:
+    """The context of another library's stream ``handle``, which ``owner`` (its stream object, or the
+    array that named it) gave: ``context`` when given, else cuStreamGetCtx's answer -- asked once per
+    owner and remembered while the owner lives, for that driver and handle only (a different stream,
+    or the same owner naming another one, asks again; so does one whose context ended)."""
+    if context is not None:
+        return context
+    try:
+        known = _contexts.get(owner)
+    except TypeError:               # not weakly referenceable or not hashable: ask every time
+        known = None
+    if known is not None and known[0] is driver and known[1] == handle and known[2].ended is None:
+        return known[2]
+    found = Stream.from_handle(handle, driver=driver).context
+    try:
+        _contexts[owner] = (driver, handle, found)
+    except TypeError:
+        pass
+    return found
 
 
 def order_after(context: Context, waiter: Any, signaller: Any, waiter_context: Context | None = None) -> None:
@@ -172,8 +200,10 @@ class Stream(Resource):
         if isinstance(handle, ffi.CData):
             handle = handle_int(handle)
         if not isinstance(handle, int) or isinstance(handle, bool) or handle <= 0:
-            raise invalid("cuStreamGetCtx", f"a stream handle is a positive int or a CUstream, got {handle!r} "
-                                            "(0 is ambiguous: name the default stream with None)")
+            # The driver call a bad handle stops: cuStreamGetCtx, unless the context was given.
+            raise invalid("cuStreamGetCtx" if context is None else "Stream.from_handle",
+                          f"a stream handle is a positive int or a CUstream, got {handle!r} "
+                          "(0 is ambiguous: name the default stream with None)")
         h = ffi.cast("CUstream", handle)
         if context is None:
             out = ffi.new("CUcontext *")
@@ -334,5 +364,7 @@ class Event(Resource):
         return out[0]
 
 
-__all__ = ["Event", "HostCallbackError", "Stream", "as_stream", "default_stream", "foreign_stream_handle",
-           "launch_host_func", "order_after", "stream_context", "stream_handle"]
+# as_stream, foreign_context, foreign_stream_handle and order_after are the interop layer's helpers:
+# importable from here, not part of the public API.
+__all__ = ["Event", "HostCallbackError", "Stream", "default_stream", "launch_host_func", "stream_context",
+           "stream_handle"]

@@ -8,9 +8,9 @@ Policy
 * Sizes and bounds are checked before the driver sees anything; such a
   refusal says the call was not made.
 * Streams (:mod:`cuproc.interop`): each call records its stream as the
-  ``last_stream`` of the cuproc device memory it touches (None, the default
-  stream, for synchronous calls), so that exports tell consumers what to
-  wait for.  A ``__cuda_array_interface__`` side is read per its spec: a mask
+  ``last_stream`` of the cuproc memory it touches -- device, pinned,
+  registered or managed (None, the default stream, for synchronous calls and
+  the NULL stream) -- so that exports tell consumers what to wait for.  A ``__cuda_array_interface__`` side is read per its spec: a mask
   is refused, a read-only array is refused as a destination, and the call
   waits for the exporter's stream (an event on ``stream``, else a host wait).
   Another library's stream object is taken as ``stream``.
@@ -29,6 +29,7 @@ from .allocation import Allocation
 from .context import Context, call_in
 from .device_memory import DeviceBuffer, DeviceView, GlobalView
 from .driver import Driver
+from .host_memory import HostMemory
 from .interop import read_cai, wait_for_cai
 from .stream import Stream, as_stream, stream_handle
 
@@ -39,10 +40,10 @@ class _Side:
     __slots__ = ("kind", "ptr", "nbytes", "keep", "context", "wait", "buffer")
 
     def __init__(self, kind: str, ptr: int, nbytes: int | None, keep: Any, context: Context | None,
-                 wait: int | None = None, buffer: DeviceBuffer | None = None) -> None:
+                 wait: int | None = None, buffer: DeviceBuffer | HostMemory | None = None) -> None:
         self.kind, self.ptr, self.nbytes, self.keep, self.context = kind, ptr, nbytes, keep, context
         self.wait = wait      # a CAI exporter's stream, to wait for before the call
-        self.buffer = buffer  # the DeviceBuffer whose last_stream the call sets
+        self.buffer = buffer  # the DeviceBuffer or HostMemory whose last_stream the call sets
 
 
 def _side(obj: Any, call: str, *, writable: bool) -> _Side:
@@ -50,7 +51,7 @@ def _side(obj: Any, call: str, *, writable: bool) -> _Side:
         obj.check(call)
         kind = "host" if obj.kind == "host" else "device"
         return _Side(kind, obj.address, obj.nbytes, obj, obj.context, None,
-                     obj if obj.__class__ is DeviceBuffer else None)
+                     obj if obj.__class__ is DeviceBuffer or isinstance(obj, HostMemory) else None)
     if isinstance(obj, (DeviceView, GlobalView)):
         obj.check(call)
         return _Side("device", obj.ptr, obj.nbytes, obj, obj.context, None,
@@ -114,7 +115,8 @@ def _begin(stream: Any, driver: Driver | None, call: str, d: _Side,
            s: _Side | None = None) -> tuple[Any, Context | None, Any]:
     """Before a call: another library's stream object becomes a not-owned Stream (kept alive while a
     buffer records it), CAI exporters' streams are waited for.  Returns (stream, the context to run
-    in, what the buffers' ``last_stream`` becomes: the Stream, a raw handle as an int, None)."""
+    in, what the buffers' ``last_stream`` becomes: the Stream, a raw handle as an int, None for the
+    default stream -- the NULL handle included, so that no export ever names stream 0)."""
     if stream is not None and not isinstance(stream, Stream):
         stream = as_stream(stream, call, driver=driver)
     ctx = _binding(stream, d) if s is None else _binding(stream, d, s)
@@ -122,10 +124,10 @@ def _begin(stream: Any, driver: Driver | None, call: str, d: _Side,
         drv = ctx.driver if ctx is not None else get_driver(driver)
         for side in (d, s):
             if side is not None and side.wait is not None:
-                wait_for_cai(side.wait, stream, ctx, drv)
+                wait_for_cai(side.wait, stream, ctx, drv, side.keep)
     if stream is None or isinstance(stream, Stream):
         return stream, ctx, stream
-    return stream, ctx, handle_int(_stream_arg(stream, ctx, driver, call))
+    return stream, ctx, handle_int(_stream_arg(stream, ctx, driver, call)) or None   # NULL: the default stream
 
 
 def _end(last: Any, d: _Side, s: _Side | None = None) -> None:

@@ -122,3 +122,13 @@ def test_full_output_still_fits_a_pipe_reader():
     from cuproc.registry import default_registry
     assert len(json.loads(proc.stdout)) == len(default_registry())
     assert len(proc.stdout) > 4 << 16   # four times Linux's default pipe buffer
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX shell to close stdout")
+def test_closed_stdout_is_a_one_line_error():
+    """`cuproc-dump-symbols --json >&-`: no sys.stdout at all; a clear message and status 2, no traceback."""
+    proc = subprocess.run(["sh", "-c", '"$@" >&-', "sh", *_dump_symbols_command(), "--json", "--no-driver"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == ("cuproc-dump-symbols: standard output is closed; nothing can be printed "
+                                   "(redirect it to a file or a pipe)")

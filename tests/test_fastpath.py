@@ -32,6 +32,7 @@ from cuproc.errors import ClosedResourceError, InvalidValueError
 from fakedriver import fake_image
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = Path(cuproc.__file__).resolve().parent   # the package under test: the checkout's, or installed (CI)
 ffi = cuproc.ffi
 needs_fast = pytest.mark.skipif(not fastpath.active(), reason=f"the compiled fast path is {fastpath.status()}")
 ALL_KINDS = ["int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t", "uint64_t",
@@ -79,7 +80,7 @@ def test_a_module_built_from_other_headers_is_not_used(tmp_path):
         pytest.skip(f"the compiled fast path is {fastpath.status()}")
     import cuproc._fastpath_c as compiled
     copy = tmp_path / "cuproc"
-    shutil.copytree(ROOT / "cuproc", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(compiled.__file__, copy)
     with open(copy / "_cffi_abi.py", "a") as f:
         f.write("\n# changed\n")
@@ -321,8 +322,8 @@ def test_install_without_a_working_compiler_succeeds_with_one_notice(tmp_path):
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text("".join(line for line in pyproject.read_text().splitlines(keepends=True)
                                  if not line.startswith(("license =", "license-files ="))))
-    for folder in ("cuproc", "headers"):
-        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    for source, folder in ((PACKAGE, "cuproc"), (ROOT / "headers", "headers")):
+        shutil.copytree(source, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     (tmp_path / "tools").mkdir()
     for name in ("build_fastpath.py", "fastpath_launch.c"):
         shutil.copy(ROOT / "tools" / name, tmp_path / "tools")

@@ -19,7 +19,7 @@ import cuproc
 from cuproc import DeviceBuffer, Stream
 from cuproc import memory as mem
 from cuproc._support import handle_int
-from cuproc.interop import DLPackArray, from_dlpack
+from cuproc.interop import DLPackArray, default_marker, from_dlpack
 
 pytestmark = pytest.mark.gpu
 if not cuproc.is_driver_available():
@@ -247,3 +247,42 @@ def test_cuda_core_streams_both_ways(primary):
     assert set(host_copy(buf, np.uint8, 64).tolist()) == {6}
     buf.free()
     ours.close()
+
+
+# ----------------------------------------------------------------------------- host exports, stream 0
+
+def test_numpy_reads_a_pinned_buffer_only_after_its_async_copy(primary):
+    """copy(pinned, d, stream=s) is recorded on the pinned buffer; np.from_dlpack (stream None, a
+    host reader) makes the host wait for s first.  s is busy for ~15-20 ms before the copy, so a
+    read that did not wait would see the zeros the buffer starts with."""
+    n = 1 << 24
+    d = DeviceBuffer(4 * n)
+    pinned = mem.PinnedBuffer(4 * n)
+    pinned.numpy()[:] = 0
+    s = Stream(non_blocking=True)
+    scratch = slow_then_fill(s, d, 7)
+    mem.copy(pinned, d, stream=s)
+    assert pinned.last_stream is s
+    arr = np.from_dlpack(pinned).view(np.int32)
+    assert pinned.last_stream is None
+    assert (arr == 7).all()
+    del arr
+    gc.collect()
+    scratch.free_async(s)
+    s.synchronize()
+    pinned.free()
+    d.free()
+
+
+def test_torch_default_stream_is_never_exported_as_stream_0(primary):
+    torch = pytest.importorskip("torch")
+    default = torch.cuda.default_stream()
+    assert default.cuda_stream == 0                       # torch's name for the NULL stream
+    marker = default_marker(cuproc.driver.default_driver())   # 1 (legacy) unless per-thread
+    d = DeviceBuffer(64)
+    mem.memset(d, 1, stream=default)
+    assert d.__cuda_array_interface__["stream"] == marker != 0
+    a = mem.alloc_async(64, default)
+    assert a.__cuda_array_interface__["stream"] == marker
+    a.free()
+    d.free()

@@ -600,7 +600,7 @@ def test_foreign_stream_objects_are_taken_wherever_a_stream_is(fk, pc):
     a.free()
     cuproc.Event().record(CupyLikeStream(h)).synchronize()            # events take them too
     mem.memset(buf, 1, stream=TorchLikeStream(0))                       # torch's default stream is handle 0
-    assert buf.last_stream == 0 or buf.last_stream is not None
+    assert buf.last_stream is None and buf.__cuda_array_interface__["stream"] == 1   # the NULL stream: never 0
     with pytest.raises(TypeError, match="__cuda_stream__"):
         mem.memset(buf, 1, stream=object())
     with pytest.raises(TypeError):
@@ -648,7 +648,14 @@ __attribute__((visibility("default"))) int cuDriverGetVersion(int *v) { *v = 130
 #else
 X(cuDriverGetVersion, (int *v))
 #endif
+#ifdef ANSWERS_LOOKUP
+__attribute__((visibility("default"))) int cuGetProcAddress_v2(const char *s, void **p, int v,
+                                                               unsigned long long f, int *st) {
+    *p = (void *)cuDriverGetVersion; if (st) *st = 0; return 0;
+}
+#else
 X(cuGetProcAddress_v2, (const char *s, void **p, int v, unsigned long long f, int *st))
+#endif
 X(cuGetProcAddress, (const char *s, void **p, int v, unsigned long long f))
 X(cuGetErrorName, (int c, const char **s))
 X(cuGetErrorString, (int c, const char **s))
@@ -709,3 +716,252 @@ def test_a_stub_found_by_name_is_recognized_by_where_it_was_loaded_from(stub):
     assert proc.returncode == 0, proc.stderr
     where, is_stub = proc.stdout.split()
     assert Path(where).resolve() == stub[2].resolve() and is_stub == "True"
+
+
+# ----------------------------------------------------------------------------- review fixes
+
+CAPSULE_PRELUDE = """
+import gc, sys
+import cuproc
+cuproc.set_default_driver(cuproc.Driver(library={lib!r}))
+pc = cuproc.use_device(0)
+buf = cuproc.DeviceBuffer(64)
+class Holder:
+    pass
+"""
+
+
+def _run_script(tmp_path, fk, body):
+    """Run ``body`` after CAPSULE_PRELUDE as a script file (as the reproducers ran: a ``-c`` main
+    module is torn down differently); (exit status, stdout, stderr)."""
+    script = tmp_path / "script.py"
+    script.write_text(CAPSULE_PRELUDE.format(lib=str(fk.path)) + body)
+    try:
+        proc = subprocess.run([sys.executable, "-X", "faulthandler", str(script)], capture_output=True, text=True,
+                              timeout=30, cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        return None, "", f"timed out (a deadlock?): {exc.stderr!r}"
+    return proc.returncode, proc.stdout.strip(), proc.stderr
+
+
+@pytest.mark.parametrize("extra", ["", "h.v = buf.__dlpack__(max_version=(1, 0))\n"])
+def test_an_unconsumed_capsule_in_a_cycle_at_exit_does_not_crash(fk, extra, tmp_path):
+    """Module teardown must not free the capsule destructor, the deleters or the tensors before the
+    final garbage collection runs the destructor (it segfaulted, status 139)."""
+    body = "h = Holder()\nh.c = buf.__dlpack__()\n" + extra + "h.s = h   # only the last collection frees it\nprint('ok')\n"
+    code, out, err = _run_script(tmp_path, fk, body)
+    assert (code, out) == (0, "ok"), err
+
+
+def test_a_collection_inside_the_export_lock_does_not_deadlock(fk, tmp_path):
+    """A garbage collection run while the export lock is held (say, by an allocation inside it) can
+    destroy a capsule, whose destructor takes the lock again on the same thread: held here on purpose,
+    deterministically (a plain Lock hung; the subprocess times out then)."""
+    body = """
+from cuproc import _dlpack
+with _dlpack._lock:
+    h = Holder(); h.c = buf.__dlpack__(); h.s = h
+    del h
+    gc.collect()         # the destructor runs the deleter, which takes the lock
+print(buf.has_views())
+"""
+    code, out, err = _run_script(tmp_path, fk, body)
+    assert (code, out) == (0, "False"), err
+
+
+class NullStream:
+    """A library's default stream, as torch and cuda.core name it: handle 0."""
+
+    def __cuda_stream__(self):
+        return (0, 0)
+
+
+def test_cai_never_names_stream_zero(fk, pc):
+    """CAI v3 forbids stream 0: work on the NULL stream is the default stream's (marker 1 here)."""
+    a = mem.alloc_async(64, 0)
+    assert a.__cuda_array_interface__["stream"] == 1
+    d = DeviceBuffer(64)
+    for stream in (0, NullStream(), ffi.cast("CUstream", 0)):
+        d.last_stream = Stream()                  # something else first, so the call must reset it
+        mem.copy(d, np.zeros(64, np.uint8), stream=stream)
+        assert d.__cuda_array_interface__["stream"] == 1
+        d.last_stream = Stream()
+        mem.memset(d, 0, stream=stream)
+        assert d.__cuda_array_interface__["stream"] == 1
+    d.last_stream = 0                             # set by hand: still never exported as 0
+    assert d.__cuda_array_interface__["stream"] == 1
+    a.free()
+    d.free()
+
+
+def test_an_imported_array_keeps_its_stream_and_never_names_it_closed(fk, pc, monkeypatch):
+    src = DeviceBuffer(64)
+    s = Stream()
+    arr = from_dlpack(src, stream=s)
+    assert arr.stream is s and arr.__cuda_array_interface__["stream"] == handle_int(s.handle)
+    s.close()
+    calls = spy(monkeypatch, "cuCtxSynchronize", "cuStreamSynchronize")
+    assert arr.__cuda_array_interface__["stream"] is None      # closed: its context synchronized once
+    assert [n for n, _ in calls] == ["cuCtxSynchronize"]
+    mem.copy(np.zeros(64, np.uint8), arr)                       # nothing stale reaches the driver (fk)
+    assert all(n != "cuStreamSynchronize" for n, _ in calls)
+    arr.close()
+    src.free()
+
+
+def test_closing_an_imported_array_leaves_the_epoch(fk, pc):
+    from cuproc._resource import EPOCH
+    src = DeviceBuffer(64)
+    arr = from_dlpack(src)
+    before = EPOCH[0]
+    arr.close()
+    assert EPOCH[0] == before and arr.closed
+    src.free()
+
+
+@pytest.mark.parametrize("kind", ["pinned", "managed"])
+def test_host_exports_wait_for_the_last_stream(fk, pc, monkeypatch, kind):
+    """A stream-ordered copy into pinned or managed memory is waited for before a host (kDLCPU, or
+    stream=None) export; a consumer's CUDA stream waits on the device instead."""
+    host = mem.PinnedBuffer(64) if kind == "pinned" else mem.ManagedBuffer(64)
+    d = DeviceBuffer(64)
+    s = Stream()
+    mem.copy(host, d, stream=s)
+    assert host.last_stream is s
+    calls = spy(monkeypatch, "cuStreamSynchronize", "cuEventRecord", "cuStreamWaitEvent")
+    for args in ({}, {"dl_device": (1, 0)}):
+        mem.copy(host, d, stream=s)
+        calls.clear()
+        _dlpack.consume(host.__dlpack__(**args)).release()
+        assert calls == [("cuStreamSynchronize", (handle_int(s.handle),))], args
+        assert host.last_stream is None
+    mem.copy(host, d, stream=s)
+    calls.clear()
+    consumer = Stream()
+    _dlpack.consume(host.__dlpack__(stream=consumer)).release()
+    assert waits(calls) == [(handle_int(consumer.handle), handle_int(s.handle))]
+    calls.clear()
+    _dlpack.consume(host.__dlpack__(stream=-1)).release()          # -1: no synchronization at all
+    assert calls == []
+    gc.collect()
+    host.free()
+    d.free()
+
+
+def test_foreign_stream_context_is_asked_once_per_owner(fk, pc, monkeypatch):
+    foreign, other = ForeignStream(), ForeignStream()
+    d = DeviceBuffer(64)
+    calls = spy(monkeypatch, "cuStreamGetCtx")
+    for _ in range(3):
+        mem.memset(d, 0, stream=foreign)
+        mem.copy(d, np.zeros(64, np.uint8), stream=foreign)
+    assert len(calls) == 1 and d.last_stream.owner is foreign
+    mem.memset(d, 0, stream=other)                    # a different stream object asks again
+    assert len(calls) == 2 and d.last_stream.owner is other
+    swapped = ForeignStream()
+    foreign.handle, swapped.handle = swapped.handle, foreign.handle   # same owner, another stream
+    mem.memset(d, 0, stream=foreign)
+    assert len(calls) == 3 and handle_int(d.last_stream.handle) == handle_int(foreign.handle)
+    cai = CAI(d.ptr, 64, stream=handle_int(other.handle))
+    waiter = Stream()
+    for _ in range(3):                                # a CAI exporter's stream: once per exporter
+        mem.copy(np.zeros(64, np.uint8), cai, stream=waiter)
+    assert len(calls) == 4
+    d.last_stream = None
+    d.free()
+    for f in (foreign, other, swapped):
+        f.destroy()
+
+
+def test_from_dlpack_retries_only_for_a_missing_max_version(fk, pc):
+    src = DeviceBuffer(16)
+
+    class Broken:
+        def __dlpack_device__(self):
+            return (2, 0)
+
+        def __dlpack__(self, *, stream=None, max_version=None):
+            if max_version is not None:        # a retry without it would hide this error
+                raise TypeError("the producer's own bug")
+            return src.__dlpack__(stream=stream)
+
+    with pytest.raises(TypeError, match="the producer's own bug"):
+        from_dlpack(Broken())
+
+    class Old:
+        def __dlpack_device__(self):
+            return (2, 0)
+
+        def __dlpack__(self, *, stream=None):
+            return src.__dlpack__(stream=stream)
+
+    arr = from_dlpack(Old())
+    assert arr.ptr == src.ptr
+    arr.close()
+    src.free()
+
+
+def test_a_default_stream_consumer_waits_in_its_own_context(fk, pc, monkeypatch):
+    """Marker 1 names the consumer's (current) context's default stream: the wait runs there, the
+    event is recorded in the producer stream's context."""
+    other = Context.create(0)            # current now
+    try:
+        buf = DeviceBuffer(16, context=pc.context)
+        s = Stream(context=pc.context)
+        mem.memset(buf, 0, stream=s)
+        seen = []
+        drv = cuproc.driver.default_driver()
+        real = drv.cuStreamWaitEvent
+
+        def wait(*args):
+            seen.append(Context.current())
+            return real(*args)
+        monkeypatch.setattr(drv, "cuStreamWaitEvent", wait)
+        _dlpack.consume(buf.__dlpack__(stream=1)).release()
+        assert seen == [other]
+        monkeypatch.undo()
+        gc.collect()
+        buf.free()
+        s.close()
+    finally:
+        other.pop()
+        other.destroy()
+
+
+def test_internal_stream_helpers_are_not_public():
+    import cuproc.stream
+    for name in ("as_stream", "order_after", "foreign_stream_handle", "foreign_context"):
+        assert name not in cuproc.__all__ and name not in cuproc.stream.__all__
+        assert callable(getattr(cuproc.stream, name))
+        with pytest.raises(AttributeError):
+            getattr(cuproc, name)
+
+
+STUB_PROBE = """
+import ctypes, os, sys
+from cuproc import loader
+try:
+    loader.open_library(sys.argv[1])
+except Exception as exc:
+    print(type(exc).__name__)
+else:
+    print("opened")
+with open("/proc/self/maps") as maps:
+    print(any(os.path.realpath(sys.argv[1]) in line for line in maps))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps (Linux)")
+def test_a_driver_in_a_stubs_directory_is_taken_and_a_rejected_stub_is_unloaded(stub, tmp_path):
+    """Where a library lives is only a hint: one in ``stubs/`` that answers cuDriverGetVersion and
+    resolves symbols is a driver.  A rejected stub is dlclosed (it no longer appears in the maps)."""
+    real = tmp_path / "stubs" / "libcuda.so"
+    real.parent.mkdir()
+    subprocess.run(["cc", "-shared", "-fPIC", "-DANSWERS_VERSION", "-DANSWERS_LOOKUP", "-o", str(real),
+                    str(stub[0].parent.parent / "stub.c")], check=True, capture_output=True)
+    for path, expected in ((real, ["opened", "True"]), (stub[0], ["DriverNotFoundError", "False"]),
+                           (stub[2], ["DriverNotFoundError", "False"])):
+        proc = subprocess.run([sys.executable, "-c", STUB_PROBE, str(path)], capture_output=True, text=True,
+                              timeout=60, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == expected, (path, proc.stdout)

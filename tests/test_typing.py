@@ -45,6 +45,7 @@ def _stub_names() -> tuple[dict[str, str], set[str], set[str]]:
     handle, module = text.split("\nclass CFunctions", 1)[1].split("\n_default: CFunctions[int]\n", 1)
     values = dict(re.findall(r"^    (\w+): (Final.*)$", handle, re.M))
     functions = set(re.findall(r"^    def (\w+)\(self", handle, re.M))
+    functions |= set(re.findall(r"^    (\w+): HeaderAlias_\1\[_R\]$", handle, re.M))   # header aliases
     module_names = set(re.findall(r"^(\w+) = _default\.\1$", module, re.M))
     return values, functions, module_names
 
@@ -137,6 +138,17 @@ WRONG_COUNTS = {4, 5, 7, 8, 10, 11}   # line 9 is right: the argument count of a
 MISSPELT = {12, 13, 14}
 
 
+ALIASES = """\
+import cuproc
+from cuproc import driver as cu
+
+pointer = cuproc.Driver().cuGraphInstantiate.function
+also = cu.cuGraphInstantiate.function
+means: str = cu.cuGraphInstantiate.alias
+rc: int = cu.cuGraphInstantiate(cu.ffi.NULL, cu.ffi.NULL, cu.ffi.NULL, cu.ffi.NULL, 0)
+"""
+
+
 def _sources(tmp_path: Path) -> list[Path]:
     """The README's Python blocks as files, and examples/."""
     blocks = README_BLOCK.findall((ROOT / "README.md").read_text())
@@ -148,7 +160,9 @@ def _sources(tmp_path: Path) -> list[Path]:
         files.append(path)
     examples = sorted((ROOT / "examples").glob("*.py"))
     assert examples
-    return files + examples
+    aliases = tmp_path / "header_aliases.py"     # what the README says of drv.cuGraphInstantiate
+    aliases.write_text(ALIASES)
+    return files + examples + [aliases]
 
 
 def _installed_in_site_packages() -> bool:
@@ -234,3 +248,51 @@ def test_pyright_reports_wrong_argument_counts_and_misspelt_names(tmp_path):
     assert {n for n, rule in errors if rule == "reportCallIssue"} == WRONG_COUNTS, errors
     assert {n for n, rule in errors if rule == "reportAttributeAccessIssue"} == MISSPELT, errors
     assert {n for n, _ in errors} == WRONG_COUNTS | MISSPELT, errors
+
+
+UNAIDED = """\
+import cuproc
+from cuproc import driver as cu
+
+buf = cuproc.DeviceBuffer(16)
+size: int = buf.nbytes
+rc: int = cu.cuInit(0)
+"""
+
+
+def _found_unaided() -> bool:
+    """True when a fresh interpreter outside the checkout imports cuproc from a plain sys.path entry
+    (a wheel, or an editable install in ``compat``/``strict`` mode), not through an import hook."""
+    code = "import sys, cuproc, pathlib; p = pathlib.Path(cuproc.__file__).resolve().parent.parent; " \
+           "print(any(pathlib.Path(e or '.').resolve() == p for e in sys.path))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=60)
+    return proc.stdout.strip() == "True"
+
+
+def test_checkers_find_the_installed_cuproc_unaided(tmp_path):
+    """As a user's project sees cuproc: no MYPYPATH, no extraPaths, run outside the checkout.  A plain
+    ``pip install -e .`` (an import hook the checkers cannot follow) is the one install this cannot
+    hold for; the README says to use ``--config-settings editable_mode=compat`` there."""
+    _need("mypy")
+    if not _found_unaided():
+        pytest.skip("cuproc is installed editable behind an import hook, which type checkers cannot follow "
+                    "(pip install -e . --config-settings editable_mode=compat, see the README)")
+    user = tmp_path / "user_code.py"
+    user.write_text(UNAIDED)
+    env = {k: v for k, v in os.environ.items() if k not in ("MYPYPATH", "PYTHONPATH")}
+    proc = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent", "--no-incremental",
+                           "--cache-dir", os.devnull, "--python-executable", sys.executable, str(user)],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert proc.returncode == 0 and "Success" in proc.stdout, proc.stdout + proc.stderr
+    _need("pyright")
+    (tmp_path / "pyrightconfig.json").write_text(json.dumps({"pythonVersion": f"{sys.version_info[0]}."
+                                                                              f"{sys.version_info[1]}"}))
+    proc = subprocess.run([sys.executable, "-m", "pyright", "--outputjson", "--pythonpath", sys.executable,
+                           "-p", str(tmp_path / "pyrightconfig.json"), str(user)],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    if proc.returncode not in (0, 1):
+        if os.environ.get("CI") or shutil.which("node"):
+            raise AssertionError(f"pyright did not run (rc {proc.returncode}): {proc.stderr.strip()[-500:]}")
+        pytest.skip(f"pyright did not run (rc {proc.returncode})")
+    report = json.loads(proc.stdout)
+    assert [d for d in report["generalDiagnostics"] if d["severity"] == "error"] == [], report

@@ -144,8 +144,9 @@ class _Function:
         declarations.append(f"CUDA {version // 1000}.{version % 1000 // 10} ABI ({typedef}): "
                             f"{result} {self.name}({', '.join(decls) or 'void'})")
 
-    def render(self, *, returns: str, indent: str) -> list[str]:
-        """The method(s) of ``CFunctions``: one per signature, ``@overload`` when there are several."""
+    def render(self, *, returns: str, indent: str, method: str | None = None) -> list[str]:
+        """The method(s) of ``CFunctions`` (or ``method``, e.g. ``__call__``): one per signature,
+        ``@overload`` when there are several."""
         lines: list[str] = []
         overloaded = len(self.signatures) > 1
         for names, types, declarations in self.signatures.values():
@@ -155,11 +156,15 @@ class _Function:
                 params.append("/")
             if overloaded:
                 lines.append(f"{indent}@overload")
-            lines.append(f"{indent}def {self.name}({', '.join(params)}) -> {returns}:")
+            lines.append(f"{indent}def {method or self.name}({', '.join(params)}) -> {returns}:")
             lines.append(f'{indent}    """{declarations[0]}')
             lines += [f"{indent}    {d}" for d in declarations[1:]]
             lines.append(f'{indent}    """')
         return lines
+
+
+def _alias_class(name: str) -> str:
+    return f"HeaderAlias_{name}"
 
 
 def _version(typedef: str) -> int:
@@ -195,14 +200,28 @@ def stub_text(headers: Path, generated: Path) -> str:
         raise ValueError(f"names that are both a constant and a type or function: {sorted(clash)}")
 
     out = HEADER.splitlines()
-    out += ["", "class CFunctions(Generic[_R]):",
+    # A name a header #defines to another function (cuGraphInstantiate) is, on a raw handle at a
+    # requested version where the alias holds, a cuproc.driver.AliasedName: callable as the entry
+    # point, with .function the cffi pointer.  Its own class, so that .function is known.
+    aliased = {f.name: f for f in functions if f.name in data.HEADER_ALIASES}
+    for name, function in sorted(aliased.items()):
+        out += ["", "", f"class {_alias_class(name)}(Generic[_R]):",
+                f'    """``drv.{name}``: a C header #defines {name} to another function; where that holds, a',
+                "    raw handle's attribute is a ``cuproc.driver.AliasedName`` and ``.function`` its cffi pointer",
+                '    (a bare pointer at older requested versions and through ``.checked`` has no ``.function``)."""',
+                "", "    function: CData", "    alias: str", ""]
+        out += function.render(returns="_R", indent="    ", method="__call__")
+    out += ["", "", "class CFunctions(Generic[_R]):",
             '    """The C names on a handle: ``Driver(...).cuX`` returns the CUresult (``_R`` is ``int``),',
             '    ``Driver(...).checked.cuX`` raises ``CudaError`` instead (``_R`` is ``None``)."""', ""]
     out += [f"    {n}: Final = {v}" for n, v in sorted(constants.items())]
     out += [f"    {n}: Final[CData]  # ({c}){data.DEFINES[n]}" for n, c in sorted(data.POINTER_CONSTANTS.items())]
     out += [f"    {n}: Final[CType]  # {c}" for n, c in sorted(types.items())]
     for function in functions:
-        out += ["", *function.render(returns="_R", indent="    ")]
+        if function.name in aliased:
+            out += ["", f"    {function.name}: {_alias_class(function.name)}[_R]"]
+        else:
+            out += ["", *function.render(returns="_R", indent="    ")]
 
     # The module namespace: the default handle's names.  It answers only cu*/CU* names
     # (cuproc.driver.__getattr__); a Driver answers all.

@@ -148,7 +148,13 @@ def _print_diff(registry: Registry, args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The console script.  A closed stdout (``| head``) ends it quietly with status 0."""
+    """The console script.  A stdout closed under it (``| head``) ends it quietly with status 0; one
+    closed before it started (``>&-``: no sys.stdout at all) is a one-line error, status 2."""
+    if sys.stdout is None:
+        if sys.stderr is not None:
+            sys.stderr.write("cuproc-dump-symbols: standard output is closed; nothing can be printed "
+                             "(redirect it to a file or a pipe)\n")
+        return 2
     try:
         code = _run(argv)
         sys.stdout.flush()
