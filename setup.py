@@ -19,8 +19,15 @@ MODULE = "cuproc._fastpath_c"
 
 
 def notice(reason: object) -> None:
-    text = " ".join(str(reason).split()) or type(reason).__name__
-    print(f"cuproc: the optional compiled fast path was not built ({text[:300]}); cuproc runs in pure Python",
+    """One line on stderr.  For an exception: its type and the last line of its message (a compiler
+    error's message ends with the command's exit status; the lines before it are the command).
+    pip shows it only with -v: users find out through ``cuproc.fastpath.status()`` (README)."""
+    if isinstance(reason, BaseException):
+        lines = [line.strip() for line in str(reason).splitlines() if line.strip()]
+        text = f"{type(reason).__name__}: {lines[-1]}" if lines else type(reason).__name__
+    else:
+        text = str(reason)
+    print(f"cuproc: the optional compiled fast path was not built ({text}); cuproc runs in pure Python",
           file=sys.stderr)
 
 

@@ -9,17 +9,24 @@ Policy
   struct types between an ABI-mode and an API-mode module, so when it is used its ``ffi``
   replaces the ABI one everywhere: cdata made by ``cuproc.ffi`` goes into its trampolines as is.
 * It is used unless ``CUPROC_PURE_PYTHON`` is on (read once, at import), it is missing or
-  does not load, or it was built from other headers than ``cuproc/_cffi_abi.py`` (its digest
-  differs: a stale in-place build).  :data:`STATUS` says which and why
-  (``cuproc.fastpath.status()``).
+  does not load, or it was built from other sources than these (cuproc/_fastpath_digest.py: other
+  headers than ``cuproc/_cffi_abi.py``, or, in a checkout, another tools/build_fastpath.py or
+  tools/fastpath_launch.c: a stale in-place build).  Any failure while checking it (a module
+  from an older build lacking a function) turns it off; importing cuproc never fails because of
+  it.  :data:`STATUS` says which and why (``cuproc.fastpath.status()``).
+* ``cuproc.ffi`` is this one ffi.  Code of your own must make its cdata with ``cuproc.ffi``: with
+  the fast path on, cdata of ``cuproc._cffi_abi.ffi`` (or of any other FFI) passed to ``drv.cuX``
+  raises ``TypeError`` (cffi: "initializer for ctype ... must be a ..., not ..."), while the pure
+  path happens to accept the ABI module's own.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib
 import os
 from pathlib import Path
 from typing import Any
+
+from . import _fastpath_digest
 
 ENV_PURE = "CUPROC_PURE_PYTHON"
 _ON = {"1", "true", "yes", "on"}
@@ -49,14 +56,30 @@ def _load() -> tuple[Any, Any, str]:
         _fastpath_c = importlib.import_module("cuproc._fastpath_c")
     except ImportError as exc:
         return _abi_ffi(), None, f"off: the compiled module cuproc._fastpath_c is not built ({exc})"
-    digest = hashlib.sha256((Path(__file__).with_name("_cffi_abi.py")).read_bytes()).hexdigest()
-    built_for = _fastpath_c.ffi.string(_fastpath_c.lib.cuproc_abi_digest()).decode()
-    if built_for != digest:
-        return _abi_ffi(), None, ("off: cuproc._fastpath_c was built from other headers than cuproc/_cffi_abi.py "
-                               "(rebuild it: pip install -e . or python tools/build_fastpath.py)")
-    if _fastpath_c.lib.cuproc_install_launcher() != 0:
-        return _abi_ffi(), None, "off: cuproc._fastpath_c failed to set up its launcher (see the message above)"
+    rebuild = "rebuild it: pip install -e . or python tools/build_fastpath.py"
+    try:
+        stale = _stale(_fastpath_c)
+        if stale:
+            return _abi_ffi(), None, f"off: cuproc._fastpath_c was built from other {stale} ({rebuild})"
+        if _fastpath_c.lib.cuproc_install_launcher() != 0:
+            return _abi_ffi(), None, "off: cuproc._fastpath_c failed to set up its launcher (see the message above)"
+    except Exception as exc:  # noqa: BLE001 - e.g. a module of an older build: never fatal to import cuproc
+        return _abi_ffi(), None, (f"off: cuproc._fastpath_c is not usable ({type(exc).__name__}: {exc}; "
+                                  f"{rebuild})")
     return _fastpath_c.ffi, _fastpath_c, f"on: compiled trampolines in {Path(_fastpath_c.__file__).name}"
+
+
+def _stale(module: Any) -> str:
+    """What ``module`` was built from that differs from these sources ("" when nothing does)."""
+    root = Path(__file__).resolve().parent.parent
+    built = module.ffi.string(module.lib.cuproc_abi_digest()).decode()
+    if built != _fastpath_digest.digest(root, _fastpath_digest.ABI_INPUTS):
+        return "headers than cuproc/_cffi_abi.py"
+    if all((root / name).is_file() for name in _fastpath_digest.TOOL_INPUTS):   # a checkout
+        built = module.ffi.string(module.lib.cuproc_tools_digest()).decode()
+        if built != _fastpath_digest.digest(root, _fastpath_digest.TOOL_INPUTS):
+            return "tools than tools/build_fastpath.py and tools/fastpath_launch.c"
+    return ""
 
 
 ffi, COMPILED, STATUS = _load()

@@ -35,8 +35,16 @@ def status() -> str:
     return _ffi.STATUS
 
 
-_SLOTS = 2                                  # tools/build_fastpath.py SLOTS
-_slot_pointers: dict[Any, Any] = {}         # slot trampoline -> the pointer its slot holds (for pointer())
+# slot trampoline -> the pointer its slot last handed out (for pointer()).  It keeps that cffi pointer
+# (a few dozen bytes per slot, at most CUPROC_SLOTS per typedef) for the process's life, and a claimed
+# slot is never freed: the pointer stays valid as long as its library is loaded, which cuproc never
+# unloads.  Harmless today; a design that unloads libraries would need slots released.
+_slot_pointers: dict[Any, Any] = {}
+
+# The C launcher's argument kinds (tools/fastpath_launch.c enum cuproc_kind), by C type name.
+_KIND_NAMES = {"pointer": "PTR", "int8_t": "I8", "int16_t": "I16", "int32_t": "I32", "int64_t": "I64",
+               "uint8_t": "U8", "uint16_t": "U16", "uint32_t": "U32", "uint64_t": "U64", "float": "F32",
+               "double": "F64"}
 
 
 def trampoline(typedef: str, function: Any) -> Callable[..., int] | None:
@@ -54,7 +62,7 @@ def trampoline(typedef: str, function: Any) -> Callable[..., int] | None:
     if call is None or _ffi.ffi.typeof(function) is not _ffi.ffi.typeof(typedef):
         return None
     name = typedef.encode()
-    for k in range(_SLOTS):
+    for k in range(compiled.lib.CUPROC_SLOTS):
         claimed = compiled.lib.cuproc_slot_claim(name, k, function)
         if claimed < 0:
             break
@@ -76,6 +84,15 @@ def launcher_factory() -> Callable[..., Callable[..., None]] | None:
     """``cuproc._fastpath_c.make_launcher`` (see tools/fastpath_launch.c), or None without the fast path."""
     compiled = _ffi.COMPILED
     return None if compiled is None else compiled.make_launcher
+
+
+def launcher_kinds() -> dict[str, int] | None:
+    """The C launcher's kind value per argument type ("pointer" or a scalar C type name), read from
+    the compiled module (its ``enum cuproc_kind``), or None without the fast path."""
+    compiled = _ffi.COMPILED
+    if compiled is None:
+        return None
+    return {ctype: getattr(compiled.lib, f"CUPROC_K_{kind}") for ctype, kind in _KIND_NAMES.items()}
 
 
 __all__ = ["active", "status"]

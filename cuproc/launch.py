@@ -538,9 +538,6 @@ def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any, cach
     return launch
 
 
-# The argument kinds tools/fastpath_launch.c converts and stores (its K_ enum, in order).
-_COMPILED_KINDS = {"pointer": 0, "int8_t": 1, "int16_t": 2, "int32_t": 3, "int64_t": 4, "uint8_t": 5,
-                   "uint16_t": 6, "uint32_t": 7, "uint64_t": 8, "float": 9, "double": 10}
 _COMPILED_ENTRY_TYPEDEFS = {"cuLaunchKernel": "PFN_cuLaunchKernel_v4000",
                             "cuLaunchKernelEx": "PFN_cuLaunchKernelEx_v11060"}
 
@@ -548,11 +545,12 @@ _COMPILED_ENTRY_TYPEDEFS = {"cuLaunchKernel": "PFN_cuLaunchKernel_v4000",
 def _compiled_kinds(prepared: PreparedLaunch) -> bytes | None:
     """The C launcher's kind per argument, or None where it does not apply: no fast path, a vector
     or struct argument, or an entry resolved with another signature than the launcher calls."""
-    if fastpath.launcher_factory() is None:
+    compiled_kinds = fastpath.launcher_kinds()   # tools/fastpath_launch.c's enum, read from the module
+    if compiled_kinds is None:
         return None
     kinds = []
     for t in prepared.packed.types:
-        kind = _COMPILED_KINDS.get("pointer" if t.kind == "pointer" else t.ctype if t.kind == "scalar" else "")
+        kind = compiled_kinds.get("pointer" if t.kind == "pointer" else t.ctype if t.kind == "scalar" else "")
         if kind is None:
             return None
         kinds.append(kind)
@@ -590,7 +588,7 @@ def _compiled_launcher(prepared: PreparedLaunch, pure: Callable[..., None], kind
         pure, on_error, EPOCH, env["seen"], env["owner"], DeviceBuffer, keep, entry == "cuLaunchKernelEx",
         address(fn), address(prepared.config), address(env["handle"]), prepared.grid, prepared.block,
         prepared.shared_mem, address(env["stream"]), address(env["params"]), address(env["extra"]),
-        address(packed.block), kinds, tuple(packed.offsets))
+        address(packed.block), ffi.sizeof(packed.block), kinds, tuple(packed.offsets))
 
 
 _PREPARED_PER_FUNCTION = 64   # distinct (signature, grid, block, ...) one-shot launches remembered per function

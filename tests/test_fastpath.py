@@ -32,7 +32,10 @@ from cuproc.errors import ClosedResourceError, InvalidValueError
 from fakedriver import fake_image
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = Path(cuproc.__file__).resolve().parent   # the package under test: the checkout's, or installed (CI)
+# The package under test: the checkout's cuproc/, or, in CI's installed-wheel run, the installed one
+# (that run deletes the sdist's cuproc/).  Copies of it never take its compiled module by accident.
+PACKAGE = Path(cuproc.__file__).resolve().parent
+COPY_IGNORE = shutil.ignore_patterns("__pycache__", "*.so", "*.pyd")
 ffi = cuproc.ffi
 needs_fast = pytest.mark.skipif(not fastpath.active(), reason=f"the compiled fast path is {fastpath.status()}")
 ALL_KINDS = ["int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t", "uint64_t",
@@ -80,12 +83,76 @@ def test_a_module_built_from_other_headers_is_not_used(tmp_path):
         pytest.skip(f"the compiled fast path is {fastpath.status()}")
     import cuproc._fastpath_c as compiled
     copy = tmp_path / "cuproc"
-    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(PACKAGE, copy, ignore=COPY_IGNORE)
     shutil.copy(compiled.__file__, copy)
+    probe = "import cuproc.fastpath as f; print(f.active(), f.status())"
+    same = run_python(probe, copy=tmp_path)            # the copy itself loads it: only the change below counts
+    assert same.returncode == 0 and same.stdout.startswith("True on:"), same.stdout + same.stderr
     with open(copy / "_cffi_abi.py", "a") as f:
         f.write("\n# changed\n")
-    out = run_python("import cuproc.fastpath as f; print(f.active(), f.status())", copy=tmp_path)
+    out = run_python(probe, copy=tmp_path)
     assert out.returncode == 0 and out.stdout.startswith("False off:") and "other headers" in out.stdout, out.stderr
+
+
+@pytest.mark.parametrize("tool", ["build_fastpath.py", "fastpath_launch.c"])
+def test_a_module_built_by_other_tools_is_not_used_in_a_checkout(tmp_path, tool):
+    """The .so is gitignored and survives a git pull that changes the launcher's argument tuple."""
+    if not fastpath.active():
+        pytest.skip(f"the compiled fast path is {fastpath.status()}")
+    if not (ROOT / "tools" / tool).is_file():
+        pytest.skip("no tools/ here (an installed package is checked against its headers only)")
+    import cuproc._fastpath_c as compiled
+    shutil.copytree(PACKAGE, tmp_path / "cuproc", ignore=COPY_IGNORE)
+    shutil.copy(compiled.__file__, tmp_path / "cuproc")
+    (tmp_path / "tools").mkdir()
+    for name in ("build_fastpath.py", "fastpath_launch.c"):
+        shutil.copy(ROOT / "tools" / name, tmp_path / "tools")
+    probe = "import cuproc.fastpath as f; print(f.active(), f.status())"
+    same = run_python(probe, copy=tmp_path)
+    assert same.stdout.startswith("True on:"), same.stdout + same.stderr
+    with open(tmp_path / "tools" / tool, "a") as f:
+        f.write("\n/* changed */\n" if tool.endswith(".c") else "\n# changed\n")
+    out = run_python(probe, copy=tmp_path)
+    assert out.returncode == 0 and out.stdout.startswith("False off:") and "other tools" in out.stdout, out.stderr
+
+
+_FAKE_FFI = "class _Ffi:\n    def string(self, s):\n        return s\nffi = _Ffi()\n"
+
+
+@pytest.mark.parametrize("module_text,reason", [
+    # a module of an earlier build_fastpath.py, built from these headers: no cuproc_install_launcher
+    ("class _Lib:\n    def cuproc_abi_digest(self):\n        return {abi!r}\nlib = _Lib()\n" + _FAKE_FFI,
+     "AttributeError: '_Lib' object has no attribute 'cuproc_install_launcher'"),
+    ("class _Lib:\n    def cuproc_abi_digest(self):\n        return b'x'\nlib = _Lib()\n" + _FAKE_FFI,
+     "other headers"),
+    ("class _Lib:\n    def __getattr__(self, name):\n        raise RuntimeError('broken ' + name)\n"
+     "lib = _Lib()\n" + _FAKE_FFI, "RuntimeError: broken cuproc_abi_digest"),
+])
+def test_a_compiled_module_that_does_not_fit_never_breaks_import(tmp_path, module_text, reason):
+    """Anything wrong with cuproc._fastpath_c turns the fast path off with its reason; import works."""
+    from cuproc import _fastpath_digest
+    shutil.copytree(PACKAGE, tmp_path / "cuproc", ignore=COPY_IGNORE)
+    abi = _fastpath_digest.digest(tmp_path, _fastpath_digest.ABI_INPUTS).encode()
+    (tmp_path / "cuproc" / "_fastpath_c.py").write_text(module_text.format(abi=abi))
+    out = run_python("import cuproc, cuproc.fastpath as f; print(f.active(), f.status()); "
+                     "print(cuproc.ffi.sizeof('CUdeviceptr'))", copy=tmp_path, CUPROC_PURE_PYTHON="0")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("False off: ") and reason in out.stdout and out.stdout.endswith("\n8\n"), out.stdout
+
+
+@needs_fast
+def test_the_kind_values_and_slot_count_come_from_the_module():
+    """Python reads the C enum and CUPROC_SLOTS from the module; check them against the C source."""
+    import cuproc._fastpath_c as compiled
+    source = (ROOT / "tools" / "fastpath_launch.c")
+    if not source.is_file():
+        pytest.skip("no tools/ here")
+    enum = re.search(r"enum cuproc_kind \{(.*?)\};", source.read_text(), re.S).group(1)
+    names = [n.strip() for n in enum.split(",")]
+    kinds = fastpath.launcher_kinds()
+    assert kinds is not None and sorted(kinds.values()) == list(range(len(names) - 1))   # all but K_COUNT
+    assert kinds["pointer"] == names.index("CUPROC_K_PTR") and kinds["double"] == names.index("CUPROC_K_F64")
+    assert compiled.lib.CUPROC_SLOTS >= 1
 
 
 # ----------------------------------------------------------------------------- the trampolines
@@ -164,12 +231,21 @@ def test_slot_trampolines_never_share_a_slot_between_pointers(fake, sims):
     assert fastpath.pointer(first) == fastpath.pointer(again) and type(first) is type(again)   # one library
 
 
-def test_by_value_struct_functions_take_the_same_arguments_on_both_paths(fk):
+def test_by_value_struct_functions_take_the_same_arguments_on_both_paths(fk, pc):
+    """cuMemPrefetchAsync / cuMemAdvise take a CUmemLocation by value: called here (this test runs on
+    both paths) with the struct, the fake driver answers for the range it was given."""
     drv = cuproc.driver.default_driver()
-    name = next(n for n in ("cuMemPrefetchAsync", "cuMemAdvise") if drv.has(n))
-    res = drv.resolution(name)
-    if any(a.kind == "struct" for a in ffi.typeof(res.typedef).args):
-        assert not isinstance(getattr(drv, name), types.MethodType)   # the integer conversion in driver.py
+    managed = ffi.new("CUdeviceptr *")
+    assert drv.cuMemAllocManaged(managed, 256, 1) == 0
+    location = ffi.new("CUmemLocation *", {"type": 1, "id": 0})[0]
+    try:
+        assert drv.cuMemPrefetchAsync(managed[0], 256, location, 0, ffi.NULL) == 0
+        assert drv.cuMemAdvise(managed[0], 128, 1, location) == 0
+        with pytest.raises(TypeError):
+            drv.cuMemPrefetchAsync(managed[0], 256, location, 0)      # one argument short, as cffi says
+        assert not isinstance(drv.cuMemAdvise, types.MethodType)    # no trampoline: driver.py converts
+    finally:
+        assert drv.cuMemFree(managed[0]) == 0
 
 
 # ----------------------------------------------------------------------------- the prepared launch in C
@@ -235,6 +311,87 @@ def test_prepared_launch_refuses_what_cffi_refuses_before_the_driver(fk, pc, ind
     assert fk.launch_count() == 1
     run(*ok)                                               # the block is whole again afterwards
     assert fk.last_launch()[1] == struct.pack(ALL_FORMAT, *[0] * 10, ok[10].ptr)
+
+
+class IndexOnly:
+    """An integer only through __index__: cffi (nb_int) refuses it for an integer parameter."""
+    def __index__(self) -> int:
+        return 7
+
+
+class IntAndIndex:
+    """__int__ and __index__ disagree: cffi converts through __int__, so both paths store 5."""
+    def __int__(self) -> int:
+        return 5
+
+    def __index__(self) -> int:
+        return 6
+
+
+def test_prepared_launch_converts_integers_as_cffi_does_on_both_paths(fk, pc):
+    fn = Module.load(IMAGE).get_function("all")
+    run = fn.prepare(ALL_KINDS, 1, 1)
+    ok = [0] * 10 + [DeviceBuffer(64)]
+    run(*ok)
+    with pytest.raises(InvalidValueError):
+        run(*ok[:2], IndexOnly(), *ok[3:])
+    with pytest.raises(TypeError):
+        ffi.new("int32_t *", IndexOnly())                  # the reference: cffi refuses it
+    assert fk.launch_count() == 1
+    assert ffi.new("int32_t *", IntAndIndex())[0] == 5
+    run(*ok[:2], IntAndIndex(), *ok[3:])
+    assert fk.last_launch()[1] == struct.pack(ALL_FORMAT, 0, 0, 5, *[0] * 7, ok[10].ptr)
+
+
+class Raising:
+    """A value whose conversion raises ``error`` and counts its calls."""
+    def __init__(self, error: type[BaseException]) -> None:
+        self.error, self.calls = error, 0
+
+    def _raise(self):
+        self.calls += 1
+        raise self.error("from the value's own conversion")
+
+    __float__ = __int__ = __index__ = _raise
+
+
+@pytest.mark.parametrize("error", [MemoryError, KeyboardInterrupt])
+@pytest.mark.parametrize("index", [2, 8])          # an int32_t, a float
+def test_an_error_from_a_values_own_conversion_is_raised_once(fk, pc, error, index):
+    """Never swallowed (KeyboardInterrupt, MemoryError) nor provoked a second time by a fallback."""
+    fn = Module.load(IMAGE).get_function("all")
+    run = fn.prepare(ALL_KINDS, 1, 1)
+    ok = [0] * 10 + [DeviceBuffer(64)]
+    run(*ok)
+    value = Raising(error)
+    with pytest.raises(error):
+        run(*ok[:index], value, *ok[index + 1:])
+    assert value.calls == 1 and fk.launch_count() == 1
+    run(*ok)
+    assert fk.last_launch()[1] == struct.pack(ALL_FORMAT, *[0] * 10, ok[10].ptr)
+
+
+@needs_fast
+def test_make_launcher_refuses_offsets_and_dimensions_it_cannot_store(fk, pc):
+    """The C side checks what it is given (it writes into the block at these offsets, never read back)."""
+    from cuproc.launch import EPOCH
+    kinds = fastpath.launcher_kinds()
+    block = ffi.new("char[]", 16)
+    address = int(ffi.cast("uintptr_t", block))
+
+    def make(offsets=(8,), size=16, grid=(1, 1, 1), blk=(1, 1, 1), shmem=0, kind="int64_t"):
+        return fastpath.launcher_factory()(
+            print, print, EPOCH, [EPOCH[0]], [None], DeviceBuffer, block, False, 1, 0, 0, grid, blk, shmem,
+            0, 0, 0, address, size, bytes([kinds[kind]]), tuple(offsets))
+    assert make().fallbacks == 0                           # fits: offset 8 + 8 bytes in 16
+    for bad in ({"offsets": (9,)}, {"offsets": (16,)}, {"offsets": (-1,)}, {"size": 8},
+                {"offsets": (13,), "kind": "int32_t"}, {"size": -1}):
+        with pytest.raises(ValueError, match="make_launcher"):
+            make(**bad)
+    for bad in ({"grid": (1 << 32, 1, 1)}, {"blk": (1, 1, -1)}, {"shmem": 1 << 32}, {"grid": (1.0, 1, 1)},
+                {"blk": (1, (1 << 64) + 1, 1)}):
+        with pytest.raises(ValueError, match="unsigned 32-bit"):
+            make(**bad)
 
 
 def test_prepared_launch_keeps_the_pure_refusals(fk, pc):
@@ -313,8 +470,13 @@ def test_pure_path_reruns_driver_launch_and_ownership():
 # ----------------------------------------------------------------------------- the build
 
 def test_install_without_a_working_compiler_succeeds_with_one_notice(tmp_path):
-    """setup.py's build_ext with a compiler that fails: no extension, exit 0, one line saying so."""
+    """setup.py's build_ext with a compiler that fails: no extension, exit 0, one line saying so.
+
+    (It runs ``setup.py build_ext`` directly, not pip: pip hides a successful backend's output, which
+    is why the README points users to ``cuproc.fastpath.status()``.)"""
     pytest.importorskip("setuptools")
+    if not (ROOT / "setup.py").is_file():
+        pytest.skip("needs the project's setup.py and tools/ next to tests/ (a checkout or an sdist)")
     for name in ("setup.py", "pyproject.toml", "README.md", "MANIFEST.in", "LICENSE"):
         shutil.copy(ROOT / name, tmp_path)
     # This runs setup.py with the environment's own setuptools (no build isolation), which may predate
@@ -322,8 +484,8 @@ def test_install_without_a_working_compiler_succeeds_with_one_notice(tmp_path):
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text("".join(line for line in pyproject.read_text().splitlines(keepends=True)
                                  if not line.startswith(("license =", "license-files ="))))
-    for source, folder in ((PACKAGE, "cuproc"), (ROOT / "headers", "headers")):
-        shutil.copytree(source, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copytree(PACKAGE, tmp_path / "cuproc", ignore=COPY_IGNORE)   # an sdist in CI has none of its own
+    shutil.copytree(ROOT / "headers", tmp_path / "headers", ignore=COPY_IGNORE)
     (tmp_path / "tools").mkdir()
     for name in ("build_fastpath.py", "fastpath_launch.c"):
         shutil.copy(ROOT / "tools" / name, tmp_path / "tools")
@@ -332,6 +494,8 @@ def test_install_without_a_working_compiler_succeeds_with_one_notice(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     notices = [line for line in out.stderr.splitlines() if line.startswith("cuproc: the optional compiled")]
     assert len(notices) == 1 and "pure Python" in notices[0]
+    # the reason, whole: the error's type and the compiler's own last line, not a cut gcc command line
+    assert "CompileError" in notices[0] and "/bin/false" in notices[0] and " -I" not in notices[0], notices[0]
     assert not list((tmp_path / "cuproc").glob("_fastpath_c*"))
     probe = run_python("import cuproc.fastpath as f; print(f.active(), f.status())", copy=tmp_path,
                        CUPROC_PURE_PYTHON="0")

@@ -25,8 +25,12 @@ cffi *API-mode* extension is a direct C call.  This module is one API-mode exten
   cffi cannot ``include()`` the out-of-line ABI module into an API-mode one, so with the fast
   path on, this ``ffi`` is *the* ffi of cuproc (``cuproc._ffi``) and cdata passes between the
   trampolines and the rest of cuproc without casts.
-* ``cuproc_abi_digest()``: the SHA-256 of ``cuproc/_cffi_abi.py`` it was built beside.  A module
-  built from other headers is not loaded (``cuproc.fastpath.status()`` says so).
+* ``cuproc_abi_digest()`` and ``cuproc_tools_digest()``: the digests (cuproc/_fastpath_digest.py) of
+  ``cuproc/_cffi_abi.py`` and of this tool and ``fastpath_launch.c`` (the ``make_launcher`` argument
+  tuple, the slot trampolines).  A module built from other headers or other tools is not loaded
+  (``cuproc.fastpath.status()`` says so).
+* the contract constants Python reads instead of repeating them: ``CUPROC_SLOTS`` and the
+  ``enum cuproc_kind`` values of the launcher's argument kinds.
 
 Rerunnable: everything comes from ``headers/`` (any typedef issue 10 adds gets its trampoline at
 the next build).  ``setup.py`` calls :func:`ffibuilder` at install; ``python
@@ -35,7 +39,7 @@ tools/build_fastpath.py`` builds the module in place in a checkout.
 from __future__ import annotations
 
 import argparse
-import hashlib
+import importlib.util
 import re
 import sys
 import tempfile
@@ -117,9 +121,22 @@ int cuproc_slot_claim(const char *typedef_name, int k, void *fn) {{
     return cdefs, bodies
 
 
-def abi_digest(package: Path) -> str:
-    """SHA-256 of the ABI module the compiled module must match (both come from headers/)."""
-    return hashlib.sha256((package / "_cffi_abi.py").read_bytes()).hexdigest()
+def _digest_module(root: Path):  # type: ignore[no-untyped-def] - a module object
+    """cuproc/_fastpath_digest.py loaded by path: the one digest cuproc._ffi checks, without importing
+    cuproc (whose package import would load the very module being rebuilt)."""
+    spec = importlib.util.spec_from_file_location("_cuproc_fastpath_digest", root / "cuproc" / "_fastpath_digest.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The launcher's argument kinds (tools/fastpath_launch.c enum cuproc_kind), declared to cffi so
+# that Python reads their values from the module.
+_KIND_CDEF = """enum cuproc_kind { CUPROC_K_PTR, CUPROC_K_I8, CUPROC_K_I16, CUPROC_K_I32, CUPROC_K_I64, CUPROC_K_U8,
+    CUPROC_K_U16, CUPROC_K_U32, CUPROC_K_U64, CUPROC_K_F32, CUPROC_K_F64, CUPROC_K_COUNT };
+#define CUPROC_SLOTS ...
+"""
 
 
 def ffibuilder(root: Path = ROOT) -> cffi.FFI:
@@ -129,13 +146,17 @@ def ffibuilder(root: Path = ROOT) -> cffi.FFI:
     ffi = cffi.FFI()
     ffi.cdef(declarations)
     cdefs, bodies = trampolines(headers, ffi)
-    digest = abi_digest(root / "cuproc")
-    ffi.cdef("\n".join(cdefs) + "\nconst char *cuproc_abi_digest(void);\nint cuproc_install_launcher(void);\n")
+    digests = _digest_module(root)
+    abi, tools = digests.digest(root, digests.ABI_INPUTS), digests.digest(root, digests.TOOL_INPUTS)
+    ffi.cdef("\n".join(cdefs) + "\nconst char *cuproc_abi_digest(void);\nconst char *cuproc_tools_digest(void);\n"
+             "int cuproc_install_launcher(void);\n" + _KIND_CDEF)
     source = "\n".join([
         "#include <stdint.h>", "#include <stddef.h>", "#include <string.h>", declarations,
+        f"#define CUPROC_SLOTS {SLOTS}",
         *bodies,
-        f'const char *cuproc_abi_digest(void) {{ return "{digest}"; }}',
-        LAUNCH_SOURCE.read_text(),
+        f'const char *cuproc_abi_digest(void) {{ return "{abi}"; }}',
+        f'const char *cuproc_tools_digest(void) {{ return "{tools}"; }}',
+        (root / "tools" / LAUNCH_SOURCE.name).read_text(),
     ])
     # The launcher uses the full C API (vectorcall, GIL state): no limited API.  -O1: the
     # trampolines are one call each, and -O2 doubles the build time for nothing measurable.

@@ -13,7 +13,24 @@
 
 #include "structmember.h"
 
-enum { K_PTR, K_I8, K_I16, K_I32, K_I64, K_U8, K_U16, K_U32, K_U64, K_F32, K_F64, K_COUNT };
+/* The argument kinds.  tools/build_fastpath.py cdefs this enum, so Python reads the values from
+ * the module (cuproc.fastpath.launcher_kinds) instead of repeating them. */
+enum cuproc_kind {
+    CUPROC_K_PTR, CUPROC_K_I8, CUPROC_K_I16, CUPROC_K_I32, CUPROC_K_I64, CUPROC_K_U8, CUPROC_K_U16,
+    CUPROC_K_U32, CUPROC_K_U64, CUPROC_K_F32, CUPROC_K_F64, CUPROC_K_COUNT
+};
+#define K_PTR CUPROC_K_PTR
+#define K_I8 CUPROC_K_I8
+#define K_I16 CUPROC_K_I16
+#define K_I32 CUPROC_K_I32
+#define K_I64 CUPROC_K_I64
+#define K_U8 CUPROC_K_U8
+#define K_U16 CUPROC_K_U16
+#define K_U32 CUPROC_K_U32
+#define K_U64 CUPROC_K_U64
+#define K_F32 CUPROC_K_F32
+#define K_F64 CUPROC_K_F64
+#define K_COUNT CUPROC_K_COUNT
 
 typedef struct {
     PyObject_HEAD
@@ -26,77 +43,99 @@ typedef struct {
     void **params, **extra;
     unsigned int grid[3], blk[3], shmem;
     char *block;
-    Py_ssize_t nargs, fallbacks;
+    Py_ssize_t nargs, fallbacks, block_size;
     unsigned char *kinds;
     Py_ssize_t *offsets;
 } cuproc_launcher;
 
 static PyObject *cuproc_s_ended, *cuproc_s_context, *cuproc_s_address;
 
-/* 0: the value is in *out; -1: not taken here (any Python error is cleared) */
+/* The conversion helpers return 0: converted; 1: not taken here, the pure launcher decides; -1: a
+ * Python error to raise.  Only the errors a refused value raises (TypeError, OverflowError,
+ * ValueError) mean "not taken": anything else -- KeyboardInterrupt, MemoryError, from user
+ * conversion code -- is raised as is, never swallowed and never provoked a second time. */
+static int cuproc_declined(void)
+{
+    if (PyErr_ExceptionMatches(PyExc_TypeError) || PyErr_ExceptionMatches(PyExc_OverflowError)
+        || PyErr_ExceptionMatches(PyExc_ValueError)) {
+        PyErr_Clear();
+        return 1;
+    }
+    return -1;
+}
+
 static int cuproc_live_address(cuproc_launcher *self, PyObject *a, unsigned long long *out)
 {
     PyObject *ended, *ctx, *ctx_ended, *addr;
-    int ok = -1;
+    int ok = 1;
     if (PyLong_Check(a)) {
         *out = PyLong_AsUnsignedLongLong(a);
-        if (*out == (unsigned long long)-1 && PyErr_Occurred()) { PyErr_Clear(); return -1; }
-        return 0;
+        return (*out == (unsigned long long)-1 && PyErr_Occurred()) ? cuproc_declined() : 0;
     }
     if ((PyObject *)Py_TYPE(a) != self->buffer_type)
-        return -1;
+        return 1;
     /* DeviceBuffer: usable while neither it nor its context has ended (the pure launcher's test) */
     ended = PyObject_GetAttr(a, cuproc_s_ended);
-    if (ended == NULL) { PyErr_Clear(); return -1; }
+    if (ended == NULL) return cuproc_declined();
     Py_DECREF(ended);
-    if (ended != Py_None) return -1;
+    if (ended != Py_None) return 1;
     ctx = PyObject_GetAttr(a, cuproc_s_context);
-    if (ctx == NULL) { PyErr_Clear(); return -1; }
+    if (ctx == NULL) return cuproc_declined();
     ctx_ended = PyObject_GetAttr(ctx, cuproc_s_ended);
     Py_DECREF(ctx);
-    if (ctx_ended == NULL) { PyErr_Clear(); return -1; }
+    if (ctx_ended == NULL) return cuproc_declined();
     Py_DECREF(ctx_ended);
-    if (ctx_ended != Py_None) return -1;
+    if (ctx_ended != Py_None) return 1;
     addr = PyObject_GetAttr(a, cuproc_s_address);
-    if (addr == NULL) { PyErr_Clear(); return -1; }
+    if (addr == NULL) return cuproc_declined();
     if (PyLong_CheckExact(addr)) {
         *out = PyLong_AsUnsignedLongLong(addr);
-        ok = (*out == (unsigned long long)-1 && PyErr_Occurred()) ? -1 : 0;
+        ok = (*out == (unsigned long long)-1 && PyErr_Occurred()) ? cuproc_declined() : 0;
     }
     Py_DECREF(addr);
-    if (ok) PyErr_Clear();
     return ok;
 }
 
-/* An integer value for an integer parameter, exactly when cffi would store it unchanged. */
+/* An integer value for an integer parameter, exactly when cffi would store it unchanged.  cffi
+ * takes an int (bool included) as is and any other non-float object through its nb_int slot
+ * (__int__), never through __index__ alone.  Here: an int, or an object with both slots that is no
+ * float (NumPy's integer scalars), converted through nb_int as cffi does; anything else, e.g. an
+ * object with only __index__ or only __int__, goes to the pure launcher. */
 static int cuproc_integer(PyObject *a, int kind, char *dst)
 {
     long long v;
     unsigned long long u;
-    PyObject *index;
-    if (!PyIndex_Check(a) || PyFloat_Check(a))
-        return -1;
-    index = PyNumber_Index(a);
-    if (index == NULL) { PyErr_Clear(); return -1; }
+    PyObject *number;
+    PyNumberMethods *nb = Py_TYPE(a)->tp_as_number;
+    if (PyLong_Check(a)) {
+        Py_INCREF(a);
+        number = a;
+    } else {
+        if (PyFloat_Check(a) || nb == NULL || nb->nb_int == NULL || nb->nb_index == NULL)
+            return 1;
+        number = nb->nb_int(a);
+        if (number == NULL) return cuproc_declined();
+        if (!PyLong_Check(number)) { Py_DECREF(number); return 1; }
+    }
     if (kind == K_U64) {
-        u = PyLong_AsUnsignedLongLong(index);
-        Py_DECREF(index);
-        if (u == (unsigned long long)-1 && PyErr_Occurred()) { PyErr_Clear(); return -1; }
+        u = PyLong_AsUnsignedLongLong(number);
+        Py_DECREF(number);
+        if (u == (unsigned long long)-1 && PyErr_Occurred()) return cuproc_declined();
         memcpy(dst, &u, 8);
         return 0;
     }
-    v = PyLong_AsLongLong(index);
-    Py_DECREF(index);
-    if (v == -1 && PyErr_Occurred()) { PyErr_Clear(); return -1; }
+    v = PyLong_AsLongLong(number);
+    Py_DECREF(number);
+    if (v == -1 && PyErr_Occurred()) return cuproc_declined();
     switch (kind) {
-    case K_I8:  if (v < INT8_MIN || v > INT8_MAX) return -1; { int8_t x = (int8_t)v; memcpy(dst, &x, 1); } break;
-    case K_I16: if (v < INT16_MIN || v > INT16_MAX) return -1; { int16_t x = (int16_t)v; memcpy(dst, &x, 2); } break;
-    case K_I32: if (v < INT32_MIN || v > INT32_MAX) return -1; { int32_t x = (int32_t)v; memcpy(dst, &x, 4); } break;
+    case K_I8:  if (v < INT8_MIN || v > INT8_MAX) return 1; { int8_t x = (int8_t)v; memcpy(dst, &x, 1); } break;
+    case K_I16: if (v < INT16_MIN || v > INT16_MAX) return 1; { int16_t x = (int16_t)v; memcpy(dst, &x, 2); } break;
+    case K_I32: if (v < INT32_MIN || v > INT32_MAX) return 1; { int32_t x = (int32_t)v; memcpy(dst, &x, 4); } break;
     case K_I64: memcpy(dst, &v, 8); break;
-    case K_U8:  if (v < 0 || v > UINT8_MAX) return -1; { uint8_t x = (uint8_t)v; memcpy(dst, &x, 1); } break;
-    case K_U16: if (v < 0 || v > UINT16_MAX) return -1; { uint16_t x = (uint16_t)v; memcpy(dst, &x, 2); } break;
-    case K_U32: if (v < 0 || v > (long long)UINT32_MAX) return -1; { uint32_t x = (uint32_t)v; memcpy(dst, &x, 4); } break;
-    default: return -1;
+    case K_U8:  if (v < 0 || v > UINT8_MAX) return 1; { uint8_t x = (uint8_t)v; memcpy(dst, &x, 1); } break;
+    case K_U16: if (v < 0 || v > UINT16_MAX) return 1; { uint16_t x = (uint16_t)v; memcpy(dst, &x, 2); } break;
+    case K_U32: if (v < 0 || v > (long long)UINT32_MAX) return 1; { uint32_t x = (uint32_t)v; memcpy(dst, &x, 4); } break;
+    default: return 1;
     }
     return 0;
 }
@@ -124,19 +163,21 @@ static PyObject *cuproc_launcher_call(PyObject *obj, PyObject *const *args, size
     for (i = 0; i < nargs; i++) {
         PyObject *a = args[i];
         char *dst = self->block + self->offsets[i];
-        int kind = self->kinds[i];
+        int kind = self->kinds[i], taken = 0;
         if (kind == K_PTR) {
-            unsigned long long p;
-            if (cuproc_live_address(self, a, &p)) goto slow;
-            memcpy(dst, &p, 8);
+            unsigned long long p = 0;
+            taken = cuproc_live_address(self, a, &p);
+            if (taken == 0) memcpy(dst, &p, 8);
         } else if (kind == K_F32 || kind == K_F64) {
             double d = PyFloat_CheckExact(a) ? PyFloat_AS_DOUBLE(a) : PyFloat_AsDouble(a);
-            if (d == -1.0 && PyErr_Occurred()) { PyErr_Clear(); goto slow; }
-            if (kind == K_F32) { float f = (float)d; memcpy(dst, &f, 4); }
+            if (d == -1.0 && PyErr_Occurred()) taken = cuproc_declined();
+            else if (kind == K_F32) { float f = (float)d; memcpy(dst, &f, 4); }
             else memcpy(dst, &d, 8);
-        } else if (cuproc_integer(a, kind, dst)) {
-            goto slow;
+        } else {
+            taken = cuproc_integer(a, kind, dst);
         }
+        if (taken < 0) return NULL;     /* raised by the value's own conversion code */
+        if (taken > 0) goto slow;
     }
     Py_BEGIN_ALLOW_THREADS
     if (self->ex)
@@ -213,28 +254,50 @@ static PyType_Spec cuproc_launcher_spec = {
 
 static PyTypeObject *cuproc_launcher_type;
 
+/* One launch dimension or the shared memory size: an int in [0, UINT32_MAX], else ValueError. */
+static int cuproc_dimension(PyObject *value, unsigned int *out)
+{
+    unsigned long long v = PyLong_Check(value) ? PyLong_AsUnsignedLongLong(value) : (unsigned long long)-1;
+    if ((v == (unsigned long long)-1 && PyErr_Occurred()) || !PyLong_Check(value) || v > UINT32_MAX) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "make_launcher: a grid, block or shared memory value is not an "
+                                          "unsigned 32-bit int (a cuproc bug)");
+        return -1;
+    }
+    *out = (unsigned int)v;
+    return 0;
+}
+
 /* make_launcher(slow, on_error, epoch, seen, owner, buffer_type, keep, ex, fn, config, handle,
- *               (gx, gy, gz), (bx, by, bz), shmem, stream, params, extra, block, kinds, offsets) */
+ *               (gx, gy, gz), (bx, by, bz), shmem, stream, params, extra, block, block_size, kinds,
+ *               offsets): every offset plus its kind's size must lie within block_size. */
 static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
 {
     PyObject *slow, *on_error, *epoch, *seen, *owner, *buffer_type, *keep, *kind_bytes, *offsets;
     int ex;
     unsigned long long fn, config, handle, stream, params, extra, block;
     unsigned int g[3], b[3], shmem;
+    PyObject *go[3], *bo[3], *shmem_obj;
+    Py_ssize_t block_size;
+    static const Py_ssize_t kind_size[K_COUNT] = {8, 1, 2, 4, 8, 1, 2, 4, 8, 4, 8};
     const char *kinds;
     Py_ssize_t nkinds, i;
     cuproc_launcher *self;
     (void)module;
-    if (!PyArg_ParseTuple(args, "OOO!O!O!OOpKKK(III)(III)IKKKKO!O!", &slow, &on_error, &PyList_Type, &epoch,
+    /* "I" would truncate silently: the dimensions are objects here, checked by cuproc_dimension */
+    if (!PyArg_ParseTuple(args, "OOO!O!O!OOpKKK(OOO)(OOO)OKKKKnO!O!", &slow, &on_error, &PyList_Type, &epoch,
                           &PyList_Type, &seen, &PyList_Type, &owner, &buffer_type, &keep, &ex, &fn, &config,
-                          &handle, &g[0], &g[1], &g[2], &b[0], &b[1], &b[2], &shmem, &stream, &params, &extra,
-                          &block, &PyBytes_Type, &kind_bytes, &PyTuple_Type, &offsets))
+                          &handle, &go[0], &go[1], &go[2], &bo[0], &bo[1], &bo[2], &shmem_obj, &stream, &params,
+                          &extra, &block, &block_size, &PyBytes_Type, &kind_bytes, &PyTuple_Type, &offsets))
         return NULL;
+    for (i = 0; i < 3; i++)
+        if (cuproc_dimension(go[i], &g[i]) || cuproc_dimension(bo[i], &b[i])) return NULL;
+    if (cuproc_dimension(shmem_obj, &shmem)) return NULL;
     kinds = PyBytes_AS_STRING(kind_bytes);   /* no '#' format: cffi includes Python.h without PY_SSIZE_T_CLEAN */
     nkinds = PyBytes_GET_SIZE(kind_bytes);
     if (PyList_GET_SIZE(epoch) != 1 || PyList_GET_SIZE(seen) != 1 || PyList_GET_SIZE(owner) != 1
         || PyTuple_GET_SIZE(offsets) != nkinds || !PyCallable_Check(slow) || !PyCallable_Check(on_error)
-        || fn == 0 || (ex && config == 0)) {
+        || fn == 0 || (ex && config == 0) || block == 0 || block_size < 0) {
         PyErr_SetString(PyExc_ValueError, "make_launcher: inconsistent arguments (a cuproc bug)");
         return NULL;
     }
@@ -263,6 +326,7 @@ static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
     self->block = (char *)(uintptr_t)block;
     self->nargs = nkinds;
     self->fallbacks = 0;
+    self->block_size = block_size;
     self->kinds = PyMem_Malloc(nkinds ? (size_t)nkinds : 1);
     self->offsets = PyMem_Malloc(sizeof(Py_ssize_t) * (nkinds ? (size_t)nkinds : 1));
     if (self->kinds == NULL || self->offsets == NULL) {
@@ -273,11 +337,13 @@ static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
     memcpy(self->kinds, kinds, (size_t)nkinds);
     for (i = 0; i < nkinds; i++) {
         self->offsets[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(offsets, i));
-        if (self->offsets[i] < 0) {
+        if (self->offsets[i] < 0 || self->offsets[i] > block_size - kind_size[(unsigned char)kinds[i]]) {
+            Py_ssize_t bad = self->offsets[i];
             PyObject_GC_Track(self);
             Py_DECREF(self);
             if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "make_launcher: negative offset (a cuproc bug)");
+                PyErr_Format(PyExc_ValueError, "make_launcher: argument %zd at offset %zd does not fit the "
+                             "%zd-byte block (a cuproc bug)", i, bad, block_size);
             return NULL;
         }
     }
