@@ -28,7 +28,9 @@ python3 -m cuproc.tools.dump_symbols --json > "$OUT/dump_symbols.json" 2> "$OUT/
 python3 -m cuproc.tools.dump_symbols 'cuCtxCreate*' 'cuMemcpyHtoD*' 'cuLaunchKernel*' | head -8
 for b in benchmarks/bench_*.py; do timeout 240 python3 "$b" --out "$OUT" > "$OUT/$(basename "$b" .py).log" 2>&1 || echo "benchmark $b failed: see $OUT/$(basename "$b" .py).log"; pack; done
 cat "$OUT"/bench_*.md 2>/dev/null
-summary="SUMMARY: $(tail -1 "$OUT/pytest.log") on $(head -1 "$OUT/gpu.txt") (pytest rc=$tests_rc); pure-path GPU pass: $(tail -1 "$OUT/pytest_pure.log") (rc=$pure_rc); fast path $fastpath"
+# pytest's own result line (other libraries may print at interpreter exit after it)
+result() { grep -E '[0-9]+ (passed|failed|errors?)' "$1" | tail -1; }
+summary="SUMMARY: $(result "$OUT/pytest.log") on $(head -1 "$OUT/gpu.txt") (pytest rc=$tests_rc); pure-path GPU pass: $(result "$OUT/pytest_pure.log") (rc=$pure_rc); fast path $fastpath"
 echo "$summary" > "$OUT/summary.txt"
 pack
 echo "$summary"
