@@ -22,25 +22,17 @@ Policy
 from __future__ import annotations
 
 import importlib
-import os
 from pathlib import Path
 from typing import Any
 
 from . import _fastpath_digest
+from ._env import flag
 
 ENV_PURE = "CUPROC_PURE_PYTHON"
-_ON = {"1", "true", "yes", "on"}
-_OFF = {"", "0", "false", "no", "off"}
 
 
 def _pure_requested() -> bool:
-    text = os.environ.get(ENV_PURE, "").strip().lower()
-    if text in _ON:
-        return True
-    if text in _OFF:
-        return False
-    raise ValueError(f"{ENV_PURE}={os.environ[ENV_PURE]!r}: use 1 to force the pure-Python path, 0 or unset "
-                     f"to use the compiled fast path when it is built")
+    return flag(ENV_PURE, "force the pure-Python path", "use the compiled fast path when it is built")
 
 
 def _abi_ffi() -> Any:

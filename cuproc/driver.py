@@ -61,6 +61,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from . import _fork, errors, fastpath
+from ._env import flag
 from ._ffi import ffi as ffi  # re-exported: cuproc.driver.ffi is part of the C-named namespace
 from .loader import DIRECT_LOOKUP, GET_PROC_ADDRESS_V2, DriverLibrary, open_library
 from .registry import (NOT_ON_THIS_PLATFORM, NOT_YET_INTRODUCED, PER_THREAD_NEEDS_7_0, Registry, Selection,
@@ -78,8 +79,6 @@ else:
 
 ENV_VERSION = "CUPROC_CUDA_VERSION"
 ENV_PER_THREAD = "CUPROC_PER_THREAD_DEFAULT_STREAM"
-_ON = frozenset({"1", "true", "yes", "on"})
-_OFF = frozenset({"", "0", "false", "no", "off"})
 
 # Resolution statuses (also dump_symbols' status column).
 RESOLVED = "resolved"
@@ -215,14 +214,7 @@ def env_per_thread() -> bool:
     Raises ValueError naming the variable for any other value, so that a typo does not silently
     select the legacy stream.  The library and ``cuproc-dump-symbols`` both read it here.
     """
-    text = os.environ.get(ENV_PER_THREAD, "").strip().lower()
-    if text in _ON:
-        return True
-    if text in _OFF:
-        return False
-    raise ValueError(f"{ENV_PER_THREAD}={os.environ[ENV_PER_THREAD]!r}: expected one of "
-                     f"{', '.join(sorted(_ON))} (per-thread default stream) or {', '.join(sorted(_OFF - {''}))} "
-                     f"(legacy default stream), or unset it")
+    return flag(ENV_PER_THREAD, "per-thread default stream", "legacy default stream")
 
 
 class Driver(_DriverFunctions):

@@ -39,15 +39,6 @@ def sim(sims):
     return s
 
 
-@pytest.fixture()
-def primary():
-    """GPU tests: device 0's primary context retained and current; released afterwards."""
-    import cuproc
-    pc = cuproc.use_device(0)
-    yield pc
-    cuproc.driver.default_driver().cuCtxSetCurrent(cuproc.ffi.NULL)
-    pc.release()
-
 
 @pytest.fixture(scope="session")
 def fake(tmp_path_factory):
