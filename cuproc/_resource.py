@@ -157,6 +157,11 @@ class Resource:
         if rc:
             raise self.driver.error(rc, self._release_call)
 
+    def _drop_releases_a_handle(self) -> bool:
+        """Does dropping this object give a handle back to the driver?  A wrapper of a handle owned
+        elsewhere does not, so its collection need not send every hot path back to a full check."""
+        return True
+
     def __enter__(self) -> Any:
         return self
 
@@ -174,7 +179,7 @@ class Resource:
                 self.ended = "dropped"
                 return
             self.ended = "dropped"
-            if not self._leaf:
+            if not self._leaf and self._drop_releases_a_handle():
                 EPOCH[0] += 1
             rc = self._release()
         except Exception as exc:  # noqa: BLE001 - a finalizer never raises

@@ -268,9 +268,13 @@ class HostArrayExports:
         alloc: Any = self
         if alloc.last_stream is None:
             return                          # synchronous work only: already complete
-        number = stream_number(alloc.last_stream, alloc.driver)
-        if number is not None:
-            alloc.context.run("cuStreamSynchronize", ffi_stream(number))
+        last = alloc.last_stream
+        if isinstance(last, Stream):        # in the stream's own context, which may not be the memory's
+            last.context.run("cuStreamSynchronize", last.handle)
+        else:
+            number = stream_number(last, alloc.driver)
+            if number is not None:
+                alloc.context.run("cuStreamSynchronize", ffi_stream(number))
         alloc.last_stream = None
 
     def _copy_on_host(self) -> Any:

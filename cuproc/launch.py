@@ -649,7 +649,7 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
     cache = function.launch_cache
     # The key holds grid, block and shared memory as Python ints: a float, a bool or a NumPy integer
     # equals (and hashes as) the int, and must get the cold path's answer, not a warm entry's.
-    if grid.__class__ is not int or block.__class__ is not int or shared_mem.__class__ is not int:
+    if not (_exact(grid) and _exact(block) and shared_mem.__class__ is int):
         grid, block, shared_mem = _dims(grid, "grid"), _dims(block, "block"), _shared_mem(shared_mem)
     try:   # a signature with other entries than C type strings is never stored under this key (below)
         key = (tuple(map(type, args)) if signature is None else tuple(signature),
@@ -663,6 +663,13 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
         cached[0](*args)
         return
     _launch_uncached(function, grid, block, args, signature, shared_mem, stream, stream_key, convention, entry, key)
+
+
+def _exact(dims: Any) -> bool:
+    """An exact int or a tuple of exact ints: a key that cannot equal another type's (the cold path
+    still validates it before anything is stored under it)."""
+    c = dims.__class__
+    return c is int or (c is tuple and all(d.__class__ is int for d in dims))
 
 
 def _type_key(t: ArgType) -> tuple:
@@ -702,7 +709,8 @@ def _launch_uncached(function: Any, grid: Any, block: Any, args: Sequence[Any], 
         if key is not None and any(s.__class__ is not str for s in sig):
             # a NumPy dtype or cffi type: equal entries can differ in layout (an aligned and a packed
             # structured dtype compare equal), so such signatures are keyed by the layouts only
-            key = ((tuple(_type_key(arg_type(s)) for s in sig),) + key[1:])
+            key = ((tuple(s if s.__class__ is str else (s, getattr(s, "alignment", None)) for s in sig),)
+                   + key[1:])
             cached = cache.get(key)
             if cached is not None and (stream_key.__class__ is not tuple or cached[1]() is stream):
                 cached[2][0] = epoch

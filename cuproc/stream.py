@@ -229,6 +229,9 @@ class Stream(Resource):
     def describe(self) -> str:
         return f"stream {handle_int(self.handle):#x}" + ("" if self.owned else " (not owned)")
 
+    def _drop_releases_a_handle(self) -> bool:
+        return self.owned
+
     def _release(self) -> int:
         if not self.owned:
             return 0          # another library's stream: theirs to destroy

@@ -965,3 +965,46 @@ def test_a_driver_in_a_stubs_directory_is_taken_and_a_rejected_stub_is_unloaded(
                               timeout=60, cwd=ROOT)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.split() == expected, (path, proc.stdout)
+
+
+def test_pinned_export_waits_on_a_stream_of_another_context(fk, pc):
+    """The recorded last stream is synchronized in its own context, not the memory's."""
+    p = mem.PinnedBuffer(64, portable=True)
+    ctx = Context.create(0)
+    try:
+        s = Stream(context=ctx)
+        d = DeviceBuffer(64, context=ctx)
+        cuproc.driver.default_driver().cuCtxSetCurrent(pc.context.handle)
+        mem.copy(p, d, stream=s)
+        assert p.last_stream is s
+        before = fk.binding_errors()
+        capsule = p.__dlpack__()           # a host-side export: waits for s first
+        assert fk.binding_errors() == before
+        assert p.last_stream is None
+        del capsule
+        s.close()
+        d.free()
+    finally:
+        ctx.destroy()
+
+
+def test_dropping_a_foreign_stream_wrapper_leaves_the_epoch_alone(fk, pc):
+    """Copies with another library's stream make not-owned wrappers; collecting one gives nothing
+    back to the driver, so it must not send every hot path back to a full check."""
+    from cuproc._resource import EPOCH
+    s = Stream()
+
+    class Foreign:
+        def __cuda_stream__(self) -> tuple[int, int]:
+            return (0, handle_int(s.handle))
+    d, h, foreign = DeviceBuffer(64), np.zeros(64, np.uint8), Foreign()
+    mem.copy(d, h, stream=foreign)
+    epoch = EPOCH[0]
+    for _ in range(50):
+        mem.copy(d, h, stream=foreign)    # each replaces the buffer's last stream wrapper
+    gc.collect()
+    assert EPOCH[0] == epoch
+    owned = Stream()
+    del owned
+    gc.collect()
+    assert EPOCH[0] > epoch                # an owned stream's drop still counts
