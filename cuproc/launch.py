@@ -649,7 +649,8 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
     cache = function.launch_cache
     # The key holds grid, block and shared memory as Python ints: a float, a bool or a NumPy integer
     # equals (and hashes as) the int, and must get the cold path's answer, not a warm entry's.
-    if not (_exact(grid) and _exact(block) and shared_mem.__class__ is int):
+    if not ((grid.__class__ is int or _exact(grid)) and (block.__class__ is int or _exact(block))
+            and shared_mem.__class__ is int):   # plain ints first: no call on the common path
         grid, block, shared_mem = _dims(grid, "grid"), _dims(block, "block"), _shared_mem(shared_mem)
     try:   # a signature with other entries than C type strings is never stored under this key (below)
         key = (tuple(map(type, args)) if signature is None else tuple(signature),
