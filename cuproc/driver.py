@@ -146,10 +146,7 @@ def _forget_after_fork() -> None:
         return
     for drv in list(_live_drivers):
         drv._forget_resolutions()
-    module = globals()
-    for name in _module_cache:
-        module.pop(name, None)
-    _module_cache.clear()
+    _unbind_module_names()
 
 
 _fork.on_fork_in_child(_forget_after_fork)
@@ -800,19 +797,63 @@ def set_default_driver(driver: Driver | None) -> None:
     global _default
     with _default_lock:
         _default = driver
-        module = globals()
-        for name in _module_cache:
-            module.pop(name, None)
-        _module_cache.clear()
+        _unbind_module_names()
+
+
+def _unbind_module_names() -> None:
+    """Drop every C name cached on the module and put the lazy hook back (so the next access
+    resolves again, on the current default handle, with the fork check)."""
+    module = globals()
+    for name in _module_cache:
+        module.pop(name, None)
+    _module_cache.clear()
+    if not TYPE_CHECKING:
+        module["__getattr__"] = _module_c_name
 
 
 def _forget_module_name(driver: Driver, name: str) -> None:
-    """declare() replaced ``name`` on ``driver``: drop the module namespace's cached copy if it is
-    the default handle's, so ``cuproc.driver.<name>`` resolves again."""
+    """declare() made or replaced ``name`` on ``driver``: if it is the default handle, drop the module
+    namespace's cached copy and make sure the lazy hook is there (preload() may have removed it), so
+    ``cuproc.driver.<name>`` resolves again."""
     with _default_lock:
-        if _default is driver and name in _module_cache:
-            globals().pop(name, None)
-            _module_cache.discard(name)
+        if _default is driver:
+            module = globals()
+            if name in _module_cache:
+                module.pop(name, None)
+                _module_cache.discard(name)
+            if not TYPE_CHECKING:
+                module["__getattr__"] = _module_c_name
+
+
+def preload() -> dict[str, int]:
+    """Resolve every symbol of the default handle now (:meth:`Driver.preload`), and make every C
+    name -- functions, constants, types -- and ``checked`` a plain attribute of this module.
+
+    Why: while this module answers C names lazily it has a PEP 562 ``__getattr__``, and CPython
+    does not specialize attribute loads on a module that has one, so every ``cuproc.driver.cuX``
+    pays a generic attribute lookup (about a fifth of a trivial driver call).  Once every name is
+    bound, the hook is removed and ``cuproc.driver.cuX`` costs what a call through a bare cffi
+    pointer costs.  :func:`set_default_driver`, a ``declare()`` on the default handle that replaces
+    a name, and a fork put the hook back.  With the hook gone a misspelt name gets Python's own
+    ``AttributeError``.  Returns :meth:`Driver.preload`'s count of each status."""
+    drv = default_driver()
+    counts = drv.preload()
+    names = {n for n in dir(drv) if n.startswith(("cu", "CU"))}
+    names.update(n for n in ffi.list_types()[0] if n.startswith(("cu", "CU")))
+    values = {name: getattr(drv, name) for name in sorted(names)}   # the handle's own precedence
+    values["checked"] = drv.checked
+    with _default_lock:
+        if _default is not drv or _fork.FORKED[0]:   # replaced, or forked, meanwhile: stay lazy
+            return counts
+        module = globals()
+        for name, value in values.items():
+            if name in module and name not in _module_cache:
+                continue                  # the module's own attribute wins, as with the hook
+            module[name] = value
+            _module_cache.add(name)
+        if not TYPE_CHECKING:
+            module.pop("__getattr__", None)
+    return counts
 
 
 def is_driver_available() -> bool:

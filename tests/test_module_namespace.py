@@ -1,0 +1,152 @@
+"""``cuproc.driver`` as a C-named namespace: lazy by default, every name bound by ``preload()``.
+
+While the module answers names through its PEP 562 ``__getattr__``, CPython does not specialize
+``cuproc.driver.cuX`` loads; ``preload()`` binds every C name and removes the hook.  These tests
+check that binding gives exactly what the lazy path gives, and that everything that used to
+re-resolve a name (a new default handle, ``declare()``, fork) still does.
+"""
+from __future__ import annotations
+
+import dis
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import cuproc
+from cuproc import driver as cu
+from cuproc.driver import Driver
+from simdriver import build as build_sim
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture()
+def default_sim(sim):
+    drv = Driver("12.0", library=sim.path)
+    cu.set_default_driver(drv)
+    yield drv
+    cu.set_default_driver(None)
+
+
+def _load_attr_ops(fn) -> list[str]:
+    return [i.opname for i in dis.get_instructions(fn, adaptive=True) if i.opname.startswith("LOAD_ATTR")]
+
+
+def test_preload_binds_what_the_lazy_namespace_gives(default_sim):
+    lazy = Driver("12.0", library=default_sim.library.path)   # a second handle: the lazy answers
+    assert "__getattr__" in vars(cu)
+    counts = cu.preload()
+    assert counts == lazy.preload()
+    assert "__getattr__" not in vars(cu)
+    bound = vars(cu)
+    for name in lazy.registry:                    # every function, resolved the same way
+        mine, ref = bound[name], getattr(lazy, name)
+        assert type(mine) is type(ref), name
+        assert mine is getattr(default_sim, name), name
+    assert cu.CU_CTX_SCHED_BLOCKING_SYNC == lazy.CU_CTX_SCHED_BLOCKING_SYNC == 4   # cuda.h's value
+    assert cu.CU_LAUNCH_PARAM_END == cuproc.ffi.NULL
+    assert cu.CUdeviceptr is cuproc.ffi.typeof("CUdeviceptr")
+    assert cu.checked is default_sim.checked
+    assert cu.ffi is cuproc.ffi                   # the module's own attributes are untouched
+    with pytest.raises(AttributeError, match="cuNoSuchFunction"):
+        cu.cuNoSuchFunction  # noqa: B018
+
+
+def test_unavailable_symbols_are_bound_and_still_refuse_when_called(default_sim):
+    cu.preload()
+    with pytest.raises(cuproc.errors.SymbolNotFoundError, match="Windows-only"):
+        cu.cuWGLGetDevice(cuproc.ffi.NULL, cuproc.ffi.NULL, 0)
+
+
+@pytest.mark.skipif(sys.implementation.name != "cpython" or sys.version_info < (3, 11),
+                    reason="attribute-load specialization is CPython 3.11+")
+def test_after_preload_module_attribute_loads_specialize(default_sim):
+    out = cuproc.ffi.new("CUcontext *")
+
+    def lazy_loop() -> None:
+        for _ in range(64):
+            cu.cuCtxGetCurrent(out)
+
+    lazy_loop()
+    lazy_loop()
+    assert "LOAD_ATTR_MODULE" not in _load_attr_ops(lazy_loop)    # the hook defeats specialization
+    cu.preload()
+
+    def bound_loop() -> None:
+        for _ in range(64):
+            cu.cuCtxGetCurrent(out)
+
+    bound_loop()
+    bound_loop()
+    assert "LOAD_ATTR_MODULE" in _load_attr_ops(bound_loop)
+
+
+def test_a_new_default_handle_restores_the_lazy_namespace(sim):
+    cu.set_default_driver(Driver("12.0", library=sim.path))
+    try:
+        cu.preload()
+        old = cu.cuCtxCreate
+        newer = Driver("13.0", library=sim.path)
+        cu.set_default_driver(newer)
+        assert "__getattr__" in vars(cu) and "cuCtxCreate" not in vars(cu)
+        assert cu.cuCtxCreate is newer.cuCtxCreate is not old
+    finally:
+        cu.set_default_driver(None)
+
+
+@pytest.fixture(scope="module")
+def sim135(tmp_path_factory):
+    """A simulated 13.5 driver with one function no header declares (cuFooSim)."""
+    s = build_sim(tmp_path_factory.mktemp("simfoo"), "v2", (("cuFooSim", 13050, "cuFooSim", "cuFooSim_ptsz"),))
+    s.set_version(13050)
+    s.set_result(0)
+    return s
+
+
+def test_declare_after_preload_makes_and_replaces_module_names(sim135):
+    drv = Driver("13.0", library=sim135.path)
+    cu.set_default_driver(drv)
+    try:
+        cu.preload()
+        assert "__getattr__" not in vars(cu)
+        first = drv.declare("cuFooSim", "CUresult (*)(int)")       # a name nothing bound yet
+        assert cu.cuFooSim is first
+        second = drv.declare("cuFooSim", "CUresult (*)(int, int)")   # replaces the bound one
+        assert cu.cuFooSim is second is not first
+        assert len(cuproc.ffi.typeof(cuproc.fastpath.pointer(cu.cuFooSim)).args) == 2
+    finally:
+        cu.set_default_driver(None)
+
+
+FORK = """
+import os, sys
+import cuproc
+from cuproc import driver as cu
+cu.set_default_driver(cuproc.Driver(library={lib!r}))
+assert cu.checked.cuInit(0) is None
+cu.preload()
+assert "__getattr__" not in vars(cu)
+pid = os.fork()
+if pid == 0:
+    try:
+        cu.cuCtxGetCurrent(cuproc.ffi.new("CUcontext *"))
+    except cuproc.errors.ForkedProcessError:
+        os._exit(0)
+    except BaseException:
+        os._exit(2)
+    os._exit(1)
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_refuses_names_bound_before_the_fork(fk):
+    code = FORK.format(lib=str(fk.path))
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "0", proc.stderr
