@@ -11,7 +11,7 @@ Policy
 * It is used unless ``CUPROC_PURE_PYTHON`` is on (read once, at import), it is missing or
   does not load, or it was built from other sources than these (cuproc/_fastpath_digest.py: other
   headers than ``cuproc/_cffi_abi.py``, or, in a checkout, another tools/build_fastpath.py or
-  tools/fastpath_launch.c: a stale in-place build).  Any failure while checking it (a module
+  hand-written C source: a stale in-place build).  Any failure while checking it (a module
   from an older build lacking a function) turns it off; importing cuproc never fails because of
   it.  :data:`STATUS` says which and why (``cuproc.fastpath.status()``).
 * ``cuproc.ffi`` is this one ffi.  Code of your own must make its cdata with ``cuproc.ffi``: with
@@ -25,7 +25,6 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from . import _fastpath_digest
 from ._env import flag
 
 ENV_PURE = "CUPROC_PURE_PYTHON"
@@ -53,8 +52,9 @@ def _load() -> tuple[Any, Any, str]:
         stale = _stale(_fastpath_c)
         if stale:
             return _abi_ffi(), None, f"off: cuproc._fastpath_c was built from other {stale} ({rebuild})"
-        if _fastpath_c.lib.cuproc_install_launcher() != 0:
-            return _abi_ffi(), None, "off: cuproc._fastpath_c failed to set up its launcher (see the message above)"
+        if _fastpath_c.lib.cuproc_install_launcher() != 0 or _fastpath_c.lib.cuproc_install_checked() != 0:
+            return _abi_ffi(), None, ("off: cuproc._fastpath_c failed to set up its launcher or checked call "
+                                      "(see the message above)")
     except Exception as exc:  # noqa: BLE001 - e.g. a module of an older build: never fatal to import cuproc
         return _abi_ffi(), None, (f"off: cuproc._fastpath_c is not usable ({type(exc).__name__}: {exc}; "
                                   f"{rebuild})")
@@ -63,6 +63,7 @@ def _load() -> tuple[Any, Any, str]:
 
 def _stale(module: Any) -> str:
     """What ``module`` was built from that differs from these sources ("" when nothing does)."""
+    from . import _fastpath_digest   # here: the pure path needs none of it
     root = Path(__file__).resolve().parent.parent
     built = module.ffi.string(module.lib.cuproc_abi_digest()).decode()
     if built != _fastpath_digest.digest(root, _fastpath_digest.ABI_INPUTS):
@@ -70,7 +71,7 @@ def _stale(module: Any) -> str:
     if all((root / name).is_file() for name in _fastpath_digest.TOOL_INPUTS):   # a checkout
         built = module.ffi.string(module.lib.cuproc_tools_digest()).decode()
         if built != _fastpath_digest.digest(root, _fastpath_digest.TOOL_INPUTS):
-            return "tools than tools/build_fastpath.py and tools/fastpath_launch.c"
+            return f"tools than {', '.join(_fastpath_digest.TOOL_INPUTS)}"
     return ""
 
 
