@@ -10,14 +10,14 @@ installed package has none, and was built with it).
 
 The digest is CRC-32 (``zlib.crc32``) and the length of the named inputs, not a cryptographic
 hash: it detects a stale build, which is all it is for, and it runs on every ``import cuproc``
-of the fast path -- ``hashlib`` costs 2-3 ms there (it loads OpenSSL), ``zlib`` about 0.3 ms.
-Standard library only: tools/build_fastpath.py loads this file by path, without importing cuproc.
+of the fast path -- ``hashlib`` costs 2-3 ms there (it loads OpenSSL), ``zlib`` about 0.3 ms (and
+``os.path``, not ``pathlib``: pathlib brings urllib.parse and ipaddress, 2-4 ms).  Standard library only: tools/build_fastpath.py loads this file by path, without importing cuproc.
 """
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Iterable
-from pathlib import Path
 
 ABI_INPUTS = ("cuproc/_cffi_abi.py",)
 # The hand-written C that tools/build_fastpath.py compiles into the module, in that order.
@@ -25,11 +25,13 @@ C_SOURCES = ("tools/fastpath_launch.c", "tools/fastpath_checked.c")
 TOOL_INPUTS = ("tools/build_fastpath.py", *C_SOURCES)
 
 
-def digest(root: Path, inputs: Iterable[str]) -> str:
+def digest(root: str | os.PathLike[str], inputs: Iterable[str]) -> str:
     """``crc32-length`` over the names and contents of ``inputs`` (paths relative to ``root``)."""
     crc, length = 0, 0
     for name in inputs:
-        for part in (name.encode(), b"\0", (root / name).read_bytes(), b"\0"):
+        with open(os.path.join(root, name), "rb") as f:
+            content = f.read()
+        for part in (name.encode(), b"\0", content, b"\0"):
             crc = zlib.crc32(part, crc)
             length += len(part)
     return f"{crc:08x}-{length}"

@@ -21,8 +21,7 @@ Policy
 """
 from __future__ import annotations
 
-import importlib
-from pathlib import Path
+import os
 from typing import Any
 
 from ._env import flag
@@ -44,7 +43,7 @@ def _load() -> tuple[Any, Any, str]:
     if _pure_requested():
         return _abi_ffi(), None, f"off: {ENV_PURE} is set"
     try:
-        _fastpath_c = importlib.import_module("cuproc._fastpath_c")
+        from . import _fastpath_c
     except ImportError as exc:
         return _abi_ffi(), None, f"off: the compiled module cuproc._fastpath_c is not built ({exc})"
     rebuild = "rebuild it: pip install -e . or python tools/build_fastpath.py"
@@ -58,17 +57,17 @@ def _load() -> tuple[Any, Any, str]:
     except Exception as exc:  # noqa: BLE001 - e.g. a module of an older build: never fatal to import cuproc
         return _abi_ffi(), None, (f"off: cuproc._fastpath_c is not usable ({type(exc).__name__}: {exc}; "
                                   f"{rebuild})")
-    return _fastpath_c.ffi, _fastpath_c, f"on: compiled trampolines in {Path(_fastpath_c.__file__).name}"
+    return _fastpath_c.ffi, _fastpath_c, f"on: compiled trampolines in {os.path.basename(_fastpath_c.__file__)}"
 
 
 def _stale(module: Any) -> str:
     """What ``module`` was built from that differs from these sources ("" when nothing does)."""
     from . import _fastpath_digest   # here: the pure path needs none of it
-    root = Path(__file__).resolve().parent.parent
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))   # os.path: pathlib costs 2-4 ms
     built = module.ffi.string(module.lib.cuproc_abi_digest()).decode()
     if built != _fastpath_digest.digest(root, _fastpath_digest.ABI_INPUTS):
         return "headers than cuproc/_cffi_abi.py"
-    if all((root / name).is_file() for name in _fastpath_digest.TOOL_INPUTS):   # a checkout
+    if all(os.path.isfile(os.path.join(root, name)) for name in _fastpath_digest.TOOL_INPUTS):   # a checkout
         built = module.ffi.string(module.lib.cuproc_tools_digest()).decode()
         if built != _fastpath_digest.digest(root, _fastpath_digest.TOOL_INPUTS):
             return f"tools than {', '.join(_fastpath_digest.TOOL_INPUTS)}"

@@ -129,11 +129,15 @@ def test_the_build_digest_is_crc32_and_length_of_names_and_contents(tmp_path):
     assert _fastpath_digest.digest(tmp_path, ["b", "a"]) != _fastpath_digest.digest(tmp_path, ["a", "b"])
 
 
-def test_import_does_not_load_hashlib():
-    """The stale-build check runs at every import of the fast path: hashlib (OpenSSL) cost 2-3 ms."""
+def test_import_does_not_load_hashlib_or_pathlib():
+    """The stale-build check runs at every import of the fast path: hashlib (OpenSSL) cost 2-3 ms,
+    pathlib (urllib.parse, ipaddress) 2-4 ms.  Without site (-S), whose .pth files may import them."""
     out = run_python("import sys, cuproc, cuproc.driver, cuproc.fastpath as f; cuproc.use_device; "
-                     "print(f.active(), sorted(m for m in ('hashlib', '_hashlib') if m in sys.modules))")
-    assert out.returncode == 0 and out.stdout.split(" ", 1)[1].strip() == "[]", out.stdout + out.stderr
+                     "print(f.active(), f.status()); "
+                     "print(sorted(m for m in ('hashlib', '_hashlib', 'pathlib') if m in sys.modules))",
+                     copy=PACKAGE.parent)
+    assert out.returncode == 0 and out.stdout.splitlines()[-1] == "[]", out.stdout + out.stderr
+    assert out.stdout.startswith(str(fastpath.active())), out.stdout    # the same path as this process
 
 
 _FAKE_FFI = "class _Ffi:\n    def string(self, s):\n        return s\nffi = _Ffi()\n"
