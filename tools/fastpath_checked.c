@@ -1,6 +1,7 @@
 /* The checked call in C: cuproc._fastpath_c.make_checked(...) returns the callable that
  * ``drv.checked.cuX`` is on the compiled fast path.  Compiled into the cffi API-mode module by
- * tools/build_fastpath.py, after fastpath_launch.c (which includes structmember.h).
+ * tools/build_fastpath.py, after fastpath_launch.c (which includes structmember.h and defines
+ * cuproc_publish).
  *
  * Why C: a checked call is the raw call plus three tests (fork, argument count, result).  As a
  * Python function those cost a frame, about 35 ns on a ~100 ns trivial call (1.36x); as a
@@ -292,25 +293,13 @@ static PyMethodDef cuproc_make_checked_def = {
 static int cuproc_install_checked(void)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
-    int rc = -1;
-    PyObject *module = NULL, *function = NULL;
+    int rc;
     if (cuproc_checked_type == NULL) {
         cuproc_zero = PyLong_FromLong(0);
-        if (cuproc_zero == NULL) goto done;
-        cuproc_checked_type = (PyTypeObject *)PyType_FromSpec(&cuproc_checked_spec);
-        if (cuproc_checked_type == NULL) goto done;
+        if (cuproc_zero != NULL)
+            cuproc_checked_type = (PyTypeObject *)PyType_FromSpec(&cuproc_checked_spec);
     }
-    module = PyImport_ImportModule("cuproc._fastpath_c");
-    if (module == NULL) goto done;
-    function = PyCFunction_New(&cuproc_make_checked_def, NULL);
-    if (function == NULL) goto done;
-    if (PyObject_SetAttrString(module, "make_checked", function) < 0) goto done;
-    if (PyObject_SetAttrString(module, "Checked", (PyObject *)cuproc_checked_type) < 0) goto done;
-    rc = 0;
-done:
-    if (rc) PyErr_Print();   /* the caller sees -1; the reason goes to stderr, not lost */
-    Py_XDECREF(function);
-    Py_XDECREF(module);
+    rc = cuproc_publish(&cuproc_make_checked_def, "Checked", cuproc_checked_type);
     PyGILState_Release(gil);
     return rc;
 }
