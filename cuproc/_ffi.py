@@ -11,7 +11,7 @@ Policy
 * It is used unless ``CUPROC_PURE_PYTHON`` is on (read once, at import), it is missing or
   does not load, or it was built from other sources than these (cuproc/_fastpath_digest.py: other
   headers than ``cuproc/_cffi_abi.py``, or, in a checkout, another tools/build_fastpath.py or
-  tools/fastpath_launch.c: a stale in-place build).  Any failure while checking it (a module
+  hand-written C source: a stale in-place build).  Any failure while checking it (a module
   from an older build lacking a function) turns it off; importing cuproc never fails because of
   it.  :data:`STATUS` says which and why (``cuproc.fastpath.status()``).
 * ``cuproc.ffi`` is this one ffi.  Code of your own must make its cdata with ``cuproc.ffi``: with
@@ -21,11 +21,9 @@ Policy
 """
 from __future__ import annotations
 
-import importlib
-from pathlib import Path
+import os
 from typing import Any
 
-from . import _fastpath_digest
 from ._env import flag
 
 ENV_PURE = "CUPROC_PURE_PYTHON"
@@ -45,7 +43,7 @@ def _load() -> tuple[Any, Any, str]:
     if _pure_requested():
         return _abi_ffi(), None, f"off: {ENV_PURE} is set"
     try:
-        _fastpath_c = importlib.import_module("cuproc._fastpath_c")
+        from . import _fastpath_c
     except ImportError as exc:
         return _abi_ffi(), None, f"off: the compiled module cuproc._fastpath_c is not built ({exc})"
     rebuild = "rebuild it: pip install -e . or python tools/build_fastpath.py"
@@ -53,24 +51,26 @@ def _load() -> tuple[Any, Any, str]:
         stale = _stale(_fastpath_c)
         if stale:
             return _abi_ffi(), None, f"off: cuproc._fastpath_c was built from other {stale} ({rebuild})"
-        if _fastpath_c.lib.cuproc_install_launcher() != 0:
-            return _abi_ffi(), None, "off: cuproc._fastpath_c failed to set up its launcher (see the message above)"
+        if _fastpath_c.lib.cuproc_install_launcher() != 0 or _fastpath_c.lib.cuproc_install_checked() != 0:
+            return _abi_ffi(), None, ("off: cuproc._fastpath_c failed to set up its launcher or checked call "
+                                      "(see the message above)")
     except Exception as exc:  # noqa: BLE001 - e.g. a module of an older build: never fatal to import cuproc
         return _abi_ffi(), None, (f"off: cuproc._fastpath_c is not usable ({type(exc).__name__}: {exc}; "
                                   f"{rebuild})")
-    return _fastpath_c.ffi, _fastpath_c, f"on: compiled trampolines in {Path(_fastpath_c.__file__).name}"
+    return _fastpath_c.ffi, _fastpath_c, f"on: compiled trampolines in {os.path.basename(_fastpath_c.__file__)}"
 
 
 def _stale(module: Any) -> str:
     """What ``module`` was built from that differs from these sources ("" when nothing does)."""
-    root = Path(__file__).resolve().parent.parent
+    from . import _fastpath_digest   # here: the pure path needs none of it
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))   # os.path: pathlib costs 2-4 ms
     built = module.ffi.string(module.lib.cuproc_abi_digest()).decode()
     if built != _fastpath_digest.digest(root, _fastpath_digest.ABI_INPUTS):
         return "headers than cuproc/_cffi_abi.py"
-    if all((root / name).is_file() for name in _fastpath_digest.TOOL_INPUTS):   # a checkout
+    if all(os.path.isfile(os.path.join(root, name)) for name in _fastpath_digest.TOOL_INPUTS):   # a checkout
         built = module.ffi.string(module.lib.cuproc_tools_digest()).decode()
         if built != _fastpath_digest.digest(root, _fastpath_digest.TOOL_INPUTS):
-            return "tools than tools/build_fastpath.py and tools/fastpath_launch.c"
+            return f"tools than {', '.join(_fastpath_digest.TOOL_INPUTS)}"
     return ""
 
 

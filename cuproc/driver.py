@@ -743,23 +743,34 @@ class Checked(_CheckedFunctions):
 
 def _make_checked(function: Callable[..., int], name: str, error: Callable[[int, str], errors.CudaError],
                   arity: int | None = None) -> Callable[..., None]:
-    """``name`` raising on failure.  With the typedef's ``arity`` known, the wrapper takes exactly that
-    many positional parameters (generated source: no argument tuple is built and unpacked per call,
-    which is most of what a wrapper adds to a trivial call), named for their C types, so Python's own
-    count error says what is missing: "cuMemAlloc() missing 1 required positional argument:
-    'arg1_size_t'"; otherwise ``*args``."""
+    """``name`` raising on failure: fork check, call ``function``, ``raise error(rc, name)`` when the
+    result is not 0.  With the typedef's ``arity`` known, it takes exactly that many positional-only
+    parameters, named for their C types, so a wrong count says what is missing: "cuMemAlloc()
+    missing 1 required positional argument: 'arg1_size_t'"; otherwise any count (``function``
+    checks its own).  Keyword arguments are refused.
+
+    On the compiled fast path it is a C callable (tools/fastpath_checked.c, through
+    :func:`cuproc.fastpath.checked_factory`): the goal of issue 9 is a checked call within 1.15x
+    of the raw one.  On the pure path it is a generated Python function (no argument tuple is
+    built and unpacked per call), which cannot meet that goal: its frame alone costs more than
+    15% of a ~100 ns trivial call.  Both give the same results, errors and messages.
+    """
+    params: tuple[str, ...] | None = None
     if arity is not None:
         bare = fastpath.pointer(function)
         types = [t.cname for t in ffi.typeof(bare).args] if isinstance(bare, ffi.CData) else []
         if len(types) != arity:
             types = ["value"] * arity
-        params = ", ".join(f"arg{i}_" + re.sub(r"\W+", "_", t.replace("*", " ptr")).strip("_")
-                           for i, t in enumerate(types))
-    else:
-        params = "*args"
-    passed = params
+        params = tuple(f"arg{i}_" + re.sub(r"\W+", "_", t.replace("*", " ptr")).strip("_")
+                       for i, t in enumerate(types))
+    doc = f"{name}, raising cuproc.CudaError on failure (returns None)."
+    make = fastpath.checked_factory()
+    if make is not None:
+        return make(function, name, params, error, _fork.FORKED, forked_error, doc)
+    passed = "*args" if params is None else ", ".join(params)
+    signature = passed if params is None or not params else passed + ", /"   # positional only, as in C
     source = (f"def make(function, error, forked, forked_error):\n"
-              f"    def {name}({params}):\n"
+              f"    def {name}({signature}):\n"
               f"        if forked[0]:   # a checked function captured before fork() refuses in the child\n"
               f"            raise forked_error({name!r})\n"
               f"        rc = function({passed})\n"
@@ -772,7 +783,7 @@ def _make_checked(function: Callable[..., int], name: str, error: Callable[[int,
     if hasattr(call.__code__, "co_qualname"):   # Python's count errors say "cuMemAlloc()", not "make.<locals>..."
         call.__code__ = call.__code__.replace(co_qualname=name)
     call.__qualname__ = name
-    call.__doc__ = f"{name}, raising cuproc.CudaError on failure (returns None)."
+    call.__doc__ = doc
     return call
 
 

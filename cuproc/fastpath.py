@@ -12,6 +12,9 @@ Where it applies:
 * ``drv.cuX`` is the trampoline bound to the resolved pointer (``cuproc.driver``); a typedef
   without a trampoline (one taking a struct by value, a signature declared at run time) stays
   the cffi pointer.
+* ``drv.checked.cuX`` is a C callable (tools/fastpath_checked.c) doing what the pure path's
+  generated Python wrapper does -- fork check, exact argument count, call, raise on a nonzero
+  result -- without a Python frame.
 * ``Function.prepare`` returns a C launcher (``cuproc.launch``) that stores the values into the
   argument block and calls cuLaunchKernel(Ex) in C; every other case -- another thread, an ended
   resource, a fork, a value it does not convert exactly as cffi would -- goes to the pure launcher.
@@ -84,6 +87,12 @@ def launcher_factory() -> Callable[..., Callable[..., None]] | None:
     """``cuproc._fastpath_c.make_launcher`` (see tools/fastpath_launch.c), or None without the fast path."""
     compiled = _ffi.COMPILED
     return None if compiled is None else compiled.make_launcher
+
+
+def checked_factory() -> Callable[..., Callable[..., None]] | None:
+    """``cuproc._fastpath_c.make_checked`` (see tools/fastpath_checked.c), or None without the fast path."""
+    compiled = _ffi.COMPILED
+    return None if compiled is None else compiled.make_checked
 
 
 def launcher_kinds() -> dict[str, int] | None:

@@ -26,7 +26,7 @@ import _cffi_backend
 import cffi
 
 import cuproc
-from cuproc import DeviceBuffer, Module, Stream, fastpath
+from cuproc import DeviceBuffer, Module, Stream, _fastpath_digest, fastpath
 from cuproc.errors import ClosedResourceError, InvalidValueError
 
 from fakedriver import fake_image
@@ -94,7 +94,7 @@ def test_a_module_built_from_other_headers_is_not_used(tmp_path):
     assert out.returncode == 0 and out.stdout.startswith("False off:") and "other headers" in out.stdout, out.stderr
 
 
-@pytest.mark.parametrize("tool", ["build_fastpath.py", "fastpath_launch.c"])
+@pytest.mark.parametrize("tool", [Path(name).name for name in _fastpath_digest.TOOL_INPUTS])
 def test_a_module_built_by_other_tools_is_not_used_in_a_checkout(tmp_path, tool):
     """The .so is gitignored and survives a git pull that changes the launcher's argument tuple."""
     if not fastpath.active():
@@ -105,8 +105,8 @@ def test_a_module_built_by_other_tools_is_not_used_in_a_checkout(tmp_path, tool)
     shutil.copytree(PACKAGE, tmp_path / "cuproc", ignore=COPY_IGNORE)
     shutil.copy(compiled.__file__, tmp_path / "cuproc")
     (tmp_path / "tools").mkdir()
-    for name in ("build_fastpath.py", "fastpath_launch.c"):
-        shutil.copy(ROOT / "tools" / name, tmp_path / "tools")
+    for name in _fastpath_digest.TOOL_INPUTS:
+        shutil.copy(ROOT / name, tmp_path / "tools")
     probe = "import cuproc.fastpath as f; print(f.active(), f.status())"
     same = run_python(probe, copy=tmp_path)
     assert same.stdout.startswith("True on:"), same.stdout + same.stderr
@@ -114,6 +114,30 @@ def test_a_module_built_by_other_tools_is_not_used_in_a_checkout(tmp_path, tool)
         f.write("\n/* changed */\n" if tool.endswith(".c") else "\n# changed\n")
     out = run_python(probe, copy=tmp_path)
     assert out.returncode == 0 and out.stdout.startswith("False off:") and "other tools" in out.stdout, out.stderr
+
+
+def test_the_build_digest_is_crc32_and_length_of_names_and_contents(tmp_path):
+    """The reference: zlib.crc32 of the whole concatenation at once; one changed byte changes it."""
+    import zlib
+    (tmp_path / "a").write_bytes(b"one")
+    (tmp_path / "b").write_bytes(bytes(range(256)) * 50)
+    whole = b"a\0one\0b\0" + bytes(range(256)) * 50 + b"\0"
+    assert _fastpath_digest.digest(tmp_path, ["a", "b"]) == f"{zlib.crc32(whole):08x}-{len(whole)}"
+    before = _fastpath_digest.digest(tmp_path, ["a", "b"])
+    (tmp_path / "b").write_bytes(bytes(range(256)) * 49 + bytes([1]) + bytes(range(1, 256)))
+    assert _fastpath_digest.digest(tmp_path, ["a", "b"]) != before
+    assert _fastpath_digest.digest(tmp_path, ["b", "a"]) != _fastpath_digest.digest(tmp_path, ["a", "b"])
+
+
+def test_import_does_not_load_hashlib_or_pathlib():
+    """The stale-build check runs at every import of the fast path: hashlib (OpenSSL) cost 2-3 ms,
+    pathlib (urllib.parse, ipaddress) 2-4 ms.  Without site (-S), whose .pth files may import them."""
+    out = run_python("import sys, cuproc, cuproc.driver, cuproc.fastpath as f; cuproc.use_device; "
+                     "print(f.active(), f.status()); "
+                     "print(sorted(m for m in ('hashlib', '_hashlib', 'pathlib') if m in sys.modules))",
+                     copy=PACKAGE.parent)
+    assert out.returncode == 0 and out.stdout.splitlines()[-1] == "[]", out.stdout + out.stderr
+    assert out.stdout.startswith(str(fastpath.active())), out.stdout    # the same path as this process
 
 
 _FAKE_FFI = "class _Ffi:\n    def string(self, s):\n        return s\nffi = _Ffi()\n"
@@ -130,7 +154,6 @@ _FAKE_FFI = "class _Ffi:\n    def string(self, s):\n        return s\nffi = _Ffi
 ])
 def test_a_compiled_module_that_does_not_fit_never_breaks_import(tmp_path, module_text, reason):
     """Anything wrong with cuproc._fastpath_c turns the fast path off with its reason; import works."""
-    from cuproc import _fastpath_digest
     shutil.copytree(PACKAGE, tmp_path / "cuproc", ignore=COPY_IGNORE)
     abi = _fastpath_digest.digest(tmp_path, _fastpath_digest.ABI_INPUTS).encode()
     (tmp_path / "cuproc" / "_fastpath_c.py").write_text(module_text.format(abi=abi))
@@ -450,6 +473,204 @@ def test_prepared_launch_rebinds_and_raises_on_a_driver_error(fk, pc):
     assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 3, 1.0) and fk.binding_errors() <= 1
 
 
+# ----------------------------------------------------------------------------- the checked call
+
+def _python_reference(name: str, params: tuple[str, ...]):
+    """A Python function with ``params`` as positional-only parameters: the reference for count and
+    keyword messages (Python's own text, independent of both wrappers)."""
+    namespace: dict = {}
+    exec(f"def {name}({', '.join(params)}{', /' if params else ''}): pass", namespace)  # noqa: S102
+    return namespace[name]
+
+
+def _parameters(checked) -> tuple[str, ...]:
+    """The exact parameters of a checked function, on either path."""
+    if isinstance(checked, types.FunctionType):
+        return checked.__code__.co_varnames[:checked.__code__.co_argcount]
+    return checked.parameters
+
+
+def test_checked_call_is_c_on_the_fast_path_and_python_on_the_pure_one(sim):
+    drv = cuproc.Driver(library=str(sim.path))
+    checked = drv.checked.cuMemAlloc
+    assert isinstance(checked, types.FunctionType) != fastpath.active()
+    assert checked.__name__ == checked.__qualname__ == "cuMemAlloc" and "cuMemAlloc" in repr(checked)
+    assert "CudaError" in checked.__doc__
+    assert drv.checked.cuMemAlloc is checked                 # made once per handle and name
+    assert _parameters(checked) == ("arg0_unsigned_long_long_ptr", "arg1_size_t")   # named for the C types
+    if fastpath.active():
+        assert checked.function is drv.cuMemAlloc            # the trampoline, called as is
+
+
+@pytest.mark.parametrize("code,cls", [(2, cuproc.OutOfMemoryError), (1, InvalidValueError), (999, cuproc.CudaError)])
+def test_checked_call_raises_what_the_handle_makes_of_the_result(sim, code, cls):
+    drv = cuproc.Driver(library=str(sim.path))
+    p = ffi.new("CUdeviceptr *")
+    sim.set_result(code)
+    assert drv.cuMemAlloc(p, 16) == code                     # the reference: the raw call's result
+    expected = drv.error(code, "cuMemAlloc")
+    sim.reset_last_called()
+    with pytest.raises(cls) as info:
+        drv.checked.cuMemAlloc(p, 16)
+    assert sim.last_called() == "cuMemAlloc_v2"              # the driver was called, and said no
+    err = info.value
+    assert type(err) is type(expected) and err.code == code and err.call == "cuMemAlloc"
+    assert str(err) == str(expected)
+    sim.set_result(0)
+    assert drv.checked.cuMemAlloc(p, 16) is None
+    assert drv.checked.cuDriverGetVersion(ffi.new("int *")) is None   # one parameter (a slot trampoline)
+
+
+def test_checked_call_refuses_a_wrong_count_and_keywords_with_pythons_own_text(sim):
+    drv = cuproc.Driver(library=str(sim.path))
+    cases = [("cuMemcpyHtoD", (0, ffi.NULL, 0)), ("cuMemAlloc", (ffi.new("CUdeviceptr *"), 16)),
+             ("cuDriverGetVersion", (ffi.new("int *"),)), ("cuMemGetInfo", (ffi.new("size_t *"), ffi.new("size_t *")))]
+    for name, ok in cases:
+        checked = getattr(drv.checked, name)
+        reference = _python_reference(name, _parameters(checked))
+        assert len(_parameters(checked)) == len(ok)
+        sim.reset_last_called()
+        for count in range(len(ok) + 3):
+            if count == len(ok):
+                continue
+            args = (ok * 3)[:count]
+            with pytest.raises(TypeError) as ours:
+                checked(*args)
+            with pytest.raises(TypeError) as theirs:
+                reference(*args)
+            assert str(ours.value) == str(theirs.value)
+        for keywords in ({"flag": 1}, {_parameters(checked)[-1]: ok[-1]}):
+            with pytest.raises(TypeError) as ours:
+                checked(*ok[:-1], **keywords)
+            with pytest.raises(TypeError) as theirs:
+                reference(*ok[:-1], **keywords)
+            assert str(ours.value) == str(theirs.value) and name in str(ours.value)
+        assert sim.last_called() == ""                        # no refused call reached the driver
+        assert checked(*ok) is None
+
+
+def test_checked_call_with_its_own_count_check_passes_every_count(sim):
+    """cuInit is a Python wrapper (fork tracking): the checked form passes any count to it."""
+    drv = cuproc.Driver(library=str(sim.path))
+    ck = drv.checked.cuInit
+    assert ck.__code__.co_argcount == 0 if isinstance(ck, types.FunctionType) else ck.parameters is None
+    assert drv.checked.cuInit(0) is None
+    with pytest.raises(TypeError, match="cuInit"):
+        drv.checked.cuInit()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'flags'"):
+        drv.checked.cuInit(flags=0)
+
+
+def test_a_checked_call_keeps_its_raw_callable_alive_and_frees_it_with_itself(sim):
+    from cuproc.driver import _make_checked
+    drv = cuproc.Driver(library=str(sim.path))
+    results = [0, 201, None, 0]
+
+    def raw(value):               # a stand-in raw callable: returns the next result
+        return results.pop(0)
+    alive = __import__("weakref").ref(raw)
+    checked = _make_checked(raw, "cuFake", drv.error, 1)
+    del raw
+    import gc
+    gc.collect()
+    assert alive() is not None
+    assert checked(1) is None
+    with pytest.raises(cuproc.errors.InvalidContextError) as info:
+        checked(1)
+    assert info.value.call == "cuFake" and info.value.code == 201
+    assert checked(1) is None                                  # a false result that is no int: success, as `if rc`
+    cycle = [checked]
+    cycle.append(cycle)
+    del checked, cycle, info     # (the traceback holds the pure wrapper's frame)
+    gc.collect()
+    assert alive() is None
+
+
+def test_an_error_factory_that_fails_or_returns_no_exception_is_reported(sim):
+    from cuproc.driver import _make_checked
+
+    def broken(code, call):
+        raise RuntimeError(f"factory broke on {call} {code}")
+    checked = _make_checked(lambda v: 3, "cuFake", broken, 1)
+    with pytest.raises(RuntimeError, match="factory broke on cuFake 3"):
+        checked(0)
+    checked = _make_checked(lambda v: 3, "cuFake", lambda code, call: "not an exception", 1)
+    with pytest.raises(TypeError):
+        checked(0)
+    checked = _make_checked(lambda v: 1 << 80, "cuFake", lambda code, call: OverflowError(code), 1)
+    with pytest.raises(OverflowError) as info:                 # no C long, still nonzero
+        checked(0)
+    assert info.value.args == (1 << 80,)
+
+
+def test_checked_calls_from_threads_raise_and_return_their_own(fk):
+    drv = cuproc.driver.default_driver()
+    drv.checked.cuInit(0)
+    get = drv.checked.cuDeviceGet
+    failures: list[BaseException] = []
+
+    def work():
+        try:
+            out = ffi.new("CUdevice *")
+            for i in range(500):
+                out[0] = -1
+                assert get(out, 0) is None and out[0] == 0
+                with pytest.raises(cuproc.CudaError) as info:
+                    get(out, 1000 + i)
+                assert info.value.call == "cuDeviceGet" and info.value.code == drv.cuDeviceGet(out, 1000 + i)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_checked_call_taken_before_fork_refuses_in_the_child(sim):
+    code = f"""
+import os, sys, cuproc
+drv = cuproc.Driver(library={str(sim.path)!r})
+assert drv.checked.cuInit(0) is None
+alloc, version = drv.checked.cuMemAlloc, drv.checked.cuDriverGetVersion
+p = cuproc.ffi.new('CUdeviceptr *')
+assert alloc(p, 16) is None
+pid = os.fork()
+if pid == 0:
+    codes = []
+    for call in (lambda: alloc(p, 16), lambda: version(cuproc.ffi.new('int *'))):
+        try:
+            call()
+            codes.append(1)
+        except cuproc.ForkedProcessError as exc:
+            codes.append(0 if exc.call in ('cuMemAlloc', 'cuDriverGetVersion') and 'spawn' in str(exc) else 2)
+        except BaseException:
+            codes.append(3)
+    os._exit(int(''.join(map(str, codes)), 4))
+status = os.waitpid(pid, 0)[1]
+assert alloc(p, 16) is None                  # the parent goes on
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, (out.returncode, out.stderr)   # both calls refused, naming themselves
+
+
+@needs_fast
+def test_make_checked_refuses_inconsistent_arguments():
+    make = fastpath.checked_factory()
+    from cuproc import _fork
+    from cuproc.driver import forked_error
+    good = dict(function=lambda a: 0, name="cuFake", params=("a",), error=print, forked=_fork.FORKED,
+                forked_error=forked_error, doc="d")
+    assert make(*good.values())("x") is None                # consistent: it builds and calls
+    for field, bad in (("function", 1), ("params", ["a"]), ("params", (1,)), ("forked", [False, False]),
+                       ("forked", (False,)), ("error", None), ("name", b"cuFake")):
+        with pytest.raises(TypeError):
+            make(*{**good, field: bad}.values())
+
+
 # ----------------------------------------------------------------------------- both paths in CI
 
 @pytest.mark.skipif(not fastpath.active(), reason="this run already is the pure path")
@@ -487,8 +708,8 @@ def test_install_without_a_working_compiler_succeeds_with_one_notice(tmp_path):
     shutil.copytree(PACKAGE, tmp_path / "cuproc", ignore=COPY_IGNORE)   # an sdist in CI has none of its own
     shutil.copytree(ROOT / "headers", tmp_path / "headers", ignore=COPY_IGNORE)
     (tmp_path / "tools").mkdir()
-    for name in ("build_fastpath.py", "fastpath_launch.c"):
-        shutil.copy(ROOT / "tools" / name, tmp_path / "tools")
+    for name in _fastpath_digest.TOOL_INPUTS:
+        shutil.copy(ROOT / name, tmp_path / "tools")
     out = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], check=False, capture_output=True,
                          text=True, timeout=300, cwd=tmp_path, env={**os.environ, "CC": "/bin/false"})
     assert out.returncode == 0, out.stderr[-3000:]

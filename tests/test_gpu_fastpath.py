@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import types
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,36 @@ def test_raw_names_agree_with_the_driver_symbols(primary):
         # pointer keeps that handle's cdata object, so identity is not the property)
         assert ffi.cast("void *", fastpath.pointer(drv.cuCtxGetCurrent)) == \
             ffi.cast("void *", drv.resolution("cuCtxGetCurrent").function) != ffi.NULL
+
+
+def test_checked_errors_are_the_drivers_own(primary):
+    """Real failing calls through drv.checked -- cuDeviceGet past the device count (two parameters) and
+    cuDriverGetVersion(NULL) (one: a slot trampoline) -- raise the CudaError whose code is what the
+    same call returns through dlsym, named and described by the driver's cuGetErrorName /
+    cuGetErrorString (also by dlsym), and naming the call.  The C checked callable on the fast path."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    drv = cuproc.driver.default_driver()
+    count, dev = ffi.new("int *"), ffi.new("CUdevice *")
+    drv.checked.cuDeviceGetCount(count)
+    cases = [("cuDeviceGet", (dev, count[0] + 100), (ctypes.byref(ctypes.c_int()), count[0] + 100)),
+             ("cuDriverGetVersion", (ffi.NULL,), (None,))]
+    for name, ours, theirs in cases:
+        checked = getattr(drv.checked, name)
+        assert isinstance(checked, types.FunctionType) != fastpath.active()
+        rc = getattr(lib, name)(*theirs)
+        assert rc != 0 and getattr(drv, name)(*ours) == rc
+        with pytest.raises(cuproc.CudaError) as info:
+            checked(*ours)
+        err_name, err_text = ctypes.c_char_p(), ctypes.c_char_p()
+        assert lib.cuGetErrorName(rc, ctypes.byref(err_name)) == 0
+        assert lib.cuGetErrorString(rc, ctypes.byref(err_text)) == 0
+        err = info.value
+        assert err.code == rc and err.call == name
+        assert err.name == err_name.value.decode() and err.description == err_text.value.decode()
+    assert drv.checked.cuDeviceGet(dev, 0) is None and dev[0] == 0
+    version, theirs_version = ffi.new("int *"), ctypes.c_int()
+    assert drv.checked.cuDriverGetVersion(version) is None
+    assert lib.cuDriverGetVersion(ctypes.byref(theirs_version)) == 0 and version[0] == theirs_version.value
 
 
 def test_prepared_vector_add_with_values_changing(primary):

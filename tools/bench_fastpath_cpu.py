@@ -8,7 +8,7 @@ its own process (``CUPROC_PURE_PYTHON=1`` for the pure one); per row, the best o
     python tools/bench_fastpath_cpu.py            # prints a table: ns per call, pure vs fast
 
 Rows: the bare cffi pointer (libffi, the floor cuproc's raw names had before the fast path),
-``drv.cuCtxGetCurrent`` (1 argument), ``drv.cuLaunchKernelEx`` (4 arguments), and a prepared
+``drv.cuCtxGetCurrent`` (1 argument) and its checked form, ``drv.cuLaunchKernelEx`` (4 arguments), and a prepared
 launch of ``(float*, int, float)`` whose values change on every call.
 """
 from __future__ import annotations
@@ -50,12 +50,13 @@ def measure() -> dict[str, float]:
                                         cuproc.ffi.new("float *", 1.0)])
     ints = list(range(1000))
     floats = [i * 0.5 for i in range(1000)]
-    env = dict(ptr=ptr, out=out, raw=drv.cuCtxGetCurrent, lptr=launch_ptr, lraw=drv.cuLaunchKernelEx,
+    env = dict(ptr=ptr, out=out, raw=drv.cuCtxGetCurrent, checked=drv.checked.cuCtxGetCurrent, lptr=launch_ptr, lraw=drv.cuLaunchKernelEx,
                config=config, h=fn.handle, params=params, NULL=cuproc.ffi.NULL, run=run, buf=buf,
                ints=ints, floats=floats)
     rows = {
         "bare cffi pointer: cuCtxGetCurrent": "ptr(out)",
         "drv.cuCtxGetCurrent": "raw(out)",
+        "drv.checked.cuCtxGetCurrent": "checked(out)",
         "bare cffi pointer: cuLaunchKernelEx (4 args)": "lptr(config, h, params, NULL)",
         "drv.cuLaunchKernelEx (4 args)": "lraw(config, h, params, NULL)",
         "prepared launch (float*, int, float), values change": "run(buf, ints[i % 1000], floats[i % 1000])",

@@ -21,13 +21,14 @@ cffi *API-mode* extension is a direct C call.  This module is one API-mode exten
   so handles that resolved the same pointer share it and a handle with another pointer takes the
   next slot, or the pointer-argument trampoline when all are taken.
 * the prepared-launch packer of ``tools/fastpath_launch.c``.
+* the checked call of ``tools/fastpath_checked.c`` (``drv.checked.cuX``: call, test the result, raise).
 * the declarations of ``headers/`` themselves, so that the module's ``ffi`` knows every type:
   cffi cannot ``include()`` the out-of-line ABI module into an API-mode one, so with the fast
   path on, this ``ffi`` is *the* ffi of cuproc (``cuproc._ffi``) and cdata passes between the
   trampolines and the rest of cuproc without casts.
 * ``cuproc_abi_digest()`` and ``cuproc_tools_digest()``: the digests (cuproc/_fastpath_digest.py) of
-  ``cuproc/_cffi_abi.py`` and of this tool and ``fastpath_launch.c`` (the ``make_launcher`` argument
-  tuple, the slot trampolines).  A module built from other headers or other tools is not loaded
+  ``cuproc/_cffi_abi.py`` and of this tool and its C sources (the ``make_launcher`` and
+  ``make_checked`` argument tuples, the slot trampolines).  A module built from other headers or other tools is not loaded
   (``cuproc.fastpath.status()`` says so).
 * the contract constants Python reads instead of repeating them: ``CUPROC_SLOTS`` and the
   ``enum cuproc_kind`` values of the launcher's argument kinds.
@@ -50,7 +51,6 @@ import cffi
 ROOT = Path(__file__).resolve().parent.parent
 HEADER_ORDER = ("cuda_types.h", "cuda_pfn.h")
 MODULE = "cuproc._fastpath_c"
-LAUNCH_SOURCE = Path(__file__).resolve().parent / "fastpath_launch.c"
 _PFN_DECL = re.compile(r"^typedef CUresult \(\*(PFN_\w+)\)\((.*)\);$", re.MULTILINE)
 
 
@@ -149,16 +149,16 @@ def ffibuilder(root: Path = ROOT) -> cffi.FFI:
     digests = _digest_module(root)
     abi, tools = digests.digest(root, digests.ABI_INPUTS), digests.digest(root, digests.TOOL_INPUTS)
     ffi.cdef("\n".join(cdefs) + "\nconst char *cuproc_abi_digest(void);\nconst char *cuproc_tools_digest(void);\n"
-             "int cuproc_install_launcher(void);\n" + _KIND_CDEF)
+             "int cuproc_install_launcher(void);\nint cuproc_install_checked(void);\n" + _KIND_CDEF)
     source = "\n".join([
         "#include <stdint.h>", "#include <stddef.h>", "#include <string.h>", declarations,
         f"#define CUPROC_SLOTS {SLOTS}",
         *bodies,
         f'const char *cuproc_abi_digest(void) {{ return "{abi}"; }}',
         f'const char *cuproc_tools_digest(void) {{ return "{tools}"; }}',
-        (root / "tools" / LAUNCH_SOURCE.name).read_text(),
+        *((root / name).read_text() for name in digests.C_SOURCES),   # the hand-written C
     ])
-    # The launcher uses the full C API (vectorcall, GIL state): no limited API.  -O1: the
+    # The launcher and the checked call use the full C API (vectorcall, GIL state): no limited API.  -O1: the
     # trampolines are one call each, and -O2 doubles the build time for nothing measurable.
     ffi.set_source(MODULE, source, py_limited_api=False, define_macros=[("_CFFI_NO_LIMITED_API", None)],
                    extra_compile_args=["-O1"] if sys.platform != "win32" else [])

@@ -356,31 +356,37 @@ static PyMethodDef cuproc_make_launcher_def = {
     "A C launcher over a prepared launch's packed block (cuproc.launch builds the arguments).",
 };
 
+/* Put ``factory`` (as its ml_name) and ``type`` (as ``type_name``) on cuproc._fastpath_c, with the
+ * GIL held (``type`` NULL: making it failed, its error is set): 0, or -1 with the error printed (the caller sees -1 through cffi; the reason goes to
+ * stderr, not lost).  Shared with fastpath_checked.c, compiled after this file. */
+static int cuproc_publish(PyMethodDef *factory, const char *type_name, PyTypeObject *type)
+{
+    int rc = -1;
+    PyObject *module = NULL, *function = NULL;
+    if (type != NULL && (module = PyImport_ImportModule("cuproc._fastpath_c")) != NULL
+        && (function = PyCFunction_New(factory, NULL)) != NULL
+        && PyObject_SetAttrString(module, factory->ml_name, function) == 0
+        && PyObject_SetAttrString(module, type_name, (PyObject *)type) == 0)
+        rc = 0;
+    if (rc) PyErr_Print();
+    Py_XDECREF(function);
+    Py_XDECREF(module);
+    return rc;
+}
+
 /* Called once through cffi (which released the GIL): put Launcher and make_launcher on the module. */
 static int cuproc_install_launcher(void)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
-    int rc = -1;
-    PyObject *module = NULL, *function = NULL;
+    int rc;
     if (cuproc_launcher_type == NULL) {
         cuproc_s_ended = PyUnicode_InternFromString("ended");
         cuproc_s_context = PyUnicode_InternFromString("context");
         cuproc_s_address = PyUnicode_InternFromString("address");
-        if (!cuproc_s_ended || !cuproc_s_context || !cuproc_s_address) goto done;
-        cuproc_launcher_type = (PyTypeObject *)PyType_FromSpec(&cuproc_launcher_spec);
-        if (cuproc_launcher_type == NULL) goto done;
+        if (cuproc_s_ended && cuproc_s_context && cuproc_s_address)
+            cuproc_launcher_type = (PyTypeObject *)PyType_FromSpec(&cuproc_launcher_spec);
     }
-    module = PyImport_ImportModule("cuproc._fastpath_c");
-    if (module == NULL) goto done;
-    function = PyCFunction_New(&cuproc_make_launcher_def, NULL);
-    if (function == NULL) goto done;
-    if (PyObject_SetAttrString(module, "make_launcher", function) < 0) goto done;
-    if (PyObject_SetAttrString(module, "Launcher", (PyObject *)cuproc_launcher_type) < 0) goto done;
-    rc = 0;
-done:
-    if (rc) PyErr_Print();   /* the caller sees -1; the reason goes to stderr, not lost */
-    Py_XDECREF(function);
-    Py_XDECREF(module);
+    rc = cuproc_publish(&cuproc_make_launcher_def, "Launcher", cuproc_launcher_type);
     PyGILState_Release(gil);
     return rc;
 }
