@@ -64,8 +64,8 @@ from . import _fork, errors, fastpath
 from ._env import flag
 from ._ffi import ffi as ffi  # re-exported: cuproc.driver.ffi is part of the C-named namespace
 from .loader import DIRECT_LOOKUP, GET_PROC_ADDRESS_V2, DriverLibrary, open_library
-from .registry import (NOT_ON_THIS_PLATFORM, NOT_YET_INTRODUCED, PER_THREAD_NEEDS_7_0, Registry, Selection,
-                       default_registry)
+from .registry import (AVAILABLE, NOT_ON_THIS_PLATFORM, NOT_YET_INTRODUCED, PER_THREAD_NEEDS_7_0, Entry,
+                       Registry, Selection, default_registry)
 from .version import CudaVersion
 
 if TYPE_CHECKING:
@@ -113,6 +113,16 @@ class Resolution(NamedTuple):
     newer_driver_feature: bool
     function: Any            # the cffi function pointer, or None
     message: str | None      # why not resolved
+
+
+class _Answer(NamedTuple):
+    """The driver's raw answer for one symbol (:meth:`Driver.preload` keeps these until first use)."""
+
+    entry: Entry             # the registry's selection as plain values
+    requested: CudaVersion   # the version it was selected at (the driver's for a newer-driver feature)
+    newer_driver_feature: bool
+    status: str
+    pointer: Any             # void * when resolved, else None
 
 
 class Unavailable:
@@ -242,6 +252,8 @@ class Driver(_DriverFunctions):
         self._driver_version: CudaVersion | None = None
         self._lock = _fork.rlock()
         self._resolutions: dict[str, Resolution] = {}
+        self._answers: dict[str, _Answer] = {}        # preload()'s raw answers, made Resolutions on first use
+        self._out: tuple[Any, Any] | None = None      # cuGetProcAddress's out-parameters, reused under the lock
         self._declared: dict[str, Resolution] = {}    # declare()d names the registry lacks
         self._checked: Checked | None = None
         _live_drivers.add(self)
@@ -306,8 +318,13 @@ class Driver(_DriverFunctions):
             return self._resolutions[name]
         self.open()
         with self._lock:
-            if version is None and name in self._resolutions:
-                return self._resolutions[name]
+            if version is None:
+                if name in self._resolutions:
+                    return self._resolutions[name]
+                answer = self._answers.pop(name, None)
+                if answer is not None:   # preload() asked the driver already
+                    result = self._resolutions[name] = self._resolution_of(name, answer)
+                    return result
             requested = self._version if version is None else CudaVersion.parse(version)
             result = self._resolve(name, requested, explicit=version is not None)
             if version is None:
@@ -318,47 +335,62 @@ class Driver(_DriverFunctions):
         reg = self.registry
         if name not in reg:
             raise KeyError(f"cuproc's registry has no driver function {name!r}")
-        per_thread = self.per_thread_default_stream
-        sel = reg.select(name, requested, per_thread=per_thread)
+        entry = reg.entry(name, requested, per_thread=self.per_thread_default_stream)
+        return self._resolution_of(name, self._answer(name, entry, requested, explicit))
+
+    def _answer(self, name: str, entry: Entry, requested: CudaVersion, explicit: bool) -> _Answer:
+        """What the driver says for ``name`` selected as ``entry`` at ``requested``: the decisions and
+        the one cuGetProcAddress query, building no Python objects beyond the answer tuple (preload()
+        makes 561 of these; :meth:`_resolution_of` turns one into a Resolution when it is asked for).
+        Called with the lock held."""
         newer = False
         driver_version = self._driver_version
         assert driver_version is not None
-        if sel.availability == NOT_YET_INTRODUCED and not explicit:
-            at_driver = reg.select(name, min(driver_version, reg.newest_version), per_thread=per_thread)
-            if at_driver.exists:
-                sel, newer = at_driver, True
-        if sel.availability == NOT_YET_INTRODUCED:
-            return self._failed(sel, DRIVER_TOO_OLD if sel.symbol.introduced > driver_version else
-                                VERSION_NOT_SUFFICIENT, newer)
-        if sel.availability == PER_THREAD_NEEDS_7_0:
-            return self._failed(sel, VERSION_NOT_SUFFICIENT, newer)
-        if sel.availability == NOT_ON_THIS_PLATFORM:
-            return self._failed(sel, NOT_ON_THIS_PLATFORM, newer)
-        if sel.variant.version > driver_version:
-            return self._failed(sel, DRIVER_TOO_OLD, newer)
-        status, pointer = self._query(sel)
-        if status != RESOLVED:
-            return self._failed(sel, status, newer)
-        function = ffi.cast(_callable_type(sel.typedef), pointer)
-        return Resolution(name, RESOLVED, sel.entry_point, sel.typedef, sel.query_version, newer, function, None)
+        if entry.availability == NOT_YET_INTRODUCED and not explicit:
+            reg = self.registry
+            at = min(driver_version, reg.newest_version)
+            at_driver = reg.entry(name, at, per_thread=self.per_thread_default_stream)
+            if at_driver.availability == AVAILABLE:
+                entry, requested, newer = at_driver, at, True
+        availability = entry.availability
+        if availability == AVAILABLE:
+            if entry.abi_version > driver_version:  # type: ignore[operator]
+                return _Answer(entry, requested, newer, DRIVER_TOO_OLD, None)
+            status, pointer = self._ask(name, entry.entry_point, entry.query_version)  # type: ignore[arg-type]
+            return _Answer(entry, requested, newer, status, pointer)
+        if availability == NOT_YET_INTRODUCED:
+            status = DRIVER_TOO_OLD if entry.introduced > driver_version else VERSION_NOT_SUFFICIENT
+        elif availability == PER_THREAD_NEEDS_7_0:
+            status = VERSION_NOT_SUFFICIENT
+        else:
+            status = NOT_ON_THIS_PLATFORM
+        return _Answer(entry, requested, newer, status, None)
 
-    def _query(self, sel: Selection) -> tuple[str, Any]:
-        """Ask the driver for exactly the selected entry; (status, void* or None)."""
-        return self._ask(sel.symbol.name, sel.entry_point, sel.query_version)
+    def _resolution_of(self, name: str, answer: _Answer) -> Resolution:
+        """The :class:`Resolution` an answer stands for: the typed pointer, or the failure's message."""
+        entry, requested, newer, status, pointer = answer
+        if status != RESOLVED:
+            sel = self.registry.select(name, requested, per_thread=self.per_thread_default_stream)
+            return self._failed(sel, status, newer)
+        function = ffi.cast(_callable_type(entry.typedef), pointer)  # type: ignore[arg-type]
+        return Resolution(name, RESOLVED, entry.entry_point, entry.typedef, entry.query_version, newer, function,
+                          None)
 
     def _ask(self, name: str, entry: str, version: CudaVersion) -> tuple[str, Any]:
         """cuGetProcAddress(name, version) under this handle's flag (dlsym of ``entry`` on drivers
-        without it); (status, void* or None)."""
+        without it); (status, void* or None).  Called with the lock held: the out-parameters are
+        this handle's, allocated once."""
         lib = self._lib
         assert lib is not None
         if lib.lookup == DIRECT_LOOKUP:
             address = lib.symbol_address(entry)
             return (RESOLVED, ffi.cast("void *", address)) if address else (SYMBOL_NOT_FOUND, None)
-        pfn = ffi.new(_VOID_PP)
+        if self._out is None:
+            self._out = (ffi.new(_VOID_PP), ffi.new(_QUERY_RESULT_P))
+        pfn, status = self._out
         flags = FLAG_PER_THREAD if self.per_thread_default_stream else FLAG_LEGACY_STREAM
         symbol = name.encode()
         if lib.lookup == GET_PROC_ADDRESS_V2:
-            status = ffi.new(_QUERY_RESULT_P)
             rc = lib.get_proc_address(symbol, pfn, int(version), flags, status)
             if rc != _CUDA_SUCCESS:
                 return SYMBOL_NOT_FOUND, None
@@ -366,9 +398,10 @@ class Driver(_DriverFunctions):
         else:
             rc = lib.get_proc_address(symbol, pfn, int(version), flags)
             answer = RESOLVED if rc == _CUDA_SUCCESS else SYMBOL_NOT_FOUND
-        if answer == RESOLVED and pfn[0] == ffi.NULL:
-            answer = SYMBOL_NOT_FOUND
-        return answer, (pfn[0] if answer == RESOLVED else None)
+        if answer != RESOLVED:
+            return answer, None
+        pointer = pfn[0]
+        return (RESOLVED, pointer) if pointer != ffi.NULL else (SYMBOL_NOT_FOUND, None)
 
     def _failed(self, sel: Selection, status: str, newer: bool) -> Resolution:
         name = sel.symbol.name
@@ -493,21 +526,30 @@ class Driver(_DriverFunctions):
         return name in self._declared
 
     def preload(self) -> dict[str, int]:
-        """Resolve every symbol now (one pass under one lock); returns the count of each status."""
+        """Ask the driver for every symbol now (one pass under one lock); returns the count of each status.
+
+        Only the driver's answers are taken here; the :class:`Resolution` and the published callable
+        (a trampoline on the fast path) of each name are made on its first use, as they are without
+        preload, and answer the same."""
         self.open()
         if _fork.FORKED[0]:
             raise forked_error("preload")
         counts: dict[str, int] = {}
-        resolutions, published, version = self._resolutions, self.__dict__, self._version
+        version = self._version
         assert version is not None
+        table = self.registry.entries(version, per_thread=self.per_thread_default_stream)
+        resolutions, answers, answer = self._resolutions, self._answers, self._answer
         with self._lock:
-            for name in self.registry:
+            for name, entry in table.items():
                 res = resolutions.get(name)
-                if res is None:
-                    res = resolutions[name] = self._resolve(name, version, explicit=False)
-                if name not in published:
-                    published[name] = self._published(name, res)
-                counts[res.status] = counts.get(res.status, 0) + 1
+                if res is not None:
+                    status = res.status
+                else:
+                    got = answers.get(name)
+                    if got is None:
+                        got = answers[name] = answer(name, entry, version, False)
+                    status = got.status
+                counts[status] = counts.get(status, 0) + 1
         return counts
 
     def _published(self, name: str, res: Resolution) -> Any:
@@ -524,7 +566,8 @@ class Driver(_DriverFunctions):
         """After fork: drop cached pointers so the next access re-checks the process state."""
         for name in [*self._resolutions, *self._declared]:
             self.__dict__.pop(name, None)
-        self._resolutions.clear()   # _declared stays: its names refuse in __getattr__
+        self._resolutions.clear()
+        self._answers.clear()   # _declared stays: its names refuse in __getattr__
         self._checked = None
 
     # ---------------------------------------------------------------- errors

@@ -112,26 +112,57 @@ class Selection(NamedTuple):
 
     @property
     def entry_point(self) -> str | None:
-        if not self.exists:
-            return None
-        if self.uses_per_thread_entry:
-            return self.variant.entry + self.symbol.per_thread_suffix
-        return self.variant.entry
+        return self._abi()[0]
 
     @property
     def typedef(self) -> str | None:
-        if not self.exists:
-            return None
-        return self.variant.per_thread_typedef if self.uses_per_thread_entry else self.variant.typedef
+        return self._abi()[1]
 
     @property
     def query_version(self) -> CudaVersion | None:
         """The version to pass to cuGetProcAddress for exactly this entry."""
+        return self._abi()[2]
+
+    def _abi(self) -> tuple[str | None, str | None, CudaVersion | None]:
         if not self.exists:
-            return None
-        if self.uses_per_thread_entry:
-            return max(self.variant.version, PER_THREAD_MIN_VERSION)
-        return self.variant.version
+            return None, None, None
+        v = self.variant
+        return _entry_of(v.entry, v.typedef, v.per_thread_typedef, v.version,
+                         self.symbol.per_thread_suffix if self.per_thread else None)
+
+
+def _entry_of(entry: str, typedef: str, per_thread_typedef: str | None, version: CudaVersion,
+              suffix: str | None) -> tuple[str, str, CudaVersion]:
+    """(entry point, typedef, query version) of an available variant; ``suffix`` is the per-thread
+    suffix when the per-thread entry is wanted (and the symbol has one), else None.  The one rule
+    behind :class:`Selection` and :meth:`Registry.entries`."""
+    if suffix is None:
+        return entry, typedef, version
+    return entry + suffix, per_thread_typedef or typedef, max(version, PER_THREAD_MIN_VERSION)
+
+
+class Entry(NamedTuple):
+    """One symbol's selection at one requested version and flag, as the few plain values resolving
+    it needs (:meth:`Registry.entries`): the same answers as :class:`Selection`'s properties."""
+
+    availability: str
+    entry_point: str | None
+    typedef: str | None
+    query_version: CudaVersion | None
+    abi_version: CudaVersion | None   # the selected variant's own version (None when none is selected)
+    introduced: CudaVersion
+
+
+class _Abis(NamedTuple):
+    """A symbol's typedef names parsed, oldest ABI first: what both :class:`Symbol` and :class:`Entry`
+    are made from."""
+
+    versions: tuple[CudaVersion, ...]
+    entries: tuple[str, ...]
+    typedefs: tuple[str, ...]
+    per_thread_typedefs: tuple[str | None, ...]
+    suffix: str | None
+    windows_only: bool
 
 
 class Change(NamedTuple):
@@ -167,6 +198,8 @@ class Registry(Mapping[str, Symbol]):
                          for name, spans in (header_aliases or {}).items()}
         self._aliased = frozenset(self._aliases)
         self._symbols: dict[str, Symbol] = {}
+        self._abis: dict[str, _Abis] = {}
+        self._tables: dict[tuple[CudaVersion, bool], dict[str, Entry]] = {}
         self._newest: CudaVersion | None = None
 
     @classmethod
@@ -208,34 +241,66 @@ class Registry(Mapping[str, Symbol]):
                         header_aliases={n: a for n, a in self._aliases.items() if n not in drop},
                         platform=self._platform if platform is None else platform)
 
-    def _build(self, sym: str) -> Symbol:
-        variants: dict[tuple[int, str], str] = {}
-        for name in self._typedefs[sym]:
-            m = _PFN.match(name)
-            if m is None or m.group(1) != sym:
+    def _parse(self, sym: str) -> _Abis:
+        """The ABIs of ``sym`` from its typedef names (cached; string operations, no regex: every
+        selection table parses all 561 symbols)."""
+        abis = self._abis.get(sym)
+        if abis is not None:
+            return abis
+        prefix = f"PFN_{sym}_v"
+        typedefs = self._typedefs[sym]
+        if len(typedefs) == 1:   # most symbols: one ABI, no per-thread entry
+            name = typedefs[0]
+            digits = name[len(prefix):]
+            if name.startswith(prefix) and digits.isdigit() and digits.isascii():
+                abis = self._abis[sym] = _Abis((_version(int(digits)),), (sym,), typedefs, (None,), None,
+                                               sym in self._windows_only)
+                return abis
+        base: dict[int, str] = {}
+        per_thread: dict[int, str] = {}
+        suffixes = set()
+        for name in typedefs:
+            digits = name[len(prefix):] if name.startswith(prefix) else ""
+            suffix = digits[-5:] if digits.endswith(PER_THREAD_SUFFIXES) else ""
+            if suffix:
+                digits = digits[:-5]
+            if not (digits.isdigit() and digits.isascii()):
                 raise ValueError(f"{name} is not a versioned PFN typedef of {sym}")
-            variants[(int(m.group(2)), m.group(3) or "")] = name
-        base_versions = sorted({v for v, suffix in variants if not suffix})
-        suffixes = {suffix for _, suffix in variants if suffix}
+            if suffix:
+                suffixes.add(suffix)
+                per_thread[int(digits)] = name
+            else:
+                base[int(digits)] = name
         if len(suffixes) > 1:
             raise ValueError(f"{sym} has both per-thread suffixes {sorted(suffixes)}")
-        if not base_versions:
+        if not base:
             raise ValueError(f"{sym} has per-thread typedefs but no default-stream one")
         suffix = suffixes.pop() if suffixes else None
-        pt_versions = sorted(v for v, s in variants if s)
-        built = []
-        for k, v in enumerate(base_versions, start=1):
-            typedef = variants[(v, "")]
-            pt_typedef = None
+        versions = sorted(base)
+        pt_versions = sorted(per_thread)
+        pt_typedefs: list[str | None] = []
+        for v in versions:
             if suffix:
                 # Per-thread typedefs may carry their own version (PFN_cuMemcpyHtoD_v7000_ptds
                 # serves the 3020 ABI): take the newest one the per-thread query can reach.
                 reach = max(v, int(PER_THREAD_MIN_VERSION))
                 own = [p for p in pt_versions if v <= p <= reach]
-                pt_typedef = variants[(own[-1], suffix)] if own else typedef
-            built.append(Variant(sym, _version(v), typedef, sym if k == 1 else f"{sym}_v{k}", pt_typedef,
-                                 tuple(self._toolkits.get(typedef, ()))))
-        return Symbol(sym, tuple(built), suffix, sym in self._windows_only,
+                pt_typedefs.append(per_thread[own[-1]] if own else base[v])
+            else:
+                pt_typedefs.append(None)
+        abis = _Abis(tuple(_version(v) for v in versions),
+                     tuple(sym if k == 0 else f"{sym}_v{k + 1}" for k in range(len(versions))),
+                     tuple(base[v] for v in versions), tuple(pt_typedefs), suffix, sym in self._windows_only)
+        self._abis[sym] = abis   # idempotent: a race parses equal tuples
+        return abis
+
+    def _build(self, sym: str) -> Symbol:
+        abis = self._parse(sym)
+        toolkits = self._toolkits
+        built = tuple(Variant(sym, v, typedef, entry, pt, tuple(toolkits.get(typedef, ())))
+                      for v, entry, typedef, pt in zip(abis.versions, abis.entries, abis.typedefs,
+                                                       abis.per_thread_typedefs))
+        return Symbol(sym, built, abis.suffix, abis.windows_only,
                       self._headers.get(sym, Symbol._field_defaults["header"]))
 
     # Mapping protocol -----------------------------------------------------------------
@@ -264,24 +329,57 @@ class Registry(Mapping[str, Symbol]):
             self._newest = max(self[name].newest for name in self)
         return self._newest
 
+    def _choose(self, abis: _Abis, requested: CudaVersion, per_thread: bool) -> tuple[int, str]:
+        """The selection rule: (index of the variant R selects, or -1; its availability)."""
+        chosen = -1
+        for i, version in enumerate(abis.versions):
+            if version > requested:
+                break
+            chosen = i
+        if chosen < 0:
+            return chosen, NOT_YET_INTRODUCED
+        if abis.windows_only and self._platform != WINDOWS:
+            return chosen, NOT_ON_THIS_PLATFORM
+        if per_thread and abis.suffix and requested < PER_THREAD_MIN_VERSION:
+            return chosen, PER_THREAD_NEEDS_7_0
+        return chosen, AVAILABLE
+
     def select(self, name: str, version: VersionLike, *, per_thread: bool = False) -> Selection:
         """The variant and entry point of ``name`` at requested version ``version``."""
         symbol = self[name]
         requested = CudaVersion.parse(version)
-        chosen = None
-        for variant in symbol.variants:
-            if variant.version > requested:
-                break
-            chosen = variant
-        if chosen is None:
-            availability = NOT_YET_INTRODUCED
-        elif symbol.windows_only and self._platform != WINDOWS:
-            availability = NOT_ON_THIS_PLATFORM
-        elif per_thread and symbol.per_thread_suffix and requested < PER_THREAD_MIN_VERSION:
-            availability = PER_THREAD_NEEDS_7_0
-        else:
-            availability = AVAILABLE
-        return Selection(symbol, requested, per_thread, chosen, availability)
+        chosen, availability = self._choose(self._parse(name), requested, per_thread)
+        return Selection(symbol, requested, per_thread, symbol.variants[chosen] if chosen >= 0 else None,
+                         availability)
+
+    def entry(self, name: str, version: VersionLike, *, per_thread: bool = False) -> Entry:
+        """``select(name, version, per_thread=...)`` as an :class:`Entry` (no Symbol is built)."""
+        if name not in self._typedefs:
+            raise KeyError(name)
+        return self._entry(name, CudaVersion.parse(version), per_thread)
+
+    def entries(self, version: VersionLike, *, per_thread: bool = False) -> Mapping[str, Entry]:
+        """Every symbol's :class:`Entry` at ``version`` and flag, in registry order: one table per
+        (version, flag), built on first use and kept (what ``Driver.preload`` walks)."""
+        requested = CudaVersion.parse(version)
+        key = (requested, bool(per_thread))
+        table = self._tables.get(key)
+        if table is None:
+            entry = self._entry
+            table = self._tables[key] = {name: entry(name, requested, per_thread) for name in self._typedefs}
+        return table
+
+    def _entry(self, name: str, requested: CudaVersion, per_thread: bool) -> Entry:
+        abis = self._abis.get(name) or self._parse(name)
+        chosen, availability = self._choose(abis, requested, per_thread)
+        if availability != AVAILABLE:
+            abi = abis.versions[chosen] if chosen >= 0 else None
+            return Entry(availability, None, None, None, abi, abis.versions[0])
+        abi = abis.versions[chosen]
+        entry, typedef, query = _entry_of(abis.entries[chosen], abis.typedefs[chosen],
+                                          abis.per_thread_typedefs[chosen], abi,
+                                          abis.suffix if per_thread else None)
+        return Entry(AVAILABLE, entry, typedef, query, abi, abis.versions[0])
 
     def header_alias(self, name: str, version: VersionLike) -> str | None:
         """The function C source means by ``name`` when compiled against CUDA ``version``'s headers,
