@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 #: Per-thread-default-stream entries exist from this version on.
 PER_THREAD_MIN_VERSION = CudaVersion(7, 0)
 PER_THREAD_SUFFIXES = ("_ptds", "_ptsz")
+_PER_THREAD_MIN_KEY = int(PER_THREAD_MIN_VERSION)
 #: The platform whose driver has the Windows-only symbols (``sys.platform`` spelling).
 WINDOWS = "win32"
 
@@ -158,6 +159,7 @@ class _Abis(NamedTuple):
     are made from."""
 
     versions: tuple[CudaVersion, ...]
+    keys: tuple[int, ...]               # the same versions as the driver's integers (compared in C)
     entries: tuple[str, ...]
     typedefs: tuple[str, ...]
     per_thread_typedefs: tuple[str | None, ...]
@@ -253,7 +255,8 @@ class Registry(Mapping[str, Symbol]):
             name = typedefs[0]
             digits = name[len(prefix):]
             if name.startswith(prefix) and digits.isdigit() and digits.isascii():
-                abis = self._abis[sym] = _Abis((_version(int(digits)),), (sym,), typedefs, (None,), None,
+                key = int(digits)
+                abis = self._abis[sym] = _Abis((_version(key),), (key,), (sym,), typedefs, (None,), None,
                                                sym in self._windows_only)
                 return abis
         base: dict[int, str] = {}
@@ -288,7 +291,7 @@ class Registry(Mapping[str, Symbol]):
                 pt_typedefs.append(per_thread[own[-1]] if own else base[v])
             else:
                 pt_typedefs.append(None)
-        abis = _Abis(tuple(_version(v) for v in versions),
+        abis = _Abis(tuple(_version(v) for v in versions), tuple(versions),
                      tuple(sym if k == 0 else f"{sym}_v{k + 1}" for k in range(len(versions))),
                      tuple(base[v] for v in versions), tuple(pt_typedefs), suffix, sym in self._windows_only)
         self._abis[sym] = abis   # idempotent: a race parses equal tuples
@@ -329,18 +332,19 @@ class Registry(Mapping[str, Symbol]):
             self._newest = max(self[name].newest for name in self)
         return self._newest
 
-    def _choose(self, abis: _Abis, requested: CudaVersion, per_thread: bool) -> tuple[int, str]:
-        """The selection rule: (index of the variant R selects, or -1; its availability)."""
+    def _choose(self, abis: _Abis, requested: int, per_thread: bool) -> tuple[int, str]:
+        """The selection rule at R (the driver's integer): (index of the variant R selects, or -1;
+        its availability)."""
         chosen = -1
-        for i, version in enumerate(abis.versions):
-            if version > requested:
+        for i, key in enumerate(abis.keys):
+            if key > requested:
                 break
             chosen = i
         if chosen < 0:
             return chosen, NOT_YET_INTRODUCED
         if abis.windows_only and self._platform != WINDOWS:
             return chosen, NOT_ON_THIS_PLATFORM
-        if per_thread and abis.suffix and requested < PER_THREAD_MIN_VERSION:
+        if per_thread and abis.suffix and requested < _PER_THREAD_MIN_KEY:
             return chosen, PER_THREAD_NEEDS_7_0
         return chosen, AVAILABLE
 
@@ -348,7 +352,7 @@ class Registry(Mapping[str, Symbol]):
         """The variant and entry point of ``name`` at requested version ``version``."""
         symbol = self[name]
         requested = CudaVersion.parse(version)
-        chosen, availability = self._choose(self._parse(name), requested, per_thread)
+        chosen, availability = self._choose(self._parse(name), int(requested), per_thread)
         return Selection(symbol, requested, per_thread, symbol.variants[chosen] if chosen >= 0 else None,
                          availability)
 
@@ -356,7 +360,7 @@ class Registry(Mapping[str, Symbol]):
         """``select(name, version, per_thread=...)`` as an :class:`Entry` (no Symbol is built)."""
         if name not in self._typedefs:
             raise KeyError(name)
-        return self._entry(name, CudaVersion.parse(version), per_thread)
+        return self._entry(name, int(CudaVersion.parse(version)), per_thread)
 
     def entries(self, version: VersionLike, *, per_thread: bool = False) -> Mapping[str, Entry]:
         """Every symbol's :class:`Entry` at ``version`` and flag, in registry order: one table per
@@ -365,11 +369,11 @@ class Registry(Mapping[str, Symbol]):
         key = (requested, bool(per_thread))
         table = self._tables.get(key)
         if table is None:
-            entry = self._entry
-            table = self._tables[key] = {name: entry(name, requested, per_thread) for name in self._typedefs}
+            entry, at = self._entry, int(requested)
+            table = self._tables[key] = {name: entry(name, at, per_thread) for name in self._typedefs}
         return table
 
-    def _entry(self, name: str, requested: CudaVersion, per_thread: bool) -> Entry:
+    def _entry(self, name: str, requested: int, per_thread: bool) -> Entry:
         abis = self._abis.get(name) or self._parse(name)
         chosen, availability = self._choose(abis, requested, per_thread)
         if availability != AVAILABLE:
