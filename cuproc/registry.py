@@ -261,39 +261,40 @@ class Registry(Mapping[str, Symbol]):
                 return abis
         base: dict[int, str] = {}
         per_thread: dict[int, str] = {}
-        suffixes = set()
+        suffix: str | None = None
         for name in typedefs:
             digits = name[len(prefix):] if name.startswith(prefix) else ""
-            suffix = digits[-5:] if digits.endswith(PER_THREAD_SUFFIXES) else ""
-            if suffix:
+            own = digits[-5:]
+            if own in PER_THREAD_SUFFIXES:
                 digits = digits[:-5]
             if not (digits.isdigit() and digits.isascii()):
                 raise ValueError(f"{name} is not a versioned PFN typedef of {sym}")
-            if suffix:
-                suffixes.add(suffix)
+            if own in PER_THREAD_SUFFIXES:
+                if suffix is not None and own != suffix:
+                    raise ValueError(f"{sym} has both per-thread suffixes {sorted((suffix, own))}")
+                suffix = own
                 per_thread[int(digits)] = name
             else:
                 base[int(digits)] = name
-        if len(suffixes) > 1:
-            raise ValueError(f"{sym} has both per-thread suffixes {sorted(suffixes)}")
         if not base:
             raise ValueError(f"{sym} has per-thread typedefs but no default-stream one")
-        suffix = suffixes.pop() if suffixes else None
         versions = sorted(base)
-        pt_versions = sorted(per_thread)
-        pt_typedefs: list[str | None] = []
-        for v in versions:
-            if suffix:
-                # Per-thread typedefs may carry their own version (PFN_cuMemcpyHtoD_v7000_ptds
-                # serves the 3020 ABI): take the newest one the per-thread query can reach.
-                reach = max(v, int(PER_THREAD_MIN_VERSION))
-                own = [p for p in pt_versions if v <= p <= reach]
-                pt_typedefs.append(per_thread[own[-1]] if own else base[v])
-            else:
-                pt_typedefs.append(None)
+        typedefs_of = tuple(base[v] for v in versions)
+        if suffix is None:
+            pt_typedefs: tuple[str | None, ...] = (None,) * len(versions)
+        else:
+            # Per-thread typedefs may carry their own version (PFN_cuMemcpyHtoD_v7000_ptds
+            # serves the 3020 ABI): take the newest one the per-thread query can reach.
+            pt_versions = sorted(per_thread)
+            chosen = []
+            for v in versions:
+                reach = max(v, _PER_THREAD_MIN_KEY)
+                own_versions = [p for p in pt_versions if v <= p <= reach]
+                chosen.append(per_thread[own_versions[-1]] if own_versions else base[v])
+            pt_typedefs = tuple(chosen)
         abis = _Abis(tuple(_version(v) for v in versions), tuple(versions),
-                     tuple(sym if k == 0 else f"{sym}_v{k + 1}" for k in range(len(versions))),
-                     tuple(base[v] for v in versions), tuple(pt_typedefs), suffix, sym in self._windows_only)
+                     (sym, *(f"{sym}_v{k}" for k in range(2, len(versions) + 1))),
+                     typedefs_of, pt_typedefs, suffix, sym in self._windows_only)
         self._abis[sym] = abis   # idempotent: a race parses equal tuples
         return abis
 
