@@ -19,7 +19,9 @@ Policy
   After the first access it is a plain attribute, so a call
   costs what a bare call through the pointer costs.  ``drv.checked.cuMemAlloc`` raises
   :class:`~cuproc.errors.CudaError` instead of returning a code.
-* **Resolution** is lazy, cached per symbol, thread-safe.  Each symbol is asked
+* **Resolution** is lazy, cached per symbol, thread-safe.  :meth:`Driver.preload` asks the
+  driver for every symbol in one pass and keeps only its answers; each name's Resolution and
+  published callable are made on first use, the same as without preload.  Each symbol is asked
   for at its selected variant's *own* version (see :mod:`cuproc.registry`),
   never at the requested version R, and both the return code and the query
   status are read.

@@ -20,6 +20,11 @@ were checked against a real 580 driver for the 485 symbols of cudaTypedefs.h (CU
   ``_WIN32`` (cuWGLGetDevice) has no entry on other platforms: its selection
   there is ``not_on_this_platform``.  The platform is a registry field
   (``platform=``, default ``sys.platform``), so either answer can be asked for anywhere.
+* **Tables.** :meth:`Registry.entries` is every symbol's selection at one
+  (version, flag) as plain :class:`Entry` rows, built once per pair and kept:
+  ``Driver.preload`` walks it instead of building 561 Symbols and Selections.
+  Entries, :class:`Symbol` and :meth:`Registry.select` come from one parse of
+  the typedef names and one selection rule, so they cannot disagree.
 * **Header aliases.** ``cuda.h`` may ``#define`` a name to another function
   (``cuGraphInstantiate`` -> ``cuGraphInstantiateWithFlags`` from 12.0).  The
   registry keeps the C name's own ABIs -- what cuGetProcAddress returns --
