@@ -340,11 +340,13 @@ class Driver(_DriverFunctions):
         entry = reg.entry(name, requested, per_thread=self.per_thread_default_stream)
         return self._resolution_of(name, self._answer(name, entry, requested, explicit))
 
-    def _answer(self, name: str, entry: Entry, requested: CudaVersion, explicit: bool) -> _Answer:
+    def _answer(self, name: str, entry: Entry, requested: CudaVersion, explicit: bool,
+                ask: Callable[[str, str, int], tuple[str, Any]] | None = None) -> _Answer:
         """What the driver says for ``name`` selected as ``entry`` at ``requested``: the decisions and
         the one cuGetProcAddress query, building no Python objects beyond the answer tuple (preload()
         makes 561 of these; :meth:`_resolution_of` turns one into a Resolution when it is asked for).
-        Called with the lock held."""
+        Called with the lock held; ``ask`` is :meth:`_asker`'s query when the caller made it once for many
+        names."""
         newer = False
         driver_version = self._driver_version
         assert driver_version is not None
@@ -358,7 +360,9 @@ class Driver(_DriverFunctions):
         if availability == AVAILABLE:
             if entry.abi_version > driver_version:  # type: ignore[operator]
                 return _Answer(entry, requested, newer, DRIVER_TOO_OLD, None)
-            status, pointer = self._ask(name, entry.entry_point, entry.query_version)  # type: ignore[arg-type]
+            if ask is None:
+                ask = self._asker()
+            status, pointer = ask(name, entry.entry_point, int(entry.query_version))  # type: ignore[arg-type]
             return _Answer(entry, requested, newer, status, pointer)
         if availability == NOT_YET_INTRODUCED:
             status = DRIVER_TOO_OLD if entry.introduced > driver_version else VERSION_NOT_SUFFICIENT
@@ -380,30 +384,44 @@ class Driver(_DriverFunctions):
 
     def _ask(self, name: str, entry: str, version: CudaVersion) -> tuple[str, Any]:
         """cuGetProcAddress(name, version) under this handle's flag (dlsym of ``entry`` on drivers
-        without it); (status, void* or None).  Called with the lock held: the out-parameters are
-        this handle's, allocated once."""
+        without it); (status, void* or None).  Called with the lock held."""
+        return self._asker()(name, entry, int(version))
+
+    def _asker(self) -> Callable[[str, str, int], tuple[str, Any]]:
+        """The query :meth:`_ask` makes, as a function bound to this handle's library, stream flag and
+        out-parameters (allocated once, reused: call it with the lock held).  preload() calls it 561
+        times in a row, so it looks nothing up per call."""
         lib = self._lib
         assert lib is not None
         if lib.lookup == DIRECT_LOOKUP:
-            address = lib.symbol_address(entry)
-            return (RESOLVED, ffi.cast("void *", address)) if address else (SYMBOL_NOT_FOUND, None)
+            symbol_address = lib.symbol_address
+
+            def ask_dlsym(name: str, entry: str, version: int) -> tuple[str, Any]:
+                address = symbol_address(entry)
+                return (RESOLVED, ffi.cast("void *", address)) if address else (SYMBOL_NOT_FOUND, None)
+            return ask_dlsym
         if self._out is None:
             self._out = (ffi.new(_VOID_PP), ffi.new(_QUERY_RESULT_P))
-        pfn, status = self._out
+        pfn, out_status = self._out
         flags = FLAG_PER_THREAD if self.per_thread_default_stream else FLAG_LEGACY_STREAM
-        symbol = name.encode()
+        get_proc_address, null, statuses = lib.get_proc_address, ffi.NULL, _QUERY_STATUS
         if lib.lookup == GET_PROC_ADDRESS_V2:
-            rc = lib.get_proc_address(symbol, pfn, int(version), flags, status)
-            if rc != _CUDA_SUCCESS:
+            def ask_v2(name: str, entry: str, version: int) -> tuple[str, Any]:
+                if get_proc_address(name.encode(), pfn, version, flags, out_status) != _CUDA_SUCCESS:
+                    return SYMBOL_NOT_FOUND, None
+                answer = statuses.get(out_status[0], SYMBOL_NOT_FOUND)
+                if answer != RESOLVED:
+                    return answer, None
+                pointer = pfn[0]
+                return (RESOLVED, pointer) if pointer != null else (SYMBOL_NOT_FOUND, None)
+            return ask_v2
+
+        def ask_v1(name: str, entry: str, version: int) -> tuple[str, Any]:
+            if get_proc_address(name.encode(), pfn, version, flags) != _CUDA_SUCCESS:
                 return SYMBOL_NOT_FOUND, None
-            answer = _QUERY_STATUS.get(status[0], SYMBOL_NOT_FOUND)
-        else:
-            rc = lib.get_proc_address(symbol, pfn, int(version), flags)
-            answer = RESOLVED if rc == _CUDA_SUCCESS else SYMBOL_NOT_FOUND
-        if answer != RESOLVED:
-            return answer, None
-        pointer = pfn[0]
-        return (RESOLVED, pointer) if pointer != ffi.NULL else (SYMBOL_NOT_FOUND, None)
+            pointer = pfn[0]
+            return (RESOLVED, pointer) if pointer != null else (SYMBOL_NOT_FOUND, None)
+        return ask_v1
 
     def _failed(self, sel: Selection, status: str, newer: bool) -> Resolution:
         name = sel.symbol.name
@@ -542,6 +560,7 @@ class Driver(_DriverFunctions):
         table = self.registry.entries(version, per_thread=self.per_thread_default_stream)
         resolutions, answers, answer = self._resolutions, self._answers, self._answer
         with self._lock:
+            ask = self._asker()
             for name, entry in table.items():
                 res = resolutions.get(name)
                 if res is not None:
@@ -549,7 +568,7 @@ class Driver(_DriverFunctions):
                 else:
                     got = answers.get(name)
                     if got is None:
-                        got = answers[name] = answer(name, entry, version, False)
+                        got = answers[name] = answer(name, entry, version, False, ask)
                     status = got.status
                 counts[status] = counts.get(status, 0) + 1
         return counts
