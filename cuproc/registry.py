@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 PER_THREAD_MIN_VERSION = CudaVersion(7, 0)
 PER_THREAD_SUFFIXES = ("_ptds", "_ptsz")
 _PER_THREAD_MIN_KEY = int(PER_THREAD_MIN_VERSION)
+# NamedTuple rows made in bulk (561 per table) skip the generated __new__'s argument binding, as _make does.
+_new = tuple.__new__
 #: The platform whose driver has the Windows-only symbols (``sys.platform`` spelling).
 WINDOWS = "win32"
 
@@ -261,8 +263,8 @@ class Registry(Mapping[str, Symbol]):
             digits = name[len(prefix):]
             if name.startswith(prefix) and digits.isdigit() and digits.isascii():
                 key = int(digits)
-                abis = self._abis[sym] = _Abis((_version(key),), (key,), (sym,), typedefs, (None,), None,
-                                               sym in self._windows_only)
+                abis = self._abis[sym] = _new(_Abis, ((_versions.get(key) or _version(key),), (key,), (sym,),
+                                                      typedefs, (None,), None, sym in self._windows_only))
                 return abis
         base: dict[int, str] = {}
         per_thread: dict[int, str] = {}
@@ -284,22 +286,22 @@ class Registry(Mapping[str, Symbol]):
         if not base:
             raise ValueError(f"{sym} has per-thread typedefs but no default-stream one")
         versions = sorted(base)
-        typedefs_of = tuple(base[v] for v in versions)
+        typedefs_of = tuple(map(base.__getitem__, versions))
         if suffix is None:
             pt_typedefs: tuple[str | None, ...] = (None,) * len(versions)
         else:
             # Per-thread typedefs may carry their own version (PFN_cuMemcpyHtoD_v7000_ptds
             # serves the 3020 ABI): take the newest one the per-thread query can reach.
-            pt_versions = sorted(per_thread)
+            pt_versions = sorted(per_thread, reverse=True)
             chosen = []
             for v in versions:
                 reach = max(v, _PER_THREAD_MIN_KEY)
-                own_versions = [p for p in pt_versions if v <= p <= reach]
-                chosen.append(per_thread[own_versions[-1]] if own_versions else base[v])
+                own = next((p for p in pt_versions if v <= p <= reach), None)
+                chosen.append(base[v] if own is None else per_thread[own])
             pt_typedefs = tuple(chosen)
-        abis = _Abis(tuple(_version(v) for v in versions), tuple(versions),
-                     (sym, *(f"{sym}_v{k}" for k in range(2, len(versions) + 1))),
-                     typedefs_of, pt_typedefs, suffix, sym in self._windows_only)
+        abis = _new(_Abis, (tuple(map(_version, versions)), tuple(versions),
+                            (sym, *[f"{sym}_v{k}" for k in range(2, len(versions) + 1)]),
+                            typedefs_of, pt_typedefs, suffix, sym in self._windows_only))
         self._abis[sym] = abis   # idempotent: a race parses equal tuples
         return abis
 
@@ -384,12 +386,12 @@ class Registry(Mapping[str, Symbol]):
         chosen, availability = self._choose(abis, requested, per_thread)
         if availability != AVAILABLE:
             abi = abis.versions[chosen] if chosen >= 0 else None
-            return Entry(availability, None, None, None, abi, abis.versions[0])
+            return _new(Entry, (availability, None, None, None, abi, abis.versions[0]))
         abi = abis.versions[chosen]
         entry, typedef, query = _entry_of(abis.entries[chosen], abis.typedefs[chosen],
                                           abis.per_thread_typedefs[chosen], abi,
                                           abis.suffix if per_thread else None)
-        return Entry(AVAILABLE, entry, typedef, query, abi, abis.versions[0])
+        return _new(Entry, (AVAILABLE, entry, typedef, query, abi, abis.versions[0]))
 
     def header_alias(self, name: str, version: VersionLike) -> str | None:
         """The function C source means by ``name`` when compiled against CUDA ``version``'s headers,
