@@ -67,7 +67,7 @@ from ._env import flag
 from ._ffi import ffi as ffi  # re-exported: cuproc.driver.ffi is part of the C-named namespace
 from .loader import DIRECT_LOOKUP, GET_PROC_ADDRESS_V2, DriverLibrary, open_library
 from .registry import (AVAILABLE, NOT_ON_THIS_PLATFORM, NOT_YET_INTRODUCED, PER_THREAD_NEEDS_7_0, Entry,
-                       Registry, Selection, default_registry)
+                       Registry, Selection, default_registry, interned_version)
 from .version import CudaVersion
 
 if TYPE_CHECKING:
@@ -102,6 +102,7 @@ _CUDA_SUCCESS = 0
 _VOID_PP = ffi.typeof("void **")                                     # parsed once, not per symbol
 _QUERY_RESULT_P = ffi.typeof("CUdriverProcAddressQueryResult *")
 _CUDA_ERROR_NOT_FOUND = errors.result_code("CUDA_ERROR_NOT_FOUND")
+_new = tuple.__new__   # preload() makes 561 _Answer rows: skip the generated __new__'s argument binding
 
 
 class Resolution(NamedTuple):
@@ -252,6 +253,7 @@ class Driver(_DriverFunctions):
         self._lib: DriverLibrary | None = None
         self._version: CudaVersion | None = None
         self._driver_version: CudaVersion | None = None
+        self._driver_int = 0                          # the same, as the driver's integer (compared per symbol)
         self._lock = _fork.rlock()
         self._resolutions: dict[str, Resolution] = {}
         self._answers: dict[str, _Answer] = {}        # preload()'s raw answers, made Resolutions on first use
@@ -267,7 +269,8 @@ class Driver(_DriverFunctions):
             with self._lock:
                 if self._lib is None:
                     lib = open_library(self._library_path)
-                    self._driver_version = CudaVersion.from_int(lib.version_int())
+                    self._driver_int = lib.version_int()
+                    self._driver_version = CudaVersion.from_int(self._driver_int)
                     if self._requested is not None:
                         self._version = self._requested
                     else:
@@ -348,24 +351,23 @@ class Driver(_DriverFunctions):
         Called with the lock held; ``ask`` is :meth:`_asker`'s query when the caller made it once for many
         names."""
         newer = False
-        driver_version = self._driver_version
-        assert driver_version is not None
+        driver = self._driver_int
         if entry.availability == NOT_YET_INTRODUCED and not explicit:
             reg = self.registry
-            at = min(driver_version, reg.newest_version)
+            at = min(self.driver_version, reg.newest_version)
             at_driver = reg.entry(name, at, per_thread=self.per_thread_default_stream)
             if at_driver.availability == AVAILABLE:
                 entry, requested, newer = at_driver, at, True
         availability = entry.availability
         if availability == AVAILABLE:
-            if entry.abi_version > driver_version:  # type: ignore[operator]
-                return _Answer(entry, requested, newer, DRIVER_TOO_OLD, None)
+            if entry.abi_version > driver:  # type: ignore[operator]
+                return _new(_Answer, (entry, requested, newer, DRIVER_TOO_OLD, None))
             if ask is None:
                 ask = self._asker()
-            status, pointer = ask(name, entry.entry_point, int(entry.query_version))  # type: ignore[arg-type]
-            return _Answer(entry, requested, newer, status, pointer)
+            status, pointer = ask(name, entry.entry_point, entry.query_version)  # type: ignore[arg-type]
+            return _new(_Answer, (entry, requested, newer, status, pointer))
         if availability == NOT_YET_INTRODUCED:
-            status = DRIVER_TOO_OLD if entry.introduced > driver_version else VERSION_NOT_SUFFICIENT
+            status = DRIVER_TOO_OLD if entry.introduced > driver else VERSION_NOT_SUFFICIENT
         elif availability == PER_THREAD_NEEDS_7_0:
             status = VERSION_NOT_SUFFICIENT
         else:
@@ -379,8 +381,8 @@ class Driver(_DriverFunctions):
             sel = self.registry.select(name, requested, per_thread=self.per_thread_default_stream)
             return self._failed(sel, status, newer)
         function = ffi.cast(_callable_type(entry.typedef), pointer)  # type: ignore[arg-type]
-        return Resolution(name, RESOLVED, entry.entry_point, entry.typedef, entry.query_version, newer, function,
-                          None)
+        return Resolution(name, RESOLVED, entry.entry_point, entry.typedef,
+                          interned_version(entry.query_version), newer, function, None)  # type: ignore[arg-type]
 
     def _ask(self, name: str, entry: str, version: CudaVersion) -> tuple[str, Any]:
         """cuGetProcAddress(name, version) under this handle's flag (dlsym of ``entry`` on drivers

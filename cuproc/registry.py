@@ -135,38 +135,39 @@ class Selection(NamedTuple):
         if not self.exists:
             return None, None, None
         v = self.variant
-        return _entry_of(v.entry, v.typedef, v.per_thread_typedef, v.version,
-                         self.symbol.per_thread_suffix if self.per_thread else None)
+        entry, typedef, query = _entry_of(v.entry, v.typedef, v.per_thread_typedef, int(v.version),
+                                          self.symbol.per_thread_suffix if self.per_thread else None)
+        return entry, typedef, interned_version(query)
 
 
-def _entry_of(entry: str, typedef: str, per_thread_typedef: str | None, version: CudaVersion,
-              suffix: str | None) -> tuple[str, str, CudaVersion]:
-    """(entry point, typedef, query version) of an available variant; ``suffix`` is the per-thread
-    suffix when the per-thread entry is wanted (and the symbol has one), else None.  The one rule
-    behind :class:`Selection` and :meth:`Registry.entries`."""
+def _entry_of(entry: str, typedef: str, per_thread_typedef: str | None, version: int,
+              suffix: str | None) -> tuple[str, str, int]:
+    """(entry point, typedef, query version as the driver's integer) of an available variant;
+    ``suffix`` is the per-thread suffix when the per-thread entry is wanted (and the symbol has
+    one), else None.  The one rule behind :class:`Selection` and :meth:`Registry.entries`."""
     if suffix is None:
         return entry, typedef, version
-    return entry + suffix, per_thread_typedef or typedef, max(version, PER_THREAD_MIN_VERSION)
+    return entry + suffix, per_thread_typedef or typedef, max(version, _PER_THREAD_MIN_KEY)
 
 
 class Entry(NamedTuple):
     """One symbol's selection at one requested version and flag, as the few plain values resolving
-    it needs (:meth:`Registry.entries`): the same answers as :class:`Selection`'s properties."""
+    it needs (:meth:`Registry.entries`): the same answers as :class:`Selection`'s properties, with
+    versions as the driver's integers (12040), which cuGetProcAddress takes and which compare in C."""
 
     availability: str
     entry_point: str | None
     typedef: str | None
-    query_version: CudaVersion | None
-    abi_version: CudaVersion | None   # the selected variant's own version (None when none is selected)
-    introduced: CudaVersion
+    query_version: int | None
+    abi_version: int | None   # the selected variant's own version (None when none is selected)
+    introduced: int
 
 
 class _Abis(NamedTuple):
     """A symbol's typedef names parsed, oldest ABI first: what both :class:`Symbol` and :class:`Entry`
     are made from."""
 
-    versions: tuple[CudaVersion, ...]
-    keys: tuple[int, ...]               # the same versions as the driver's integers (compared in C)
+    keys: tuple[int, ...]               # the ABI versions as the driver's integers
     entries: tuple[str, ...]
     typedefs: tuple[str, ...]
     per_thread_typedefs: tuple[str | None, ...]
@@ -263,8 +264,8 @@ class Registry(Mapping[str, Symbol]):
             digits = name[len(prefix):]
             if name.startswith(prefix) and digits.isdigit() and digits.isascii():
                 key = int(digits)
-                abis = self._abis[sym] = _new(_Abis, ((_versions.get(key) or _version(key),), (key,), (sym,),
-                                                      typedefs, (None,), None, sym in self._windows_only))
+                abis = self._abis[sym] = _new(_Abis, ((key,), (sym,), typedefs, (None,), None,
+                                                      sym in self._windows_only))
                 return abis
         base: dict[int, str] = {}
         per_thread: dict[int, str] = {}
@@ -299,7 +300,7 @@ class Registry(Mapping[str, Symbol]):
                 own = next((p for p in pt_versions if v <= p <= reach), None)
                 chosen.append(base[v] if own is None else per_thread[own])
             pt_typedefs = tuple(chosen)
-        abis = _new(_Abis, (tuple(map(_version, versions)), tuple(versions),
+        abis = _new(_Abis, (tuple(versions),
                             (sym, *[f"{sym}_v{k}" for k in range(2, len(versions) + 1)]),
                             typedefs_of, pt_typedefs, suffix, sym in self._windows_only))
         self._abis[sym] = abis   # idempotent: a race parses equal tuples
@@ -309,8 +310,8 @@ class Registry(Mapping[str, Symbol]):
         abis = self._parse(sym)
         toolkits = self._toolkits
         built = tuple(Variant(sym, v, typedef, entry, pt, tuple(toolkits.get(typedef, ())))
-                      for v, entry, typedef, pt in zip(abis.versions, abis.entries, abis.typedefs,
-                                                       abis.per_thread_typedefs))
+                      for v, entry, typedef, pt in zip(map(interned_version, abis.keys), abis.entries,
+                                                       abis.typedefs, abis.per_thread_typedefs))
         return Symbol(sym, built, abis.suffix, abis.windows_only,
                       self._headers.get(sym, Symbol._field_defaults["header"]))
 
@@ -385,13 +386,13 @@ class Registry(Mapping[str, Symbol]):
         abis = self._abis.get(name) or self._parse(name)
         chosen, availability = self._choose(abis, requested, per_thread)
         if availability != AVAILABLE:
-            abi = abis.versions[chosen] if chosen >= 0 else None
-            return _new(Entry, (availability, None, None, None, abi, abis.versions[0]))
-        abi = abis.versions[chosen]
+            abi = abis.keys[chosen] if chosen >= 0 else None
+            return _new(Entry, (availability, None, None, None, abi, abis.keys[0]))
+        abi = abis.keys[chosen]
         entry, typedef, query = _entry_of(abis.entries[chosen], abis.typedefs[chosen],
                                           abis.per_thread_typedefs[chosen], abi,
                                           abis.suffix if per_thread else None)
-        return _new(Entry, (AVAILABLE, entry, typedef, query, abi, abis.versions[0]))
+        return _new(Entry, (AVAILABLE, entry, typedef, query, abi, abis.keys[0]))
 
     def header_alias(self, name: str, version: VersionLike) -> str | None:
         """The function C source means by ``name`` when compiled against CUDA ``version``'s headers,
@@ -434,8 +435,9 @@ class Registry(Mapping[str, Symbol]):
 _versions: dict[int, CudaVersion] = {}
 
 
-def _version(value: int) -> CudaVersion:
-    """Interned versions: a registry holds ~700 of them, mostly the same few dozen."""
+def interned_version(value: int) -> CudaVersion:
+    """The CudaVersion of a driver integer, one object per value: a registry holds ~700 versions,
+    mostly the same few dozen, and :class:`Entry` rows carry the integers."""
     v = _versions.get(value)
     if v is None:
         v = _versions[value] = CudaVersion.from_int(value)
@@ -449,5 +451,5 @@ def default_registry() -> Registry:
                                WINDOWS_ONLY)
     registry = Registry(SYMBOL_TYPEDEFS, PFN_TOOLKITS, windows_only=WINDOWS_ONLY, symbol_headers=SYMBOL_HEADERS,
                         header_aliases=HEADER_ALIASES)
-    registry._newest = _version(NEWEST_VERSION)
+    registry._newest = interned_version(NEWEST_VERSION)
     return registry

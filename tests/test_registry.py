@@ -50,8 +50,9 @@ def test_entry_table_says_what_select_says(requested, per_thread):
         assert list(table) == list(reg)
         for name in reg:
             sel = reg.select(name, requested, per_thread=per_thread)
-            want = (sel.availability, sel.entry_point, sel.typedef, sel.query_version,
-                    sel.variant.version if sel.variant else None, sel.symbol.introduced)
+            want = (sel.availability, sel.entry_point, sel.typedef,
+                    None if sel.query_version is None else int(sel.query_version),
+                    int(sel.variant.version) if sel.variant else None, int(sel.symbol.introduced))
             assert tuple(table[name]) == tuple(reg.entry(name, requested, per_thread=per_thread)) == want, name
         assert reg.entries(CudaVersion.parse(requested), per_thread=per_thread) is table
     with pytest.raises(KeyError):
