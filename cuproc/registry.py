@@ -135,6 +135,7 @@ class Selection(NamedTuple):
         if not self.exists:
             return None, None, None
         v = self.variant
+        assert v is not None   # exists
         entry, typedef, query = _entry_of(v.entry, v.typedef, v.per_thread_typedef, int(v.version),
                                           self.symbol.per_thread_suffix if self.per_thread else None)
         return entry, typedef, interned_version(query)
@@ -297,8 +298,8 @@ class Registry(Mapping[str, Symbol]):
             chosen = []
             for v in versions:
                 reach = max(v, _PER_THREAD_MIN_KEY)
-                own = next((p for p in pt_versions if v <= p <= reach), None)
-                chosen.append(base[v] if own is None else per_thread[own])
+                newest = next((p for p in pt_versions if v <= p <= reach), None)
+                chosen.append(base[v] if newest is None else per_thread[newest])
             pt_typedefs = tuple(chosen)
         abis = _new(_Abis, (tuple(versions),
                             (sym, *[f"{sym}_v{k}" for k in range(2, len(versions) + 1)]),
