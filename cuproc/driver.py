@@ -653,13 +653,35 @@ class Driver(_DriverFunctions):
 _BY_VALUE_AS_INTEGER = {"struct CUmemLocation_st": "uint64_t"}
 
 
+class _Signature(NamedTuple):
+    """What publishing a function of one typedef needs, worked out once per typedef (:func:`_signature`)."""
+
+    ctype: Any                  # the typedef's cffi type
+    callable_type: Any          # the same, or with unpassable by-value structs as integers
+    swapped: tuple[int, ...]    # the argument positions passed as integers
+
+
+_signatures: dict[str, _Signature] = {}
+
+
+def _signature(typedef: str) -> _Signature:
+    """The typedef's types, cached: every first ``drv.cuX`` needs them, and ``ffi.typeof`` of a string
+    costs microseconds (cffi's types are unique per string, so the cache changes no answer)."""
+    sig = _signatures.get(typedef)
+    if sig is None:
+        ctype = ffi.typeof(typedef)
+        swapped = tuple(i for i, a in enumerate(ctype.args) if a.cname in _BY_VALUE_AS_INTEGER)
+        callable_type = ctype
+        if swapped:
+            args = [_BY_VALUE_AS_INTEGER.get(a.cname, a.cname) for a in ctype.args]
+            callable_type = ffi.typeof(f"{ctype.result.cname}(*)({', '.join(args)})")
+        sig = _signatures[typedef] = _Signature(ctype, callable_type, swapped)   # a race stores equal values
+    return sig
+
+
 def _callable_type(typedef: str) -> Any:
     """The typedef, or the same signature with unpassable by-value structs as integers."""
-    ctype = ffi.typeof(typedef)
-    if not any(a.cname in _BY_VALUE_AS_INTEGER for a in ctype.args):
-        return ctype
-    args = [_BY_VALUE_AS_INTEGER.get(a.cname, a.cname) for a in ctype.args]
-    return ffi.typeof(f"{ctype.result.cname}(*)({', '.join(args)})")
+    return _signature(typedef).callable_type
 
 
 def _public(name: str, res: Resolution) -> Callable[..., int]:
@@ -668,10 +690,9 @@ def _public(name: str, res: Resolution) -> Callable[..., int]:
     cuInit (tracked for fork safety) and functions taking a by-value struct as an integer
     (converted here; those have no trampoline)."""
     function = res.function
-    ctype = ffi.typeof(res.typedef)
-    swapped = [i for i, a in enumerate(ctype.args) if a.cname in _BY_VALUE_AS_INTEGER]
+    ctype, _, swapped = _signature(res.typedef)  # type: ignore[arg-type]
     if not swapped:
-        function = fastpath.trampoline(res.typedef, function) or function
+        function = fastpath.trampoline(res.typedef, function) or function  # type: ignore[arg-type]
     if name == "cuInit":
         return _tracking_cuinit(function)
     if not swapped:
