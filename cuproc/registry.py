@@ -253,59 +253,30 @@ class Registry(Mapping[str, Symbol]):
                         platform=self._platform if platform is None else platform)
 
     def _parse(self, sym: str) -> _Abis:
-        """The ABIs of ``sym`` from its typedef names (cached; string operations, no regex: every
-        selection table parses all 561 symbols)."""
+        """The ABIs of ``sym`` from its typedef names (cached)."""
         abis = self._abis.get(sym)
-        if abis is not None:
-            return abis
-        prefix = f"PFN_{sym}_v"
-        typedefs = self._typedefs[sym]
-        if len(typedefs) == 1:   # most symbols: one ABI, no per-thread entry
-            name = typedefs[0]
-            digits = name[len(prefix):]
-            if name.startswith(prefix) and digits.isdigit() and digits.isascii():
-                key = int(digits)
-                abis = self._abis[sym] = _new(_Abis, ((key,), (sym,), typedefs, (None,), None,
-                                                      sym in self._windows_only))
-                return abis
-        base: dict[int, str] = {}
-        per_thread: dict[int, str] = {}
-        suffix: str | None = None
-        for name in typedefs:
-            digits = name[len(prefix):] if name.startswith(prefix) else ""
-            own = digits[-5:]
-            if own in PER_THREAD_SUFFIXES:
-                digits = digits[:-5]
-            if not (digits.isdigit() and digits.isascii()):
-                raise ValueError(f"{name} is not a versioned PFN typedef of {sym}")
-            if own in PER_THREAD_SUFFIXES:
-                if suffix is not None and own != suffix:
-                    raise ValueError(f"{sym} has both per-thread suffixes {sorted((suffix, own))}")
-                suffix = own
-                per_thread[int(digits)] = name
-            else:
-                base[int(digits)] = name
-        if not base:
-            raise ValueError(f"{sym} has per-thread typedefs but no default-stream one")
-        versions = sorted(base)
-        typedefs_of = tuple(map(base.__getitem__, versions))
-        if suffix is None:
-            pt_typedefs: tuple[str | None, ...] = (None,) * len(versions)
-        else:
-            # Per-thread typedefs may carry their own version (PFN_cuMemcpyHtoD_v7000_ptds
-            # serves the 3020 ABI): take the newest one the per-thread query can reach.
-            pt_versions = sorted(per_thread, reverse=True)
-            chosen = []
-            for v in versions:
-                reach = max(v, _PER_THREAD_MIN_KEY)
-                newest = next((p for p in pt_versions if v <= p <= reach), None)
-                chosen.append(base[v] if newest is None else per_thread[newest])
-            pt_typedefs = tuple(chosen)
-        abis = _new(_Abis, (tuple(versions),
-                            (sym, *[f"{sym}_v{k}" for k in range(2, len(versions) + 1)]),
-                            typedefs_of, pt_typedefs, suffix, sym in self._windows_only))
-        self._abis[sym] = abis   # idempotent: a race parses equal tuples
+        if abis is None:
+            self._parse_all((sym,))
+            abis = self._abis[sym]
         return abis
+
+    def _parse_all(self, names: Iterable[str]) -> None:
+        """Parse (into the cache) each of ``names`` not parsed yet: string operations, no regex, one
+        loop with its lookups bound, since every selection table needs all 561."""
+        cache, typedefs_of, windows_only = self._abis, self._typedefs, self._windows_only
+        for sym in names:
+            if sym in cache:
+                continue
+            prefix = f"PFN_{sym}_v"
+            typedefs = typedefs_of[sym]
+            if len(typedefs) == 1:   # most symbols: one ABI, no per-thread entry
+                name = typedefs[0]
+                digits = name[len(prefix):]
+                if name.startswith(prefix) and digits.isdigit() and digits.isascii():
+                    cache[sym] = _new(_Abis, ((int(digits),), (sym,), typedefs, (None,), None, sym in windows_only))
+                    continue
+            cache[sym] = _parse_typedefs(sym, prefix, typedefs, sym in windows_only)  # a race stores equal tuples
+
 
     def _build(self, sym: str) -> Symbol:
         abis = self._parse(sym)
@@ -379,6 +350,7 @@ class Registry(Mapping[str, Symbol]):
         key = (requested, bool(per_thread))
         table = self._tables.get(key)
         if table is None:
+            self._parse_all(self._typedefs)
             entry, at = self._entry, int(requested)
             table = self._tables[key] = {name: entry(name, at, per_thread) for name in self._typedefs}
         return table
@@ -431,6 +403,44 @@ class Registry(Mapping[str, Symbol]):
             kind = "added" if a.entry_point is None else "removed" if b.entry_point is None else "changed"
             changes.append(Change(sym.name, kind, a, b))
         return changes
+
+
+def _parse_typedefs(sym: str, prefix: str, typedefs: tuple[str, ...], windows_only: bool) -> _Abis:
+    """The ABIs of a symbol with several typedefs (or a malformed one: raises ValueError naming it)."""
+    base: dict[int, str] = {}
+    per_thread: dict[int, str] = {}
+    suffix: str | None = None
+    start = len(prefix)
+    for name in typedefs:
+        own = name[-5:] if name.endswith(PER_THREAD_SUFFIXES) else None
+        digits = name[start:-5] if own else name[start:]
+        if not (name.startswith(prefix) and digits.isdigit() and digits.isascii()):
+            raise ValueError(f"{name} is not a versioned PFN typedef of {sym}")
+        if own is None:
+            base[int(digits)] = name
+            continue
+        if suffix is not None and own != suffix:
+            raise ValueError(f"{sym} has both per-thread suffixes {sorted((suffix, own))}")
+        suffix = own
+        per_thread[int(digits)] = name
+    if not base:
+        raise ValueError(f"{sym} has per-thread typedefs but no default-stream one")
+    versions = sorted(base)
+    typedefs_of = tuple(map(base.__getitem__, versions))
+    if suffix is None:
+        pt_typedefs: tuple[str | None, ...] = (None,) * len(versions)
+    else:
+        # Per-thread typedefs may carry their own version (PFN_cuMemcpyHtoD_v7000_ptds
+        # serves the 3020 ABI): take the newest one the per-thread query can reach.
+        pt_versions = sorted(per_thread, reverse=True)
+        chosen = []
+        for v in versions:
+            reach = max(v, _PER_THREAD_MIN_KEY)
+            newest = next((p for p in pt_versions if v <= p <= reach), None)
+            chosen.append(base[v] if newest is None else per_thread[newest])
+        pt_typedefs = tuple(chosen)
+    return _new(_Abis, (tuple(versions), (sym, *[f"{sym}_v{k}" for k in range(2, len(versions) + 1)]),
+                        typedefs_of, pt_typedefs, suffix, windows_only))
 
 
 _versions: dict[int, CudaVersion] = {}
