@@ -19,7 +19,9 @@ Policy
   After the first access it is a plain attribute, so a call
   costs what a bare call through the pointer costs.  ``drv.checked.cuMemAlloc`` raises
   :class:`~cuproc.errors.CudaError` instead of returning a code.
-* **Resolution** is lazy, cached per symbol, thread-safe.  Each symbol is asked
+* **Resolution** is lazy, cached per symbol, thread-safe.  :meth:`Driver.preload` asks the
+  driver for every symbol in one pass and keeps only its answers; each name's Resolution and
+  published callable are made on first use, the same as without preload.  Each symbol is asked
   for at its selected variant's *own* version (see :mod:`cuproc.registry`),
   never at the requested version R, and both the return code and the query
   status are read.
@@ -64,8 +66,8 @@ from . import _fork, errors, fastpath
 from ._env import flag
 from ._ffi import ffi as ffi  # re-exported: cuproc.driver.ffi is part of the C-named namespace
 from .loader import DIRECT_LOOKUP, GET_PROC_ADDRESS_V2, DriverLibrary, open_library
-from .registry import (NOT_ON_THIS_PLATFORM, NOT_YET_INTRODUCED, PER_THREAD_NEEDS_7_0, Registry, Selection,
-                       default_registry)
+from .registry import (AVAILABLE, NOT_ON_THIS_PLATFORM, NOT_YET_INTRODUCED, PER_THREAD_NEEDS_7_0, Entry,
+                       Registry, Selection, default_registry, interned_version)
 from .version import CudaVersion
 
 if TYPE_CHECKING:
@@ -100,6 +102,7 @@ _CUDA_SUCCESS = 0
 _VOID_PP = ffi.typeof("void **")                                     # parsed once, not per symbol
 _QUERY_RESULT_P = ffi.typeof("CUdriverProcAddressQueryResult *")
 _CUDA_ERROR_NOT_FOUND = errors.result_code("CUDA_ERROR_NOT_FOUND")
+_new = tuple.__new__   # preload() makes 561 _Answer rows: skip the generated __new__'s argument binding
 
 
 class Resolution(NamedTuple):
@@ -113,6 +116,16 @@ class Resolution(NamedTuple):
     newer_driver_feature: bool
     function: Any            # the cffi function pointer, or None
     message: str | None      # why not resolved
+
+
+class _Answer(NamedTuple):
+    """The driver's raw answer for one symbol (:meth:`Driver.preload` keeps these until first use)."""
+
+    entry: Entry             # the registry's selection as plain values
+    requested: CudaVersion   # the version it was selected at (the driver's for a newer-driver feature)
+    newer_driver_feature: bool
+    status: str
+    pointer: Any             # void * when resolved, else None
 
 
 class Unavailable:
@@ -237,8 +250,11 @@ class Driver(_DriverFunctions):
         self._lib: DriverLibrary | None = None
         self._version: CudaVersion | None = None
         self._driver_version: CudaVersion | None = None
+        self._driver_int = 0                          # the same, as the driver's integer (compared per symbol)
         self._lock = _fork.rlock()
         self._resolutions: dict[str, Resolution] = {}
+        self._answers: dict[str, _Answer] = {}        # preload()'s raw answers, made Resolutions on first use
+        self._out: tuple[Any, Any] | None = None      # cuGetProcAddress's out-parameters, reused under the lock
         self._declared: dict[str, Resolution] = {}    # declare()d names the registry lacks
         self._checked: Checked | None = None
         _live_drivers.add(self)
@@ -250,7 +266,8 @@ class Driver(_DriverFunctions):
             with self._lock:
                 if self._lib is None:
                     lib = open_library(self._library_path)
-                    self._driver_version = CudaVersion.from_int(lib.version_int())
+                    self._driver_int = lib.version_int()
+                    self._driver_version = CudaVersion.from_int(self._driver_int)
                     if self._requested is not None:
                         self._version = self._requested
                     else:
@@ -303,8 +320,13 @@ class Driver(_DriverFunctions):
             return self._resolutions[name]
         self.open()
         with self._lock:
-            if version is None and name in self._resolutions:
-                return self._resolutions[name]
+            if version is None:
+                if name in self._resolutions:
+                    return self._resolutions[name]
+                answer = self._answers.pop(name, None)
+                if answer is not None:   # preload() asked the driver already
+                    result = self._resolutions[name] = self._resolution_of(name, answer)
+                    return result
             requested = self._version if version is None else CudaVersion.parse(version)
             result = self._resolve(name, requested, explicit=version is not None)
             if version is None:
@@ -315,57 +337,90 @@ class Driver(_DriverFunctions):
         reg = self.registry
         if name not in reg:
             raise KeyError(f"cuproc's registry has no driver function {name!r}")
-        per_thread = self.per_thread_default_stream
-        sel = reg.select(name, requested, per_thread=per_thread)
-        newer = False
-        driver_version = self._driver_version
-        assert driver_version is not None
-        if sel.availability == NOT_YET_INTRODUCED and not explicit:
-            at_driver = reg.select(name, min(driver_version, reg.newest_version), per_thread=per_thread)
-            if at_driver.exists:
-                sel, newer = at_driver, True
-        if sel.availability == NOT_YET_INTRODUCED:
-            return self._failed(sel, DRIVER_TOO_OLD if sel.symbol.introduced > driver_version else
-                                VERSION_NOT_SUFFICIENT, newer)
-        if sel.availability == PER_THREAD_NEEDS_7_0:
-            return self._failed(sel, VERSION_NOT_SUFFICIENT, newer)
-        if sel.availability == NOT_ON_THIS_PLATFORM:
-            return self._failed(sel, NOT_ON_THIS_PLATFORM, newer)
-        if sel.variant.version > driver_version:
-            return self._failed(sel, DRIVER_TOO_OLD, newer)
-        status, pointer = self._query(sel)
-        if status != RESOLVED:
-            return self._failed(sel, status, newer)
-        function = ffi.cast(_callable_type(sel.typedef), pointer)
-        return Resolution(name, RESOLVED, sel.entry_point, sel.typedef, sel.query_version, newer, function, None)
+        entry = reg.entry(name, requested, per_thread=self.per_thread_default_stream)
+        return self._resolution_of(name, self._answer(name, entry, requested, explicit))
 
-    def _query(self, sel: Selection) -> tuple[str, Any]:
-        """Ask the driver for exactly the selected entry; (status, void* or None)."""
-        return self._ask(sel.symbol.name, sel.entry_point, sel.query_version)
+    def _answer(self, name: str, entry: Entry, requested: CudaVersion, explicit: bool,
+                ask: Callable[[str, str, int], tuple[str, Any]] | None = None) -> _Answer:
+        """What the driver says for ``name`` selected as ``entry`` at ``requested``: the decisions and
+        the one cuGetProcAddress query, building no Python objects beyond the answer tuple (preload()
+        makes 561 of these; :meth:`_resolution_of` turns one into a Resolution when it is asked for).
+        Called with the lock held; ``ask`` is :meth:`_asker`'s query when the caller made it once for many
+        names."""
+        newer = False
+        driver = self._driver_int
+        if entry.availability == NOT_YET_INTRODUCED and not explicit:
+            reg = self.registry
+            at = min(self.driver_version, reg.newest_version)
+            at_driver = reg.entry(name, at, per_thread=self.per_thread_default_stream)
+            if at_driver.availability == AVAILABLE:
+                entry, requested, newer = at_driver, at, True
+        availability = entry.availability
+        if availability == AVAILABLE:
+            if entry.abi_version > driver:  # type: ignore[operator]
+                return _new(_Answer, (entry, requested, newer, DRIVER_TOO_OLD, None))
+            if ask is None:
+                ask = self._asker()
+            status, pointer = ask(name, entry.entry_point, entry.query_version)  # type: ignore[arg-type]
+            return _new(_Answer, (entry, requested, newer, status, pointer))
+        if availability == NOT_YET_INTRODUCED:
+            status = DRIVER_TOO_OLD if entry.introduced > driver else VERSION_NOT_SUFFICIENT
+        elif availability == PER_THREAD_NEEDS_7_0:
+            status = VERSION_NOT_SUFFICIENT
+        else:
+            status = NOT_ON_THIS_PLATFORM
+        return _Answer(entry, requested, newer, status, None)
+
+    def _resolution_of(self, name: str, answer: _Answer) -> Resolution:
+        """The :class:`Resolution` an answer stands for: the typed pointer, or the failure's message."""
+        entry, requested, newer, status, pointer = answer
+        if status != RESOLVED:
+            sel = self.registry.select(name, requested, per_thread=self.per_thread_default_stream)
+            return self._failed(sel, status, newer)
+        function = ffi.cast(_callable_type(entry.typedef), pointer)  # type: ignore[arg-type]
+        return Resolution(name, RESOLVED, entry.entry_point, entry.typedef,
+                          interned_version(entry.query_version), newer, function, None)  # type: ignore[arg-type]
 
     def _ask(self, name: str, entry: str, version: CudaVersion) -> tuple[str, Any]:
         """cuGetProcAddress(name, version) under this handle's flag (dlsym of ``entry`` on drivers
-        without it); (status, void* or None)."""
+        without it); (status, void* or None).  Called with the lock held."""
+        return self._asker()(name, entry, int(version))
+
+    def _asker(self) -> Callable[[str, str, int], tuple[str, Any]]:
+        """The query :meth:`_ask` makes, as a function bound to this handle's library, stream flag and
+        out-parameters (allocated once, reused: call it with the lock held).  preload() calls it 561
+        times in a row, so it looks nothing up per call."""
         lib = self._lib
         assert lib is not None
         if lib.lookup == DIRECT_LOOKUP:
-            address = lib.symbol_address(entry)
-            return (RESOLVED, ffi.cast("void *", address)) if address else (SYMBOL_NOT_FOUND, None)
-        pfn = ffi.new(_VOID_PP)
+            symbol_address = lib.symbol_address
+
+            def ask_dlsym(name: str, entry: str, version: int) -> tuple[str, Any]:
+                address = symbol_address(entry)
+                return (RESOLVED, ffi.cast("void *", address)) if address else (SYMBOL_NOT_FOUND, None)
+            return ask_dlsym
+        if self._out is None:
+            self._out = (ffi.new(_VOID_PP), ffi.new(_QUERY_RESULT_P))
+        pfn, out_status = self._out
         flags = FLAG_PER_THREAD if self.per_thread_default_stream else FLAG_LEGACY_STREAM
-        symbol = name.encode()
+        get_proc_address, null, statuses = lib.get_proc_address, ffi.NULL, _QUERY_STATUS
         if lib.lookup == GET_PROC_ADDRESS_V2:
-            status = ffi.new(_QUERY_RESULT_P)
-            rc = lib.get_proc_address(symbol, pfn, int(version), flags, status)
-            if rc != _CUDA_SUCCESS:
+            def ask_v2(name: str, entry: str, version: int) -> tuple[str, Any]:
+                if get_proc_address(name.encode(), pfn, version, flags, out_status) != _CUDA_SUCCESS:
+                    return SYMBOL_NOT_FOUND, None
+                answer = statuses.get(out_status[0], SYMBOL_NOT_FOUND)
+                if answer != RESOLVED:
+                    return answer, None
+                pointer = pfn[0]
+                return (RESOLVED, pointer) if pointer != null else (SYMBOL_NOT_FOUND, None)
+            return ask_v2
+
+        def ask_v1(name: str, entry: str, version: int) -> tuple[str, Any]:
+            if get_proc_address(name.encode(), pfn, version, flags) != _CUDA_SUCCESS:
                 return SYMBOL_NOT_FOUND, None
-            answer = _QUERY_STATUS.get(status[0], SYMBOL_NOT_FOUND)
-        else:
-            rc = lib.get_proc_address(symbol, pfn, int(version), flags)
-            answer = RESOLVED if rc == _CUDA_SUCCESS else SYMBOL_NOT_FOUND
-        if answer == RESOLVED and pfn[0] == ffi.NULL:
-            answer = SYMBOL_NOT_FOUND
-        return answer, (pfn[0] if answer == RESOLVED else None)
+            pointer = pfn[0]
+            return (RESOLVED, pointer) if pointer != null else (SYMBOL_NOT_FOUND, None)
+        return ask_v1
 
     def _failed(self, sel: Selection, status: str, newer: bool) -> Resolution:
         name = sel.symbol.name
@@ -490,21 +545,31 @@ class Driver(_DriverFunctions):
         return name in self._declared
 
     def preload(self) -> dict[str, int]:
-        """Resolve every symbol now (one pass under one lock); returns the count of each status."""
+        """Ask the driver for every symbol now (one pass under one lock); returns the count of each status.
+
+        Only the driver's answers are taken here; the :class:`Resolution` and the published callable
+        (a trampoline on the fast path) of each name are made on its first use, as they are without
+        preload, and answer the same."""
         self.open()
         if _fork.FORKED[0]:
             raise forked_error("preload")
         counts: dict[str, int] = {}
-        resolutions, published, version = self._resolutions, self.__dict__, self._version
+        version = self._version
         assert version is not None
+        table = self.registry.entries(version, per_thread=self.per_thread_default_stream)
+        resolutions, answers, answer = self._resolutions, self._answers, self._answer
         with self._lock:
-            for name in self.registry:
+            ask = self._asker()
+            for name, entry in table.items():
                 res = resolutions.get(name)
-                if res is None:
-                    res = resolutions[name] = self._resolve(name, version, explicit=False)
-                if name not in published:
-                    published[name] = self._published(name, res)
-                counts[res.status] = counts.get(res.status, 0) + 1
+                if res is not None:
+                    status = res.status
+                else:
+                    got = answers.get(name)
+                    if got is None:
+                        got = answers[name] = answer(name, entry, version, False, ask)
+                    status = got.status
+                counts[status] = counts.get(status, 0) + 1
         return counts
 
     def _published(self, name: str, res: Resolution) -> Any:
@@ -521,7 +586,8 @@ class Driver(_DriverFunctions):
         """After fork: drop cached pointers so the next access re-checks the process state."""
         for name in [*self._resolutions, *self._declared]:
             self.__dict__.pop(name, None)
-        self._resolutions.clear()   # _declared stays: its names refuse in __getattr__
+        self._resolutions.clear()
+        self._answers.clear()   # _declared stays: its names refuse in __getattr__
         self._checked = None
 
     # ---------------------------------------------------------------- errors
@@ -584,13 +650,35 @@ class Driver(_DriverFunctions):
 _BY_VALUE_AS_INTEGER = {"struct CUmemLocation_st": "uint64_t"}
 
 
+class _Signature(NamedTuple):
+    """What publishing a function of one typedef needs, worked out once per typedef (:func:`_signature`)."""
+
+    ctype: Any                  # the typedef's cffi type
+    callable_type: Any          # the same, or with unpassable by-value structs as integers
+    swapped: tuple[int, ...]    # the argument positions passed as integers
+
+
+_signatures: dict[str, _Signature] = {}
+
+
+def _signature(typedef: str) -> _Signature:
+    """The typedef's types, cached: every first ``drv.cuX`` needs them, and ``ffi.typeof`` of a string
+    costs microseconds (cffi's types are unique per string, so the cache changes no answer)."""
+    sig = _signatures.get(typedef)
+    if sig is None:
+        ctype = ffi.typeof(typedef)
+        swapped = tuple(i for i, a in enumerate(ctype.args) if a.cname in _BY_VALUE_AS_INTEGER)
+        callable_type = ctype
+        if swapped:
+            args = [_BY_VALUE_AS_INTEGER.get(a.cname, a.cname) for a in ctype.args]
+            callable_type = ffi.typeof(f"{ctype.result.cname}(*)({', '.join(args)})")
+        sig = _signatures[typedef] = _Signature(ctype, callable_type, swapped)   # a race stores equal values
+    return sig
+
+
 def _callable_type(typedef: str) -> Any:
     """The typedef, or the same signature with unpassable by-value structs as integers."""
-    ctype = ffi.typeof(typedef)
-    if not any(a.cname in _BY_VALUE_AS_INTEGER for a in ctype.args):
-        return ctype
-    args = [_BY_VALUE_AS_INTEGER.get(a.cname, a.cname) for a in ctype.args]
-    return ffi.typeof(f"{ctype.result.cname}(*)({', '.join(args)})")
+    return _signature(typedef).callable_type
 
 
 def _public(name: str, res: Resolution) -> Callable[..., int]:
@@ -599,10 +687,9 @@ def _public(name: str, res: Resolution) -> Callable[..., int]:
     cuInit (tracked for fork safety) and functions taking a by-value struct as an integer
     (converted here; those have no trampoline)."""
     function = res.function
-    ctype = ffi.typeof(res.typedef)
-    swapped = [i for i, a in enumerate(ctype.args) if a.cname in _BY_VALUE_AS_INTEGER]
+    ctype, _, swapped = _signature(res.typedef)  # type: ignore[arg-type]
     if not swapped:
-        function = fastpath.trampoline(res.typedef, function) or function
+        function = fastpath.trampoline(res.typedef, function) or function  # type: ignore[arg-type]
     if name == "cuInit":
         return _tracking_cuinit(function)
     if not swapped:

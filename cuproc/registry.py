@@ -20,6 +20,11 @@ were checked against a real 580 driver for the 485 symbols of cudaTypedefs.h (CU
   ``_WIN32`` (cuWGLGetDevice) has no entry on other platforms: its selection
   there is ``not_on_this_platform``.  The platform is a registry field
   (``platform=``, default ``sys.platform``), so either answer can be asked for anywhere.
+* **Tables.** :meth:`Registry.entries` is every symbol's selection at one
+  (version, flag) as plain :class:`Entry` rows, built once per pair and kept:
+  ``Driver.preload`` walks it instead of building 561 Symbols and Selections.
+  Entries, :class:`Symbol` and :meth:`Registry.select` come from one parse of
+  the typedef names and one selection rule, so they cannot disagree.
 * **Header aliases.** ``cuda.h`` may ``#define`` a name to another function
   (``cuGraphInstantiate`` -> ``cuGraphInstantiateWithFlags`` from 12.0).  The
   registry keeps the C name's own ABIs -- what cuGetProcAddress returns --
@@ -41,6 +46,9 @@ if TYPE_CHECKING:
 #: Per-thread-default-stream entries exist from this version on.
 PER_THREAD_MIN_VERSION = CudaVersion(7, 0)
 PER_THREAD_SUFFIXES = ("_ptds", "_ptsz")
+_PER_THREAD_MIN_KEY = int(PER_THREAD_MIN_VERSION)
+# NamedTuple rows made in bulk (561 per table) skip the generated __new__'s argument binding, as _make does.
+_new = tuple.__new__
 #: The platform whose driver has the Windows-only symbols (``sys.platform`` spelling).
 WINDOWS = "win32"
 
@@ -112,26 +120,60 @@ class Selection(NamedTuple):
 
     @property
     def entry_point(self) -> str | None:
-        if not self.exists:
-            return None
-        if self.uses_per_thread_entry:
-            return self.variant.entry + self.symbol.per_thread_suffix
-        return self.variant.entry
+        return self._abi()[0]
 
     @property
     def typedef(self) -> str | None:
-        if not self.exists:
-            return None
-        return self.variant.per_thread_typedef if self.uses_per_thread_entry else self.variant.typedef
+        return self._abi()[1]
 
     @property
     def query_version(self) -> CudaVersion | None:
         """The version to pass to cuGetProcAddress for exactly this entry."""
+        return self._abi()[2]
+
+    def _abi(self) -> tuple[str | None, str | None, CudaVersion | None]:
         if not self.exists:
-            return None
-        if self.uses_per_thread_entry:
-            return max(self.variant.version, PER_THREAD_MIN_VERSION)
-        return self.variant.version
+            return None, None, None
+        v = self.variant
+        assert v is not None   # exists
+        entry, typedef, query = _entry_of(v.entry, v.typedef, v.per_thread_typedef, int(v.version),
+                                          self.symbol.per_thread_suffix if self.per_thread else None)
+        return entry, typedef, interned_version(query)
+
+
+def _entry_of(entry: str, typedef: str, per_thread_typedef: str | None, version: int,
+              suffix: str | None) -> tuple[str, str, int]:
+    """(entry point, typedef, query version as the driver's integer) of an available variant;
+    ``suffix`` is the per-thread suffix when the per-thread entry is wanted (and the symbol has
+    one), else None.  The one rule behind :class:`Selection` and :meth:`Registry.entries`."""
+    if suffix is None:
+        return entry, typedef, version
+    return entry + suffix, per_thread_typedef or typedef, max(version, _PER_THREAD_MIN_KEY)
+
+
+class Entry(NamedTuple):
+    """One symbol's selection at one requested version and flag, as the few plain values resolving
+    it needs (:meth:`Registry.entries`): the same answers as :class:`Selection`'s properties, with
+    versions as the driver's integers (12040), which cuGetProcAddress takes and which compare in C."""
+
+    availability: str
+    entry_point: str | None
+    typedef: str | None
+    query_version: int | None
+    abi_version: int | None   # the selected variant's own version (None when none is selected)
+    introduced: int
+
+
+class _Abis(NamedTuple):
+    """A symbol's typedef names parsed, oldest ABI first: what both :class:`Symbol` and :class:`Entry`
+    are made from."""
+
+    keys: tuple[int, ...]               # the ABI versions as the driver's integers
+    entries: tuple[str, ...]
+    typedefs: tuple[str, ...]
+    per_thread_typedefs: tuple[str | None, ...]
+    suffix: str | None
+    windows_only: bool
 
 
 class Change(NamedTuple):
@@ -167,6 +209,8 @@ class Registry(Mapping[str, Symbol]):
                          for name, spans in (header_aliases or {}).items()}
         self._aliased = frozenset(self._aliases)
         self._symbols: dict[str, Symbol] = {}
+        self._abis: dict[str, _Abis] = {}
+        self._tables: dict[tuple[CudaVersion, bool], dict[str, Entry]] = {}
         self._newest: CudaVersion | None = None
 
     @classmethod
@@ -208,34 +252,39 @@ class Registry(Mapping[str, Symbol]):
                         header_aliases={n: a for n, a in self._aliases.items() if n not in drop},
                         platform=self._platform if platform is None else platform)
 
+    def _parse(self, sym: str) -> _Abis:
+        """The ABIs of ``sym`` from its typedef names (cached)."""
+        abis = self._abis.get(sym)
+        if abis is None:
+            self._parse_all((sym,))
+            abis = self._abis[sym]
+        return abis
+
+    def _parse_all(self, names: Iterable[str]) -> None:
+        """Parse (into the cache) each of ``names`` not parsed yet: string operations, no regex, one
+        loop with its lookups bound, since every selection table needs all 561."""
+        cache, typedefs_of, windows_only = self._abis, self._typedefs, self._windows_only
+        for sym in names:
+            if sym in cache:
+                continue
+            prefix = f"PFN_{sym}_v"
+            typedefs = typedefs_of[sym]
+            if len(typedefs) == 1:   # most symbols: one ABI, no per-thread entry
+                name = typedefs[0]
+                digits = name[len(prefix):]
+                if name.startswith(prefix) and digits.isdigit() and digits.isascii():
+                    cache[sym] = _new(_Abis, ((int(digits),), (sym,), typedefs, (None,), None, sym in windows_only))
+                    continue
+            cache[sym] = _parse_typedefs(sym, prefix, typedefs, sym in windows_only)  # a race stores equal tuples
+
+
     def _build(self, sym: str) -> Symbol:
-        variants: dict[tuple[int, str], str] = {}
-        for name in self._typedefs[sym]:
-            m = _PFN.match(name)
-            if m is None or m.group(1) != sym:
-                raise ValueError(f"{name} is not a versioned PFN typedef of {sym}")
-            variants[(int(m.group(2)), m.group(3) or "")] = name
-        base_versions = sorted({v for v, suffix in variants if not suffix})
-        suffixes = {suffix for _, suffix in variants if suffix}
-        if len(suffixes) > 1:
-            raise ValueError(f"{sym} has both per-thread suffixes {sorted(suffixes)}")
-        if not base_versions:
-            raise ValueError(f"{sym} has per-thread typedefs but no default-stream one")
-        suffix = suffixes.pop() if suffixes else None
-        pt_versions = sorted(v for v, s in variants if s)
-        built = []
-        for k, v in enumerate(base_versions, start=1):
-            typedef = variants[(v, "")]
-            pt_typedef = None
-            if suffix:
-                # Per-thread typedefs may carry their own version (PFN_cuMemcpyHtoD_v7000_ptds
-                # serves the 3020 ABI): take the newest one the per-thread query can reach.
-                reach = max(v, int(PER_THREAD_MIN_VERSION))
-                own = [p for p in pt_versions if v <= p <= reach]
-                pt_typedef = variants[(own[-1], suffix)] if own else typedef
-            built.append(Variant(sym, _version(v), typedef, sym if k == 1 else f"{sym}_v{k}", pt_typedef,
-                                 tuple(self._toolkits.get(typedef, ()))))
-        return Symbol(sym, tuple(built), suffix, sym in self._windows_only,
+        abis = self._parse(sym)
+        toolkits = self._toolkits
+        built = tuple(Variant(sym, v, typedef, entry, pt, tuple(toolkits.get(typedef, ())))
+                      for v, entry, typedef, pt in zip(map(interned_version, abis.keys), abis.entries,
+                                                       abis.typedefs, abis.per_thread_typedefs))
+        return Symbol(sym, built, abis.suffix, abis.windows_only,
                       self._headers.get(sym, Symbol._field_defaults["header"]))
 
     # Mapping protocol -----------------------------------------------------------------
@@ -264,24 +313,59 @@ class Registry(Mapping[str, Symbol]):
             self._newest = max(self[name].newest for name in self)
         return self._newest
 
+    def _choose(self, abis: _Abis, requested: int, per_thread: bool) -> tuple[int, str]:
+        """The selection rule at R (the driver's integer): (index of the variant R selects, or -1;
+        its availability)."""
+        chosen = -1
+        for i, key in enumerate(abis.keys):
+            if key > requested:
+                break
+            chosen = i
+        if chosen < 0:
+            return chosen, NOT_YET_INTRODUCED
+        if abis.windows_only and self._platform != WINDOWS:
+            return chosen, NOT_ON_THIS_PLATFORM
+        if per_thread and abis.suffix and requested < _PER_THREAD_MIN_KEY:
+            return chosen, PER_THREAD_NEEDS_7_0
+        return chosen, AVAILABLE
+
     def select(self, name: str, version: VersionLike, *, per_thread: bool = False) -> Selection:
         """The variant and entry point of ``name`` at requested version ``version``."""
         symbol = self[name]
         requested = CudaVersion.parse(version)
-        chosen = None
-        for variant in symbol.variants:
-            if variant.version > requested:
-                break
-            chosen = variant
-        if chosen is None:
-            availability = NOT_YET_INTRODUCED
-        elif symbol.windows_only and self._platform != WINDOWS:
-            availability = NOT_ON_THIS_PLATFORM
-        elif per_thread and symbol.per_thread_suffix and requested < PER_THREAD_MIN_VERSION:
-            availability = PER_THREAD_NEEDS_7_0
-        else:
-            availability = AVAILABLE
-        return Selection(symbol, requested, per_thread, chosen, availability)
+        chosen, availability = self._choose(self._parse(name), int(requested), per_thread)
+        return Selection(symbol, requested, per_thread, symbol.variants[chosen] if chosen >= 0 else None,
+                         availability)
+
+    def entry(self, name: str, version: VersionLike, *, per_thread: bool = False) -> Entry:
+        """``select(name, version, per_thread=...)`` as an :class:`Entry` (no Symbol is built)."""
+        if name not in self._typedefs:
+            raise KeyError(name)
+        return self._entry(name, int(CudaVersion.parse(version)), per_thread)
+
+    def entries(self, version: VersionLike, *, per_thread: bool = False) -> Mapping[str, Entry]:
+        """Every symbol's :class:`Entry` at ``version`` and flag, in registry order: one table per
+        (version, flag), built on first use and kept (what ``Driver.preload`` walks)."""
+        requested = CudaVersion.parse(version)
+        key = (requested, bool(per_thread))
+        table = self._tables.get(key)
+        if table is None:
+            self._parse_all(self._typedefs)
+            entry, at = self._entry, int(requested)
+            table = self._tables[key] = {name: entry(name, at, per_thread) for name in self._typedefs}
+        return table
+
+    def _entry(self, name: str, requested: int, per_thread: bool) -> Entry:
+        abis = self._abis.get(name) or self._parse(name)
+        chosen, availability = self._choose(abis, requested, per_thread)
+        if availability != AVAILABLE:
+            abi = abis.keys[chosen] if chosen >= 0 else None
+            return _new(Entry, (availability, None, None, None, abi, abis.keys[0]))
+        abi = abis.keys[chosen]
+        entry, typedef, query = _entry_of(abis.entries[chosen], abis.typedefs[chosen],
+                                          abis.per_thread_typedefs[chosen], abi,
+                                          abis.suffix if per_thread else None)
+        return _new(Entry, (AVAILABLE, entry, typedef, query, abi, abis.keys[0]))
 
     def header_alias(self, name: str, version: VersionLike) -> str | None:
         """The function C source means by ``name`` when compiled against CUDA ``version``'s headers,
@@ -321,11 +405,50 @@ class Registry(Mapping[str, Symbol]):
         return changes
 
 
+def _parse_typedefs(sym: str, prefix: str, typedefs: tuple[str, ...], windows_only: bool) -> _Abis:
+    """The ABIs of a symbol with several typedefs (or a malformed one: raises ValueError naming it)."""
+    base: dict[int, str] = {}
+    per_thread: dict[int, str] = {}
+    suffix: str | None = None
+    start = len(prefix)
+    for name in typedefs:
+        own = name[-5:] if name.endswith(PER_THREAD_SUFFIXES) else None
+        digits = name[start:-5] if own else name[start:]
+        if not (name.startswith(prefix) and digits.isdigit() and digits.isascii()):
+            raise ValueError(f"{name} is not a versioned PFN typedef of {sym}")
+        if own is None:
+            base[int(digits)] = name
+            continue
+        if suffix is not None and own != suffix:
+            raise ValueError(f"{sym} has both per-thread suffixes {sorted((suffix, own))}")
+        suffix = own
+        per_thread[int(digits)] = name
+    if not base:
+        raise ValueError(f"{sym} has per-thread typedefs but no default-stream one")
+    versions = sorted(base)
+    typedefs_of = tuple(map(base.__getitem__, versions))
+    if suffix is None:
+        pt_typedefs: tuple[str | None, ...] = (None,) * len(versions)
+    else:
+        # Per-thread typedefs may carry their own version (PFN_cuMemcpyHtoD_v7000_ptds
+        # serves the 3020 ABI): take the newest one the per-thread query can reach.
+        pt_versions = sorted(per_thread, reverse=True)
+        chosen = []
+        for v in versions:
+            reach = max(v, _PER_THREAD_MIN_KEY)
+            newest = next((p for p in pt_versions if v <= p <= reach), None)
+            chosen.append(base[v] if newest is None else per_thread[newest])
+        pt_typedefs = tuple(chosen)
+    return _new(_Abis, (tuple(versions), (sym, *[f"{sym}_v{k}" for k in range(2, len(versions) + 1)]),
+                        typedefs_of, pt_typedefs, suffix, windows_only))
+
+
 _versions: dict[int, CudaVersion] = {}
 
 
-def _version(value: int) -> CudaVersion:
-    """Interned versions: a registry holds ~700 of them, mostly the same few dozen."""
+def interned_version(value: int) -> CudaVersion:
+    """The CudaVersion of a driver integer, one object per value: a registry holds ~700 versions,
+    mostly the same few dozen, and :class:`Entry` rows carry the integers."""
     v = _versions.get(value)
     if v is None:
         v = _versions[value] = CudaVersion.from_int(value)
@@ -339,5 +462,5 @@ def default_registry() -> Registry:
                                WINDOWS_ONLY)
     registry = Registry(SYMBOL_TYPEDEFS, PFN_TOOLKITS, windows_only=WINDOWS_ONLY, symbol_headers=SYMBOL_HEADERS,
                         header_aliases=HEADER_ALIASES)
-    registry._newest = _version(NEWEST_VERSION)
+    registry._newest = interned_version(NEWEST_VERSION)
     return registry

@@ -342,3 +342,107 @@ def test_by_value_struct_with_anonymous_union_is_passed_as_its_integer_image(sim
     sim.reset_last_called()
     assert drv.cuMemPrefetchAsync(0, 16, loc[0], 0, cuproc.ffi.NULL) == 0
     assert sim.last_called() == "cuMemPrefetchAsync_v2"
+
+
+# ----------------------------------------------------------------------------- preload == one name at a time
+
+def _address(published: object) -> int | None:
+    """The address a published ``drv.cuX`` calls (a cffi pointer, its trampoline, or an AliasedName's
+    ``.function``), or None for the wrappers that have none of their own (cuInit, by-value structs)."""
+    bare = published.function if isinstance(published, driver_module.AliasedName) else fastpath.pointer(published)
+    return int(cuproc.ffi.cast("uintptr_t", bare)) if isinstance(bare, cuproc.ffi.CData) else None
+
+
+def _refusal(unavailable: driver_module.Unavailable) -> tuple[type, str]:
+    with pytest.raises(CudaError) as info:
+        unavailable()
+    return type(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("per_thread", [False, True], ids=["legacy", "ptds"])
+@pytest.mark.parametrize(("requested", "driver_version"), [
+    ("6.5", 13000), ("11.8", 13000), ("12.4", 13000), ("13.0", 13000), ("13.5", 13000), (None, 12040),
+    ("13.0", 11080), ("12.0", 11020)])
+def test_preload_answers_as_resolving_each_name_alone(sims, requested, driver_version, per_thread):
+    """preload() then every resolution() and drv.cuX equal what a fresh handle gives resolving the names one
+    by one: statuses, messages, entry points, typedefs, query versions, pointers, the published object's
+    kind and its refusal (cuGetProcAddress_v2, v1 and dlsym drivers; both stream flags; newer-driver features
+    below 13.0; a requested version above the driver's)."""
+    s = sim_for(sims, driver_version)
+    one = Driver(requested, per_thread_default_stream=per_thread, library=str(s.path))
+    pre = Driver(requested, per_thread_default_stream=per_thread, library=str(s.path))
+    names = list(one.registry)
+    expected = {name: one.resolution(name) for name in names}
+    early = names[::7]                       # some names resolved and published before preload
+    for name in early:
+        getattr(pre, name)
+    counts = pre.preload()
+    statuses: dict[str, int] = {}
+    for res in expected.values():
+        statuses[res.status] = statuses.get(res.status, 0) + 1
+    assert counts == statuses and sum(counts.values()) == len(names)
+    for name in names:
+        want, got = expected[name], pre.resolution(name)
+        assert got._replace(function=None) == want._replace(function=None), name
+        if want.function is None:
+            assert got.function is None
+        else:
+            assert cuproc.ffi.typeof(got.function) is cuproc.ffi.typeof(want.function), name
+            assert int(cuproc.ffi.cast("uintptr_t", got.function)) == \
+                int(cuproc.ffi.cast("uintptr_t", want.function)) != 0, name
+        mine, theirs = getattr(pre, name), getattr(one, name)
+        assert type(mine) is type(theirs), name
+        assert getattr(pre, name) is mine                      # one published object per name
+        assert pre.has(name) == one.has(name) == (want.status == "resolved")
+        if isinstance(theirs, driver_module.Unavailable):
+            assert mine.resolution == got and _refusal(mine) == _refusal(theirs), name
+        else:
+            assert _address(mine) == _address(theirs) == (None if _address(theirs) is None else
+                                                          int(cuproc.ffi.cast("uintptr_t", want.function)))
+    assert pre.preload() == counts
+
+
+def test_preload_from_several_threads_publishes_one_object_per_name(sim):
+    drv = Driver("12.4", library=str(sim.path))
+    names = list(drv.registry)
+    seen: list[dict[str, object]] = []
+    counts: list[dict[str, int]] = []
+    start = threading.Barrier(6)
+
+    def worker(k: int) -> None:
+        start.wait()
+        if k % 2:
+            counts.append(drv.preload())
+        seen.append({n: getattr(drv, n) for n in (names if k % 3 else reversed(names))})
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(seen) == 6 and len(counts) == 3 and counts[0] == counts[1] == counts[2]
+    assert all(s[n] is seen[0][n] for s in seen for n in names)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_preload_answers_are_dropped_in_a_forked_child(sim):
+    code = f"""
+import os, sys, cuproc
+drv = cuproc.Driver(library={str(sim.path)!r})
+assert drv.checked.cuInit(0) is None
+assert drv.preload()["resolved"] > 0          # answers taken, nothing published yet
+pid = os.fork()
+if pid == 0:
+    for call in (lambda: drv.cuMemAlloc, drv.preload):
+        try:
+            call()
+        except cuproc.ForkedProcessError:
+            continue
+        os._exit(3)
+    os._exit(7)
+status = os.waitpid(pid, 0)[1]
+assert drv.cuMemAlloc                         # the parent keeps its answers
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 7, proc.stderr

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import cuproc
-from cuproc import loader
-from cuproc.driver import Driver
+from cuproc import fastpath, loader
+from cuproc.driver import AliasedName, Driver
 from cuproc.errors import CudaError, InvalidContextError, OutOfMemoryError
 from rules import expected_resolution, typedefs_by_symbol
 
@@ -54,6 +54,29 @@ def test_real_matrix_pointers_equal_direct_lookup(libcuda, requested, per_thread
         with open(report, "a") as fh:
             fh.write(json.dumps({"requested": requested, "per_thread": per_thread, "mismatches": mismatches}) + "\n")
     assert not mismatches, mismatches[:10]
+
+
+@pytest.mark.parametrize("per_thread", [False, True], ids=["legacy", "ptds"])
+@pytest.mark.parametrize("requested", ["11.8", "12.4", "13.0", None])
+def test_real_preload_answers_as_each_name_alone(requested, per_thread):
+    """preload() on the real driver, then every resolution() and drv.cuX pointer equal those of a fresh
+    handle resolving the names one at a time (statuses, messages, entries, query versions, addresses)."""
+    one = Driver(requested, per_thread_default_stream=per_thread)
+    pre = Driver(requested, per_thread_default_stream=per_thread)
+    counts = pre.preload()
+    assert sum(counts.values()) == len(pre.registry) and counts.get("resolved", 0) > 0
+    for name in pre.registry:
+        want, got = one.resolution(name), pre.resolution(name)
+        assert got._replace(function=None) == want._replace(function=None), name
+        if want.status != "resolved":
+            assert got.function is None and not getattr(pre, name)
+            continue
+        address = int(ffi.cast("uintptr_t", want.function))
+        assert int(ffi.cast("uintptr_t", got.function)) == address != 0, name
+        published = getattr(pre, name)
+        bare = published.function if isinstance(published, AliasedName) else fastpath.pointer(published)
+        if isinstance(bare, ffi.CData):   # cuInit and by-value-struct wrappers hold theirs inside
+            assert int(ffi.cast("uintptr_t", bare)) == address, name
 
 
 @pytest.mark.parametrize("per_thread", [False, True], ids=["legacy", "ptds"])

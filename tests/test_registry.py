@@ -38,6 +38,27 @@ def test_every_symbol_selects_by_the_rule(by_symbol, requested, per_thread):
             assert sel.variant.version <= CudaVersion.parse(requested)
 
 
+
+@pytest.mark.parametrize("per_thread", [False, True])
+@pytest.mark.parametrize("requested", VERSIONS)
+def test_entry_table_says_what_select_says(requested, per_thread):
+    """entries() (the table preload walks) and entry() agree with select() for every symbol, on both
+    platforms; the table is built once per (version, flag)."""
+    for platform in ("linux", "win32"):
+        reg = default_registry().without(platform=platform)
+        table = reg.entries(requested, per_thread=per_thread)
+        assert list(table) == list(reg)
+        for name in reg:
+            sel = reg.select(name, requested, per_thread=per_thread)
+            want = (sel.availability, sel.entry_point, sel.typedef,
+                    None if sel.query_version is None else int(sel.query_version),
+                    int(sel.variant.version) if sel.variant else None, int(sel.symbol.introduced))
+            assert tuple(table[name]) == tuple(reg.entry(name, requested, per_thread=per_thread)) == want, name
+        assert reg.entries(CudaVersion.parse(requested), per_thread=per_thread) is table
+    with pytest.raises(KeyError):
+        default_registry().entry("cuNoSuchFunction", requested)
+
+
 @pytest.mark.parametrize("name,requested,per_thread,entry", [
     ("cuCtxCreate", "2.0", False, "cuCtxCreate"),
     ("cuCtxCreate", "3.2", False, "cuCtxCreate_v2"),
@@ -98,6 +119,12 @@ def test_registry_rejects_malformed_typedefs():
         Registry.from_typedefs(["PFN_cuFoo_v7000_ptds"])
     with pytest.raises(ValueError):
         Registry.from_typedefs(["PFN_cuFoo_v2000", "PFN_cuFoo_v7000_ptds", "PFN_cuFoo_v7000_ptsz"])
+    lazy = Registry({"cuFoo": ["PFN_cuFoo_vX"], "cuBar": ["PFN_cuBaz_v2000"]})   # validated on first use
+    for name in ("cuFoo", "cuBar"):
+        with pytest.raises(ValueError, match=name):
+            lazy.entry(name, "13.0")
+        with pytest.raises(ValueError, match=name):
+            lazy.select(name, "13.0")
 
 
 def test_toolkits_recorded_for_every_variant():
