@@ -202,8 +202,10 @@ class Context(Resource):
         """Note a live stream-ordered allocation made in this context (see :meth:`free_stream_ordered`)."""
         self._stream_ordered[buffer.address] = weakref.ref(buffer)
 
-    def untrack_stream_ordered(self, address: int) -> None:
-        self._stream_ordered.pop(address, None)
+    def untrack_stream_ordered(self, address: int) -> bool:
+        """Forget the allocation at ``address``; False when it was not tracked (any more).  One dict pop,
+        atomic between threads: the thread that gets True is the one that frees the memory."""
+        return self._stream_ordered.pop(address, None) is not None
 
     def free_stream_ordered(self) -> None:
         """Free this context's live stream-ordered allocations now (each on its stream).
@@ -248,6 +250,12 @@ class Context(Resource):
         again, and the context popped: the thread's stack is as before.
         """
         rc = function(*args)
+        return self.rebind(rc, function, *args) if rc else rc
+
+    def rebind(self, rc: int, function: Callable[..., int], *args: Any) -> int:
+        """The rest of :meth:`call` once ``function(*args)`` answered ``rc``: a binding error gets the
+        second attempt with this context pushed; any other code stands.  Hot paths that make the first
+        attempt inline (no extra Python frame per call) hand a non-zero code here."""
         if rc == _CTX_ERROR or rc == _HANDLE_ERROR or rc == _DESTROYED_CURRENT:
             drv = self.driver
             if drv.cuCtxPushCurrent(self.handle) == 0:   # else the first answer stands
