@@ -161,10 +161,12 @@ def cupy_allocs() -> Callable:
     return allocs
 
 
-def copies(c_lib: Any, fake: Any, rounds: int) -> tuple[dict[str, dict[str, float]], dict[str, list[str]]]:
+def copies(c_lib: Any, fake: Any, rounds: int, best: dict[str, dict[str, float]]
+           ) -> tuple[dict[str, dict[str, float]], dict[str, list[str]]]:
     """GB/s, median over ``rounds`` of copies by cuproc, the raw C name (through cuproc's pointer) and
-    the C floor, each timed to completion, on the same buffers, in a new random order each round; and,
-    on the fake driver (``fake``), the driver calls each memory.copy row made."""
+    the C floor, each timed to completion, on the same buffers, in a new random order each round (the
+    best copy of each row goes to ``best``); and, on the fake driver (``fake``), the driver calls each
+    memory.copy row made."""
     import numpy as np
 
     import cuproc
@@ -218,6 +220,7 @@ def copies(c_lib: Any, fake: Any, rounds: int) -> tuple[dict[str, dict[str, floa
                 times[name].append(timed(copies_by_row[name]))
         d.close()
         pinned.close()
+        best[f"{size >> 20} MiB"] = {name: size / min(v) / 1e9 for name, v in times.items() if min(v) > 0}
         return {name: size / statistics.median(times[name]) / 1e9 for name in copies_by_row if min(times[name]) > 0}
 
     bw = {f"{size >> 20} MiB": one_size(size) for size in (COPY_SIZES if fake is None else (1 << 20,))}
@@ -264,13 +267,14 @@ def main(argv: list[str] | None = None) -> int:
                 c_lib.c_copy.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_void_p, ctypes.c_ulonglong]
         pc = cuproc.use_device(0)
         alloc = allocations(c_lib, args.smoke, *((200, 2) if args.smoke else (20_000, 7)), errors)
-        bw, calls = copies(c_lib, fake, 3 if args.smoke else 40)
+        best: dict[str, dict[str, float]] = {}
+        bw, calls = copies(c_lib, fake, 3 if args.smoke else 40, best)
         cuproc.driver.default_driver().cuCtxSetCurrent(cuproc.ffi.NULL)
         pc.release()
     goals = evaluate(alloc, bw, args.smoke, errors)
     if calls and calls != COPY_CALLS:
         raise SystemExit(f"memory.copy made other driver calls than COPY_CALLS states: {calls}")
-    data = {"machine": machine(), "smoke": args.smoke, "allocation_us": alloc, "copy_GBps": bw, "errors": errors,
+    data = {"machine": machine(), "smoke": args.smoke, "allocation_us": alloc, "copy_GBps": bw, "copy_GBps_best": best, "errors": errors,
             "copy_calls": COPY_CALLS}
     table = []
     for group, floor_name, label in (("sync_us", C_SYNC, f"alloc+free {SMALL} B"),

@@ -9,6 +9,16 @@ Policy
   is usable, synchronously otherwise -- so a pool's memory always comes back.
 * Allocation takes the context from what the caller already holds (``context=``,
   the stream) and asks the driver for the current one only when given nothing.
+* A stream-ordered buffer is entered in its context's table of stream-ordered
+  allocations (so that the context frees it before it goes).  Removing that
+  entry -- one dict pop, atomic between threads -- is the claim to free it:
+  ``free_async``, ``close``, the finalizer and the context's teardown all pop it
+  first, and only the one that got it calls cuMemFreeAsync.
+* ``alloc_async(n, stream).free_async()`` on a cuproc Stream is the hot path of
+  stream-ordered code: it makes exactly the two driver calls, in the stream's
+  context as is (a binding error alone brings the push/retry of
+  :meth:`~cuproc.context.Context.call`), and checks the stream, the context and
+  fork with three reads instead of a walk of the parents.
 * A buffer remembers the stream of the last stream-ordered work cuproc queued
   on it (``last_stream``: alloc_async, async copies and memsets; None for the
   default stream), which its ``__cuda_array_interface__`` and ``__dlpack__``
@@ -130,6 +140,7 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
             if rc:
                 raise self.driver.error(rc, "cuMemFreeAsync")
 
+
 def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: MemoryPool | None = None,
                 context: Context | None = None, driver: Driver | None = None) -> DeviceBuffer:
     """Stream-ordered allocation (cuMemAllocAsync / cuMemAllocFromPoolAsync) on ``stream``.
@@ -188,6 +199,7 @@ def _placement(stream: Stream | Any | None, context: Context | None, driver: Dri
     ctx, run = Context.target(context, "cuMemAllocAsync", driver=driver)   # the default stream: the current one's
     h = stream_handle(stream, ctx.driver) if stream is not None else default_stream(ctx.driver)
     return h, ctx, h, handle_int(h) or None, run      # last_stream None: the default (NULL) stream
+
 
 class DeviceView(DeviceArrayExports):
     """A typed, shaped, C-contiguous view of a DeviceBuffer (holds the buffer)."""
