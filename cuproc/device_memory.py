@@ -28,6 +28,8 @@ Policy
 """
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from ._ffi import ffi
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
 
 _DEVICE_POINTER = ffi.typeof("CUdeviceptr *")   # parsed once: ffi.new of a string parses it per call
 _new_buffer = object.__new__                     # DeviceBuffer has no __new__ of its own: skips a lookup
+_weak = weakref.ref
+_scratch = threading.local()                     # per thread: the out-parameter of the hot path's cuMemAllocAsync
 
 
 class DeviceBuffer(DeviceArrayExports, Allocation):
@@ -128,7 +132,7 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
             # Stream-ordered: the claim is its entry in the context's table (one atomic dict pop), which
             # every way of freeing it -- this, close(), the finalizer, the context's teardown -- removes
             # first; only the thread that removed it frees the memory.
-            if not self.context.untrack_stream_ordered(address):
+            if self.context.stream_ordered.pop(address, None) is None:   # Context.untrack_stream_ordered, inline
                 return
             self.ended = "freed"
         elif not self._claim("freed"):
@@ -152,7 +156,6 @@ def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: Memory
     """
     if nbytes.__class__ is not int or nbytes < 0:
         raise invalid("cuMemAllocAsync", f"size must be an int >= 0, got {nbytes!r}")
-    out = ffi.new(_DEVICE_POINTER)
     if stream.__class__ is Stream and pool is None:   # the common case: a cuproc Stream names its context
         ctx = stream.context
         if stream.ended is not None or ctx.ended is not None or FORKED[0]:
@@ -160,11 +163,17 @@ def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: Memory
         drv = ctx.driver
         h = stream.handle
         alloc = drv.cuMemAllocAsync
+        try:
+            out = _scratch.out
+        except AttributeError:
+            out = _scratch.out = ffi.new(_DEVICE_POINTER)
         rc = alloc(out, nbytes, h)           # Context.call's first attempt, inline
-        if rc:
+        if rc:                               # (Python runs before out is read: a fresh one, in case it reenters)
+            out = ffi.new(_DEVICE_POINTER)
             rc = ctx.rebind(rc, alloc, out, nbytes, h)
         last: Stream | int | None = stream
     else:
+        out = ffi.new(_DEVICE_POINTER)
         stream, ctx, h, last, run = _placement(stream, context, driver)
         drv = ctx.driver
         if pool is None:
@@ -174,16 +183,17 @@ def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: Memory
             rc = run(drv.cuMemAllocFromPoolAsync, out, nbytes, pool.handle, h)
     if rc:
         raise drv.error(rc, "cuMemAllocAsync" if pool is None else "cuMemAllocFromPoolAsync")
+    address = out[0]                         # read before any allocation (a collection could run Python)
     buf = _new_buffer(DeviceBuffer)
     buf.driver = drv
     buf.ended = None
     buf.context = ctx
-    buf.address = out[0]
+    buf.address = address
     buf.nbytes = nbytes
     buf.stream = stream
     buf.last_stream = last
     buf.pool = pool
-    ctx.track_stream_ordered(buf)
+    ctx.stream_ordered[address] = _weak(buf)
     return buf
 
 

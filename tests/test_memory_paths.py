@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -193,6 +194,48 @@ def race(fk, ctx, s, rival):
         for t in rivals:
             t.join()
         assert errors == [] and buf.freed
+
+
+def test_threads_allocating_on_one_stream_get_their_own_addresses(fk, pc, monkeypatch):
+    """The hot path reuses a per-thread out-parameter: threads allocating at once on one stream each
+    get the address the driver gave them (distinct, all counted by the pool, all freed once).  The
+    driver entry is wrapped to yield to the other threads between writing the address and returning,
+    so that an out-parameter shared between threads would be overwritten before it is read."""
+    s = Stream()
+    drv = s.context.driver
+    real = drv.cuMemAllocAsync
+
+    def alloc_then_yield(out, nbytes, stream):
+        rc = real(out, nbytes, stream)
+        time.sleep(0)
+        return rc
+    monkeypatch.setattr(drv, "cuMemAllocAsync", alloc_then_yield)
+    kept: list[list[DeviceBuffer]] = [[] for _ in range(4)]
+    gate = threading.Barrier(4)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+
+    def allocate(mine):
+        s.context.push()                       # current, so that the first attempt is the one that counts
+        gate.wait()
+        for _ in range(250):
+            mine.append(mem.alloc_async(32, s))
+        Context.pop()
+    try:
+        workers = [threading.Thread(target=allocate, args=(k,)) for k in kept]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+        monkeypatch.undo()
+    buffers = [b for k in kept for b in k]
+    assert len(buffers) == 1000 and len({b.address for b in buffers}) == 1000
+    assert fk.pool_used(0) == 1000 * 32
+    for b in buffers:
+        b.free_async()
+    assert fk.pool_used(0) == 0
 
 
 FORK = """
