@@ -113,9 +113,10 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
         own = self.stream
         if stream is None and own.__class__ is Stream:
             # The common case -- freed on the Stream it came from -- without a walk of the parents: the
-            # buffer's parent is its context, the stream's too, so these reads are the whole check.
+            # buffer's parent is its context, which alloc_async took from this stream, so these reads are
+            # the whole check.
             ctx = own.context
-            if own.ended is not None or ctx.ended is not None or self.context.ended is not None or FORKED[0]:
+            if own.ended is not None or ctx.ended is not None or FORKED[0]:
                 self.check("cuMemFreeAsync")
                 own.check("cuMemFreeAsync")
             h = own.handle
@@ -132,7 +133,7 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
             # Stream-ordered: the claim is its entry in the context's table (one atomic dict pop), which
             # every way of freeing it -- this, close(), the finalizer, the context's teardown -- removes
             # first; only the thread that removed it frees the memory.
-            if self.context.stream_ordered.pop(address, None) is None:   # Context.untrack_stream_ordered, inline
+            if self.context.stream_ordered.pop(address, None) is None:   # untrack_stream_ordered, inline
                 return
             self.ended = "freed"
         elif not self._claim("freed"):
