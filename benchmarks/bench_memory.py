@@ -4,14 +4,18 @@ Everything in one process on the GPU machine, on the primary context of device 0
 (``c_floor_memory.c``, a shared library called through ctypes on the same context and the same
 buffers), cuproc, and the peers (cuda.bindings' raw pairs, cuda.core, CuPy).  Allocation loops are
 not interleaved with other work: each runs alone, several times, and its best repetition counts.
-Copies: the same device buffer and the same host buffer for every row; each copy is timed to
-completion (the copy, then cuCtxSynchronize) and the rows alternate copy by copy.  Pageable host
-memory is one NumPy array used by both sides (so it is allocated the same way for both).
+Copies: the same device buffer and the same host buffer for every row; every row, the C floor's
+included, is timed the same way from Python, to completion (the copy, then cuCtxSynchronize), and
+each round runs the rows in a new random order (a fixed seed), so that no row always follows the
+same other copy.  Pageable host memory is one NumPy array used by both sides (so it is allocated
+the same way for both).  ``COPY_CALLS`` states the driver calls memory.copy makes per row; the
+tests (tests/test_memory_paths.py) and ``--smoke`` count them on the fake driver.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
+import random
 import statistics
 import sys
 import tempfile
@@ -27,6 +31,10 @@ COPY_SIZES = (64 << 20, 256 << 20)
 C_SYNC, C_ASYNC = "C floor cuMemAlloc+cuMemFree", "C floor cuMemAllocAsync+cuMemFreeAsync"
 OURS_SYNC, OURS_ASYNC = "cuproc DeviceBuffer(n).free()", "cuproc alloc_async(n, stream).free_async()"
 BIND_SYNC, BIND_ASYNC = "cuda.bindings cuMemAlloc+cuMemFree", "cuda.bindings cuMemAllocAsync+cuMemFreeAsync"
+#: the driver calls one memory.copy makes, per row kind: the raw-name row's entry point and nothing else
+#: (no pointer query, no sync, no context switch); checked on the fake driver by the tests and --smoke
+COPY_CALLS = {"pinned H2D": ["cuMemcpyHtoD"], "pinned D2H": ["cuMemcpyDtoH"],
+              "pageable H2D": ["cuMemcpyHtoD"], "pageable D2H": ["cuMemcpyDtoH"]}
 
 
 def best_us(fn: Callable[[int], Any], n: int, repeat: int) -> float:
@@ -153,9 +161,12 @@ def cupy_allocs() -> Callable:
     return allocs
 
 
-def copies(c_lib: Any, smoke: bool, rounds: int) -> dict[str, dict[str, float]]:
-    """GB/s, median over ``rounds`` of copies alternating between cuproc and the C floor (and the raw
-    C name through cuproc's pointer), each timed to completion, on the same buffers."""
+def copies(c_lib: Any, fake: Any, rounds: int, best: dict[str, dict[str, float]]
+           ) -> tuple[dict[str, dict[str, float]], dict[str, list[str]]]:
+    """GB/s, median over ``rounds`` of copies by cuproc, the raw C name (through cuproc's pointer) and
+    the C floor, each timed to completion, on the same buffers, in a new random order each round (the
+    best copy of each row goes to ``best``); and, on the fake driver (``fake``), the driver calls each
+    memory.copy row made."""
     import numpy as np
 
     import cuproc
@@ -164,6 +175,9 @@ def copies(c_lib: Any, smoke: bool, rounds: int) -> dict[str, dict[str, float]]:
     ffi = cuproc.ffi
     sync = drv.checked.cuCtxSynchronize if cuproc._support.arity(drv, "cuCtxSynchronize") == 0 else \
         (lambda: drv.checked.cuCtxSynchronize(ffi.NULL))
+    order = random.Random(9)
+    calls: dict[str, list[str]] = {}
+
     def one_size(size: int) -> dict[str, float]:
         d = cuproc.DeviceBuffer(size)
         pinned = memory.PinnedBuffer(size)
@@ -178,32 +192,39 @@ def copies(c_lib: Any, smoke: bool, rounds: int) -> dict[str, dict[str, float]]:
             fn()
             sync()
             return time.perf_counter() - t
-        rows: dict[str, Callable[[], float]] = {
-            "pinned H2D, cuproc memory.copy": lambda: timed(lambda: memory.copy(d, pinned)),
-            "pinned H2D, raw C name": lambda: timed(lambda: htod(d.address, hp, size)),
-            "pinned D2H, cuproc memory.copy": lambda: timed(lambda: memory.copy(pinned, d)),
-            "pinned D2H, raw C name": lambda: timed(lambda: dtoh(hp, d.address, size)),
-            "pageable H2D, cuproc memory.copy": lambda: timed(lambda: memory.copy(d, pageable)),
-            "pageable D2H, cuproc memory.copy": lambda: timed(lambda: memory.copy(pageable, d)),
-        }
+
+        def c_floor(direction: int, host: int) -> None:
+            if c_lib.c_copy(direction, d.address, host, size) < 0:
+                raise RuntimeError("the C floor's copy failed")
+        ours = {"pinned H2D": lambda: memory.copy(d, pinned), "pinned D2H": lambda: memory.copy(pinned, d),
+                "pageable H2D": lambda: memory.copy(d, pageable), "pageable D2H": lambda: memory.copy(pageable, d)}
+        copies_by_row: dict[str, Callable[[], Any]] = {f"{kind}, cuproc memory.copy": fn for kind, fn in ours.items()}
+        copies_by_row["pinned H2D, raw C name"] = lambda: htod(d.address, hp, size)
+        copies_by_row["pinned D2H, raw C name"] = lambda: dtoh(hp, d.address, size)
         if c_lib is not None:
-            rows.update({
-                "pinned H2D, C floor": lambda: c_lib.c_copy(0, d.address, pinned.address, size),
-                "pinned D2H, C floor": lambda: c_lib.c_copy(1, d.address, pinned.address, size),
-                "pageable H2D, C floor": lambda: c_lib.c_copy(0, d.address, hpage, size),
-                "pageable D2H, C floor": lambda: c_lib.c_copy(1, d.address, hpage, size),
-            })
-        times: dict[str, list[float]] = {name: [] for name in rows}
-        for fn in rows.values():    # warm up
-            fn()
+            for kind, host in (("pinned", pinned.address), ("pageable", hpage)):
+                for direction, name in ((0, "H2D"), (1, "D2H")):
+                    copies_by_row[f"{kind} {name}, C floor"] = lambda dr=direction, h=host: c_floor(dr, h)
+        if fake is not None:
+            for kind, fn in ours.items():
+                fake.clear_calls()
+                fn()
+                calls[kind] = fake.calls()
+        names = list(copies_by_row)
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for name in names:          # warm up
+            timed(copies_by_row[name])
         for _ in range(rounds):
-            for name, fn in rows.items():
-                times[name].append(fn())
+            order.shuffle(names)
+            for name in names:
+                times[name].append(timed(copies_by_row[name]))
         d.close()
         pinned.close()
-        return {name: size / statistics.median(v) / 1e9 for name, v in times.items() if min(v) > 0}
+        best[f"{size >> 20} MiB"] = {name: size / min(v) / 1e9 for name, v in times.items() if min(v) > 0}
+        return {name: size / statistics.median(times[name]) / 1e9 for name in copies_by_row if min(times[name]) > 0}
 
-    return {f"{size >> 20} MiB": one_size(size) for size in (COPY_SIZES if not smoke else (1 << 20,))}
+    bw = {f"{size >> 20} MiB": one_size(size) for size in (COPY_SIZES if fake is None else (1 << 20,))}
+    return bw, calls
 
 
 def evaluate(alloc: dict, bw: dict, smoke: bool, errors: dict) -> Goals:
@@ -232,9 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     import cuproc
     errors: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        c_lib = None
+        c_lib = fake = None
         if args.smoke:
-            smoke_driver()
+            fake = smoke_driver()
         else:
             path = build_c("c_floor_memory.c", Path(tmp), shared=True)
             if path is not None:
@@ -246,11 +267,15 @@ def main(argv: list[str] | None = None) -> int:
                 c_lib.c_copy.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_void_p, ctypes.c_ulonglong]
         pc = cuproc.use_device(0)
         alloc = allocations(c_lib, args.smoke, *((200, 2) if args.smoke else (20_000, 7)), errors)
-        bw = copies(c_lib, args.smoke, 3 if args.smoke else 20)
+        best: dict[str, dict[str, float]] = {}
+        bw, calls = copies(c_lib, fake, 3 if args.smoke else 40, best)
         cuproc.driver.default_driver().cuCtxSetCurrent(cuproc.ffi.NULL)
         pc.release()
     goals = evaluate(alloc, bw, args.smoke, errors)
-    data = {"machine": machine(), "smoke": args.smoke, "allocation_us": alloc, "copy_GBps": bw, "errors": errors}
+    if calls and calls != COPY_CALLS:
+        raise SystemExit(f"memory.copy made other driver calls than COPY_CALLS states: {calls}")
+    data = {"machine": machine(), "smoke": args.smoke, "allocation_us": alloc, "copy_GBps": bw, "copy_GBps_best": best, "errors": errors,
+            "copy_calls": COPY_CALLS}
     table = []
     for group, floor_name, label in (("sync_us", C_SYNC, f"alloc+free {SMALL} B"),
                                      ("stream_ordered_us", C_ASYNC, f"stream-ordered {SMALL} B")):
@@ -266,9 +291,12 @@ def main(argv: list[str] | None = None) -> int:
         table.append(["", name, "missing", why[:70]])
     notes = ["ratio column: against the C floor of the same group, same process and run (copies: bandwidth ratio)",
              ("statistics differ by group: allocation rows are the BEST of their repetitions (each loop runs "
-              "alone; the minimum is the least disturbed run), copy rows the MEDIAN over alternating copies; "
+              "alone; the minimum is the least disturbed run), copy rows the MEDIAN over rounds (rows shuffled each round); "
               "bench_launch reports medians (bursts) and steady runs"),
-             "stream-ordered loops synchronize their stream once at the end, inside the timing, on every side"]
+             "stream-ordered loops synchronize their stream once at the end, inside the timing, on every side",
+             ("copies: every row (C floor included) timed from Python to completion (copy + cuCtxSynchronize), rows "
+              "in a new random order each round; one memory.copy makes one driver call, the raw row's entry: "
+              + ", ".join(f"{k} {'+'.join(v)}" for k, v in COPY_CALLS.items()) + " (counted on the fake driver)")]
     args.out.mkdir(parents=True, exist_ok=True)
     floor = alloc["sync_us"].get(C_SYNC)
     plot = plot_bars(args.out / "bench_memory.png", f"Allocation, {SMALL} B, {data['machine'].get('gpu')}, "

@@ -59,7 +59,7 @@ def _popped() -> Any:
 class Context(Resource):
     """A CUDA context handle (see the module docstring for the three kinds)."""
 
-    __slots__ = ("handle", "kind", "primary", "_exporters", "_stream_ordered")
+    __slots__ = ("handle", "kind", "primary", "_exporters", "stream_ordered")
     _release_call = "cuCtxDestroy"
     _ended_word = "destroyed"
 
@@ -70,7 +70,9 @@ class Context(Resource):
         self.kind = kind
         self.primary = primary          # the retains that keep a primary context alive (held strongly)
         self._exporters: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._stream_ordered: dict[int, weakref.ref[Any]] = {}
+        #: its live stream-ordered allocations, address -> weak reference (see free_stream_ordered);
+        #: cuproc.device_memory enters them and pops them, the pop being the claim to free one
+        self.stream_ordered: dict[int, weakref.ref[Any]] = {}
         self.ended = None
 
     # ---------------------------------------------------------------- kinds and lookup
@@ -198,12 +200,10 @@ class Context(Resource):
         if self._claim(how):
             _forget(self)
 
-    def track_stream_ordered(self, buffer: Any) -> None:
-        """Note a live stream-ordered allocation made in this context (see :meth:`free_stream_ordered`)."""
-        self._stream_ordered[buffer.address] = weakref.ref(buffer)
-
-    def untrack_stream_ordered(self, address: int) -> None:
-        self._stream_ordered.pop(address, None)
+    def untrack_stream_ordered(self, address: int) -> bool:
+        """Forget the allocation at ``address``; False when it was not tracked (any more).  One dict pop,
+        atomic between threads: the thread that gets True is the one that frees the memory."""
+        return self.stream_ordered.pop(address, None) is not None
 
     def free_stream_ordered(self) -> None:
         """Free this context's live stream-ordered allocations now (each on its stream).
@@ -212,14 +212,14 @@ class Context(Resource):
         driver frees such memory with the context, but its pool keeps counting it as used
         and never gives it back (measured on driver 580).  The buffers end as "freed".
         """
-        for ref in list(self._stream_ordered.values()):
+        for ref in list(self.stream_ordered.values()):
             buffer = ref()
             if buffer is not None:
                 try:
                     buffer.close()
                 except Exception as exc:  # noqa: BLE001 - the context goes anyway; say what was lost
                     report(f"freeing {buffer.describe()} before its context went failed: {exc}")
-        self._stream_ordered.clear()
+        self.stream_ordered.clear()
 
     def add_exporter(self, allocation: Any) -> None:
         """Note memory that has handed out views or DLPack exports (destroying the context under them
@@ -248,6 +248,12 @@ class Context(Resource):
         again, and the context popped: the thread's stack is as before.
         """
         rc = function(*args)
+        return self.rebind(rc, function, *args) if rc else rc
+
+    def rebind(self, rc: int, function: Callable[..., int], *args: Any) -> int:
+        """The rest of :meth:`call` once ``function(*args)`` answered ``rc``: a binding error gets the
+        second attempt with this context pushed; any other code stands.  Hot paths that make the first
+        attempt inline (no extra Python frame per call) hand a non-zero code here."""
         if rc == _CTX_ERROR or rc == _HANDLE_ERROR or rc == _DESTROYED_CURRENT:
             drv = self.driver
             if drv.cuCtxPushCurrent(self.handle) == 0:   # else the first answer stands

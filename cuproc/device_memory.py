@@ -9,6 +9,16 @@ Policy
   is usable, synchronously otherwise -- so a pool's memory always comes back.
 * Allocation takes the context from what the caller already holds (``context=``,
   the stream) and asks the driver for the current one only when given nothing.
+* A stream-ordered buffer is entered in its context's table of stream-ordered
+  allocations (so that the context frees it before it goes).  Removing that
+  entry -- one dict pop, atomic between threads -- is the claim to free it:
+  ``free_async``, ``close``, the finalizer and the context's teardown all pop it
+  first, and only the one that got it calls cuMemFreeAsync.
+* ``alloc_async(n, stream).free_async()`` on a cuproc Stream is the hot path of
+  stream-ordered code: it makes exactly the two driver calls, in the stream's
+  context as is (a binding error alone brings the push/retry of
+  :meth:`~cuproc.context.Context.call`), and checks the stream, the context and
+  fork with three reads instead of a walk of the parents.
 * A buffer remembers the stream of the last stream-ordered work cuproc queued
   on it (``last_stream``: alloc_async, async copies and memsets; None for the
   default stream), which its ``__cuda_array_interface__`` and ``__dlpack__``
@@ -18,12 +28,14 @@ Policy
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any, Callable
 
 from ._ffi import ffi
-from ._resource import Resource
+from ._resource import FORKED, Resource
 from ._support import handle_int, invalid
-from .allocation import Allocation
+from .allocation import EXPORTS, Allocation
 from .context import Context, synchronize_context
 from .driver import Driver
 from .interop import KDL_CUDA, DeviceArrayExports, cai, default_marker, typestr_of
@@ -33,6 +45,9 @@ if TYPE_CHECKING:
     from .pools import MemoryPool
 
 _DEVICE_POINTER = ffi.typeof("CUdeviceptr *")   # parsed once: ffi.new of a string parses it per call
+_new_buffer = object.__new__                     # DeviceBuffer has no __new__ of its own: skips a lookup
+_weak = weakref.ref
+_scratch = threading.local()                     # per thread: the out-parameter of the hot path's cuMemAllocAsync
 
 
 class DeviceBuffer(DeviceArrayExports, Allocation):
@@ -68,7 +83,8 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
         stream = self.stream
         if stream is None:                                   # cuMemAlloc
             return self.context.call(self.driver.cuMemFree, self.address)
-        self.context.untrack_stream_ordered(self.address)
+        if not self.context.untrack_stream_ordered(self.address):
+            return 0                                         # free_async on another thread took it first
         # Stream-ordered memory goes back with cuMemFreeAsync: cuMemFree "succeeds" on it, but the
         # pool keeps counting it as used and never releases it (measured on driver 580).
         if not isinstance(stream, Stream):                   # a raw or default stream handle
@@ -94,19 +110,40 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
         (default: the stream it was allocated on, else the default stream).  Idempotent."""
         if self.ended is not None:
             return
-        self.check("cuMemFreeAsync")
-        if self.has_views():
+        own = self.stream
+        if stream is None and own.__class__ is Stream:
+            # The common case -- freed on the Stream it came from -- without a walk of the parents: the
+            # buffer's parent is its context, which alloc_async took from this stream, so these reads are
+            # the whole check.
+            ctx = own.context
+            if own.ended is not None or ctx.ended is not None or FORKED[0]:
+                self.check("cuMemFreeAsync")
+                own.check("cuMemFreeAsync")
+            h = own.handle
+        else:
+            self.check("cuMemFreeAsync")
+            target = stream if stream is not None else (own if isinstance(own, Stream) else None)
+            h = stream_handle(target, self.driver, "cuMemFreeAsync")
+            ctx = target.context if isinstance(target, Stream) else self.context
+        if id(self) in EXPORTS:
             raise BufferError(f"cuMemFreeAsync was not called: {self.describe()} still has views (a DLPack "
                               f"export); drop them first")
-        target = stream if stream is not None else (self.stream if isinstance(self.stream, Stream) else None)
-        h = stream_handle(target, self.driver, "cuMemFreeAsync")
-        ctx = target.context if isinstance(target, Stream) else self.context
-        if not self._claim("freed"):
+        address = self.address
+        if own is not None:
+            # Stream-ordered: the claim is its entry in the context's table (one atomic dict pop), which
+            # every way of freeing it -- this, close(), the finalizer, the context's teardown -- removes
+            # first; only the thread that removed it frees the memory.
+            if self.context.stream_ordered.pop(address, None) is None:   # untrack_stream_ordered, inline
+                return
+            self.ended = "freed"
+        elif not self._claim("freed"):
             return
-        self.context.untrack_stream_ordered(self.address)
-        rc = ctx.call(self.driver.cuMemFreeAsync, self.address, h)
+        free = self.driver.cuMemFreeAsync
+        rc = free(address, h)                         # Context.call's first attempt, inline
         if rc:
-            raise self.driver.error(rc, "cuMemFreeAsync")
+            rc = ctx.rebind(rc, free, address, h)
+            if rc:
+                raise self.driver.error(rc, "cuMemFreeAsync")
 
 
 def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: MemoryPool | None = None,
@@ -115,35 +152,64 @@ def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: Memory
 
     The buffer holds the stream: ``free_async()`` (or dropping it) frees it there.
     The context is the stream's; for a raw or default stream, ``context`` or the current one.
+    No driver query is made: the context comes from the stream (or the caller), and the call runs
+    as is in it (:meth:`~cuproc.context.Context.call` binds it only when the driver says it must).
     """
     if nbytes.__class__ is not int or nbytes < 0:
         raise invalid("cuMemAllocAsync", f"size must be an int >= 0, got {nbytes!r}")
+    if stream.__class__ is Stream and pool is None:   # the common case: a cuproc Stream names its context
+        ctx = stream.context
+        if stream.ended is not None or ctx.ended is not None or FORKED[0]:
+            stream.check("cuMemAllocAsync")  # raises, naming what ended
+        drv = ctx.driver
+        h = stream.handle
+        alloc = drv.cuMemAllocAsync
+        try:
+            out = _scratch.out
+        except AttributeError:
+            out = _scratch.out = ffi.new(_DEVICE_POINTER)
+        rc = alloc(out, nbytes, h)           # Context.call's first attempt, inline
+        if rc:                               # (Python runs before out is read: a fresh one, in case it reenters)
+            out = ffi.new(_DEVICE_POINTER)
+            rc = ctx.rebind(rc, alloc, out, nbytes, h)
+        last: Stream | int | None = stream
+    else:
+        out = ffi.new(_DEVICE_POINTER)
+        stream, ctx, h, last, run = _placement(stream, context, driver)
+        drv = ctx.driver
+        if pool is None:
+            rc = run(drv.cuMemAllocAsync, out, nbytes, h)
+        else:
+            pool.check("cuMemAllocFromPoolAsync")
+            rc = run(drv.cuMemAllocFromPoolAsync, out, nbytes, pool.handle, h)
+    if rc:
+        raise drv.error(rc, "cuMemAllocAsync" if pool is None else "cuMemAllocFromPoolAsync")
+    address = out[0]                         # read before any allocation (a collection could run Python)
+    buf = _new_buffer(DeviceBuffer)
+    buf.driver = drv
+    buf.ended = None
+    buf.context = ctx
+    buf.address = address
+    buf.nbytes = nbytes
+    buf.stream = stream
+    buf.last_stream = last
+    buf.pool = pool
+    ctx.stream_ordered[address] = _weak(buf)
+    return buf
+
+
+def _placement(stream: Stream | Any | None, context: Context | None, driver: Driver | None
+               ) -> tuple[Stream | Any, Context, Any, Stream | int | None, Callable[..., int]]:
+    """Where a stream-ordered allocation on anything but a cuproc Stream goes: (what the buffer keeps
+    to be freed on, the context, the CUstream, its ``last_stream``, how to call into the context)."""
     if stream is not None and not isinstance(stream, Stream):
         stream = as_stream(stream, "cuMemAllocAsync", context=context, driver=driver)   # another library's
     if isinstance(stream, Stream):
         stream.check("cuMemAllocAsync")
-        ctx = stream.context
-        h = stream.handle
-        run = ctx.call                       # the stream names its context
-    else:                                    # the default stream is the current context's
-        ctx, run = Context.target(context, "cuMemAllocAsync", driver=driver)
-        h = stream_handle(stream, ctx.driver) if stream is not None else default_stream(ctx.driver)
-    drv = ctx.driver
-    out = ffi.new(_DEVICE_POINTER)
-    if pool is None:
-        rc = run(drv.cuMemAllocAsync, out, nbytes, h)
-    else:
-        pool.check("cuMemAllocFromPoolAsync")
-        rc = run(drv.cuMemAllocFromPoolAsync, out, nbytes, pool.handle, h)
-    if rc:
-        raise drv.error(rc, "cuMemAllocAsync" if pool is None else "cuMemAllocFromPoolAsync")
-    buf = DeviceBuffer.__new__(DeviceBuffer)
-    buf.driver, buf.ended, buf.context, buf.address, buf.nbytes = drv, None, ctx, int(out[0]), nbytes
-    buf.stream = stream if isinstance(stream, Stream) else h    # where a drop frees it
-    buf.last_stream = stream if isinstance(stream, Stream) else (handle_int(h) or None)   # NULL: the default
-    buf.pool = pool
-    ctx.track_stream_ordered(buf)
-    return buf
+        return stream, stream.context, stream.handle, stream, stream.context.call   # it names its context
+    ctx, run = Context.target(context, "cuMemAllocAsync", driver=driver)   # the default stream: the current one's
+    h = stream_handle(stream, ctx.driver) if stream is not None else default_stream(ctx.driver)
+    return h, ctx, h, handle_int(h) or None, run      # last_stream None: the default (NULL) stream
 
 
 class DeviceView(DeviceArrayExports):

@@ -146,6 +146,7 @@ static int ndev = 2;
 struct ring { const char *names[RING]; long total; };
 static long stale_count, binding_count;
 static struct ring stale_ring, binding_ring;
+static struct ring call_ring;       /* every entry point called (fake_calls): what a cuproc call costs in calls */
 
 struct primary { int refcount; unsigned flags; handle_t ctx; };
 static struct primary prim[MAX_DEV];
@@ -577,6 +578,7 @@ static int forked(void) {
 static int enter(const char *name, CUresult *rc) {
   if (forked()) { *rc = E_NOT_INITIALIZED; return 0; }
   pthread_mutex_lock(&mu);
+  call_ring.names[call_ring.total++ % RING] = name;
   if (injected(name, rc)) { pthread_mutex_unlock(&mu); return 0; }
   if (!initialized) { pthread_mutex_unlock(&mu); *rc = E_NOT_INITIALIZED; return 0; }
   cur_call = name;
@@ -2389,6 +2391,7 @@ EXPORT void fake_reset(void) {
   stale_count = binding_count = 0;
   memset(&stale_ring, 0, sizeof stale_ring);
   memset(&binding_ring, 0, sizeof binding_ring);
+  memset(&call_ring, 0, sizeof call_ring);
   launch_count = launch_mismatches = 0;
   last_name[0] = '\0';
   last_nargs = 0;
@@ -2422,6 +2425,10 @@ static int ring_format(const struct ring *r, char *buf, int size) {
 /* The last 16 calls recorded, oldest first, comma-separated. */
 EXPORT int fake_stale_calls(char *buf, int size) { lock(); int n = ring_format(&stale_ring, buf, size); unlock(); return n; }
 EXPORT int fake_binding_calls(char *buf, int size) { lock(); int n = ring_format(&binding_ring, buf, size); unlock(); return n; }
+/* Every entry point entered: how many since the last fake_clear_calls (or reset), and the last 16. */
+EXPORT long fake_call_count(void) { lock(); long n = call_ring.total; unlock(); return n; }
+EXPORT int fake_calls(char *buf, int size) { lock(); int n = ring_format(&call_ring, buf, size); unlock(); return n; }
+EXPORT void fake_clear_calls(void) { lock(); memset(&call_ring, 0, sizeof call_ring); unlock(); }
 
 /* Live objects of a kind; -1 for an unknown kind name. */
 EXPORT long fake_live(const char *kind) {

@@ -12,6 +12,8 @@ turn what would be a crash on a real driver into a number a test can assert is 0
 * ``launch_mismatches()`` -- launches of ``fake_pair(a, b)`` with ``b != 3*a + 1``: the fake waits
   before reading the argument block, so callers that share one between threads are caught;
 * ``fork_violations()`` -- calls made in a child forked after ``cuInit``.
+* ``calls()`` / ``call_count()`` -- the entry points called since ``clear_calls()``: which driver
+  calls a cuproc operation makes, so that an extra query or sync shows on CPU.
 
 Load it with ``cuproc.Driver(library=str(fake.path))``; the control functions below read the
 same library instance (the dynamic loader opens one copy per file).
@@ -145,7 +147,7 @@ class FakeDriver:
         self.path = Path(path)
         lib = self._lib = ctypes.CDLL(str(path))
         for name in ("fake_stale_count", "fake_binding_errors", "fake_live", "fake_launch_count",
-                     "fake_launch_mismatches", "fake_fork_violations"):
+                     "fake_launch_mismatches", "fake_fork_violations", "fake_call_count"):
             getattr(lib, name).restype = ctypes.c_long
         for name in ("fake_pool_used", "fake_device_bytes_live", "fake_device_window"):
             getattr(lib, name).restype = ctypes.c_ulonglong
@@ -175,6 +177,17 @@ class FakeDriver:
 
     def binding_calls(self) -> list[str]:
         return self._names(self._lib.fake_binding_calls)
+
+    def calls(self) -> list[str]:
+        """The entry points called since :meth:`clear_calls` (or ``reset()``), oldest first: all of
+        them while there are at most 16 (``call_count()`` says how many), else the last 16."""
+        return self._names(self._lib.fake_calls)
+
+    def call_count(self) -> int:
+        return self._lib.fake_call_count()
+
+    def clear_calls(self) -> None:
+        self._lib.fake_clear_calls()
 
     def live(self, kind: str) -> int:
         """Live objects of one kind, one of LIVE_KINDS ("context" counts created contexts,

@@ -423,3 +423,80 @@ def test_dropped_buffers_are_freed_by_the_safety_net(primary):
     primary.context.synchronize()
     mem.MemoryPool.default().trim(0)     # stream-ordered frees go back to the pool first
     assert mem.mem_info()[0] >= free0 - (2 << 20)
+
+
+# ----------------------------------------------------------------------------- issue 9: large copies, stream-ordered pairs
+
+BIG = (64 << 20) + 4099           # >= 64 MiB, and not a multiple of a page
+
+
+def _libcuda_copy(name):
+    """The driver's own copy entry point by dlsym (independent of cuproc's copy path)."""
+    import ctypes
+    fn = getattr(ctypes.CDLL("libcuda.so.1"), name)
+    fn.restype = ctypes.c_int
+    fn.argtypes = ([ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t] if "DtoH" in name else
+                   [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t])
+    return fn
+
+
+def _device_bytes(d, n):
+    out = np.zeros(n, np.uint8)
+    assert _libcuda_copy("cuMemcpyDtoH_v2")(out.ctypes.data, d.ptr, n) == 0
+    return out
+
+
+def _to_device(d, data):
+    assert _libcuda_copy("cuMemcpyHtoD_v2")(d.ptr, data.ctypes.data, data.nbytes) == 0
+
+
+@pytest.mark.parametrize("host_kind", ["pinned", "pageable"])
+def test_large_host_to_device_and_back_match_numpy(primary, host_kind):
+    expected = np.random.default_rng(9).integers(0, 256, BIG, dtype=np.uint8)
+    d = DeviceBuffer(BIG)
+    pinned = mem.PinnedBuffer(BIG) if host_kind == "pinned" else None
+    host = pinned.numpy() if pinned is not None else np.zeros(BIG, np.uint8)
+    try:
+        host[:] = expected
+        mem.copy(d, pinned if pinned is not None else host)                 # H2D
+        np.testing.assert_array_equal(_device_bytes(d, BIG), expected)
+        reversed_bytes = expected[::-1].copy()
+        _to_device(d, reversed_bytes)
+        host[:] = 0
+        mem.copy(pinned if pinned is not None else host, d)                 # D2H
+        np.testing.assert_array_equal(host, reversed_bytes)
+    finally:
+        del host
+        if pinned is not None:
+            pinned.close()
+        d.close()
+
+
+def test_alloc_async_free_async_pairs_carry_data_and_return_the_memory(primary):
+    s = Stream(non_blocking=True)
+    default = mem.MemoryPool.default(0)
+    gc.collect()
+    Context.current().synchronize()
+    used = default.used_bytes
+    out = mem.PinnedBuffer(4096)
+    view = out.numpy()
+    for i in range(200):
+        buf = mem.alloc_async(4096, s)
+        assert buf.stream is s and buf.context is s.context
+        mem.memset(buf, i % 256, stream=s)
+        mem.copy(out, buf, stream=s)
+        buf.free_async()
+        s.synchronize()
+        assert (view == i % 256).all(), i
+        with pytest.raises(ClosedResourceError):
+            buf.ptr
+    dropped = [mem.alloc_async(1 << 20, s) for _ in range(8)]
+    s.synchronize()
+    assert default.used_bytes >= used + 8 * (1 << 20)
+    del dropped                                         # the finalizers free them on s
+    gc.collect()
+    s.synchronize()
+    assert default.used_bytes == used
+    del view
+    out.close()
+    s.close()

@@ -1,0 +1,325 @@
+"""The hot memory paths on the fake driver: which driver calls each makes, and that the lean paths keep
+every rule of the resource model (refusal after close of a parent, after free, after fork; binding from
+another context; one free however many threads let go at once).
+
+``fk.calls()`` lists the entry points the fake saw since ``fk.clear_calls()``: an extra query, sync or
+context switch on a hot path shows here on CPU before it shows on a GPU benchmark.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cuproc
+from cuproc import Context, DeviceBuffer, Stream
+from cuproc import memory as mem
+from cuproc.errors import ClosedResourceError, CudaError
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_memory import COPY_CALLS  # noqa: E402 - the calls the benchmark's rows state, checked here
+
+
+def calls_of(fk, action):
+    """The driver entry points ``action()`` calls (after one untimed run, so lazy set-up is done)."""
+    fk.clear_calls()
+    action()
+    return fk.calls()
+
+
+# ----------------------------------------------------------------------------- stream-ordered pairs
+
+def test_alloc_async_pair_on_a_stream_is_the_two_driver_calls_and_nothing_else(fk, pc):
+    s = Stream()
+    mem.alloc_async(256, s).free_async()                     # warm
+    fk.clear_calls()
+    buf = mem.alloc_async(256, s)
+    assert fk.calls() == ["cuMemAllocAsync"] and fk.pool_used(0) == 256
+    assert buf.stream is s and buf.last_stream is s and buf.context is s.context and buf.pool is None
+    host = np.arange(256, dtype=np.uint8)
+    mem.copy(buf, host, stream=s)
+    back = np.zeros(256, np.uint8)
+    mem.copy(back, buf, stream=s)
+    s.synchronize()
+    assert np.array_equal(back, host)
+    fk.clear_calls()
+    buf.free_async()
+    assert fk.calls() == ["cuMemFreeAsync"] and fk.pool_used(0) == 0
+    assert buf.freed and buf.ended == "freed"
+    buf.free_async()                                          # idempotent: no second call
+    buf.close()
+    assert fk.call_count() == 1
+    with pytest.raises(ClosedResourceError, match="freed"):
+        buf.ptr
+    with pytest.raises(ClosedResourceError, match="freed"):
+        mem.copy(buf, host)
+
+
+def test_a_dropped_stream_ordered_buffer_is_freed_on_its_stream(fk, pc):
+    s = Stream()
+    buf = mem.alloc_async(512, s)
+    fk.clear_calls()
+    del buf
+    gc.collect()
+    assert fk.calls() == ["cuMemFreeAsync"] and fk.pool_used(0) == 0
+
+
+def test_free_async_refuses_after_its_stream_was_closed_and_the_drop_still_frees(fk, pc):
+    s = Stream()
+    buf = mem.alloc_async(64, s)
+    s.close()
+    fk.clear_calls()
+    with pytest.raises(ClosedResourceError, match="stream") as info:
+        buf.free_async()
+    assert info.value.refused and fk.calls() == []            # refused before the driver saw the address
+    with pytest.raises(ClosedResourceError):
+        mem.alloc_async(64, s)
+    assert fk.calls() == [] and fk.pool_used(0) == 64
+    buf.close()                                               # its stream is gone: the whole context waits
+    assert fk.calls()[-1] == "cuMemFreeAsync" and fk.pool_used(0) == 0
+
+
+def test_destroying_the_context_frees_its_stream_ordered_buffers_and_later_use_refuses(fk):
+    ctx = Context.create(0)
+    s = Stream()
+    buf = mem.alloc_async(64, s)
+    Context.pop()
+    fk.clear_calls()
+    ctx.destroy()                                             # frees the stream-ordered memory first
+    assert fk.calls()[0] == "cuMemFreeAsync" and fk.pool_used(0) == 0 and buf.ended == "freed"
+    fk.clear_calls()
+    buf.free_async()                                          # already freed: nothing to do
+    for attempt in (lambda: buf.ptr, lambda: mem.alloc_async(64, s), lambda: mem.copy(buf, bytes(64))):
+        with pytest.raises(ClosedResourceError):
+            attempt()
+    with pytest.raises(ClosedResourceError, match="destroyed"):
+        mem.alloc_async(64, s)
+    assert fk.calls() == []
+
+
+def test_the_stream_context_is_bound_when_another_context_is_current(fk):
+    a = Context.create(0)
+    s = Stream()                                               # a stream of context a
+    Context.pop()
+    b = Context.create(0)                                      # b is current now
+    before = fk.binding_errors()
+    fk.clear_calls()
+    buf = mem.alloc_async(128, s)
+    assert fk.calls() == ["cuMemAllocAsync", "cuCtxPushCurrent", "cuMemAllocAsync", "cuCtxPopCurrent"]
+    assert buf.context is a and Context.current() is b        # the thread's stack is as it was
+    fk.clear_calls()
+    buf.free_async()
+    assert fk.calls() == ["cuMemFreeAsync", "cuCtxPushCurrent", "cuMemFreeAsync", "cuCtxPopCurrent"]
+    assert fk.binding_errors() == before + 2 and fk.pool_used(0) == 0 and Context.current() is b
+    Context.pop()
+    b.destroy()
+    s.close()
+    a.destroy()
+
+
+def test_a_driver_failure_is_not_retried_and_names_the_call(fk, pc):
+    s = Stream()
+    fk.fail("cuMemAllocAsync", 2, 1)                           # CUDA_ERROR_OUT_OF_MEMORY, once
+    fk.clear_calls()
+    with pytest.raises(CudaError, match="cuMemAllocAsync"):
+        mem.alloc_async(64, s)
+    assert fk.calls() == ["cuMemAllocAsync"]                  # not a binding error: no second attempt
+    buf = mem.alloc_async(64, s)
+    fk.fail("cuMemFreeAsync", 700, 1)
+    with pytest.raises(CudaError, match="cuMemFreeAsync"):
+        buf.free_async()
+    assert buf.freed                                          # claimed first: never freed twice
+    fk.fail("cuMemFreeAsync", 0, 0)
+
+
+def test_free_async_refuses_while_exported_and_frees_after(fk, pc):
+    s = Stream()
+    buf = mem.alloc_async(64, s)
+    capsule = buf.__dlpack__(stream=-1)
+    with pytest.raises(BufferError, match="cuMemFreeAsync"):
+        buf.free_async()
+    assert not buf.freed and fk.pool_used(0) == 64
+    del capsule
+    gc.collect()
+    buf.free_async()
+    assert fk.pool_used(0) == 0
+
+
+@pytest.mark.parametrize("rival", ["close", "free_async", "context"])
+def test_threads_letting_go_of_one_buffer_free_it_once(fk, rival):
+    """free_async against close(), another free_async, or the context's teardown, started together:
+    the memory goes back exactly once (a second free would be a stale use in the fake)."""
+    ctx = Context.create(0)
+    s = Stream()
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)                               # threads interleave inside the calls
+    try:
+        race(fk, ctx, s, rival)
+    finally:
+        sys.setswitchinterval(switch)
+    assert fk.pool_used(0) == 0 and fk.stale_count() == 0
+    Context.pop()
+    s.close()
+    ctx.destroy()
+
+
+def race(fk, ctx, s, rival):
+    for _ in range(300):
+        buf = mem.alloc_async(64, s)
+        gate = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def let_go(how, buf=buf, gate=gate, errors=errors):
+            gate.wait()
+            try:
+                if how == "close":
+                    buf.close()
+                elif how == "free_async":
+                    buf.free_async()
+                else:
+                    ctx.free_stream_ordered()
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+                errors.append(exc)
+        rivals = [threading.Thread(target=let_go, args=(h,)) for h in ("free_async", rival)]
+        for t in rivals:
+            t.start()
+        for t in rivals:
+            t.join()
+        assert errors == [] and buf.freed
+
+
+def test_threads_allocating_on_one_stream_get_their_own_addresses(fk, pc, monkeypatch):
+    """The hot path reuses a per-thread out-parameter: threads allocating at once on one stream each
+    get the address the driver gave them (distinct, all counted by the pool, all freed once).  The
+    driver entry is wrapped to yield to the other threads between writing the address and returning,
+    so that an out-parameter shared between threads would be overwritten before it is read."""
+    s = Stream()
+    drv = s.context.driver
+    real = drv.cuMemAllocAsync
+
+    def alloc_then_yield(out, nbytes, stream):
+        rc = real(out, nbytes, stream)
+        time.sleep(0)
+        return rc
+    monkeypatch.setattr(drv, "cuMemAllocAsync", alloc_then_yield)
+    kept: list[list[DeviceBuffer]] = [[] for _ in range(4)]
+    gate = threading.Barrier(4)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+
+    def allocate(mine):
+        s.context.push()                       # current, so that the first attempt is the one that counts
+        gate.wait()
+        for _ in range(250):
+            mine.append(mem.alloc_async(32, s))
+        Context.pop()
+    try:
+        workers = [threading.Thread(target=allocate, args=(k,)) for k in kept]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+        monkeypatch.undo()
+    buffers = [b for k in kept for b in k]
+    assert len(buffers) == 1000 and len({b.address for b in buffers}) == 1000
+    assert fk.pool_used(0) == 1000 * 32
+    for b in buffers:
+        b.free_async()
+    assert fk.pool_used(0) == 0
+
+
+FORK = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import cuproc
+from cuproc import memory as mem
+cuproc.set_default_driver(cuproc.Driver(library={lib!r}))
+pc = cuproc.use_device(0)
+s = cuproc.Stream()
+buf = mem.alloc_async(64, s)
+pid = os.fork()
+if pid == 0:
+    refused = 0
+    for attempt in (buf.free_async, lambda: mem.alloc_async(64, s), lambda: buf.ptr):
+        try:
+            attempt()
+        except cuproc.ForkedProcessError:
+            refused += 1
+    del buf                                   # the finalizer leaves the parent's memory alone
+    import ctypes, gc
+    gc.collect()
+    os._exit(0 if refused == 3 and ctypes.CDLL({lib!r}).fake_fork_violations() == 0 else 10 + refused)
+_, status = os.waitpid(pid, 0)
+buf.free_async()                              # the parent still owns it
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_after_fork_the_stream_ordered_paths_refuse_in_the_child(fk):
+    code = FORK.format(tests=str(ROOT / "tests"), lib=str(fk.path))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "0", proc.stdout
+
+
+def test_device_buffer_pair_calls(fk, pc):
+    DeviceBuffer(256).free()
+    assert calls_of(fk, lambda: DeviceBuffer(256).free()) == ["cuCtxGetCurrent", "cuMemAlloc", "cuMemFree"]
+
+
+# ----------------------------------------------------------------------------- copies
+
+def _copy_rows(size):
+    """The benchmark's copy rows as (row, action, check) on ``size`` bytes of fresh memory."""
+    d = DeviceBuffer(size)
+    pinned = mem.PinnedBuffer(size)
+    pageable = np.zeros(size, np.uint8)
+    pattern = (np.arange(size) % 251).astype(np.uint8)
+    return d, pinned, pageable, pattern
+
+
+@pytest.mark.parametrize("row", sorted(COPY_CALLS))
+def test_each_benchmark_copy_row_makes_exactly_the_calls_it_states(fk, pc, row):
+    size = 1 << 16
+    d, pinned, pageable, pattern = _copy_rows(size)
+    host = pinned.numpy() if row.startswith("pinned") else pageable
+    h2d = "H2D" in row
+    if h2d:
+        host[:] = pattern
+        action = lambda: mem.copy(d, pinned if row.startswith("pinned") else pageable)  # noqa: E731
+    else:
+        mem.copy(d, pattern)
+        host[:] = 0
+        action = lambda: mem.copy(pinned if row.startswith("pinned") else pageable, d)  # noqa: E731
+    action()
+    assert calls_of(fk, action) == COPY_CALLS[row]
+    if h2d:
+        back = np.zeros(size, np.uint8)
+        mem.copy(back, d)
+        assert np.array_equal(back, pattern)
+    else:
+        assert np.array_equal(host, pattern)
+    del host
+    pinned.close()
+    d.close()
+
+
+def test_async_copies_are_one_call_each_on_the_stream(fk, pc):
+    s = Stream()
+    d, pinned, pageable, pattern = _copy_rows(4096)
+    pinned.numpy()[:] = pattern
+    assert calls_of(fk, lambda: mem.copy(d, pinned, stream=s)) == ["cuMemcpyHtoDAsync"]
+    assert calls_of(fk, lambda: mem.copy(pageable, d, stream=s)) == ["cuMemcpyDtoHAsync"]
+    s.synchronize()
+    assert np.array_equal(pageable, pattern) and d.last_stream is s and pinned.last_stream is s
