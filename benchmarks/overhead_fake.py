@@ -73,10 +73,12 @@ def measure(number: int) -> dict[str, float]:
     loop("cuproc.driver.cuCtxGetCurrent (module namespace)", lambda: ns.cuCtxGetCurrent(pctx))
     loop("drv.checked.cuCtxGetCurrent (bound)", lambda: checked_get(pctx))
     loop("prepared launch (float*, int, float)", lambda: prepared(buf, 7, 7))
-    loop("one-shot launch, signature", lambda: fn.launch(1, 32, (buf, 7, 7), signature=sig))
-    loop("one-shot launch, NumPy scalars built per call", lambda: fn.launch(1, 32, (buf, i32(7), f32(7))))
+    loop("one-shot launch, signature, Python int and float", lambda: fn.launch(1, 32, (buf, 7, 7.0), signature=sig))
     a, b = i32(7), f32(7)
+    loop("one-shot launch, signature, NumPy scalars prebuilt", lambda: fn.launch(1, 32, (buf, a, b), signature=sig))
+    loop("one-shot launch, NumPy scalars built per call", lambda: fn.launch(1, 32, (buf, i32(7), f32(7))))
     loop("one-shot launch, NumPy scalars prebuilt", lambda: fn.launch(1, 32, (buf, a, b)))
+    loop("building the NumPy scalars alone (the caller's part above)", lambda: (buf, i32(7), f32(7)))
     loop("bare cffi cuMemAlloc+cuMemFree", lambda: (alloc(pdev, 256), free(pdev[0])))
     loop("DeviceBuffer(256).free()", lambda: cuproc.DeviceBuffer(256).free())
     loop("bare cffi cuMemAllocAsync+cuMemFreeAsync", lambda: (alloc_a(pdev, 256, hs), free_a(pdev[0], hs)))
@@ -104,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--number", type=int, default=20_000)
     args = p.parse_args(argv)
+    import cuproc
+    print(f"cuproc fast path: {cuproc.fastpath.status()}")
     for name, value in measure(args.number).items():
         print(f"{value:9.3f}  {name}")
     return 0

@@ -214,26 +214,28 @@ def _whole(value: Any) -> int:
     return operator.index(value)
 
 
-def _dims(value: Any, what: str) -> tuple[int, int, int]:
+def _dims(value: Any, what: str, call: str = "cuLaunchKernel") -> tuple[int, int, int]:
     """Grid or block dimensions as three Python ints.  Integers of any integer type (NumPy's too)
-    are taken; a float or bool is refused, never rounded or read as 1."""
+    are taken; a float or bool is refused, never rounded or read as 1.  ``call``: the driver call
+    the refusal names (the one the launch would have made)."""
     try:
         dims = (_whole(value),) if hasattr(value, "__index__") else tuple(_whole(d) for d in value)
     except TypeError:
         dims = ()
     if not 1 <= len(dims) <= 3 or any(d < 1 for d in dims):
-        raise invalid("cuLaunchKernel", f"{what} must be a positive int or a tuple of 1-3 positive ints, got {value!r}")
+        raise invalid(call, f"{what} must be a positive int or a tuple of 1-3 positive ints, got {value!r}")
     return dims + (1,) * (3 - len(dims))  # type: ignore[return-value]
 
 
-def _shared_mem(value: Any) -> int:
-    """The dynamic shared memory size as a Python int (NumPy integers taken; floats and bools refused)."""
+def _shared_mem(value: Any, call: str = "cuLaunchKernel") -> int:
+    """The dynamic shared memory size as a Python int (NumPy integers taken; floats and bools refused);
+    ``call`` as for :func:`_dims`."""
     try:
         size = _whole(value)
     except TypeError:
         size = -1
     if size < 0:
-        raise invalid("cuLaunchKernel", f"shared_mem must be a non-negative int, got {value!r}")
+        raise invalid(call, f"shared_mem must be a non-negative int, got {value!r}")
     return size
 
 
@@ -313,8 +315,8 @@ class PreparedLaunch:
         function.check(entry)
         self.packed = packed = PackedArgs([arg_type(s) for s in signature])
         check_signature(function, packed)
-        self.grid, self.block = _dims(grid, "grid"), _dims(block, "block")
-        shared_mem = _shared_mem(shared_mem)
+        self.grid, self.block = _dims(grid, "grid", entry), _dims(block, "block", entry)
+        shared_mem = _shared_mem(shared_mem, entry)
         self.shared_mem, self.convention, self.entry = shared_mem, convention, entry
         if not cached:
             stream = as_stream(stream, entry, driver=drv)   # another library's stream: held, not owned
@@ -762,13 +764,15 @@ def launch_ex(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *,
     drv = function.driver
     attrs = []
     if cluster is not None:
-        attrs.append(("CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION", _dims(cluster, "cluster")))
+        attrs.append(("CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION", _dims(cluster, "cluster", "cuLaunchKernelEx")))
     if cooperative:
         attrs.append(("CU_LAUNCH_ATTRIBUTE_COOPERATIVE", 1))
     if priority is not None:
         attrs.append(("CU_LAUNCH_ATTRIBUTE_PRIORITY", priority))
     h = stream_handle(stream, drv, "cuLaunchKernelEx")
-    config, _attrs = _launch_config(_dims(grid, "grid"), _dims(block, "block"), _shared_mem(shared_mem), h, attrs)
+    call = "cuLaunchKernelEx"
+    config, _attrs = _launch_config(_dims(grid, "grid", call), _dims(block, "block", call),
+                                    _shared_mem(shared_mem, call), h, attrs)
     rc = call_in(_binding(function, stream), drv.cuLaunchKernelEx, config, function.handle, packed.params, ffi.NULL)
     drv.check(rc, "cuLaunchKernelEx")
 
@@ -785,10 +789,10 @@ def _launch_cooperative(function: Any, grid: Any, block: Any, args: Sequence[Any
     """cuLaunchCooperativeKernel (kernelParams convention: it takes no ``extra``)."""
     packed = _packed_once(function, "cuLaunchCooperativeKernel", args, signature)
     drv = function.driver
-    call_args = (function.handle, *_dims(grid, "grid"), *_dims(block, "block"), _shared_mem(shared_mem),
-                 stream_handle(stream, drv, "cuLaunchCooperativeKernel"), packed.params)
-    drv.check(call_in(_binding(function, stream), drv.cuLaunchCooperativeKernel, *call_args),
-              "cuLaunchCooperativeKernel")
+    call = "cuLaunchCooperativeKernel"
+    call_args = (function.handle, *_dims(grid, "grid", call), *_dims(block, "block", call),
+                 _shared_mem(shared_mem, call), stream_handle(stream, drv, call), packed.params)
+    drv.check(call_in(_binding(function, stream), drv.cuLaunchCooperativeKernel, *call_args), call)
 
 
 def _packed_once(function: Any, call: str, args: Sequence[Any], signature: Sequence[Any] | None) -> PackedArgs:
