@@ -659,7 +659,7 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
             classes = _CLASSES_OF[n](args) if n < _UNROLLED else tuple(map(type, args))
         else:
             classes = tuple(signature)
-        key = (classes, grid, block, shared_mem, stream_key, convention, entry)
+        key: tuple | None = (classes, grid, block, shared_mem, stream_key, convention, entry)
         cached = function.launch_cache.get(key)
     except TypeError:   # an unhashable signature entry (a list), or args with no len(): the general path
         key = cached = None
@@ -678,9 +678,10 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
 # runs the function above unchanged.  It is a method descriptor, so ``Function.launch = launch`` binds.
 _FUNCTION_TYPE: list[Any] = [None]   # cuproc.module.Function, noted by the first (cold) launch
 _python_launch = launch
-if fastpath.one_shot_factory() is not None:
-    launch = functools.update_wrapper(fastpath.one_shot_factory()(_python_launch, _FUNCTION_TYPE, EPOCH, "buffer"),
-                                      _python_launch)
+_make_one_shot = fastpath.one_shot_factory()
+if _make_one_shot is not None:
+    launch = functools.update_wrapper(  # type: ignore[assignment]  # the C front stands for the function
+        _make_one_shot(_python_launch, _FUNCTION_TYPE, EPOCH, "buffer"), _python_launch)
 
 
 def _exact(dims: Any) -> bool:
@@ -694,7 +695,7 @@ def _exact(dims: Any) -> bool:
 # one generated function per count: a one-shot launch keys its cache by them on every call.
 _UNROLLED = 17
 _CLASSES_OF: list[Callable[[Sequence[Any]], tuple]] = [
-    eval(f"lambda a: ({''.join(f'type(a[{i}]), ' for i in range(n))})")   # noqa: S307 - ints only
+    eval(f"lambda a: ({''.join(f'type(a[{i}]), ' for i in range(n))})")   # our own source, ints only
     for n in range(_UNROLLED)]
 
 

@@ -571,7 +571,8 @@ static PyMethodDef cuproc_make_one_shot_def = {
     "The one-shot launch's C front (cuproc.launch builds it over the Python launch).",
 };
 
-/* Called once through cffi (which released the GIL): put Launcher, make_launcher, OneShot and make_one_shot on the module. */
+/* Called once through cffi (which released the GIL): put Launcher, make_launcher, OneShot and
+ * make_one_shot on the module. */
 static int cuproc_install_launcher(void)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
