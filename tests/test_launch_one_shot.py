@@ -2,7 +2,8 @@
 (tools/fastpath_launch.c, make_one_shot) that takes warm entries of the common form itself; every
 other call goes to the Python launch.  These tests check that it takes what it should, hands on
 what it should not, keeps every refusal of the Python launch, and that launch_ex / cooperative
-refusals name the call actually made.  All on the fake driver; the pure path is run as well."""
+refusals name the call actually made.  All on the fake driver; the pure path is run as well.
+(Warm one-shot entries in a forked child: tests/test_ownership.py, the fork test.)"""
 from __future__ import annotations
 
 import inspect
@@ -19,7 +20,7 @@ from fakedriver import fake_image
 import cuproc
 import cuproc.launch as L
 from cuproc import DeviceBuffer, Function, Module, Stream, fastpath
-from cuproc.errors import ClosedResourceError, ForkedProcessError, InvalidValueError
+from cuproc.errors import ClosedResourceError, InvalidValueError
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = fake_image({"empty": [8, 4, 4]})
@@ -142,45 +143,6 @@ def test_warm_entries_keep_the_refusals_of_a_cold_launch(fk, pc):
     fn2.launch(1, 32, (buf, np.int32(2), np.float32(2)))
     assert len(fn2.launch_cache) == 1 and fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 2, 2.0)
     assert fk.launch_count() == 3
-
-
-FORK = """
-import os, sys, numpy as np
-sys.path.insert(0, {tests!r})
-import cuproc
-from fakedriver import fake_image
-drv = cuproc.Driver(library={lib!r})
-cuproc.set_default_driver(drv)
-pc = cuproc.use_device(0)
-buf = cuproc.DeviceBuffer(64)
-fn = cuproc.Module.load(fake_image({{"empty": [8, 4, 4]}})).get_function("empty")
-for _ in range(2):                       # warm entries of both forms
-    fn.launch(1, 32, (buf, np.int32(1), np.float32(1)))
-    fn.launch(1, 32, (buf, 1, 1.0), signature=["float*", "int", "float"])
-pid = os.fork()
-if pid == 0:
-    refused = 0
-    for attempt in (lambda: fn.launch(1, 32, (buf, np.int32(1), np.float32(1))),
-                    lambda: fn.launch(1, 32, (buf, 1, 1.0), signature=["float*", "int", "float"])):
-        for _ in range(2):
-            try:
-                attempt()
-            except cuproc.ForkedProcessError:
-                refused += 1
-    os._exit(0 if refused == 4 else 10 + refused)
-_, status = os.waitpid(pid, 0)
-fn.launch(1, 32, (buf, np.int32(1), np.float32(1)))      # the parent carries on
-print(os.waitstatus_to_exitcode(status))
-"""
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_warm_one_shot_entries_refuse_in_a_forked_child(fk):
-    assert ForkedProcessError is cuproc.ForkedProcessError
-    code = FORK.format(tests=str(ROOT / "tests"), lib=str(fk.path))
-    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "0", proc.stdout
 
 
 def test_launch_ex_and_cooperative_refusals_name_the_call_made(fk, pc):
