@@ -26,7 +26,7 @@ def per_op_us(fn, number: int, repeat: int = 5) -> float:
                [timeit.timeit(fn, number=number) for _ in range(repeat)]) / number * 1e6
 
 
-def measure(number: int) -> dict[str, float]:
+def measure(number: int, repeat: int = 5) -> dict[str, float]:
     import fakedriver
     from fakedriver import build, fake_image
 
@@ -67,7 +67,7 @@ def measure(number: int) -> dict[str, float]:
     rows: dict[str, float] = {}
 
     def loop(name, body):
-        rows[name] = per_op_us(body, number)
+        rows[name] = per_op_us(body, number, repeat)
 
     loop("bare cffi cuCtxGetCurrent (local pointer)", lambda: raw_get(pctx))
     loop("cuproc.driver.cuCtxGetCurrent (module namespace)", lambda: ns.cuCtxGetCurrent(pctx))
@@ -105,10 +105,11 @@ def measure(number: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--number", type=int, default=20_000)
+    p.add_argument("--repeat", type=int, default=5, help="timings per row; the fastest is printed")
     args = p.parse_args(argv)
     import cuproc
     print(f"cuproc fast path: {cuproc.fastpath.status()}")
-    for name, value in measure(args.number).items():
+    for name, value in measure(args.number, args.repeat).items():
         print(f"{value:9.3f}  {name}")
     return 0
 
