@@ -673,15 +673,16 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
 
 # With the fast path, ``launch`` is a C front over the function above (tools/fastpath_launch.c,
 # make_one_shot): for fn.launch(grid, block, args) with plain-int grid and block and at most
-# ``signature=``, on an exact Function, it builds the same key, finds a warm entry whose stream is the
-# default one and whose epoch is current, and calls its launcher; any other call -- a miss included --
-# runs the function above unchanged.  It is a method descriptor, so ``Function.launch = launch`` binds.
-_FUNCTION_TYPE: list[Any] = [None]   # cuproc.module.Function, noted by the first (cold) launch
+# ``signature=`` and ``stream=`` (None or a Stream), on an exact Function, it builds the same key,
+# finds a warm entry for that very stream whose epoch is current, and calls its launcher; any other
+# call -- a miss included -- runs the function above unchanged.  It is a method descriptor, so
+# ``Function.launch = launch`` binds.
+_FRONT_TYPES: list[Any] = [None, None]   # [Function, Stream], noted by the first (cold) launch
 _python_launch = launch
 _make_one_shot = fastpath.one_shot_factory()
 if _make_one_shot is not None:
     launch = functools.update_wrapper(  # type: ignore[assignment]  # the C front stands for the function
-        _make_one_shot(_python_launch, _FUNCTION_TYPE, EPOCH, "buffer"), _python_launch)
+        _make_one_shot(_python_launch, _FRONT_TYPES, EPOCH, "buffer"), _python_launch)
 
 
 def _exact(dims: Any) -> bool:
@@ -721,9 +722,9 @@ def _launch_uncached(function: Any, grid: Any, block: Any, args: Sequence[Any], 
     if isinstance(stream, Stream):
         stream.check("cuLaunchKernel")
     cache = function.launch_cache
-    if _FUNCTION_TYPE[0] is None:   # the class the C front takes (cuproc.module imports this module)
+    if _FRONT_TYPES[0] is None:   # the classes the C front takes (cuproc.module imports this module)
         from .module import Function
-        _FUNCTION_TYPE[0] = Function
+        _FRONT_TYPES[:] = [Function, Stream]
     if signature is None:
         sig: tuple = tuple(infer_type(a) for a in args)
         if key is not None and not all(_typed_class(a) for a in args):

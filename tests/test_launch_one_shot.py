@@ -61,13 +61,13 @@ def test_warm_common_forms_are_launched_by_the_front_with_their_values(fk, pc):
 
 
 @needs_front
-@pytest.mark.parametrize("form", ["stream", "tuple grid", "numpy grid", "shared_mem", "entry", "convention",
+@pytest.mark.parametrize("form", ["stream handle", "tuple grid", "numpy grid", "shared_mem", "entry", "convention",
                                   "list args", "signature None"])
 def test_other_forms_go_to_the_python_launch_and_launch_right(fk, pc, form):
     fn = Module.load(IMAGE).get_function("empty")
     buf = DeviceBuffer(64)
     s = Stream()
-    call = {"stream": lambda v: fn.launch(1, 32, v, stream=s),
+    call = {"stream handle": lambda v: fn.launch(1, 32, v, stream=s.handle),
             "tuple grid": lambda v: fn.launch((1, 1), 32, v),
             "numpy grid": lambda v: fn.launch(np.int64(1), 32, v),
             "shared_mem": lambda v: fn.launch(1, 32, v, shared_mem=0),
@@ -84,6 +84,33 @@ def test_other_forms_go_to_the_python_launch_and_launch_right(fk, pc, form):
         else:
             assert taken() == before
     assert fk.launch_count() == 3
+
+
+@needs_front
+def test_warm_launches_on_a_stream_are_taken_for_that_very_stream(fk, pc):
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    s1, s2 = Stream(), Stream()
+    for s in (s1, s2, None):
+        fn.launch(1, 32, (buf, np.int32(0), np.float32(0)), stream=s)      # cold: one entry per stream
+        fn.launch(1, 32, (buf, 0, 0.0), signature=SIG, stream=s)
+    assert len(fn.launch_cache) == 6
+    before = taken()
+    for i, s in enumerate((s1, s2, None, s2, s1)):
+        fn.launch(1, 32, (buf, np.int32(i), np.float32(i)), stream=s)
+        assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, i, i)
+        fn.launch(1, 32, (buf, i, 0.5), stream=s, signature=SIG)           # keywords in either order
+        assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, i, 0.5)
+    assert taken() - before == 10 and len(fn.launch_cache) == 6
+    key = next(k for k in fn.launch_cache if k[4] == ("stream", id(s1)) and k[0] != tuple(SIG))
+    s3 = Stream()
+    fn.launch_cache[key[:4] + (("stream", id(s3)),) + key[5:]] = fn.launch_cache[key]   # s1's entry at s3's id
+    fn.launch(1, 32, (buf, np.int32(7), np.float32(7)), stream=s3)                       # not taken: its own entry
+    assert taken() - before == 10 and fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 7, 7.0)
+    s1.close()
+    with pytest.raises(ClosedResourceError):
+        fn.launch(1, 32, (buf, np.int32(1), np.float32(1)), stream=s1)
+    assert taken() - before == 10
 
 
 @needs_front

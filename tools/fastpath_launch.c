@@ -356,28 +356,29 @@ static PyMethodDef cuproc_make_launcher_def = {
     "A C launcher over a prepared launch's packed block (cuproc.launch builds the arguments).",
 };
 
-/* The one-shot launch in C: cuproc._fastpath_c.make_one_shot(slow, function_type, epoch, buffer)
- * returns a method-like callable (Function.launch) that takes the common warm case of
- * cuproc.launch.launch -- fn.launch(grid, block, args) or with ``signature=`` only, plain-int grid
- * and block, the default stream, shared memory, convention and entry -- builds the very key the
- * Python launch builds, finds the entry in ``function.launch_cache`` and calls its launcher.
- * Everything else (a Kernel, a stream, a tuple grid, another keyword, a miss, a moved EPOCH, an
- * entry made for a Stream) goes to ``slow`` (the Python launch) with the arguments unchanged. */
+/* The one-shot launch in C: cuproc._fastpath_c.make_one_shot(slow, types, epoch, buffer) returns
+ * a method-like callable (Function.launch) that takes the common warm case of cuproc.launch.launch
+ * -- fn.launch(grid, block, args) with at most ``signature=`` and ``stream=`` (None or a cuproc
+ * Stream), plain-int grid and block, the default shared memory, convention and entry -- builds the
+ * very key the Python launch builds, finds the entry in ``function.launch_cache`` and calls its
+ * launcher.  Everything else (a Kernel, another stream object, a tuple grid, another keyword, a
+ * miss, a moved EPOCH, an entry for another Stream at the same id) goes to ``slow`` (the Python
+ * launch) with the arguments unchanged. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *dict;
-    PyObject *slow, *function_type, *epoch, *buffer;
+    PyObject *slow, *types, *epoch, *buffer;
     Py_ssize_t taken;
 } cuproc_one_shot;
 
-static PyObject *cuproc_s_launch_cache, *cuproc_s_signature;
+static PyObject *cuproc_s_launch_cache, *cuproc_s_signature, *cuproc_s_stream;
 
 /* The key of cuproc.launch.launch for these values, or NULL with no error set (not taken here). */
 static PyObject *cuproc_one_shot_key(cuproc_one_shot *self, PyObject *grid, PyObject *block, PyObject *values,
-                                     PyObject *signature)
+                                     PyObject *signature, PyObject *stream)
 {
-    PyObject *classes, *key;
+    PyObject *classes, *key, *stream_key = Py_None;
     Py_ssize_t i, n;
     if (signature == NULL) {
         n = PyTuple_GET_SIZE(values);
@@ -397,13 +398,19 @@ static PyObject *cuproc_one_shot_key(cuproc_one_shot *self, PyObject *grid, PyOb
     } else {
         return NULL;
     }
+    if (stream == Py_None) {
+        Py_INCREF(Py_None);
+    } else {   /* ("stream", id(stream)), as the Python launch keys a Stream */
+        stream_key = Py_BuildValue("(ON)", cuproc_s_stream, PyLong_FromVoidPtr(stream));
+        if (stream_key == NULL) { Py_DECREF(classes); return NULL; }
+    }
     key = PyTuple_New(7);
-    if (key == NULL) { Py_DECREF(classes); return NULL; }
+    if (key == NULL) { Py_DECREF(classes); Py_DECREF(stream_key); return NULL; }
     PyTuple_SET_ITEM(key, 0, classes);
     Py_INCREF(grid); PyTuple_SET_ITEM(key, 1, grid);
     Py_INCREF(block); PyTuple_SET_ITEM(key, 2, block);
     PyTuple_SET_ITEM(key, 3, PyLong_FromLong(0));   /* a small int: cached by CPython, never NULL */
-    Py_INCREF(Py_None); PyTuple_SET_ITEM(key, 4, Py_None);
+    PyTuple_SET_ITEM(key, 4, stream_key);
     Py_INCREF(self->buffer); PyTuple_SET_ITEM(key, 5, self->buffer);
     Py_INCREF(Py_None); PyTuple_SET_ITEM(key, 6, Py_None);
     return key;
@@ -413,20 +420,27 @@ static PyObject *cuproc_one_shot_call(PyObject *obj, PyObject *const *args, size
 {
     cuproc_one_shot *self = (cuproc_one_shot *)obj;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *function, *values, *signature = NULL, *cache, *key, *entry, *launcher, *seen, *result;
-    if (nargs != 4 || (PyObject *)Py_TYPE(args[0]) != PyList_GET_ITEM(self->function_type, 0))
+    PyObject *function, *values, *signature = NULL, *stream = Py_None, *cache, *key, *entry, *launcher, *seen;
+    PyObject *held, *result;
+    Py_ssize_t k;
+    if (nargs != 4 || (PyObject *)Py_TYPE(args[0]) != PyList_GET_ITEM(self->types, 0))
         goto slow;
-    if (kwnames != NULL) {   /* only signature=, and not None (None is the classes' key) */
-        if (PyTuple_GET_SIZE(kwnames) != 1 || PyTuple_GET_ITEM(kwnames, 0) != cuproc_s_signature)
+    for (k = 0; kwnames != NULL && k < PyTuple_GET_SIZE(kwnames); k++) {   /* signature= and stream= only */
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+        if (name == cuproc_s_signature)
+            signature = args[nargs + k] == Py_None ? NULL : args[nargs + k];   /* None: keyed by the classes */
+        else if (name == cuproc_s_stream)
+            stream = args[nargs + k];
+        else
             goto slow;
-        signature = args[4];
-        if (signature == Py_None) signature = NULL;
     }
+    if (stream != Py_None && (PyObject *)Py_TYPE(stream) != PyList_GET_ITEM(self->types, 1))
+        goto slow;   /* another library's stream, a handle: the Python launch resolves it */
     function = args[0];
     values = args[3];
     if (!PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2]) || !PyTuple_CheckExact(values))
         goto slow;
-    key = cuproc_one_shot_key(self, args[1], args[2], values, signature);
+    key = cuproc_one_shot_key(self, args[1], args[2], values, signature, stream);
     if (key == NULL) {
         if (PyErr_Occurred()) return NULL;
         goto slow;
@@ -448,9 +462,15 @@ static PyObject *cuproc_one_shot_call(PyObject *obj, PyObject *const *args, size
         }
         goto slow;
     }
-    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 3 || PyTuple_GET_ITEM(entry, 1) != Py_None
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 3
         || !PyList_CheckExact(PyTuple_GET_ITEM(entry, 2)) || PyList_GET_SIZE(PyTuple_GET_ITEM(entry, 2)) != 1) {
         Py_DECREF(cache);
+        goto slow;
+    }
+    held = PyTuple_GET_ITEM(entry, 1);   /* None for the default stream, else a weak reference to the Stream */
+    if (stream == Py_None ? held != Py_None
+                          : (!PyWeakref_CheckRef(held) || PyWeakref_GetObject(held) != stream)) {
+        Py_DECREF(cache);   /* e.g. an entry of a Stream that ended, at the id of this new one */
         goto slow;
     }
     seen = PyList_GET_ITEM(PyTuple_GET_ITEM(entry, 2), 0);
@@ -484,7 +504,7 @@ static PyObject *cuproc_one_shot_get(PyObject *obj, PyObject *instance, PyObject
 static int cuproc_one_shot_traverse(PyObject *obj, visitproc visit, void *arg)
 {
     cuproc_one_shot *self = (cuproc_one_shot *)obj;
-    Py_VISIT(self->dict); Py_VISIT(self->slow); Py_VISIT(self->function_type); Py_VISIT(self->epoch);
+    Py_VISIT(self->dict); Py_VISIT(self->slow); Py_VISIT(self->types); Py_VISIT(self->epoch);
     Py_VISIT(self->buffer); Py_VISIT(Py_TYPE(obj));
     return 0;
 }
@@ -492,7 +512,7 @@ static int cuproc_one_shot_traverse(PyObject *obj, visitproc visit, void *arg)
 static int cuproc_one_shot_clear(PyObject *obj)
 {
     cuproc_one_shot *self = (cuproc_one_shot *)obj;
-    Py_CLEAR(self->dict); Py_CLEAR(self->slow); Py_CLEAR(self->function_type); Py_CLEAR(self->epoch);
+    Py_CLEAR(self->dict); Py_CLEAR(self->slow); Py_CLEAR(self->types); Py_CLEAR(self->epoch);
     Py_CLEAR(self->buffer);
     return 0;
 }
@@ -539,17 +559,17 @@ static PyType_Spec cuproc_one_shot_spec = {
 
 static PyTypeObject *cuproc_one_shot_type;
 
-/* make_one_shot(slow, function_type, epoch, buffer): function_type is a one-item list holding the
- * class whose instances are taken here (None until the Python launch fills it in); epoch is EPOCH;
- * buffer is the string "buffer" (the default convention, as the key holds it). */
+/* make_one_shot(slow, types, epoch, buffer): types is a two-item list, the exact classes taken here
+ * -- [cuproc.module.Function, cuproc.stream.Stream], None until the Python launch fills them in --;
+ * epoch is EPOCH; buffer is the string "buffer" (the default convention, as the key holds it). */
 static PyObject *cuproc_make_one_shot(PyObject *module, PyObject *args)
 {
-    PyObject *slow, *function_type, *epoch, *buffer;
+    PyObject *slow, *types, *epoch, *buffer;
     cuproc_one_shot *self;
     (void)module;
-    if (!PyArg_ParseTuple(args, "OO!O!U", &slow, &PyList_Type, &function_type, &PyList_Type, &epoch, &buffer))
+    if (!PyArg_ParseTuple(args, "OO!O!U", &slow, &PyList_Type, &types, &PyList_Type, &epoch, &buffer))
         return NULL;
-    if (!PyCallable_Check(slow) || PyList_GET_SIZE(function_type) != 1 || PyList_GET_SIZE(epoch) != 1) {
+    if (!PyCallable_Check(slow) || PyList_GET_SIZE(types) != 2 || PyList_GET_SIZE(epoch) != 1) {
         PyErr_SetString(PyExc_ValueError, "make_one_shot: inconsistent arguments (a cuproc bug)");
         return NULL;
     }
@@ -558,7 +578,7 @@ static PyObject *cuproc_make_one_shot(PyObject *module, PyObject *args)
     self->vectorcall = cuproc_one_shot_call;
     self->dict = NULL;
     Py_INCREF(slow); self->slow = slow;
-    Py_INCREF(function_type); self->function_type = function_type;
+    Py_INCREF(types); self->types = types;
     Py_INCREF(epoch); self->epoch = epoch;
     Py_INCREF(buffer); self->buffer = buffer;
     self->taken = 0;
@@ -585,7 +605,8 @@ static int cuproc_install_launcher(void)
         if (!cuproc_s_ended || !cuproc_s_context || !cuproc_s_address) goto done;
         cuproc_s_launch_cache = PyUnicode_InternFromString("launch_cache");
         cuproc_s_signature = PyUnicode_InternFromString("signature");
-        if (!cuproc_s_launch_cache || !cuproc_s_signature) goto done;
+        cuproc_s_stream = PyUnicode_InternFromString("stream");
+        if (!cuproc_s_launch_cache || !cuproc_s_signature || !cuproc_s_stream) goto done;
         cuproc_launcher_type = (PyTypeObject *)PyType_FromSpec(&cuproc_launcher_spec);
         if (cuproc_launcher_type == NULL) goto done;
         cuproc_one_shot_type = (PyTypeObject *)PyType_FromSpec(&cuproc_one_shot_spec);
