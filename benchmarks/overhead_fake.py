@@ -78,6 +78,7 @@ def measure(number: int, repeat: int = 5) -> dict[str, float]:
     loop("one-shot launch, signature, NumPy scalars prebuilt", lambda: fn.launch(1, 32, (buf, a, b), signature=sig))
     loop("one-shot launch, NumPy scalars built per call", lambda: fn.launch(1, 32, (buf, i32(7), f32(7))))
     loop("one-shot launch, NumPy scalars prebuilt", lambda: fn.launch(1, 32, (buf, a, b)))
+    loop("one-shot launch, NumPy scalars prebuilt, on a Stream", lambda: fn.launch(1, 32, (buf, a, b), stream=stream))
     loop("building the NumPy scalars alone (the caller's part above)", lambda: (buf, i32(7), f32(7)))
     loop("bare cffi cuMemAlloc+cuMemFree", lambda: (alloc(pdev, 256), free(pdev[0])))
     loop("DeviceBuffer(256).free()", lambda: cuproc.DeviceBuffer(256).free())

@@ -22,6 +22,10 @@ Policy
   the driver.  With the compiled fast path (:mod:`cuproc.fastpath`) and
   pointer/scalar arguments, the stores and the call happen in C, in front of
   the generated Python launcher, which takes every call the C one does not.
+* **One-shot launches** (:func:`launch`, ``Function.launch``) keep a PreparedLaunch per shape on
+  the function.  With the fast path, a C front finds a warm entry of the common form (plain-int
+  grid and block, ``signature=`` and ``stream=`` at most) and calls its launcher; every other
+  call, and any entry to check again, goes through the Python function with all its checks.
 """
 from __future__ import annotations
 
