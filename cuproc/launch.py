@@ -665,8 +665,10 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
             classes = tuple(signature)
         key: tuple | None = (classes, grid, block, shared_mem, stream_key, convention, entry)
         cached = function.launch_cache.get(key)
-    except TypeError:   # an unhashable signature entry (a list), or args with no len(): the general path
-        key = cached = None
+    except (TypeError, LookupError):   # an unhashable signature entry (a list), or args that are no
+        key = cached = None           # sequence (no len(), or not indexed 0..n-1): the general path
+        if args.__class__ is not tuple and args.__class__ is not list:
+            args = _as_values(args)   # a generator is read once, here, and launched with what it gave
     if cached is not None and (stream_key.__class__ is not tuple or cached[1]() is stream):  # else: a new
         if cached[2][0] != EPOCH[0]:                                                # Stream at a dead one's id
             _recheck(function, stream, cached)
@@ -687,6 +689,15 @@ _make_one_shot = fastpath.one_shot_factory()
 if _make_one_shot is not None:
     launch = functools.update_wrapper(  # type: ignore[assignment]  # the C front stands for the function
         _make_one_shot(_python_launch, _FRONT_TYPES, EPOCH, "buffer"), _python_launch)
+
+
+def _as_values(args: Any) -> tuple:
+    """The kernel arguments of a one-shot launch given as any iterable, as a tuple."""
+    try:
+        return tuple(args)
+    except TypeError:
+        raise invalid("cuLaunchKernel", f"args is the sequence of kernel arguments, not a "
+                                        f"{type(args).__name__}") from None
 
 
 def _exact(dims: Any) -> bool:

@@ -172,6 +172,19 @@ def test_warm_entries_keep_the_refusals_of_a_cold_launch(fk, pc):
     assert fk.launch_count() == 3
 
 
+def test_arguments_given_as_another_iterable_are_read_once_and_a_non_iterable_is_refused(fk, pc):
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    for i in range(2):
+        fn.launch(1, 32, (v for v in (buf, np.int32(i), np.float32(i))))     # a generator, cold then warm
+        assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, i, i)
+        fn.launch(1, 32, iter([buf, i, 0.5]), signature=SIG)
+        assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, i, 0.5)
+    with pytest.raises(InvalidValueError, match="sequence of kernel arguments"):
+        fn.launch(1, 32, 7)
+    assert fk.launch_count() == 4
+
+
 def test_launch_ex_and_cooperative_refusals_name_the_call_made(fk, pc):
     fn = Module.load(IMAGE).get_function("empty")
     buf = DeviceBuffer(64)
