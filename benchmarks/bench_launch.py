@@ -423,7 +423,11 @@ def main(argv: list[str] | None = None) -> int:
             lib = build_c("c_floor_launch.c", Path(tmp), shared=True)
             own_process = c_floor_process(build_c("c_floor_launch.c", Path(tmp), shared=False))
         loops, natives, sync, errors, default, close = launchers(lib, args.smoke, steady)
+        import cuproc.launch
+        front = getattr(cuproc.launch.launch, "taken", None)   # the one-shot C front's count (fast path only)
         results = measure_interleaved(loops, natives, sync, burst_size, reps, steady, errors)
+        if front is not None:
+            front = cuproc.launch.launch.taken - front
         close()
     results[DEFAULT]["entry"] = f"{default.entry}, {default.convention}"
     goals, spread = evaluate(results, errors, args.smoke, (default.entry, default.convention))
@@ -452,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
              (f"steady: median (range) of {STEADY_ROUNDS} rounds taking turns; CPU: the thread's CPU time per "
               "launch in those rounds (wall well above CPU: blocked in the driver)"),
              "every launcher launches on the legacy default stream; values change every launch (the counter i)"]
+    notes.append("one-shot launches: no C front (pure path)" if front is None else
+                 f"one-shot launches made by the C front (tools/fastpath_launch.c make_one_shot): {front:,}")
     if spread:
         notes.append(f"prepared vs {spread['against']}: lead {spread['lead'] * 100:.1f}%, per block " +
                      ", ".join(f"{x * 100:.1f}%" for x in spread["block_leads"]))

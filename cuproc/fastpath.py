@@ -18,6 +18,9 @@ Where it applies:
 * ``Function.prepare`` returns a C launcher (``cuproc.launch``) that stores the values into the
   argument block and calls cuLaunchKernel(Ex) in C; every other case -- another thread, an ended
   resource, a fork, a value it does not convert exactly as cffi would -- goes to the pure launcher.
+* ``Function.launch`` (``cuproc.launch.launch``) finds a warm one-shot entry and calls its launcher
+  in C for the common form (plain-int grid and block, default stream, at most ``signature=``);
+  every other call goes to the Python launch.
 """
 from __future__ import annotations
 
@@ -93,6 +96,12 @@ def checked_factory() -> Callable[..., Callable[..., None]] | None:
     """``cuproc._fastpath_c.make_checked`` (see tools/fastpath_checked.c), or None without the fast path."""
     compiled = _ffi.COMPILED
     return None if compiled is None else compiled.make_checked
+
+
+def one_shot_factory() -> Callable[..., Any] | None:
+    """``cuproc._fastpath_c.make_one_shot`` (see tools/fastpath_launch.c), or None without the fast path."""
+    compiled = _ffi.COMPILED
+    return None if compiled is None else compiled.make_one_shot
 
 
 def launcher_kinds() -> dict[str, int] | None:

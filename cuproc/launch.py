@@ -22,6 +22,10 @@ Policy
   the driver.  With the compiled fast path (:mod:`cuproc.fastpath`) and
   pointer/scalar arguments, the stores and the call happen in C, in front of
   the generated Python launcher, which takes every call the C one does not.
+* **One-shot launches** (:func:`launch`, ``Function.launch``) keep a PreparedLaunch per shape on
+  the function.  With the fast path, a C front finds a warm entry of the common form (plain-int
+  grid and block, ``signature=`` and ``stream=`` at most) and calls its launcher; every other
+  call, and any entry to check again, goes through the Python function with all its checks.
 """
 from __future__ import annotations
 
@@ -214,26 +218,28 @@ def _whole(value: Any) -> int:
     return operator.index(value)
 
 
-def _dims(value: Any, what: str) -> tuple[int, int, int]:
+def _dims(value: Any, what: str, call: str = "cuLaunchKernel") -> tuple[int, int, int]:
     """Grid or block dimensions as three Python ints.  Integers of any integer type (NumPy's too)
-    are taken; a float or bool is refused, never rounded or read as 1."""
+    are taken; a float or bool is refused, never rounded or read as 1.  ``call``: the driver call
+    the refusal names (the one the launch would have made)."""
     try:
         dims = (_whole(value),) if hasattr(value, "__index__") else tuple(_whole(d) for d in value)
     except TypeError:
         dims = ()
     if not 1 <= len(dims) <= 3 or any(d < 1 for d in dims):
-        raise invalid("cuLaunchKernel", f"{what} must be a positive int or a tuple of 1-3 positive ints, got {value!r}")
+        raise invalid(call, f"{what} must be a positive int or a tuple of 1-3 positive ints, got {value!r}")
     return dims + (1,) * (3 - len(dims))  # type: ignore[return-value]
 
 
-def _shared_mem(value: Any) -> int:
-    """The dynamic shared memory size as a Python int (NumPy integers taken; floats and bools refused)."""
+def _shared_mem(value: Any, call: str = "cuLaunchKernel") -> int:
+    """The dynamic shared memory size as a Python int (NumPy integers taken; floats and bools refused);
+    ``call`` as for :func:`_dims`."""
     try:
         size = _whole(value)
     except TypeError:
         size = -1
     if size < 0:
-        raise invalid("cuLaunchKernel", f"shared_mem must be a non-negative int, got {value!r}")
+        raise invalid(call, f"shared_mem must be a non-negative int, got {value!r}")
     return size
 
 
@@ -313,8 +319,8 @@ class PreparedLaunch:
         function.check(entry)
         self.packed = packed = PackedArgs([arg_type(s) for s in signature])
         check_signature(function, packed)
-        self.grid, self.block = _dims(grid, "grid"), _dims(block, "block")
-        shared_mem = _shared_mem(shared_mem)
+        self.grid, self.block = _dims(grid, "grid", entry), _dims(block, "block", entry)
+        shared_mem = _shared_mem(shared_mem, entry)
         self.shared_mem, self.convention, self.entry = shared_mem, convention, entry
         if not cached:
             stream = as_stream(stream, entry, driver=drv)   # another library's stream: held, not owned
@@ -646,18 +652,23 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
             stream_key = ("stream", id(stream))
         else:
             stream_key = int(ffi.cast("uintptr_t", stream_handle(stream, function.driver)))
-    cache = function.launch_cache
     # The key holds grid, block and shared memory as Python ints: a float, a bool or a NumPy integer
     # equals (and hashes as) the int, and must get the cold path's answer, not a warm entry's.
     if not ((grid.__class__ is int or _exact(grid)) and (block.__class__ is int or _exact(block))
             and shared_mem.__class__ is int):   # plain ints first: no call on the common path
         grid, block, shared_mem = _dims(grid, "grid"), _dims(block, "block"), _shared_mem(shared_mem)
     try:   # a signature with other entries than C type strings is never stored under this key (below)
-        key = (tuple(map(type, args)) if signature is None else tuple(signature),
-               grid, block, shared_mem, stream_key, convention, entry)
-        cached = cache.get(key)
-    except TypeError:   # an unhashable signature entry (a list): the general path
-        key = cached = None
+        if signature is None:
+            n = len(args)   # the classes, unrolled: tuple(map(type, args)) costs 0.1-0.2 us more
+            classes = _CLASSES_OF[n](args) if n < _UNROLLED else tuple(map(type, args))
+        else:
+            classes = tuple(signature)
+        key: tuple | None = (classes, grid, block, shared_mem, stream_key, convention, entry)
+        cached = function.launch_cache.get(key)
+    except (TypeError, LookupError):   # an unhashable signature entry (a list), or args that are no
+        key = cached = None           # sequence (no len(), or not indexed 0..n-1): the general path
+        if args.__class__ is not tuple and args.__class__ is not list:
+            args = _as_values(args)   # a generator is read once, here, and launched with what it gave
     if cached is not None and (stream_key.__class__ is not tuple or cached[1]() is stream):  # else: a new
         if cached[2][0] != EPOCH[0]:                                                # Stream at a dead one's id
             _recheck(function, stream, cached)
@@ -666,11 +677,42 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
     _launch_uncached(function, grid, block, args, signature, shared_mem, stream, stream_key, convention, entry, key)
 
 
+# With the fast path, ``launch`` is a C front over the function above (tools/fastpath_launch.c,
+# make_one_shot): for fn.launch(grid, block, args) with plain-int grid and block and at most
+# ``signature=`` and ``stream=`` (None or a Stream), on an exact Function, it builds the same key,
+# finds a warm entry for that very stream whose epoch is current, and calls its launcher; any other
+# call -- a miss included -- runs the function above unchanged.  It is a method descriptor, so
+# ``Function.launch = launch`` binds.
+_FRONT_TYPES: list[Any] = [None, None]   # [Function, Stream], noted by the first (cold) launch
+_python_launch = launch
+_make_one_shot = fastpath.one_shot_factory()
+if _make_one_shot is not None:
+    launch = functools.update_wrapper(  # type: ignore[assignment]  # the C front stands for the function
+        _make_one_shot(_python_launch, _FRONT_TYPES, EPOCH, "buffer"), _python_launch)
+
+
+def _as_values(args: Any) -> tuple:
+    """The kernel arguments of a one-shot launch given as any iterable, as a tuple."""
+    try:
+        return tuple(args)
+    except TypeError:
+        raise invalid("cuLaunchKernel", f"args is the sequence of kernel arguments, not a "
+                                        f"{type(args).__name__}") from None
+
+
 def _exact(dims: Any) -> bool:
     """An exact int or a tuple of exact ints: a key that cannot equal another type's (the cold path
     still validates it before anything is stored under it)."""
     c = dims.__class__
     return c is int or (c is tuple and all(d.__class__ is int for d in dims))
+
+
+# _CLASSES_OF[n](args): the exact classes (type(), as map(type, ...) gives) of n arguments as a tuple,
+# one generated function per count: a one-shot launch keys its cache by them on every call.
+_UNROLLED = 17
+_CLASSES_OF: list[Callable[[Sequence[Any]], tuple]] = [
+    eval(f"lambda a: ({''.join(f'type(a[{i}]), ' for i in range(n))})")   # our own source, ints only
+    for n in range(_UNROLLED)]
 
 
 def _type_key(t: ArgType) -> tuple:
@@ -695,6 +737,9 @@ def _launch_uncached(function: Any, grid: Any, block: Any, args: Sequence[Any], 
     if isinstance(stream, Stream):
         stream.check("cuLaunchKernel")
     cache = function.launch_cache
+    if _FRONT_TYPES[0] is None:   # the classes the C front takes (cuproc.module imports this module)
+        from .module import Function
+        _FRONT_TYPES[:] = [Function, Stream]
     if signature is None:
         sig: tuple = tuple(infer_type(a) for a in args)
         if key is not None and not all(_typed_class(a) for a in args):
@@ -736,13 +781,15 @@ def launch_ex(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *,
     drv = function.driver
     attrs = []
     if cluster is not None:
-        attrs.append(("CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION", _dims(cluster, "cluster")))
+        attrs.append(("CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION", _dims(cluster, "cluster", "cuLaunchKernelEx")))
     if cooperative:
         attrs.append(("CU_LAUNCH_ATTRIBUTE_COOPERATIVE", 1))
     if priority is not None:
         attrs.append(("CU_LAUNCH_ATTRIBUTE_PRIORITY", priority))
     h = stream_handle(stream, drv, "cuLaunchKernelEx")
-    config, _attrs = _launch_config(_dims(grid, "grid"), _dims(block, "block"), _shared_mem(shared_mem), h, attrs)
+    call = "cuLaunchKernelEx"
+    config, _attrs = _launch_config(_dims(grid, "grid", call), _dims(block, "block", call),
+                                    _shared_mem(shared_mem, call), h, attrs)
     rc = call_in(_binding(function, stream), drv.cuLaunchKernelEx, config, function.handle, packed.params, ffi.NULL)
     drv.check(rc, "cuLaunchKernelEx")
 
@@ -759,10 +806,10 @@ def _launch_cooperative(function: Any, grid: Any, block: Any, args: Sequence[Any
     """cuLaunchCooperativeKernel (kernelParams convention: it takes no ``extra``)."""
     packed = _packed_once(function, "cuLaunchCooperativeKernel", args, signature)
     drv = function.driver
-    call_args = (function.handle, *_dims(grid, "grid"), *_dims(block, "block"), _shared_mem(shared_mem),
-                 stream_handle(stream, drv, "cuLaunchCooperativeKernel"), packed.params)
-    drv.check(call_in(_binding(function, stream), drv.cuLaunchCooperativeKernel, *call_args),
-              "cuLaunchCooperativeKernel")
+    call = "cuLaunchCooperativeKernel"
+    call_args = (function.handle, *_dims(grid, "grid", call), *_dims(block, "block", call),
+                 _shared_mem(shared_mem, call), stream_handle(stream, drv, call), packed.params)
+    drv.check(call_in(_binding(function, stream), drv.cuLaunchCooperativeKernel, *call_args), call)
 
 
 def _packed_once(function: Any, call: str, args: Sequence[Any], signature: Sequence[Any] | None) -> PackedArgs:

@@ -675,9 +675,9 @@ def test_make_checked_refuses_inconsistent_arguments():
 
 @pytest.mark.skipif(not fastpath.active(), reason="this run already is the pure path")
 def test_pure_path_reruns_driver_launch_and_ownership():
-    files = ["tests/test_driver_sim.py", "tests/test_launch_cpu.py", "tests/test_objects_fake.py",
-             "tests/test_ownership.py", "tests/test_memory_paths.py", "tests/test_fastpath.py",
-             "tests/test_module_namespace.py"]
+    files = ["tests/test_driver_sim.py", "tests/test_launch_cpu.py", "tests/test_launch_one_shot.py",
+             "tests/test_objects_fake.py", "tests/test_ownership.py", "tests/test_memory_paths.py",
+             "tests/test_fastpath.py", "tests/test_module_namespace.py"]
     # Of the object tests, those that launch; not the 2000 random sequences (30 s, run once, on the
     # fast path) nor the build test (it does not depend on the path).
     only = "(not test_objects_fake or launch or typed) and not random_sequences and not install_without"

@@ -281,3 +281,22 @@ def test_cached_one_shot_and_numpy_integer_launches_carry_every_value(module):
     assert value[0] - start[0] == 55 + 10 + 3
     with pytest.raises(InvalidValueError):
         run(np.int64(1 << 40))                                 # out of range for int: refused, not wrapped
+
+
+def test_warm_one_shot_launches_through_the_c_front_carry_every_value(module):
+    """With the fast path, warm fn.launch(grid, block, args) calls are made by the C front
+    (cuproc.launch.launch.taken counts them); each launch's value still reaches the kernel."""
+    counter = module.get_global("counter")
+    start, value = np.zeros(1, np.int32), np.zeros(1, np.int32)
+    mem.copy(start, counter)
+    bump = module.get_function("bump")
+    before = getattr(L.launch, "taken", None)                  # None: the pure path (no C front)
+    for i in range(1, 21):
+        bump.launch(1, 1, (np.int32(i),))                      # 210; the first makes the entry
+    for i in range(1, 6):
+        bump.launch(1, 1, (i,), signature=["int"])             # 15; the first makes the entry
+    Context.current().synchronize()
+    mem.copy(value, counter)
+    assert value[0] - start[0] == 210 + 15
+    if before is not None:
+        assert L.launch.taken - before == 19 + 4

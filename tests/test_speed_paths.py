@@ -4,6 +4,7 @@ what a first allocation imports, and the benchmarks' smoke runs (all on the fake
 from __future__ import annotations
 
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 from fakedriver import fake_image
 
 import cuproc
-from cuproc import Context, DeviceBuffer, Module, Stream
+from cuproc import Context, DeviceBuffer, Module, Stream, fastpath
 from cuproc.errors import ClosedResourceError, CudaError, InvalidValueError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -161,6 +162,10 @@ def test_benchmarks_run_end_to_end_in_smoke_mode(bench, tmp_path):
     lines = [line for line in goals.splitlines() if line.startswith("- [")]
     assert lines and all(line.startswith(("- [met]", "- [MISSED]", "- [not evaluated")) for line in lines)
     assert "cuproc path:" in text and "SMOKE RUN" in text
+    if bench == "bench_launch.py":   # the one-shot rows went through the C front where there is one
+        made = re.search(r"one-shot launches made by the C front \([^)]*\): ([\d,]+)", text)
+        assert (made is not None and int(made.group(1).replace(",", "")) > 0) if fastpath.active() else \
+            "no C front (pure path)" in text
 
 
 def test_a_remembered_check_still_sees_its_own_end_and_its_parents_end(fk, pc):

@@ -356,6 +356,241 @@ static PyMethodDef cuproc_make_launcher_def = {
     "A C launcher over a prepared launch's packed block (cuproc.launch builds the arguments).",
 };
 
+/* The one-shot launch in C: cuproc._fastpath_c.make_one_shot(slow, types, epoch, buffer) returns
+ * a method-like callable (Function.launch) that takes the common warm case of cuproc.launch.launch
+ * -- fn.launch(grid, block, args) with at most ``signature=`` and ``stream=`` (None or a cuproc
+ * Stream), plain-int grid and block, the default shared memory, convention and entry -- builds the
+ * very key the Python launch builds, finds the entry in ``function.launch_cache`` and calls its
+ * launcher.  Everything else (a Kernel, another stream object, a tuple grid, another keyword, a
+ * miss, a moved EPOCH, an entry for another Stream at the same id) goes to ``slow`` (the Python
+ * launch) with the arguments unchanged. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *dict;
+    PyObject *slow, *types, *epoch, *buffer;
+    Py_ssize_t taken;
+} cuproc_one_shot;
+
+static PyObject *cuproc_s_launch_cache, *cuproc_s_signature, *cuproc_s_stream;
+
+/* The key of cuproc.launch.launch for these values, or NULL with no error set (not taken here). */
+static PyObject *cuproc_one_shot_key(cuproc_one_shot *self, PyObject *grid, PyObject *block, PyObject *values,
+                                     PyObject *signature, PyObject *stream)
+{
+    PyObject *classes, *key, *stream_key = Py_None;
+    Py_ssize_t i, n;
+    if (signature == NULL) {
+        n = PyTuple_GET_SIZE(values);
+        classes = PyTuple_New(n);
+        if (classes == NULL) return NULL;
+        for (i = 0; i < n; i++) {
+            PyObject *cls = (PyObject *)Py_TYPE(PyTuple_GET_ITEM(values, i));
+            Py_INCREF(cls);
+            PyTuple_SET_ITEM(classes, i, cls);
+        }
+    } else if (PyTuple_CheckExact(signature)) {
+        Py_INCREF(signature);
+        classes = signature;
+    } else if (PyList_CheckExact(signature)) {
+        classes = PyList_AsTuple(signature);
+        if (classes == NULL) return NULL;
+    } else {
+        return NULL;
+    }
+    if (stream == Py_None) {
+        Py_INCREF(Py_None);
+    } else {   /* ("stream", id(stream)), as the Python launch keys a Stream */
+        stream_key = Py_BuildValue("(ON)", cuproc_s_stream, PyLong_FromVoidPtr(stream));
+        if (stream_key == NULL) { Py_DECREF(classes); return NULL; }
+    }
+    key = PyTuple_New(7);
+    if (key == NULL) { Py_DECREF(classes); Py_DECREF(stream_key); return NULL; }
+    PyTuple_SET_ITEM(key, 0, classes);
+    Py_INCREF(grid); PyTuple_SET_ITEM(key, 1, grid);
+    Py_INCREF(block); PyTuple_SET_ITEM(key, 2, block);
+    PyTuple_SET_ITEM(key, 3, PyLong_FromLong(0));   /* a small int: cached by CPython, never NULL */
+    PyTuple_SET_ITEM(key, 4, stream_key);
+    Py_INCREF(self->buffer); PyTuple_SET_ITEM(key, 5, self->buffer);
+    Py_INCREF(Py_None); PyTuple_SET_ITEM(key, 6, Py_None);
+    return key;
+}
+
+static PyObject *cuproc_one_shot_call(PyObject *obj, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    cuproc_one_shot *self = (cuproc_one_shot *)obj;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *function, *values, *signature = NULL, *stream = Py_None, *cache, *key, *entry, *launcher, *seen;
+    PyObject *held, *result;
+    Py_ssize_t k;
+    if (nargs != 4 || (PyObject *)Py_TYPE(args[0]) != PyList_GET_ITEM(self->types, 0))
+        goto slow;
+    for (k = 0; kwnames != NULL && k < PyTuple_GET_SIZE(kwnames); k++) {   /* signature= and stream= only */
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+        if (name == cuproc_s_signature)
+            signature = args[nargs + k] == Py_None ? NULL : args[nargs + k];   /* None: keyed by the classes */
+        else if (name == cuproc_s_stream)
+            stream = args[nargs + k];
+        else
+            goto slow;
+    }
+    if (stream != Py_None && (PyObject *)Py_TYPE(stream) != PyList_GET_ITEM(self->types, 1))
+        goto slow;   /* another library's stream, a handle: the Python launch resolves it */
+    function = args[0];
+    values = args[3];
+    if (!PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2]) || !PyTuple_CheckExact(values))
+        goto slow;
+    key = cuproc_one_shot_key(self, args[1], args[2], values, signature, stream);
+    if (key == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        goto slow;
+    }
+    cache = PyObject_GetAttr(function, cuproc_s_launch_cache);
+    if (cache == NULL || !PyDict_CheckExact(cache)) {
+        Py_DECREF(key);
+        Py_XDECREF(cache);
+        PyErr_Clear();
+        goto slow;
+    }
+    entry = PyDict_GetItemWithError(cache, key);   /* borrowed: held below before anything can run */
+    Py_DECREF(key);
+    if (entry == NULL) {
+        Py_DECREF(cache);
+        if (PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_TypeError)) return NULL;   /* what the Python launch raises */
+            PyErr_Clear();   /* an unhashable signature entry: the Python launch takes the general path */
+        }
+        goto slow;
+    }
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 3
+        || !PyList_CheckExact(PyTuple_GET_ITEM(entry, 2)) || PyList_GET_SIZE(PyTuple_GET_ITEM(entry, 2)) != 1) {
+        Py_DECREF(cache);
+        goto slow;
+    }
+    held = PyTuple_GET_ITEM(entry, 1);   /* None for the default stream, else a weak reference to the Stream */
+    if (stream == Py_None ? held != Py_None
+                          : (!PyWeakref_CheckRef(held) || PyWeakref_GetObject(held) != stream)) {
+        Py_DECREF(cache);   /* e.g. an entry of a Stream that ended, at the id of this new one */
+        goto slow;
+    }
+    seen = PyList_GET_ITEM(PyTuple_GET_ITEM(entry, 2), 0);
+    if (seen != PyList_GET_ITEM(self->epoch, 0)) {   /* something ended since: the Python launch rechecks */
+        Py_DECREF(cache);
+        goto slow;
+    }
+    launcher = PyTuple_GET_ITEM(entry, 0);
+    Py_INCREF(launcher);   /* the cache may drop the entry while the launch runs (another thread) */
+    Py_DECREF(cache);
+    self->taken++;
+    result = PyObject_Vectorcall(launcher, &PyTuple_GET_ITEM(values, 0), PyTuple_GET_SIZE(values), NULL);
+    Py_DECREF(launcher);
+    return result;
+slow:
+    return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+}
+
+/* Function.launch = this object: a method (Py_TPFLAGS_METHOD_DESCRIPTOR lets fn.launch(...) call it
+ * with fn first, as a Python function's method call does, without a bound-method object). */
+static PyObject *cuproc_one_shot_get(PyObject *obj, PyObject *instance, PyObject *owner)
+{
+    (void)owner;
+    if (instance == NULL || instance == Py_None) {
+        Py_INCREF(obj);
+        return obj;
+    }
+    return PyMethod_New(obj, instance);
+}
+
+static int cuproc_one_shot_traverse(PyObject *obj, visitproc visit, void *arg)
+{
+    cuproc_one_shot *self = (cuproc_one_shot *)obj;
+    Py_VISIT(self->dict); Py_VISIT(self->slow); Py_VISIT(self->types); Py_VISIT(self->epoch);
+    Py_VISIT(self->buffer); Py_VISIT(Py_TYPE(obj));
+    return 0;
+}
+
+static int cuproc_one_shot_clear(PyObject *obj)
+{
+    cuproc_one_shot *self = (cuproc_one_shot *)obj;
+    Py_CLEAR(self->dict); Py_CLEAR(self->slow); Py_CLEAR(self->types); Py_CLEAR(self->epoch);
+    Py_CLEAR(self->buffer);
+    return 0;
+}
+
+static void cuproc_one_shot_dealloc(PyObject *obj)
+{
+    PyTypeObject *tp = Py_TYPE(obj);
+    PyObject_GC_UnTrack(obj);
+    cuproc_one_shot_clear(obj);
+    tp->tp_free(obj);
+    Py_DECREF(tp);
+}
+
+static PyMemberDef cuproc_one_shot_members[] = {
+    {"__dictoffset__", T_PYSSIZET, offsetof(cuproc_one_shot, dict), READONLY, NULL},
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(cuproc_one_shot, vectorcall), READONLY, NULL},
+    {"taken", T_PYSSIZET, offsetof(cuproc_one_shot, taken), READONLY,
+     "how many calls this object launched itself (the rest went to the Python launch)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef cuproc_one_shot_getset[] = {   /* __dict__: functools.update_wrapper fills it */
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot cuproc_one_shot_slots[] = {
+    {Py_tp_getset, (void *)cuproc_one_shot_getset},
+    {Py_tp_call, (void *)PyVectorcall_Call},
+    {Py_tp_descr_get, (void *)cuproc_one_shot_get},
+    {Py_tp_traverse, (void *)cuproc_one_shot_traverse},
+    {Py_tp_clear, (void *)cuproc_one_shot_clear},
+    {Py_tp_dealloc, (void *)cuproc_one_shot_dealloc},
+    {Py_tp_members, (void *)cuproc_one_shot_members},
+    {Py_tp_doc, (void *)"cuproc.launch.launch with its common warm case in C; the rest goes to the Python launch."},
+    {0, NULL},
+};
+
+static PyType_Spec cuproc_one_shot_spec = {
+    "cuproc._fastpath_c.OneShot", sizeof(cuproc_one_shot), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    cuproc_one_shot_slots,
+};
+
+static PyTypeObject *cuproc_one_shot_type;
+
+/* make_one_shot(slow, types, epoch, buffer): types is a two-item list, the exact classes taken here
+ * -- [cuproc.module.Function, cuproc.stream.Stream], None until the Python launch fills them in --;
+ * epoch is EPOCH; buffer is the string "buffer" (the default convention, as the key holds it). */
+static PyObject *cuproc_make_one_shot(PyObject *module, PyObject *args)
+{
+    PyObject *slow, *types, *epoch, *buffer;
+    cuproc_one_shot *self;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "OO!O!U", &slow, &PyList_Type, &types, &PyList_Type, &epoch, &buffer))
+        return NULL;
+    if (!PyCallable_Check(slow) || PyList_GET_SIZE(types) != 2 || PyList_GET_SIZE(epoch) != 1) {
+        PyErr_SetString(PyExc_ValueError, "make_one_shot: inconsistent arguments (a cuproc bug)");
+        return NULL;
+    }
+    self = PyObject_GC_New(cuproc_one_shot, cuproc_one_shot_type);
+    if (self == NULL) return NULL;
+    self->vectorcall = cuproc_one_shot_call;
+    self->dict = NULL;
+    Py_INCREF(slow); self->slow = slow;
+    Py_INCREF(types); self->types = types;
+    Py_INCREF(epoch); self->epoch = epoch;
+    Py_INCREF(buffer); self->buffer = buffer;
+    self->taken = 0;
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
+}
+
+static PyMethodDef cuproc_make_one_shot_def = {
+    "make_one_shot", cuproc_make_one_shot, METH_VARARGS,
+    "The one-shot launch's C front (cuproc.launch builds it over the Python launch).",
+};
+
 /* Put ``factory`` (as its ml_name) and ``type`` (as ``type_name``) on cuproc._fastpath_c, with the
  * GIL held (``type`` NULL: making it failed, its error is set): 0, or -1 with the error printed (the caller sees -1 through cffi; the reason goes to
  * stderr, not lost).  Shared with fastpath_checked.c, compiled after this file. */
@@ -374,7 +609,8 @@ static int cuproc_publish(PyMethodDef *factory, const char *type_name, PyTypeObj
     return rc;
 }
 
-/* Called once through cffi (which released the GIL): put Launcher and make_launcher on the module. */
+/* Called once through cffi (which released the GIL): put Launcher, make_launcher, OneShot and
+ * make_one_shot on the module. */
 static int cuproc_install_launcher(void)
 {
     PyGILState_STATE gil = PyGILState_Ensure();
@@ -383,10 +619,19 @@ static int cuproc_install_launcher(void)
         cuproc_s_ended = PyUnicode_InternFromString("ended");
         cuproc_s_context = PyUnicode_InternFromString("context");
         cuproc_s_address = PyUnicode_InternFromString("address");
-        if (cuproc_s_ended && cuproc_s_context && cuproc_s_address)
+        cuproc_s_launch_cache = PyUnicode_InternFromString("launch_cache");
+        cuproc_s_signature = PyUnicode_InternFromString("signature");
+        cuproc_s_stream = PyUnicode_InternFromString("stream");
+        if (cuproc_s_ended && cuproc_s_context && cuproc_s_address && cuproc_s_launch_cache && cuproc_s_signature
+            && cuproc_s_stream)
             cuproc_launcher_type = (PyTypeObject *)PyType_FromSpec(&cuproc_launcher_spec);
+        if (cuproc_launcher_type != NULL)
+            cuproc_one_shot_type = (PyTypeObject *)PyType_FromSpec(&cuproc_one_shot_spec);
     }
-    rc = cuproc_publish(&cuproc_make_launcher_def, "Launcher", cuproc_launcher_type);
+    /* OneShot first: NULL when either type failed, and publishing it prints that error */
+    rc = cuproc_publish(&cuproc_make_one_shot_def, "OneShot", cuproc_one_shot_type);
+    if (rc == 0)
+        rc = cuproc_publish(&cuproc_make_launcher_def, "Launcher", cuproc_launcher_type);
     PyGILState_Release(gil);
     return rc;
 }

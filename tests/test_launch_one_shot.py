@@ -1,0 +1,233 @@
+"""The one-shot launch's warm path (issue 9): with the fast path, ``Function.launch`` is a C front
+(tools/fastpath_launch.c, make_one_shot) that takes warm entries of the common form itself; every
+other call goes to the Python launch.  These tests check that it takes what it should, hands on
+what it should not, keeps every refusal of the Python launch, and that launch_ex / cooperative
+refusals name the call actually made.  All on the fake driver; the pure path is run as well.
+(Warm one-shot entries in a forked child: tests/test_ownership.py, the fork test.)"""
+from __future__ import annotations
+
+import inspect
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fakedriver import fake_image
+
+import cuproc
+import cuproc.launch as L
+from cuproc import DeviceBuffer, Function, Module, Stream, fastpath
+from cuproc.errors import ClosedResourceError, InvalidValueError
+
+ROOT = Path(__file__).resolve().parent.parent
+IMAGE = fake_image({"empty": [8, 4, 4]})
+SIG = ["float*", "int", "float"]
+FRONT = fastpath.active()
+needs_front = pytest.mark.skipif(not FRONT, reason="the C front exists only with the compiled fast path")
+
+
+def taken() -> int:
+    return L.launch.taken  # type: ignore[attr-defined] - the C front's counter
+
+
+def test_function_launch_is_the_module_launch_with_its_signature():
+    assert Function.launch is L.launch
+    params = list(inspect.signature(L.launch).parameters)
+    assert params[:4] == ["function", "grid", "block", "args"] and "signature" in params
+    assert "Launch once" in (L.launch.__doc__ or "")
+
+
+@needs_front
+def test_warm_common_forms_are_launched_by_the_front_with_their_values(fk, pc):
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    fn.launch(1, 32, (buf, np.int32(0), np.float32(0)))              # cold: the Python launch makes the entry
+    fn.launch(1, 32, (buf, 0, 0.0), signature=SIG)
+    fn.launch(1, 32, (buf, 0, 0.0), signature=tuple(SIG))              # the same key as the list's
+    before = taken()
+    for i in range(1, 4):
+        fn.launch(1, 32, (buf, np.int32(i), np.float32(i / 4)))
+        assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, i, i / 4)
+        fn.launch(1, 32, (buf.ptr, -i, 2.0 * i), signature=SIG)
+        assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, -i, 2.0 * i)
+        fn.launch(1, 32, (buf, i, 1.5), signature=tuple(SIG))
+        assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, i, 1.5)
+        L.launch(fn, 1, 32, (buf, np.int32(9), np.float32(1)))       # the module function is the front too
+    assert taken() - before == 12 and len(fn.launch_cache) == 2
+    assert fk.launch_count() == 15
+
+
+@needs_front
+@pytest.mark.parametrize("form", ["stream handle", "tuple grid", "numpy grid", "shared_mem", "entry", "convention",
+                                  "list args", "signature None"])
+def test_other_forms_go_to_the_python_launch_and_launch_right(fk, pc, form):
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    s = Stream()
+    call = {"stream handle": lambda v: fn.launch(1, 32, v, stream=s.handle),
+            "tuple grid": lambda v: fn.launch((1, 1), 32, v),
+            "numpy grid": lambda v: fn.launch(np.int64(1), 32, v),
+            "shared_mem": lambda v: fn.launch(1, 32, v, shared_mem=0),
+            "entry": lambda v: fn.launch(1, 32, v, entry="cuLaunchKernel"),
+            "convention": lambda v: fn.launch(1, 32, v, convention="params"),
+            "list args": lambda v: fn.launch(1, 32, list(v)),
+            "signature None": lambda v: fn.launch(1, 32, v, signature=None)}[form]
+    for i in range(3):
+        before = taken()
+        call((buf, np.int32(i), np.float32(i)))
+        assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, i, i)
+        if form == "signature None" and i:        # the same key as no signature: taken once warm
+            assert taken() == before + 1
+        else:
+            assert taken() == before
+    assert fk.launch_count() == 3
+
+
+@needs_front
+def test_warm_launches_on_a_stream_are_taken_for_that_very_stream(fk, pc):
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    s1, s2 = Stream(), Stream()
+    for s in (s1, s2, None):
+        fn.launch(1, 32, (buf, np.int32(0), np.float32(0)), stream=s)      # cold: one entry per stream
+        fn.launch(1, 32, (buf, 0, 0.0), signature=SIG, stream=s)
+    assert len(fn.launch_cache) == 6
+    before = taken()
+    for i, s in enumerate((s1, s2, None, s2, s1)):
+        fn.launch(1, 32, (buf, np.int32(i), np.float32(i)), stream=s)
+        assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, i, i)
+        fn.launch(1, 32, (buf, i, 0.5), stream=s, signature=SIG)           # keywords in either order
+        assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, i, 0.5)
+    assert taken() - before == 10 and len(fn.launch_cache) == 6
+    key = next(k for k in fn.launch_cache if k[4] == ("stream", id(s1)) and k[0] != tuple(SIG))
+    s3 = Stream()
+    fn.launch_cache[key[:4] + (("stream", id(s3)),) + key[5:]] = fn.launch_cache[key]   # s1's entry at s3's id
+    fn.launch(1, 32, (buf, np.int32(7), np.float32(7)), stream=s3)                       # not taken: its own entry
+    assert taken() - before == 10 and fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 7, 7.0)
+    s1.close()
+    with pytest.raises(ClosedResourceError):
+        fn.launch(1, 32, (buf, np.int32(1), np.float32(1)), stream=s1)
+    assert taken() - before == 10
+
+
+@needs_front
+def test_a_kernel_of_a_library_goes_to_the_python_launch(fk, pc):
+    lib = cuproc.Library(IMAGE)
+    kernel = lib.get_kernel("empty")
+    assert type(kernel) is not Function
+    buf = DeviceBuffer(64)
+    before = taken()
+    for i in range(3):
+        kernel.launch(1, 32, (buf, np.int32(i), np.float32(1)))
+        assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, i, 1.0)
+    assert taken() == before
+
+
+def test_a_resource_ending_sends_the_next_warm_call_through_the_checks(fk, pc):
+    module = Module.load(IMAGE)
+    fn = module.get_function("empty")
+    buf = DeviceBuffer(64)
+    args = (buf, np.int32(1), np.float32(1))
+    fn.launch(1, 32, args)
+    fn.launch(1, 32, args)
+    Stream().close()                        # an unrelated parent ends (EPOCH moves): checked again, passes
+    before = taken() if FRONT else 0
+    fn.launch(1, 32, args)
+    fn.launch(1, 32, args)
+    if FRONT:
+        assert taken() == before + 1        # the first call after the end went through the Python checks
+    module.unload()
+    with pytest.raises(ClosedResourceError):
+        fn.launch(1, 32, args)
+    with pytest.raises(ClosedResourceError):
+        fn.launch(1, 32, args)              # still refused: nothing was remembered as checked
+    assert fk.launch_count() == 4
+
+
+def test_warm_entries_keep_the_refusals_of_a_cold_launch(fk, pc):
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    fn.launch(1, 32, (buf, np.int32(1), np.float32(1)))
+    fn.launch(1, 32, (buf, 1, 1.0), signature=SIG)
+    with pytest.raises(InvalidValueError, match="int"):                  # a str for the int parameter
+        fn.launch(1, 32, (buf, "x", 1.0), signature=SIG)
+    with pytest.raises(InvalidValueError, match="int32_t|int"):            # out of range for int
+        fn.launch(1, 32, (buf, 1 << 40, 1.0), signature=SIG)
+    with pytest.raises(InvalidValueError):                                # one argument short
+        fn.launch(1, 32, (buf, np.int32(1)))
+    with pytest.raises(InvalidValueError):                                # a plain int without a signature
+        fn.launch(1, 32, (buf, 1, np.float32(1)))
+    with pytest.raises(InvalidValueError, match="grid"):
+        fn.launch(0, 32, (buf, np.int32(1), np.float32(1)))
+    other = DeviceBuffer(64)
+    other.free()
+    with pytest.raises(ClosedResourceError):                              # a freed buffer as the pointer
+        fn.launch(1, 32, (other, np.int32(1), np.float32(1)))
+    fn2 = Module.load(IMAGE).get_function("empty")                       # a new kernel: its own entries
+    fn2.launch(1, 32, (buf, np.int32(2), np.float32(2)))
+    assert len(fn2.launch_cache) == 1 and fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 2, 2.0)
+    assert fk.launch_count() == 3
+
+
+def test_arguments_given_as_another_iterable_are_read_once_and_a_non_iterable_is_refused(fk, pc):
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    for i in range(2):
+        fn.launch(1, 32, (v for v in (buf, np.int32(i), np.float32(i))))     # a generator, cold then warm
+        assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, i, i)
+        fn.launch(1, 32, iter([buf, i, 0.5]), signature=SIG)
+        assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, i, 0.5)
+    with pytest.raises(InvalidValueError, match="sequence of kernel arguments"):
+        fn.launch(1, 32, 7)
+    assert fk.launch_count() == 4
+
+
+def test_launch_ex_and_cooperative_refusals_name_the_call_made(fk, pc):
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    args = (buf, np.int32(1), np.float32(1))
+    cases = [(lambda: L.launch_ex(fn, 0, 32, args), "cuLaunchKernelEx"),
+             (lambda: L.launch_ex(fn, 1, (32, 0), args), "cuLaunchKernelEx"),
+             (lambda: L.launch_ex(fn, 1, 32, args, shared_mem=-1), "cuLaunchKernelEx"),
+             (lambda: L.launch_ex(fn, 1, 32, args, cluster=(0, 1)), "cuLaunchKernelEx"),
+             (lambda: fn.launch(1.5, 32, args, cooperative=True), "cuLaunchCooperativeKernel"),
+             (lambda: fn.launch(1, True, args, cooperative=True), "cuLaunchCooperativeKernel"),
+             (lambda: fn.launch(1, 32, args, cooperative=True, shared_mem=-4), "cuLaunchCooperativeKernel"),
+             (lambda: fn.prepare(SIG, 0, 32, entry="cuLaunchKernel"), "cuLaunchKernel"),
+             (lambda: fn.prepare(SIG, 1, 32, entry="cuLaunchKernelEx", shared_mem=-1), "cuLaunchKernelEx")]
+    for attempt, call in cases:
+        with pytest.raises(InvalidValueError) as info:
+            attempt()
+        assert info.value.call == call and info.value.refused
+    assert fk.launch_count() == 0
+
+
+def test_one_shot_launches_on_the_pure_path_too(fk):
+    """The same warm/cold sequence in a process with CUPROC_PURE_PYTHON=1 (no C front)."""
+    code = f"""
+import sys, struct, numpy as np
+sys.path.insert(0, {str(ROOT / 'tests')!r})
+import cuproc, cuproc.launch as L
+from fakedriver import fake_image
+assert not cuproc.fastpath.active() and not hasattr(L.launch, "taken")
+drv = cuproc.Driver(library={str(fk.path)!r})
+cuproc.set_default_driver(drv)
+pc = cuproc.use_device(0)
+buf = cuproc.DeviceBuffer(64)
+fn = cuproc.Module.load(fake_image({{"empty": [8, 4, 4]}})).get_function("empty")
+for i in range(3):
+    fn.launch(1, 32, (buf, np.int32(i), np.float32(i)))
+    fn.launch(1, 32, (buf, i, 0.5), signature=["float*", "int", "float"])
+assert len(fn.launch_cache) == 2
+try:
+    fn.launch(1, 32, (buf, "x", 0.5), signature=["float*", "int", "float"])
+except cuproc.InvalidValueError:
+    print("refused")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "CUPROC_PURE_PYTHON": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "refused"
