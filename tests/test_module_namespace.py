@@ -147,6 +147,8 @@ print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 def test_a_forked_child_refuses_names_bound_before_the_fork(fk):
     code = FORK.format(lib=str(fk.path))
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                          timeout=60,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                              [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "0", proc.stderr
