@@ -125,6 +125,23 @@ def _bare_cffi_library(path: str) -> dict | None:
     return {"lib": lib, "lp": bare.new("void **")}
 
 
+ROUNDS = 5   # trivial-call rows take turns this many times; each row keeps its best round
+
+
+def _interleaved(rows: dict[str, tuple[str, dict]], number: int, rounds: int) -> dict[str, float]:
+    """Best per-call time of each row over ``rounds`` rounds in which the rows take turns (after one
+    warm-up pass), so that a slow start of the machine, or a burst of other work, does not land on
+    whichever rows happen to run first."""
+    for stmt, g in rows.values():
+        per_call_us(stmt, max(number // 10, 1), repeat=1, globals=g)
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        for name, (stmt, g) in rows.items():
+            t = per_call_us(stmt, number, repeat=3, globals=g)
+            best[name] = min(t, best.get(name, t))
+    return best
+
+
 def trivial_call_times(number: int, smoke: bool) -> dict[str, float]:
     import ctypes
 
@@ -138,30 +155,33 @@ def trivial_call_times(number: int, smoke: bool) -> dict[str, float]:
     from cuproc.driver import cuCtxGetCurrent  # type: ignore[attr-defined]
     g = {"cu": cu, "drv": drv, "p": pctx, "raw": raw, "imported": cuCtxGetCurrent,
          "checked": drv.checked.cuCtxGetCurrent}
-    out = {BARE: per_call_us("raw(p)", number, globals=g),
-           IMPORTED: per_call_us("imported(p)", number, globals=g),
-           MODULE_ATTR: per_call_us("cu.cuCtxGetCurrent(p)", number, globals=g),
-           "cuproc raw, handle attribute (drv.cuCtxGetCurrent)": per_call_us("drv.cuCtxGetCurrent(p)", number,
-                                                                              globals=g),
-           CHECKED: per_call_us("checked(p)", number, globals=g),
-           "cuproc checked, via namespace lookup (cu.checked.cuCtxGetCurrent)":
-               per_call_us("cu.checked.cuCtxGetCurrent(p)", number, globals=g)}
-    cu.preload()   # binds every C name on the module and removes its PEP 562 hook (README)
-    out[MODULE_BOUND] = per_call_us("cu.cuCtxGetCurrent(p)", number, globals=g)
+    rounds = 2 if smoke else ROUNDS
+    rows: dict[str, tuple[str, dict]] = {
+        BARE: ("raw(p)", g), IMPORTED: ("imported(p)", g), MODULE_ATTR: ("cu.cuCtxGetCurrent(p)", g),
+        "cuproc raw, handle attribute (drv.cuCtxGetCurrent)": ("drv.cuCtxGetCurrent(p)", g),
+        CHECKED: ("checked(p)", g),
+        "cuproc checked, via namespace lookup (cu.checked.cuCtxGetCurrent)": ("cu.checked.cuCtxGetCurrent(p)", g)}
     bare_lib = _bare_cffi_library(str(drv.library.path))
     if bare_lib is not None:   # the namespace form of bare cffi: an attribute load on its library object
-        out[BARE_LIB] = per_call_us("lib.cuCtxGetCurrent(lp)", number, globals=bare_lib)
+        rows[BARE_LIB] = ("lib.cuCtxGetCurrent(lp)", bare_lib)
     if not smoke:
         lib = ctypes.CDLL(drv.library.path)
         cfn = lib.cuCtxGetCurrent
         cfn.argtypes, cfn.restype = [ctypes.c_void_p], ctypes.c_int
-        out["ctypes"] = per_call_us("cfn(cref)", number, globals={"cfn": cfn, "cref": ctypes.byref(ctypes.c_void_p())})
+        rows["ctypes"] = ("cfn(cref)", {"cfn": cfn, "cref": ctypes.byref(ctypes.c_void_p())})
         try:
             from cuda.bindings import driver as cbd
             cbd.cuInit(0)
-            out[BINDINGS] = per_call_us("f()", number, globals={"f": cbd.cuCtxGetCurrent})
+            rows[BINDINGS] = ("f()", {"f": cbd.cuCtxGetCurrent})
         except ImportError:
             pass
+    out = _interleaved(rows, number, rounds)
+    # The module namespace with every name bound: preload() removes the lazy hook for good (until
+    # set_default_driver), so these rows come after; the bare call takes turns with them again.
+    cu.preload()
+    again = _interleaved({BARE: ("raw(p)", g), MODULE_BOUND: ("cu.cuCtxGetCurrent(p)", g)}, number, rounds)
+    out[BARE] = min(out[BARE], again[BARE])
+    out[MODULE_BOUND] = again[MODULE_BOUND]
     return out
 
 
@@ -193,9 +213,6 @@ def main(argv: list[str] | None = None) -> int:
     goals = Goals()
     goals.check("raw call through cuproc.driver.cuX (module namespace) <= 1.05x a bare cffi call (pointer in a local)",
                 tc[MODULE_ATTR] / tc[BARE], 1.05, why_not=why)
-    goals.check("raw call through cuproc.driver.cuX (module namespace) <= 1.05x bare cffi's namespace form "
-                "(lib.cuCtxGetCurrent on ffi.dlopen: ABI mode, so on the fast path its call is the slower one)",
-                tc[MODULE_ATTR] / tc[BARE_LIB] if BARE_LIB in tc else None, 1.05, why_not=why)
     goals.check("raw call through cuproc.driver.cuX after cuproc.driver.preload() <= 1.05x a bare cffi call "
                 "(pointer in a local)", tc[MODULE_BOUND] / tc[BARE], 1.05, why_not=why)
     goals.check("raw call, imported C name (the cffi pointer itself) <= 1.05x a bare cffi call",
@@ -211,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     goals.fast_only("fast path: trivial raw call <= cuda.bindings in the same run (ours / theirs)",
                     tc[IMPORTED] / tc[BINDINGS] if BINDINGS in tc else None, 1.0)
     notes = ["ratio column: against the C floor of the same group, same run.",
+             f"trivial calls: each row's best of {ROUNDS} rounds in which the rows take turns (after a warm-up pass); "
+             "the module-namespace row after preload() and a second bare-call series take turns afterwards",
+             "the bare cffi library-attribute row (ABI mode, libffi) is for information: no goal is read against it",
              f"compiled fast path active: {fast_path_active()}"]
     path = write_results(args.out, "bench_driver", data, table, ["group", "what", "time", "x C floor"], notes, goals)
     print(path.read_text())

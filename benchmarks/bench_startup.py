@@ -156,12 +156,15 @@ def main(argv: list[str] | None = None) -> int:
                 "median ours - median theirs)",
                 ours - ctypes_ms if ours is not None and ctypes_ms is not None else None, 15.0, unit=" ms",
                 why_not=smoke_why)
+    if "cuproc" in times and "ctypes + cuInit" in times:   # the same goal on the worst pairing of runs
+        goals.check("... and on the slowest cuproc run against the fastest ctypes + cuInit run (wall, exit included)",
+                    max(times["cuproc"]) - min(times["ctypes + cuInit"]), 15.0, unit=" ms")
     spread = ""
     if paired:
         lo, hi = quartiles(paired)
         spread = f"; quartiles {lo:+.1f} / {hi:+.1f} ms over {len(paired)} rounds"
-    goals.check("cuproc startup within 15 ms of ctypes + cuInit (in-process, median of paired same-round "
-                f"differences{spread})", statistics.median(paired) if paired else None, 15.0, unit=" ms",
+    goals.check("cuproc startup within 15 ms of ctypes + cuInit (in-process: interpreter start and exit excluded; "
+                f"median of paired same-round differences{spread})", statistics.median(paired) if paired else None, 15.0, unit=" ms",
                 why_not=smoke_why)
     phase_ms = {k: statistics.median(p[i] for p in phases) for i, k in
                 enumerate(("import cuproc", "use_device(0)", "first DeviceBuffer(256)"))}
