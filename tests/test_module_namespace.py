@@ -151,61 +151,46 @@ def test_preload_racing_a_declare_binds_the_declared_function(sim135, monkeypatc
         cu.set_default_driver(None)
 
 
-def test_the_lazy_hook_racing_a_new_default_handle_keeps_nothing_of_the_old_one(sims, monkeypatch):
+@pytest.mark.parametrize("name", ["cuCtxGetCurrent", "checked"])
+def test_the_lazy_hook_racing_a_new_default_handle_keeps_nothing_of_the_old_one(sims, monkeypatch, name):
     d1, d2 = Driver("12.0", library=sims["v2"].path), Driver("12.0", library=sims["v1"].path)
     cu.set_default_driver(d1)
     try:
-        real = Driver._c_name
+        real = Driver._c_name if name != "checked" else Driver.checked.fget
 
-        def racing(self, name):
-            value = real(self, name)
-            if self is d1 and name == "cuCtxGetCurrent":
+        def racing(self, *asked):
+            value = real(self, *asked)
+            if self is d1 and asked in ((), (name,)):
                 cu.set_default_driver(d2)             # between the hook's resolve and its store
             return value
-        monkeypatch.setattr(Driver, "__getattr__", racing)
-        got = cu.cuCtxGetCurrent
+        if name == "checked":
+            monkeypatch.setattr(Driver, "checked", property(racing))
+        else:
+            monkeypatch.setattr(Driver, "__getattr__", racing)
+        got = getattr(cu, name)
         monkeypatch.undo()
-        assert got is d1.cuCtxGetCurrent              # the access that began on d1 gets d1's ...
+        assert got is getattr(d1, name)               # the access that began on d1 gets d1's ...
         assert cu.default_driver() is d2
-        assert cu.cuCtxGetCurrent is d2.cuCtxGetCurrent is not got   # ... but the module serves d2's
-    finally:
-        cu.set_default_driver(None)
-
-
-def test_the_lazy_hook_racing_a_new_default_handle_does_not_keep_the_old_checked(sims, monkeypatch):
-    d1, d2 = Driver("12.0", library=sims["v2"].path), Driver("12.0", library=sims["v1"].path)
-    cu.set_default_driver(d1)
-    try:
-        real = Driver.checked
-
-        def checked(self):
-            value = real.fget(self)
-            if self is d1:
-                cu.set_default_driver(d2)
-            return value
-        monkeypatch.setattr(Driver, "checked", property(checked))
-        got = cu.checked
-        monkeypatch.undo()
-        assert got is d1.checked and cu.checked is d2.checked is not got
+        assert getattr(cu, name) is getattr(d2, name) is not got   # ... but the module serves d2's
     finally:
         cu.set_default_driver(None)
 
 
 def test_the_lazy_hook_racing_a_declare_does_not_keep_the_replaced_function(sim135):
-    class Racing(Driver):
-        raced: list = []
+    raced: list = []
 
+    class Racing(Driver):
         def __getattribute__(self, name: str):
             value = super().__getattribute__(name)
-            if name == "cuFooSim" and not Racing.raced:   # the declare lands between resolve and store
-                Racing.raced.append(self.declare("cuFooSim", "CUresult (*)(int, int)"))
+            if name == "cuFooSim" and not raced:   # the declare lands between resolve and store
+                raced.append(self.declare("cuFooSim", "CUresult (*)(int, int)"))
             return value
     drv = Racing("13.0", library=sim135.path)
     first = drv.declare("cuFooSim", "CUresult (*)(int)")
     cu.set_default_driver(drv)
     try:
         assert cu.cuFooSim is first                   # the access that began before the declare
-        assert Racing.raced and cu.cuFooSim is Racing.raced[0] is not first
+        assert raced and cu.cuFooSim is raced[0] is not first
     finally:
         cu.set_default_driver(None)
 
