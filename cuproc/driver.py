@@ -878,6 +878,11 @@ def _make_checked(function: Callable[..., int], name: str, error: Callable[[int,
 
 _default: Driver | None = None
 _default_lock = _fork.lock()
+# Bumped (under _default_lock) whenever what the module namespace should bind changes: a new default
+# handle, a declare() on it, a fork.  The lazy hook and preload() resolve outside the lock (resolving
+# can re-enter it, and it is not reentrant), then bind only if this has not moved meanwhile -- else a
+# declare() or set_default_driver() racing them would be undone by their stale values.
+_module_generation = 0
 
 
 def default_driver() -> Driver:
@@ -901,6 +906,8 @@ def set_default_driver(driver: Driver | None) -> None:
 def _unbind_module_names() -> None:
     """Drop every C name cached on the module and put the lazy hook back (so the next access
     resolves again, on the current default handle, with the fork check)."""
+    global _module_generation
+    _module_generation += 1
     module = globals()
     for name in _module_cache:
         module.pop(name, None)
@@ -913,14 +920,19 @@ def _forget_module_name(driver: Driver, name: str) -> None:
     """declare() made or replaced ``name`` on ``driver``: if it is the default handle, drop the module
     namespace's cached copy and make sure the lazy hook is there (preload() may have removed it), so
     ``cuproc.driver.<name>`` resolves again."""
+    global _module_generation
     with _default_lock:
         if _default is driver:
+            _module_generation += 1
             module = globals()
             if name in _module_cache:
                 module.pop(name, None)
                 _module_cache.discard(name)
             if not TYPE_CHECKING:
                 module["__getattr__"] = _module_c_name
+
+
+_PRELOAD_ATTEMPTS = 3   # preload() rounds a racing declare() may cost before it stays lazy
 
 
 def preload() -> dict[str, int]:
@@ -933,25 +945,45 @@ def preload() -> dict[str, int]:
     bound, the hook is removed and ``cuproc.driver.cuX`` costs what a call through a bare cffi
     pointer costs.  :func:`set_default_driver`, a ``declare()`` on the default handle that replaces
     a name, and a fork put the hook back.  With the hook gone a misspelt name gets Python's own
-    ``AttributeError``.  Returns :meth:`Driver.preload`'s count of each status."""
+    ``AttributeError``.  Returns :meth:`Driver.preload`'s count of each status.
+
+    A declare() on the default handle while the names are resolved makes it resolve them again
+    (a few times at most; then it stays lazy, which is always correct); a new default handle or a
+    fork meanwhile leaves the namespace lazy."""
     drv = default_driver()
     counts = drv.preload()
+    for _attempt in range(_PRELOAD_ATTEMPTS):
+        generation = _module_generation
+        if _default is not drv or _fork.FORKED[0]:   # replaced, or forked, meanwhile: stay lazy
+            return counts
+        values = _module_values(drv)
+        with _default_lock:
+            if generation == _module_generation:
+                _bind_module_values(values)
+                return counts
+    return counts
+
+
+def _module_values(drv: Driver) -> dict[str, Any]:
+    """Every C name of ``drv`` -- functions, constants, types -- and its ``checked``, resolved now."""
     names = {n for n in dir(drv) if n.startswith(("cu", "CU"))}
     names.update(n for n in ffi.list_types()[0] if n.startswith(("cu", "CU")))
     values = {name: getattr(drv, name) for name in sorted(names)}   # the handle's own precedence
     values["checked"] = drv.checked
-    with _default_lock:
-        if _default is not drv or _fork.FORKED[0]:   # replaced, or forked, meanwhile: stay lazy
-            return counts
-        module = globals()
-        for name, value in values.items():
-            if name in module and name not in _module_cache:
-                continue                  # the module's own attribute wins, as with the hook
-            module[name] = value
-            _module_cache.add(name)
-        if not TYPE_CHECKING:
-            module.pop("__getattr__", None)
-    return counts
+    return values
+
+
+def _bind_module_values(values: dict[str, Any]) -> None:
+    """Bind ``values`` as module attributes and remove the lazy hook (caller holds _default_lock and
+    has checked that nothing changed since they were resolved)."""
+    module = globals()
+    for name, value in values.items():
+        if name in module and name not in _module_cache:
+            continue                  # the module's own attribute wins, as with the hook
+        module[name] = value
+        _module_cache.add(name)
+    if not TYPE_CHECKING:
+        module.pop("__getattr__", None)
 
 
 def is_driver_available() -> bool:
@@ -964,17 +996,20 @@ checked: Checked   # the default handle's checked functions (made on first acces
 
 
 def _module_c_name(name: str) -> Any:
-    """``cuproc.driver.cuX``: the default handle's, cached as a module attribute (``__getattr__``)."""
-    if name == "checked":
-        value: Any = default_driver().checked
-        globals()[name] = value
-        _module_cache.add(name)
-        return value
-    if not name.startswith(("cu", "CU")):
+    """``cuproc.driver.cuX``: the default handle's, cached as a module attribute (``__getattr__``).
+
+    Resolved outside _default_lock (resolving may take it), cached only if neither the default
+    handle nor its declared names changed meanwhile; otherwise returned uncached, so the next
+    access resolves on what is current."""
+    if name != "checked" and not name.startswith(("cu", "CU")):
         raise AttributeError(f"module 'cuproc.driver' has no attribute {name!r}")
-    value = getattr(default_driver(), name)
-    globals()[name] = value   # cache: the next access is a plain module attribute load
-    _module_cache.add(name)
+    generation = _module_generation
+    drv = default_driver()
+    value: Any = drv.checked if name == "checked" else getattr(drv, name)
+    with _default_lock:
+        if generation == _module_generation and _default is drv:
+            globals()[name] = value   # cache: the next access is a plain module attribute load
+            _module_cache.add(name)
     return value
 
 

@@ -628,6 +628,45 @@ def test_checked_calls_from_threads_raise_and_return_their_own(fk):
     assert not failures, failures[0]
 
 
+def _outcome(call, *args, **kwargs) -> tuple[str, str]:
+    try:
+        return ("returned", repr(call(*args, **kwargs)))
+    except Exception as exc:  # noqa: BLE001 - compared below
+        return (type(exc).__name__, str(exc))
+
+
+def test_in_a_forked_child_a_wrong_call_gets_the_same_refusal_on_both_paths(monkeypatch):
+    """Count and keyword errors come before the fork refusal, in C as in the pure wrapper, and with
+    Python's own text (review finding 4: the C call checked the fork first)."""
+    from cuproc import _fork
+    from cuproc.driver import _make_checked
+    reached: list[tuple] = []
+
+    def raw(a, b):
+        reached.append((a, b))
+        return 0
+    made = _make_checked(raw, "cuFake", cuproc.errors.CudaError, 2)
+    monkeypatch.setattr(fastpath, "checked_factory", lambda: None)
+    pure = _make_checked(raw, "cuFake", cuproc.errors.CudaError, 2)
+    assert isinstance(pure, types.FunctionType) and isinstance(made, types.FunctionType) != fastpath.active()
+    reference = _python_reference("cuFake", _parameters(pure))
+    calls = [((1,), {}), ((1, 2, 3), {}), ((), {}), ((1,), {"zz": 2}), ((1, 2), {"zz": 2}),
+             ((1,), {_parameters(pure)[1]: 2})]
+    saved = _fork.FORKED[0]
+    _fork.FORKED[0] = True
+    try:
+        for args, kwargs in calls:
+            expected = _outcome(reference, *args, **kwargs)
+            assert expected[0] == "TypeError"
+            assert _outcome(made, *args, **kwargs) == _outcome(pure, *args, **kwargs) == expected, (args, kwargs)
+        refused = [_outcome(made, 1, 2), _outcome(pure, 1, 2)]   # a right call: the fork refusal
+    finally:
+        _fork.FORKED[0] = saved
+    assert refused[0] == refused[1] and refused[0][0] == "ForkedProcessError" and "cuFake" in refused[0][1]
+    assert reached == []                                       # nothing reached the raw function
+    assert made(1, 2) is None and pure(3, 4) is None and reached == [(1, 2), (3, 4)]
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_checked_call_taken_before_fork_refuses_in_the_child(sim):
     code = f"""

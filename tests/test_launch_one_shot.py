@@ -185,6 +185,28 @@ def test_arguments_given_as_another_iterable_are_read_once_and_a_non_iterable_is
     assert fk.launch_count() == 4
 
 
+class _KeyRaisingType(str):
+    """A C type string whose hash raises a LookupError: the cache lookup fails, the launch must not."""
+
+    def __hash__(self) -> int:
+        raise KeyError("no hash for this signature entry")
+
+
+def test_a_signature_entry_whose_hash_raises_a_lookup_error_takes_the_general_path(fk, pc):
+    """The Python launch treats a LookupError from the cache lookup as "no key" (general path); the C
+    front must hand such a call on, not raise the lookup's error (review finding 9)."""
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    fn.launch(1, 32, (buf, 0, 0.0), signature=SIG)                    # a warm cache: the front looks it up
+    odd = ["float*", _KeyRaisingType("int"), "float"]
+    for i in range(1, 3):
+        L._python_launch(fn, 1, 32, (buf, i, 0.5), signature=odd)      # the reference: launches
+        assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, i, 0.5)
+        fn.launch(1, 32, (buf, -i, 1.5), signature=odd)                # the front (fast path) agrees
+        assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, -i, 1.5)
+    assert fk.launch_count() == 5 and len(fn.launch_cache) == 1        # nothing stored under such a key
+
+
 def test_launch_ex_and_cooperative_refusals_name_the_call_made(fk, pc):
     fn = Module.load(IMAGE).get_function("empty")
     buf = DeviceBuffer(64)

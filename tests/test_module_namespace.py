@@ -122,6 +122,79 @@ def test_declare_after_preload_makes_and_replaces_module_names(sim135):
         cu.set_default_driver(None)
 
 
+# ---- races between the module's binding and a change of what it should bind (review findings 2, 3).
+# Each test runs "the other thread" at the exact point of the window, from inside the resolving code.
+
+def test_preload_racing_a_declare_binds_the_declared_function(sim135, monkeypatch):
+    drv = Driver("13.0", library=sim135.path)
+    cu.set_default_driver(drv)
+    try:
+        first = drv.declare("cuFooSim", "CUresult (*)(int)")
+        assert cu.cuFooSim is first                   # bound on the module by the hook
+        real = Driver.checked
+        raced: list = []
+
+        def checked(self):   # read by preload() after it resolved every other name, before it binds them
+            if not raced:
+                raced.append(self.declare("cuFooSim", "CUresult (*)(int, int)"))
+            return real.fget(self)
+        monkeypatch.setattr(Driver, "checked", property(checked))
+        cu.preload()
+        monkeypatch.undo()
+        assert "__getattr__" not in vars(cu)          # preload() resolved again, and bound
+        assert raced and drv.cuFooSim is raced[0] is not first
+        assert cu.cuFooSim is raced[0]                # not the function the declare replaced
+        assert cu.checked is drv.checked
+        third = drv.declare("cuFooSim", "CUresult (*)(int)")
+        assert cu.cuFooSim is third                   # and a later declare still reaches the module
+    finally:
+        cu.set_default_driver(None)
+
+
+@pytest.mark.parametrize("name", ["cuCtxGetCurrent", "checked"])
+def test_the_lazy_hook_racing_a_new_default_handle_keeps_nothing_of_the_old_one(sims, monkeypatch, name):
+    d1, d2 = Driver("12.0", library=sims["v2"].path), Driver("12.0", library=sims["v1"].path)
+    cu.set_default_driver(d1)
+    try:
+        real = Driver._c_name if name != "checked" else Driver.checked.fget
+
+        def racing(self, *asked):
+            value = real(self, *asked)
+            if self is d1 and asked in ((), (name,)):
+                cu.set_default_driver(d2)             # between the hook's resolve and its store
+            return value
+        if name == "checked":
+            monkeypatch.setattr(Driver, "checked", property(racing))
+        else:
+            monkeypatch.setattr(Driver, "__getattr__", racing)
+        got = getattr(cu, name)
+        monkeypatch.undo()
+        assert got is getattr(d1, name)               # the access that began on d1 gets d1's ...
+        assert cu.default_driver() is d2
+        assert getattr(cu, name) is getattr(d2, name) is not got   # ... but the module serves d2's
+    finally:
+        cu.set_default_driver(None)
+
+
+def test_the_lazy_hook_racing_a_declare_does_not_keep_the_replaced_function(sim135):
+    raced: list = []
+
+    class Racing(Driver):
+        def __getattribute__(self, name: str):
+            value = super().__getattribute__(name)
+            if name == "cuFooSim" and not raced:   # the declare lands between resolve and store
+                raced.append(self.declare("cuFooSim", "CUresult (*)(int, int)"))
+            return value
+    drv = Racing("13.0", library=sim135.path)
+    first = drv.declare("cuFooSim", "CUresult (*)(int)")
+    cu.set_default_driver(drv)
+    try:
+        assert cu.cuFooSim is first                   # the access that began before the declare
+        assert raced and cu.cuFooSim is raced[0] is not first
+    finally:
+        cu.set_default_driver(None)
+
+
 FORK = """
 import os, sys
 import cuproc

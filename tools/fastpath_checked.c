@@ -132,8 +132,14 @@ static PyObject *cuproc_checked_call(PyObject *obj, PyObject *const *args, size_
 {
     cuproc_checked *self = (cuproc_checked *)obj;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *forked = PyList_GET_ITEM(self->forked, 0), *rc;
+    PyObject *forked, *rc;
     int failed;
+    /* keywords and count first, as Python checks the pure wrapper's parameters before its body */
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0)
+        return cuproc_checked_keyword_error(self, kwnames);
+    if (self->arity >= 0 && nargs != self->arity)
+        return cuproc_checked_count_error(self, nargs);
+    forked = PyList_GET_ITEM(self->forked, 0);
     if (forked != Py_False) {   /* a checked function captured before fork() refuses in the child */
         int is_forked = PyObject_IsTrue(forked);
         if (is_forked < 0)
@@ -141,10 +147,6 @@ static PyObject *cuproc_checked_call(PyObject *obj, PyObject *const *args, size_
         if (is_forked)
             return cuproc_checked_raise(PyObject_CallOneArg(self->forked_error, self->name));
     }
-    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0)
-        return cuproc_checked_keyword_error(self, kwnames);
-    if (self->arity >= 0 && nargs != self->arity)
-        return cuproc_checked_count_error(self, nargs);
     if (self->meth_o != NULL)
         rc = self->meth_o(self->meth_self, args[0]);
     else

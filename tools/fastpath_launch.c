@@ -416,6 +416,23 @@ static PyObject *cuproc_one_shot_key(cuproc_one_shot *self, PyObject *grid, PyOb
     return key;
 }
 
+/* 1 when the weak reference ``ref`` refers to ``target`` (which the caller holds), else 0; never an
+ * error (``ref`` is known to be a weak reference).  PyWeakref_GetObject is deprecated from 3.13. */
+static int cuproc_weakly_refers_to(PyObject *ref, PyObject *target)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *referent = NULL;   /* a new reference, or NULL when the referent is gone */
+    if (PyWeakref_GetRef(ref, &referent) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_XDECREF(referent);   /* only the address is compared; target, if equal, is held by the caller */
+    return referent == target;
+#else
+    return PyWeakref_GetObject(ref) == target;   /* borrowed; Py_None when the referent is gone */
+#endif
+}
+
 static PyObject *cuproc_one_shot_call(PyObject *obj, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     cuproc_one_shot *self = (cuproc_one_shot *)obj;
@@ -457,8 +474,10 @@ static PyObject *cuproc_one_shot_call(PyObject *obj, PyObject *const *args, size
     if (entry == NULL) {
         Py_DECREF(cache);
         if (PyErr_Occurred()) {
-            if (!PyErr_ExceptionMatches(PyExc_TypeError)) return NULL;   /* what the Python launch raises */
-            PyErr_Clear();   /* an unhashable signature entry: the Python launch takes the general path */
+            if (!PyErr_ExceptionMatches(PyExc_TypeError) && !PyErr_ExceptionMatches(PyExc_LookupError))
+                return NULL;   /* what the Python launch raises */
+            PyErr_Clear();   /* an unhashable signature entry (or one whose hash raises a LookupError):
+                                the Python launch catches both and takes the general path */
         }
         goto slow;
     }
@@ -469,7 +488,7 @@ static PyObject *cuproc_one_shot_call(PyObject *obj, PyObject *const *args, size
     }
     held = PyTuple_GET_ITEM(entry, 1);   /* None for the default stream, else a weak reference to the Stream */
     if (stream == Py_None ? held != Py_None
-                          : (!PyWeakref_CheckRef(held) || PyWeakref_GetObject(held) != stream)) {
+                          : (!PyWeakref_CheckRef(held) || !cuproc_weakly_refers_to(held, stream))) {
         Py_DECREF(cache);   /* e.g. an entry of a Stream that ended, at the id of this new one */
         goto slow;
     }
