@@ -149,10 +149,10 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
             # Stream-ordered: the claim is removing its entry from the context's table, as every way of
             # freeing it does first (Context.untrack_stream_ordered, inline).  Ended either way: without
             # the claim, whoever has it (close, the teardown, another free_async) frees the memory.
-            claimed = self.context.stream_ordered.pop(key, None)
-            self.ended = "freed"
-            if claimed is None:
+            if self.context.stream_ordered.pop(key, None) is None:
+                self.ended = "freed"
                 return
+            self.ended = "freed"
         elif not self._claim("freed"):
             return
         free = self.driver.cuMemFreeAsync
