@@ -70,8 +70,9 @@ class Context(Resource):
         self.kind = kind
         self.primary = primary          # the retains that keep a primary context alive (held strongly)
         self._exporters: weakref.WeakSet[Any] = weakref.WeakSet()
-        #: its live stream-ordered allocations, address -> weak reference (see free_stream_ordered);
-        #: cuproc.device_memory enters them and pops them, the pop being the claim to free one
+        #: its live stream-ordered allocations, ``id(buffer) -> weakref.ref(buffer)``: part of the API
+        #: cuproc.device_memory uses (its hot path reads it inline).  The claim rule: removing a
+        #: buffer's entry is the claim to free it (see :meth:`untrack_stream_ordered`)
         self.stream_ordered: dict[int, weakref.ref[Any]] = {}
         self.ended = None
 
@@ -200,26 +201,47 @@ class Context(Resource):
         if self._claim(how):
             _forget(self)
 
-    def untrack_stream_ordered(self, address: int) -> bool:
-        """Forget the allocation at ``address``; False when it was not tracked (any more).  One dict pop,
-        atomic between threads: the thread that gets True is the one that frees the memory."""
-        return self.stream_ordered.pop(address, None) is not None
+    def untrack_stream_ordered(self, buffer: Any) -> bool:
+        """Remove ``buffer``'s entry from the table of stream-ordered allocations; True when this call
+        removed it, which is the claim to free its memory.
+
+        One rule for every way such memory is freed -- the buffer's ``free_async``, ``close()`` and
+        finalizer, and this context's teardown (:meth:`free_stream_ordered`): each removes the entry
+        first (one dict pop, atomic between threads), and only the one that removed it frees the
+        memory.  The key is ``id(buffer)``, not the address: the caller holds the buffer, so no other
+        live buffer has that key, and a pool that hands a freed address out again can never make one
+        buffer's claim take another buffer's entry.
+        """
+        return self.stream_ordered.pop(id(buffer), None) is not None
 
     def free_stream_ordered(self) -> None:
         """Free this context's live stream-ordered allocations now (each on its stream).
 
         Called before the context is destroyed, reset or released for the last time: the
         driver frees such memory with the context, but its pool keeps counting it as used
-        and never gives it back (measured on driver 580).  The buffers end as "freed".
+        and never gives it back (measured on driver 580).  Entry by entry, each removed first
+        (the claim of :meth:`untrack_stream_ordered`) until the table is empty, so that a buffer
+        allocated or freed by another thread meanwhile is neither lost nor freed twice.  The
+        buffers end as "freed".  In a forked child nothing is freed (the memory is the parent's).
         """
-        for ref in list(self.stream_ordered.values()):
+        if FORKED[0]:
+            return
+        table = self.stream_ordered
+        while table:
+            try:
+                _, ref = table.popitem()        # the claim (atomic): an entry taken by another thread is not seen
+            except KeyError:                    # emptied by other threads since the test
+                break
             buffer = ref()
-            if buffer is not None:
-                try:
-                    buffer.close()
-                except Exception as exc:  # noqa: BLE001 - the context goes anyway; say what was lost
-                    report(f"freeing {buffer.describe()} before its context went failed: {exc}")
-        self.stream_ordered.clear()
+            if buffer is None:   # collected; in a reference cycle, before its finalizer ran: that one finds
+                continue         # no entry, and the memory goes with the context (the pool keeps counting it)
+            try:
+                rc = buffer.release_claimed()
+                failure = str(self.driver.error(rc, "cuMemFreeAsync")) if rc else ""
+            except Exception as exc:  # noqa: BLE001 - the context goes anyway; say what was lost
+                failure = repr(exc)
+            if failure:
+                report(f"freeing {buffer.describe()} before its context went failed: {failure}")
 
     def add_exporter(self, allocation: Any) -> None:
         """Note memory that has handed out views or DLPack exports (destroying the context under them

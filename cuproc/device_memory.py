@@ -10,10 +10,14 @@ Policy
 * Allocation takes the context from what the caller already holds (``context=``,
   the stream) and asks the driver for the current one only when given nothing.
 * A stream-ordered buffer is entered in its context's table of stream-ordered
-  allocations (so that the context frees it before it goes).  Removing that
-  entry -- one dict pop, atomic between threads -- is the claim to free it:
-  ``free_async``, ``close``, the finalizer and the context's teardown all pop it
-  first, and only the one that got it calls cuMemFreeAsync.
+  allocations (so that the context frees it before it goes), keyed by the
+  buffer's identity, not its address.  Removing that entry -- one dict pop,
+  atomic between threads -- is the one claim to free it: ``free_async``,
+  ``close``, the finalizer and the context's teardown all remove it first, and
+  only the one that got it calls cuMemFreeAsync
+  (:meth:`~cuproc.context.Context.untrack_stream_ordered`).  Pools hand freed
+  addresses out again at once; keyed by identity, no buffer's claim can take
+  the entry of a later buffer at the same address.
 * ``alloc_async(n, stream).free_async()`` on a cuproc Stream is the hot path of
   stream-ordered code: it makes exactly the two driver calls, in the stream's
   context as is (a binding error alone brings the push/retry of
@@ -80,11 +84,22 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
         self.stream = self.pool = self.last_stream = None
 
     def _release(self) -> int:
-        stream = self.stream
-        if stream is None:                                   # cuMemAlloc
+        """close() and the finalizer: cuMemFree, or for stream-ordered memory the claim (removing this
+        buffer's entry from its context's table), then cuMemFreeAsync by whoever holds it."""
+        if self.stream is None:                              # cuMemAlloc
             return self.context.call(self.driver.cuMemFree, self.address)
-        if not self.context.untrack_stream_ordered(self.address):
-            return 0                                         # free_async on another thread took it first
+        if not self.context.untrack_stream_ordered(self):
+            return 0                                         # free_async or the context's teardown took it first
+        return self.release_claimed()
+
+    def release_claimed(self) -> int:
+        """cuMemFreeAsync of stream-ordered memory whose claim the caller holds: it removed this buffer's
+        entry from its context's table (:meth:`~cuproc.context.Context.untrack_stream_ordered`; the
+        context's teardown removes entries itself).  Ends the buffer as "freed" unless it had ended;
+        returns the CUresult.  Never call it without the claim: the memory would be freed twice."""
+        if self.ended is None:
+            self.ended = "freed"
+        stream = self.stream
         # Stream-ordered memory goes back with cuMemFreeAsync: cuMemFree "succeeds" on it, but the
         # pool keeps counting it as used and never releases it (measured on driver 580).
         if not isinstance(stream, Stream):                   # a raw or default stream handle
@@ -125,15 +140,17 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
             target = stream if stream is not None else (own if isinstance(own, Stream) else None)
             h = stream_handle(target, self.driver, "cuMemFreeAsync")
             ctx = target.context if isinstance(target, Stream) else self.context
-        if id(self) in EXPORTS:
+        key = id(self)
+        if key in EXPORTS:                            # Allocation.has_views, inline (a DeviceBuffer adds no views)
             raise BufferError(f"cuMemFreeAsync was not called: {self.describe()} still has views (a DLPack "
                               f"export); drop them first")
         address = self.address
         if own is not None:
-            # Stream-ordered: the claim is its entry in the context's table (one atomic dict pop), which
-            # every way of freeing it -- this, close(), the finalizer, the context's teardown -- removes
-            # first; only the thread that removed it frees the memory.
-            if self.context.stream_ordered.pop(address, None) is None:   # untrack_stream_ordered, inline
+            # Stream-ordered: the claim is removing its entry from the context's table, as every way of
+            # freeing it does first (Context.untrack_stream_ordered, inline).  Ended either way: without
+            # the claim, whoever has it (close, the teardown, another free_async) frees the memory.
+            if self.context.stream_ordered.pop(key, None) is None:
+                self.ended = "freed"
                 return
             self.ended = "freed"
         elif not self._claim("freed"):
@@ -194,7 +211,7 @@ def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: Memory
     buf.stream = stream
     buf.last_stream = last
     buf.pool = pool
-    ctx.stream_ordered[address] = _weak(buf)
+    ctx.stream_ordered[id(buf)] = _weak(buf)   # the entry whose removal is the claim to free it
     return buf
 
 

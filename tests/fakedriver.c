@@ -22,7 +22,8 @@
  * Model (strict on purpose, see fakedriver.py for the list of choices):
  *   - one mutex guards all state; per-thread context stacks are __thread arrays;
  *   - handles are never reused: 0x1000 + 16*n, n an index in a chunked object table;
- *   - device addresses are never reused: carved from a reserved PROT_NONE window (hint: the
+ *   - device addresses are never reused, except stream-ordered ones (a pool hands the most recently
+ *     freed range out again): carved from a reserved PROT_NONE window (hint: the
  *     1 TiB below 0x7f0000000000) so no host allocation can alias them and a host dereference of a device
  *     pointer faults as it would on a GPU; each allocation is backed by calloc'd storage;
  *   - pinned, registered and managed memory is real host memory.
@@ -376,8 +377,44 @@ struct alloc {
   handle_t owner;   /* module or library for globals and library managed variables */
   handle_t pool;    /* async allocations */
   char *store;      /* where the bytes live: calloc'd backing or the host memory itself */
+  size_t span;      /* device kinds: the address range taken (size rounded up, plus a gap) */
   unsigned long long id;
 };
+
+/* Freed stream-ordered ranges, the most recent last.  A pool hands a freed address out again at
+ * once, so the next stream-ordered allocation takes the most recently freed range it fits in: a
+ * late free of the old address then frees the new allocation (caught by its own later free, a
+ * stale use).  Other device memory never reuses addresses. */
+#define REUSE 64
+static struct { CUdeviceptr base; size_t span; } reuse[REUSE];
+static int nreuse;
+static long reuse_count;    /* stream-ordered allocations that got a freed address back */
+
+/* The most recently freed range of at least *span bytes (0: none); *span becomes its whole span. */
+static CUdeviceptr reused_range(size_t *span) {
+  for (int i = nreuse; i > 0;) {
+    i--;
+    if (reuse[i].span >= *span) {
+      CUdeviceptr base = reuse[i].base;
+      *span = reuse[i].span;
+      memmove(&reuse[i], &reuse[i + 1], (size_t)(nreuse - i - 1) * sizeof reuse[0]);
+      nreuse--;
+      reuse_count++;
+      return base;
+    }
+  }
+  return 0;
+}
+
+static void keep_for_reuse(CUdeviceptr base, size_t span) {
+  if (nreuse == REUSE) { /* forget the oldest */
+    memmove(&reuse[0], &reuse[1], (REUSE - 1) * sizeof reuse[0]);
+    nreuse--;
+  }
+  reuse[nreuse].base = base;
+  reuse[nreuse].span = span;
+  nreuse++;
+}
 
 static struct alloc **allocs;
 static size_t nallocs, cap_allocs;
@@ -423,11 +460,22 @@ static struct alloc *new_alloc(int kind, size_t size, int dev, handle_t ctx, CUr
   if (device_kind(kind)) {
     /* 256-aligned, plus a 256-byte gap so a small overrun never lands in the next allocation */
     size_t span = (size + 255) / 256 * 256 + 256;
-    if (span > dev_limit - dev_next) { free(a); *rc = E_OUT_OF_MEMORY; return NULL; }
+    CUdeviceptr base = kind == A_ASYNC ? reused_range(&span) : 0;
+    if (!base && span > dev_limit - dev_next) { free(a); *rc = E_OUT_OF_MEMORY; return NULL; }
     a->store = calloc(1, size);
-    if (!a->store) { free(a); *rc = E_OUT_OF_MEMORY; return NULL; }
-    a->base = dev_next;
-    dev_next += span;
+    if (!a->store) {
+      if (base) keep_for_reuse(base, span);
+      free(a);
+      *rc = E_OUT_OF_MEMORY;
+      return NULL;
+    }
+    if (base) {
+      a->base = base;
+    } else {
+      a->base = dev_next;
+      dev_next += span;
+    }
+    a->span = span;
     dev_bytes[dev] += size;
   } else if (kind != A_REGISTERED) {
     void *p = NULL;
@@ -453,6 +501,7 @@ static void free_alloc(struct alloc *a) {
   if (device_kind(a->kind)) {
     dev_bytes[a->dev] -= a->size;
     free(a->store);
+    if (a->kind == A_ASYNC) keep_for_reuse(a->base, a->span);
   } else if (a->kind == A_HOST || a->kind == A_MANAGED) {
     release_host(a->store);
   }
@@ -2366,8 +2415,9 @@ static void lock(void) { pthread_mutex_lock(&mu); }
 static void unlock(void) { pthread_mutex_unlock(&mu); }
 
 /* Destroy everything, clear records.  Not while other threads use the fake.  Kept: cuInit
- * (cuproc initializes once per process), the handle and address counters (never reused), and
- * the default pools (a device's default pool is never destroyed; its statistics are cleared). */
+ * (cuproc initializes once per process), the handle and address counters (never reused: freed
+ * stream-ordered ranges are forgotten), and the default pools (a device's default pool is never
+ * destroyed; its statistics are cleared). */
 EXPORT void fake_reset(void) {
   lock();
   cur_call = "fake_reset";
@@ -2393,6 +2443,8 @@ EXPORT void fake_reset(void) {
   memset(&binding_ring, 0, sizeof binding_ring);
   memset(&call_ring, 0, sizeof call_ring);
   launch_count = launch_mismatches = 0;
+  nreuse = 0; /* addresses freed before a reset are not handed out again */
+  reuse_count = 0;
   last_name[0] = '\0';
   last_nargs = 0;
   memset(injects, 0, sizeof injects);
@@ -2492,6 +2544,7 @@ EXPORT unsigned long long fake_device_bytes_live(int dev) {
 }
 
 EXPORT void fake_set_launch_pause(int on) { __atomic_store_n(&launch_pause, on, __ATOMIC_RELAXED); }
+EXPORT long fake_async_reuses(void) { lock(); long n = reuse_count; unlock(); return n; }
 EXPORT long fake_launch_count(void) { lock(); long n = launch_count; unlock(); return n; }
 EXPORT long fake_launch_mismatches(void) { lock(); long n = launch_mismatches; unlock(); return n; }
 

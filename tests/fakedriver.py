@@ -38,7 +38,10 @@ Choices made where the real driver is vaguer or more forgiving (the fake is stri
   release it").
 * cuInit is required first (CUDA_ERROR_NOT_INITIALIZED); ``reset()`` keeps it, and keeps the
   devices' default pools (new statistics), because cuproc initializes once per process.
-* Addresses and handles are never reused, across ``reset()`` too.  Device addresses come from a
+* Addresses and handles are never reused, across ``reset()`` too -- except stream-ordered
+  addresses: like a pool, the fake hands the most recently freed stream-ordered range out again
+  to the next stream-ordered allocation that fits (``async_reuses()`` counts it), so that a late
+  second free of an address is seen (it frees the new allocation, whose own free is then stale).  Device addresses come from a
   reserved, inaccessible window (``device_window()``): dereferencing one on the host faults.
 * Asynchronous work happens at once; cuLaunchHostFunc calls the function on the calling thread.
 * Every entry has the CUDA 13.0 ABI; asked for an older variant (cudaVersion below the one
@@ -147,7 +150,7 @@ class FakeDriver:
         self.path = Path(path)
         lib = self._lib = ctypes.CDLL(str(path))
         for name in ("fake_stale_count", "fake_binding_errors", "fake_live", "fake_launch_count",
-                     "fake_launch_mismatches", "fake_fork_violations", "fake_call_count"):
+                     "fake_launch_mismatches", "fake_fork_violations", "fake_call_count", "fake_async_reuses"):
             getattr(lib, name).restype = ctypes.c_long
         for name in ("fake_pool_used", "fake_device_bytes_live", "fake_device_window"):
             getattr(lib, name).restype = ctypes.c_ulonglong
@@ -214,6 +217,10 @@ class FakeDriver:
     def device_bytes_live(self, dev: int) -> int:
         """Device memory held on dev: cuMemAlloc, stream-ordered and module/library variables."""
         return self._lib.fake_device_bytes_live(int(dev))
+
+    def async_reuses(self) -> int:
+        """Stream-ordered allocations that got a freed address back (since ``reset()``)."""
+        return self._lib.fake_async_reuses()
 
     def launch_count(self) -> int:
         return self._lib.fake_launch_count()

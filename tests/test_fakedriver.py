@@ -308,6 +308,38 @@ def test_pool_accounting(drv, fake):
     assert fake.pool_used(0) == 500               # ... but still counted by its pool, as on driver 580
 
 
+def test_stream_ordered_addresses_are_reused_like_a_pools(drv, fake):
+    """A freed stream-ordered range goes to the next stream-ordered allocation that fits (most recent
+    first), so a late second free of the old address frees the new allocation and the new one's own
+    free is then a stale use.  cuMemAlloc addresses are never reused."""
+    new_ctx(drv)
+    s = ffi.new("CUstream *")
+    ok(drv.cuStreamCreate(s, 0))
+    p = ffi.new("CUdeviceptr *")
+    ok(drv.cuMemAllocAsync(p, 256, s[0]))
+    x = p[0]
+    ok(drv.cuMemFreeAsync(x, s[0]))
+    ok(drv.cuMemAllocAsync(p, 4096, s[0]))                 # does not fit in x's range: a new address
+    big = p[0]
+    assert big != x and fake.async_reuses() == 0
+    ok(drv.cuMemAllocAsync(p, 100, s[0]))                  # fits: gets x back
+    assert p[0] == x and fake.async_reuses() == 1 and fake.pool_used(0) == 4096 + 100
+    ok(drv.cuMemFreeAsync(x, s[0]))                         # a "late" free of x frees the new allocation ...
+    assert drv.cuMemFreeAsync(x, s[0]) == INVALID_VALUE    # ... whose own free is then stale
+    assert fake.stale_calls() == ["cuMemFreeAsync"] and fake.pool_used(0) == 4096
+    ok(drv.cuMemFreeAsync(big, s[0]))
+    ok(drv.cuMemAllocAsync(p, 4096, s[0]))                 # the most recently freed range first
+    assert p[0] == big and fake.async_reuses() == 2
+    ok(drv.cuMemFreeAsync(big, s[0]))
+    a = alloc(drv, 256)
+    ok(drv.cuMemFree(a))
+    assert alloc(drv, 256) != a                            # cuMemAlloc: never reused
+    fake.reset()                                           # forgets the freed ranges
+    new_ctx(drv)
+    ok(drv.cuMemAllocAsync(p, 256, ffi.NULL))
+    assert p[0] not in (x, big) and fake.async_reuses() == 0
+
+
 def drv_current(drv):
     current = ffi.new("CUcontext *")
     ok(drv.cuCtxGetCurrent(current))

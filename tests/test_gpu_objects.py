@@ -272,6 +272,38 @@ def test_stream_ordered_allocation_and_pools(primary):
         default.destroy()
 
 
+def test_a_late_close_after_the_pool_reused_the_address_frees_nothing(primary):
+    """The claim rule of stream-ordered memory on a real pool: free_async's claim (removing the buffer's
+    entry) and its cuMemFreeAsync, then a new allocation from the pool on the same stream (the pool may
+    hand the same address out again), then a late close() of the old buffer.  The close must free
+    nothing: the new buffer keeps its memory (a memset and copy round trip, and the pool's
+    USED_MEM_CURRENT) until its own free_async gives it back."""
+    n = 1 << 22
+    s = Stream()
+    pool = mem.MemoryPool.create(0, release_threshold=1 << 24)
+    try:
+        old = mem.alloc_async(n, s, pool=pool)
+        assert old.context.untrack_stream_ordered(old)           # free_async's claim ...
+        assert old.driver.cuMemFreeAsync(old.address, s.handle) == 0   # ... and its driver call
+        new = mem.alloc_async(n, s, pool=pool)                    # often at old.address again
+        old.close()                                               # late: the claim is gone, nothing freed
+        assert old.freed and not new.freed
+        s.synchronize()
+        assert pool.get_attribute("USED_MEM_CURRENT") >= n        # new's memory is still in use
+        mem.memset(new, 7, stream=s)
+        out = np.zeros(n, np.uint8)
+        mem.copy(out, new, stream=s)
+        s.synchronize()
+        assert (out == 7).all()
+        new.free_async()
+        s.synchronize()
+        pool.trim(0)
+        assert pool.get_attribute("USED_MEM_CURRENT") == 0
+    finally:
+        s.synchronize()
+        pool.destroy()
+
+
 def test_per_thread_default_stream_copies(primary):
     drv = cuproc.Driver(per_thread_default_stream=True)
     host = np.arange(1000, dtype=np.int64)

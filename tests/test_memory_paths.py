@@ -21,7 +21,7 @@ import pytest
 import cuproc
 from cuproc import Context, DeviceBuffer, Stream
 from cuproc import memory as mem
-from cuproc.errors import ClosedResourceError, CudaError
+from cuproc.errors import ClosedResourceError, CudaError, CudaWarning
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -196,6 +196,193 @@ def race(fk, ctx, s, rival):
         assert errors == [] and buf.freed
 
 
+@pytest.mark.parametrize("late", ["close", "finalizer"])
+def test_a_late_close_after_free_async_gave_the_address_back_frees_nothing(fk, pc, late):
+    """Review finding 1, step by step: free_async takes the claim (removes the buffer's entry), close()
+    or the finalizer starts before free_async marks the buffer ended, the memory is freed, and the pool
+    hands the address to a new buffer.  The late close/finalizer must find no claim: no driver call,
+    and the new buffer at the same address keeps its entry and is freed once, by its own free."""
+    s = Stream()
+    old = mem.alloc_async(256, s)
+    ctx, x = old.context, old.address
+    assert ctx.untrack_stream_ordered(old)                    # free_async's claim (its inline pop)
+    assert old.driver.cuMemFreeAsync(x, s.handle) == 0        # free_async's driver call
+    new = mem.alloc_async(256, s)
+    assert new.address == x and fk.async_reuses() == 1        # the pool gave the address back
+    fk.clear_calls()
+    if late == "close":
+        old.close()                                           # ended was still None: close claims it ...
+    else:
+        del old                                               # ... and so does the finalizer
+        gc.collect()
+    assert fk.calls() == [] and fk.pool_used(0) == 256        # ... and frees nothing: the claim was taken
+    assert not new.freed
+    new.free_async()
+    assert fk.calls() == ["cuMemFreeAsync"] and fk.pool_used(0) == 0 and fk.stale_count() == 0
+
+
+def test_free_async_that_lost_the_claim_ends_the_buffer_and_frees_nothing(fk, pc):
+    """Review finding 5: free_async finding the entry gone (another way of freeing took it) frees
+    nothing and leaves the buffer ended, not looking live; the claim's holder frees it once."""
+    s = Stream()
+    buf = mem.alloc_async(64, s)
+    assert buf.context.untrack_stream_ordered(buf)            # the claim, taken by "another thread"
+    assert not buf.context.untrack_stream_ordered(buf)        # ... once
+    fk.clear_calls()
+    buf.free_async()
+    assert fk.calls() == [] and buf.freed and buf.ended == "freed"
+    with pytest.raises(ClosedResourceError, match="freed"):
+        buf.ptr
+    assert buf.release_claimed() == 0                         # the holder of the claim frees it
+    assert fk.calls() == ["cuMemFreeAsync"] and fk.pool_used(0) == 0
+    buf.close()
+    del buf
+    gc.collect()
+    assert fk.call_count() == 1 and fk.stale_count() == 0
+
+
+def test_teardown_frees_a_buffer_allocated_while_it_runs(fk, monkeypatch):
+    """Review finding 5: the context's teardown empties its table entry by entry, so a buffer allocated
+    (by another thread, here by the driver call it makes) while it frees the others is freed too, not
+    dropped from the table and left looking live with its pool counting it for good."""
+    ctx = Context.create(0)
+    s = Stream()
+    first = mem.alloc_async(64, s)
+    drv = ctx.driver
+    real = drv.cuMemFreeAsync
+    late: list[DeviceBuffer] = []
+
+    def free_then_allocate(address, stream):
+        rc = real(address, stream)
+        if not late:
+            late.append(mem.alloc_async(128, s))
+        return rc
+    monkeypatch.setattr(drv, "cuMemFreeAsync", free_then_allocate)
+    Context.pop()
+    ctx.destroy()
+    monkeypatch.undo()
+    assert len(late) == 1 and first.ended == "freed" and late[0].ended == "freed"
+    assert fk.pool_used(0) == 0 and fk.live("async_alloc") == 0 and fk.stale_count() == 0
+
+
+def test_teardown_reports_a_failed_free_and_frees_the_rest(fk):
+    """A cuMemFreeAsync that fails in the context's teardown is a warning naming the buffer and the call;
+    the other buffers are still freed once and the context is destroyed."""
+    ctx = Context.create(0)
+    s = Stream()
+    bufs = [mem.alloc_async(64, s) for _ in range(3)]
+    fk.fail("cuMemFreeAsync", 700, 1)                         # the first free fails, once
+    Context.pop()
+    fk.clear_calls()
+    with pytest.warns(CudaWarning, match="cuMemFreeAsync") as caught:
+        ctx.destroy()
+    fk.fail("cuMemFreeAsync", 0, 0)
+    assert len(caught) == 1 and any(f"{b.address:#x}" in str(caught[0].message) for b in bufs)
+    assert fk.calls()[-1] == "cuCtxDestroy"
+    assert fk.pool_used(0) == 64                    # the failed one alone: the context took it, the pool counts it
+    assert all(b.ended == "freed" for b in bufs) and ctx.ended is not None and fk.stale_count() == 0
+
+
+@pytest.mark.parametrize("rival", ["close", "context", "finalizer"])
+def test_threads_letting_go_of_many_buffers_with_reused_addresses_free_each_once(fk, rival, monkeypatch):
+    """Review finding 8: many buffers, let go at once in two ways (free_async against close(), against the
+    context's teardown; the teardown against dropping them), while a third thread allocates on the same
+    stream and gets the freed addresses back (the fake reuses them, as a pool does).  Each allocation is
+    freed exactly once: a late free of a reused address frees another buffer's memory (then that buffer's
+    own free is stale) or takes its claim (then its memory stays counted by the pool)."""
+    ctx = Context.create(0)
+    s = Stream()
+    drv = ctx.driver
+    real_free = drv.cuMemFreeAsync
+    real_untrack = Context.untrack_stream_ordered
+
+    def free_then_yield(address, stream):        # the allocating thread may take the address at once
+        rc = real_free(address, stream)
+        time.sleep(0)
+        return rc
+
+    def yield_then_untrack(self, *args):          # close()/the finalizer: the others run between its
+        time.sleep(1e-5)                           # claim and its table pop (a free and a reallocation)
+        return real_untrack(self, *args)
+    monkeypatch.setattr(drv, "cuMemFreeAsync", free_then_yield)
+    monkeypatch.setattr(Context, "untrack_stream_ordered", yield_then_untrack)
+    ctx.stream_ordered = YieldingTable(ctx.stream_ordered)    # free_async: widen claim-to-ended window
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        errors = race_many(fk, ctx, s, rival)
+    finally:
+        sys.setswitchinterval(switch)
+        monkeypatch.undo()
+    gc.collect()
+    assert errors == []
+    assert fk.async_reuses() > 100                            # the race ran with addresses handed back
+    assert fk.stale_count() == 0 and fk.pool_used(0) == 0 and fk.live("async_alloc") == 0
+    Context.pop()
+    s.close()
+    ctx.destroy()
+
+
+class YieldingTable(dict):
+    """A context's table of stream-ordered allocations whose pop yields to other threads once it took
+    an entry: the moment between the claim and what the claimer does next is where rivals get in."""
+
+    def pop(self, *args):
+        entry = super().pop(*args)
+        time.sleep(0)
+        return entry
+
+
+def race_many(fk, ctx, s, rival, rounds=60, width=8):
+    errors: list[BaseException] = []
+    for _ in range(rounds):
+        bufs = [mem.alloc_async(64, s) for _ in range(width)]
+        kept: list[DeviceBuffer] = []
+        done: list[object] = []                        # the steps that have finished
+        gate = threading.Barrier(3)
+
+        def run(step, gate=gate, done=done):
+            gate.wait()
+            try:
+                step()
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertion of the caller
+                errors.append(exc)
+            finally:
+                done.append(step)
+
+        def free_each(bufs=bufs):
+            for buf in bufs:
+                buf.free_async()
+
+        def close_each(bufs=bufs):
+            for buf in bufs:
+                buf.close()
+
+        def drop_each(bufs=bufs):
+            while bufs:
+                bufs.pop()                             # the last reference: the finalizer frees it
+
+        def allocate(kept=kept, done=done):
+            while len(kept) < 8 * width and (not kept or len(done) < 2):
+                kept.append(mem.alloc_async(64, s))   # takes the addresses freed meanwhile
+                time.sleep(0)                         # (one at a time, for as long as the others run)
+        steps = {"close": (free_each, close_each), "context": (free_each, ctx.free_stream_ordered),
+                 "finalizer": (ctx.free_stream_ordered, drop_each)}[rival]
+        threads = [threading.Thread(target=run, args=(step,)) for step in (*steps, allocate)]
+        survivors = [] if rival == "finalizer" else list(bufs)
+        del bufs
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(buf.freed for buf in survivors)
+        # a late free of a reused address would have freed one of these under it
+        assert fk.live("async_alloc") == sum(not buf.freed for buf in kept)
+        for buf in kept:
+            buf.free_async()
+    return errors
+
+
 def test_threads_allocating_on_one_stream_get_their_own_addresses(fk, pc, monkeypatch):
     """The hot path reuses a per-thread out-parameter: threads allocating at once on one stream each
     get the address the driver gave them (distinct, all counted by the pool, all freed once).  The
@@ -255,9 +442,14 @@ if pid == 0:
             attempt()
         except cuproc.ForkedProcessError:
             refused += 1
-    del buf                                   # the finalizer leaves the parent's memory alone
-    import ctypes, gc
-    gc.collect()
+    import ctypes, gc, warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        s.context.free_stream_ordered()       # the context's teardown leaves it alone too (no attempt)
+        del buf                               # ... and so does the finalizer
+        gc.collect()
+    if caught:
+        os._exit(20)
     os._exit(0 if refused == 3 and ctypes.CDLL({lib!r}).fake_fork_violations() == 0 else 10 + refused)
 _, status = os.waitpid(pid, 0)
 buf.free_async()                              # the parent still owns it
