@@ -329,21 +329,32 @@ def test_8_exit_with_everything_alive_is_silent():
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-2000:]
 
 
-def test_8_reset_marks_buffers_and_never_frees_a_reused_address(primary):
-    old = DeviceBuffer(1 << 20)
-    primary.reset()
-    with pytest.raises(ClosedResourceError, match="reset"):
-        mem.copy(np.zeros(16, np.uint8), old)
-    primary.context.set_current()
-    fresh = [DeviceBuffer(1 << 20) for _ in range(4)]
-    del old
-    gc.collect()                                  # must not cuMemFree old_address, which may be reused
-    data = np.arange(1 << 18, dtype=np.float32)
-    for b in fresh:
-        mem.copy(b, data)
-        back = np.zeros_like(data)
-        mem.copy(back, b)
-        np.testing.assert_array_equal(back, data)
+def test_8_reset_marks_buffers_and_never_frees_a_reused_address():
+    """In a child process: cuDevicePrimaryCtxReset destroys the device's primary context under every
+    library of the process, and CuPy, loaded by other tests here, later unloads its modules from it
+    at exit (the driver crashes in that cuModuleUnload)."""
+    proc = child("""
+        import gc, numpy as np, pytest, cuproc
+        from cuproc import DeviceBuffer, memory as mem
+        from cuproc.errors import ClosedResourceError
+        primary = cuproc.use_device(0)
+        old = DeviceBuffer(1 << 20)
+        primary.reset()
+        with pytest.raises(ClosedResourceError, match="reset"):
+            mem.copy(np.zeros(16, np.uint8), old)
+        primary.context.set_current()
+        fresh = [DeviceBuffer(1 << 20) for _ in range(4)]
+        del old
+        gc.collect()                                  # must not cuMemFree old_address, which may be reused
+        data = np.arange(1 << 18, dtype=np.float32)
+        for b in fresh:
+            mem.copy(b, data)
+            back = np.zeros_like(data)
+            mem.copy(back, b)
+            np.testing.assert_array_equal(back, data)
+        print("ok")
+        """)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
 # 9 ------------------------------------------------------------------ random sequences
