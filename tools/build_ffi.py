@@ -22,7 +22,6 @@ import json
 import re
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import cffi
@@ -70,23 +69,10 @@ def build_abi_module(headers: Path, out_dir: Path) -> Path:
     return target
 
 
-def _registry_parse_rule() -> Callable[[str, Iterable[str]], tuple]:
-    """cuproc.registry.parse_typedefs: the rule itself, so the stored parse cannot differ from it.
-    From the cuproc on sys.path, else this checkout's (sys.path is left as it was: a caller that
-    looks up installed distributions afterwards must not find this checkout first)."""
-    try:
-        from cuproc.registry import parse_typedefs
-    except ImportError:
-        sys.path.insert(0, str(ROOT))
-        try:
-            from cuproc.registry import parse_typedefs
-        finally:
-            sys.path.remove(str(ROOT))
-    return parse_typedefs
-
-
 def build_header_data(headers: Path, out_dir: Path) -> Path:
-    parse_typedefs = _registry_parse_rule()
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from cuproc.registry import parse_typedefs   # the rule itself, so the stored parse cannot differ
     provenance = json.loads((headers / "provenance.json").read_text())
     defines = {m.group(1): int(m.group(2)) for m in _DEFINE.finditer((headers / "cuda_types.h").read_text())}
     lines = [
