@@ -36,7 +36,7 @@ import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
-from typing import TYPE_CHECKING, NamedTuple, Optional
+from typing import TYPE_CHECKING, NamedTuple
 
 from .version import CudaVersion
 
@@ -199,11 +199,8 @@ class Registry(Mapping[str, Symbol]):
                  toolkits: Mapping[str, Iterable[str]] | None = None, *,
                  windows_only: Iterable[str] = (), symbol_headers: Mapping[str, str] | None = None,
                  header_aliases: Mapping[str, Iterable[tuple[VersionLike, str | None]]] | None = None,
-                 platform: str = sys.platform, parsed: Mapping[str, ParsedTypedefs] | None = None) -> None:
+                 platform: str = sys.platform) -> None:
         self._typedefs = {name: tuple(symbol_typedefs[name]) for name in sorted(symbol_typedefs)}
-        # parse_typedefs() of (some) names, computed ahead: tools/build_ffi.py writes it for the
-        # default registry (parsing 561 names costs about a millisecond, most of a fresh preload)
-        self._parsed = parsed or {}
         self._toolkits = toolkits or {}
         self._windows_only = frozenset(windows_only)
         self._headers = dict(symbol_headers or {})
@@ -253,7 +250,7 @@ class Registry(Mapping[str, Symbol]):
         return Registry(kept, self._toolkits, windows_only=self._windows_only - drop,
                         symbol_headers={n: h for n, h in self._headers.items() if n not in drop},
                         header_aliases={n: a for n, a in self._aliases.items() if n not in drop},
-                        platform=self._platform if platform is None else platform, parsed=self._parsed)
+                        platform=self._platform if platform is None else platform)
 
     def _parse(self, sym: str) -> _Abis:
         """The ABIs of ``sym`` from its typedef names (cached)."""
@@ -266,13 +263,9 @@ class Registry(Mapping[str, Symbol]):
     def _parse_all(self, names: Iterable[str]) -> None:
         """Parse (into the cache) each of ``names`` not parsed yet: string operations, no regex, one
         loop with its lookups bound, since every selection table needs all 561."""
-        cache, typedefs_of, windows_only, parsed = self._abis, self._typedefs, self._windows_only, self._parsed
+        cache, typedefs_of, windows_only = self._abis, self._typedefs, self._windows_only
         for sym in names:
             if sym in cache:
-                continue
-            ahead = parsed.get(sym)
-            if ahead is not None:
-                cache[sym] = _new(_Abis, (*ahead, sym in windows_only))
                 continue
             prefix = f"PFN_{sym}_v"
             typedefs = typedefs_of[sym]
@@ -412,20 +405,6 @@ class Registry(Mapping[str, Symbol]):
         return changes
 
 
-#: What :func:`parse_typedefs` returns: the ABI versions (driver integers), entry-point names, typedefs
-#: and per-thread typedefs of each ABI, oldest first, and the per-thread suffix (or None).
-ParsedTypedefs = tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...], tuple[Optional[str], ...], Optional[str]]
-
-
-def parse_typedefs(sym: str, typedefs: Iterable[str]) -> ParsedTypedefs:
-    """The ABIs of ``sym`` from its PFN typedef names, by the registry's rule (raises ValueError
-    naming a malformed one).  tools/build_ffi.py stores this for every symbol in
-    cuproc/_header_data.py, so the default registry does not parse at run time."""
-    registry = Registry({sym: tuple(typedefs)})
-    abis = registry._parse(sym)
-    return abis.keys, abis.entries, abis.typedefs, abis.per_thread_typedefs, abis.suffix
-
-
 def _parse_typedefs(sym: str, prefix: str, typedefs: tuple[str, ...], windows_only: bool) -> _Abis:
     """The ABIs of a symbol with several typedefs (or a malformed one: raises ValueError naming it)."""
     base: dict[int, str] = {}
@@ -479,9 +458,9 @@ def interned_version(value: int) -> CudaVersion:
 @cache
 def default_registry() -> Registry:
     """The registry of every toolkit merged into headers/ (built on first use, ~5 ms)."""
-    from ._header_data import (HEADER_ALIASES, NEWEST_VERSION, PFN_TOOLKITS, SYMBOL_ABIS, SYMBOL_HEADERS,
-                               SYMBOL_TYPEDEFS, WINDOWS_ONLY)
+    from ._header_data import (HEADER_ALIASES, NEWEST_VERSION, PFN_TOOLKITS, SYMBOL_HEADERS, SYMBOL_TYPEDEFS,
+                               WINDOWS_ONLY)
     registry = Registry(SYMBOL_TYPEDEFS, PFN_TOOLKITS, windows_only=WINDOWS_ONLY, symbol_headers=SYMBOL_HEADERS,
-                        header_aliases=HEADER_ALIASES, parsed=SYMBOL_ABIS)
+                        header_aliases=HEADER_ALIASES)
     registry._newest = interned_version(NEWEST_VERSION)
     return registry

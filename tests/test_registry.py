@@ -177,27 +177,3 @@ def test_without_keeps_everything_it_knows_about_the_rest():
     assert less.aliased_names == full.aliased_names
     with pytest.raises(KeyError, match="cuNoSuch"):
         full.without(["cuNoSuch"])
-
-
-def test_the_stored_parse_is_the_rules_parse():
-    """cuproc/_header_data.py's SYMBOL_ABIS (what the default registry uses instead of parsing at run
-    time) is parse_typedefs() of every name, and a registry without it answers identically."""
-    from cuproc._header_data import PFN_TOOLKITS, SYMBOL_ABIS, SYMBOL_HEADERS, SYMBOL_TYPEDEFS, WINDOWS_ONLY
-    from cuproc.registry import Registry, default_registry, parse_typedefs
-    assert set(SYMBOL_ABIS) == set(SYMBOL_TYPEDEFS)
-    for sym, typedefs in SYMBOL_TYPEDEFS.items():
-        assert SYMBOL_ABIS[sym] == parse_typedefs(sym, typedefs), sym
-    stored = default_registry()
-    parsed_here = Registry(SYMBOL_TYPEDEFS, PFN_TOOLKITS, windows_only=WINDOWS_ONLY, symbol_headers=SYMBOL_HEADERS)
-    assert [parsed_here[n] for n in parsed_here] == [stored[n] for n in stored]
-    for version in ("11.8", "12.4", "13.0"):
-        for per_thread in (False, True):
-            assert parsed_here.entries(version, per_thread=per_thread) == stored.entries(version, per_thread=per_thread)
-
-
-def test_parse_typedefs_refuses_a_malformed_name():
-    from cuproc.registry import parse_typedefs
-    with pytest.raises(ValueError, match="cuFoo"):
-        parse_typedefs("cuFoo", ["PFN_cuFoo_vX"])
-    assert parse_typedefs("cuFoo", ["PFN_cuFoo_v3020", "PFN_cuFoo_v2000"])[:3] == (
-        (2000, 3020), ("cuFoo", "cuFoo_v2"), ("PFN_cuFoo_v2000", "PFN_cuFoo_v3020"))

@@ -70,9 +70,6 @@ def build_abi_module(headers: Path, out_dir: Path) -> Path:
 
 
 def build_header_data(headers: Path, out_dir: Path) -> Path:
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from cuproc.registry import parse_typedefs   # the rule itself, so the stored parse cannot differ
     provenance = json.loads((headers / "provenance.json").read_text())
     defines = {m.group(1): int(m.group(2)) for m in _DEFINE.finditer((headers / "cuda_types.h").read_text())}
     lines = [
@@ -90,12 +87,6 @@ def build_header_data(headers: Path, out_dir: Path) -> Path:
         "#: C function name -> its PFN typedef names (grouping only; the rules live in cuproc.registry).",
         "SYMBOL_TYPEDEFS: dict[str, tuple[str, ...]] = {",
         *(f"    {sym!r}: {tuple(names)!r}," for sym, names in _group(provenance["pfn_typedefs"]).items()),
-        "}",
-        "",
-        "#: cuproc.registry.parse_typedefs() of every name above, computed here so that a process does",
-        "#: not parse 561 names at run time (tests/test_registry.py checks it against the rule).",
-        "SYMBOL_ABIS: dict[str, tuple] = {",
-        *(f"    {sym!r}: {parse_typedefs(sym, names)!r}," for sym, names in _group(provenance["pfn_typedefs"]).items()),
         "}",
         "",
         "#: The newest ABI version any typedef has (driver encoding).",
