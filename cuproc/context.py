@@ -221,8 +221,10 @@ class Context(Resource):
         driver frees such memory with the context, but its pool keeps counting it as used
         and never gives it back (measured on driver 580).  Entry by entry, each removed first
         (the claim of :meth:`untrack_stream_ordered`) until the table is empty, so that a buffer
-        allocated or freed by another thread meanwhile is neither lost nor freed twice.  The
-        buffers end as "freed".  In a forked child nothing is freed (the memory is the parent's).
+        allocated or freed by another thread while the loop runs is neither lost nor freed twice
+        (one allocated after the loop and before the context ends is not covered: the context is
+        marked ended only afterwards).  The buffers end as "freed".  In a forked child nothing is
+        freed (the memory is the parent's).
         """
         if FORKED[0]:
             return

@@ -8,12 +8,12 @@
  * vectorcall type they cost one more C call.
  *
  * A call:
- *   1. refuses in a child forked after cuInit: FORKED[0] (the very list cuproc._fork sets in its
+ *   1. refuses keyword arguments and, when the arity is known (>= 0), a wrong argument count,
+ *      with the TypeError text Python gives for a function with the positional-only parameters
+ *      it was given (the pure wrapper is that function, whose binding checks come first too);
+ *   2. refuses in a child forked after cuInit: FORKED[0] (the very list cuproc._fork sets in its
  *      at-fork hook, read here on every call, so the check is the pure wrapper's) is true ->
  *      raise forked_error(name);
- *   2. refuses keyword arguments and, when the arity is known (>= 0), a wrong argument count,
- *      with the TypeError text Python gives for a function with the positional-only parameters
- *      it was given (the pure wrapper is that function);
  *   3. calls the raw callable (the trampoline) with the same arguments (PyObject_Vectorcall, or
  *      for a one-argument builtin its C function directly: see meth_o);
  *   4. returns None when the result is the int 0; else raise error(result, name), where ``error``
