@@ -60,6 +60,7 @@ from __future__ import annotations
 import os
 import re
 import weakref
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from . import _fork, errors, fastpath
@@ -903,33 +904,27 @@ def set_default_driver(driver: Driver | None) -> None:
         _unbind_module_names()
 
 
-def _unbind_module_names() -> None:
-    """Drop every C name cached on the module and put the lazy hook back (so the next access
-    resolves again, on the current default handle, with the fork check)."""
+def _unbind_module_names(names: Iterable[str] | None = None) -> None:
+    """Drop the C names cached on the module (``names``, or every one), put the lazy hook back (so
+    the next access resolves again, on the current default handle, with the fork check; preload()
+    may have removed it) and move the generation (so a resolution in flight binds nothing stale).
+    Callers hold _default_lock, except the fork hook (the child has one thread)."""
     global _module_generation
     _module_generation += 1
     module = globals()
-    for name in _module_cache:
+    for name in list(_module_cache) if names is None else [n for n in names if n in _module_cache]:
         module.pop(name, None)
-    _module_cache.clear()
+        _module_cache.discard(name)
     if not TYPE_CHECKING:
         module["__getattr__"] = _module_c_name
 
 
 def _forget_module_name(driver: Driver, name: str) -> None:
-    """declare() made or replaced ``name`` on ``driver``: if it is the default handle, drop the module
-    namespace's cached copy and make sure the lazy hook is there (preload() may have removed it), so
-    ``cuproc.driver.<name>`` resolves again."""
-    global _module_generation
+    """declare() made or replaced ``name`` on ``driver``: if it is the default handle, the module
+    namespace drops its cached copy, so ``cuproc.driver.<name>`` resolves again."""
     with _default_lock:
         if _default is driver:
-            _module_generation += 1
-            module = globals()
-            if name in _module_cache:
-                module.pop(name, None)
-                _module_cache.discard(name)
-            if not TYPE_CHECKING:
-                module["__getattr__"] = _module_c_name
+            _unbind_module_names((name,))
 
 
 _PRELOAD_ATTEMPTS = 3   # preload() rounds a racing declare() may cost before it stays lazy
