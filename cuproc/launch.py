@@ -777,21 +777,21 @@ def launch_ex(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *,
     """cuLaunchKernelEx with launch attributes: cluster dimensions, cooperative, priority."""
     if hasattr(function, "launch_target"):
         function = function.launch_target()
-    packed = _packed_once(function, "cuLaunchKernelEx", args, signature)
+    call = "cuLaunchKernelEx"
+    packed = _packed_once(function, call, args, signature)
     drv = function.driver
     attrs = []
     if cluster is not None:
-        attrs.append(("CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION", _dims(cluster, "cluster", "cuLaunchKernelEx")))
+        attrs.append(("CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION", _dims(cluster, "cluster", call)))
     if cooperative:
         attrs.append(("CU_LAUNCH_ATTRIBUTE_COOPERATIVE", 1))
     if priority is not None:
         attrs.append(("CU_LAUNCH_ATTRIBUTE_PRIORITY", priority))
-    h = stream_handle(stream, drv, "cuLaunchKernelEx")
-    call = "cuLaunchKernelEx"
+    h = stream_handle(stream, drv, call)
     config, _attrs = _launch_config(_dims(grid, "grid", call), _dims(block, "block", call),
                                     _shared_mem(shared_mem, call), h, attrs)
     rc = call_in(_binding(function, stream), drv.cuLaunchKernelEx, config, function.handle, packed.params, ffi.NULL)
-    drv.check(rc, "cuLaunchKernelEx")
+    drv.check(rc, call)
 
 
 def _binding(function: Any, stream: Any) -> Any:
@@ -804,9 +804,9 @@ def _binding(function: Any, stream: Any) -> Any:
 def _launch_cooperative(function: Any, grid: Any, block: Any, args: Sequence[Any], signature: Sequence[Any] | None,
                         shared_mem: int, stream: Any) -> None:
     """cuLaunchCooperativeKernel (kernelParams convention: it takes no ``extra``)."""
-    packed = _packed_once(function, "cuLaunchCooperativeKernel", args, signature)
-    drv = function.driver
     call = "cuLaunchCooperativeKernel"
+    packed = _packed_once(function, call, args, signature)
+    drv = function.driver
     call_args = (function.handle, *_dims(grid, "grid", call), *_dims(block, "block", call),
                  _shared_mem(shared_mem, call), stream_handle(stream, drv, call), packed.params)
     drv.check(call_in(_binding(function, stream), drv.cuLaunchCooperativeKernel, *call_args), call)
