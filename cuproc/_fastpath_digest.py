@@ -11,7 +11,8 @@ installed package has none, and was built with it).
 The digest is CRC-32 (``zlib.crc32``) and the length of the named inputs, not a cryptographic
 hash: it detects a stale build, which is all it is for, and it runs on every ``import cuproc``
 of the fast path -- ``hashlib`` costs 2-3 ms there (it loads OpenSSL), ``zlib`` about 0.3 ms (and
-``os.path``, not ``pathlib``: pathlib brings urllib.parse and ipaddress, 2-4 ms).  Standard library only: tools/build_fastpath.py loads this file by path, without importing cuproc.
+``os.path``, not ``pathlib``: pathlib brings urllib.parse and ipaddress, 2-4 ms).  Standard
+library only: tools/build_fastpath.py loads this file by path, without importing cuproc.
 """
 from __future__ import annotations
 

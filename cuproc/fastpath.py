@@ -19,8 +19,8 @@ Where it applies:
   argument block and calls cuLaunchKernel(Ex) in C; every other case -- another thread, an ended
   resource, a fork, a value it does not convert exactly as cffi would -- goes to the pure launcher.
 * ``Function.launch`` (``cuproc.launch.launch``) finds a warm one-shot entry and calls its launcher
-  in C for the common form (plain-int grid and block, default stream, at most ``signature=``);
-  every other call goes to the Python launch.
+  in C for the common form (plain-int grid and block, at most ``signature=`` and ``stream=`` -- the
+  default stream or a cuproc Stream); every other call goes to the Python launch.
 """
 from __future__ import annotations
 
@@ -86,22 +86,26 @@ def pointer(function: Any) -> Any:
     return _slot_pointers.get(function, function)
 
 
+def _factory(name: str) -> Any:
+    """``cuproc._fastpath_c.<name>``, one of the factories its hand-written C publishes, or None
+    without the fast path."""
+    compiled = _ffi.COMPILED
+    return None if compiled is None else getattr(compiled, name)
+
+
 def launcher_factory() -> Callable[..., Callable[..., None]] | None:
     """``cuproc._fastpath_c.make_launcher`` (see tools/fastpath_launch.c), or None without the fast path."""
-    compiled = _ffi.COMPILED
-    return None if compiled is None else compiled.make_launcher
+    return _factory("make_launcher")
 
 
 def checked_factory() -> Callable[..., Callable[..., None]] | None:
     """``cuproc._fastpath_c.make_checked`` (see tools/fastpath_checked.c), or None without the fast path."""
-    compiled = _ffi.COMPILED
-    return None if compiled is None else compiled.make_checked
+    return _factory("make_checked")
 
 
 def one_shot_factory() -> Callable[..., Any] | None:
     """``cuproc._fastpath_c.make_one_shot`` (see tools/fastpath_launch.c), or None without the fast path."""
-    compiled = _ffi.COMPILED
-    return None if compiled is None else compiled.make_one_shot
+    return _factory("make_one_shot")
 
 
 def launcher_kinds() -> dict[str, int] | None:
