@@ -277,7 +277,6 @@ class Registry(Mapping[str, Symbol]):
                     continue
             cache[sym] = _parse_typedefs(sym, prefix, typedefs, sym in windows_only)  # a race stores equal tuples
 
-
     def _build(self, sym: str) -> Symbol:
         abis = self._parse(sym)
         toolkits = self._toolkits
