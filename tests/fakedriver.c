@@ -22,10 +22,14 @@
  * Model (strict on purpose, see fakedriver.py for the list of choices):
  *   - one mutex guards all state; per-thread context stacks are __thread arrays;
  *   - handles are never reused: 0x1000 + 16*n, n an index in a chunked object table;
- *   - device addresses are never reused, except stream-ordered ones (a pool hands the most recently
- *     freed range out again): carved from a reserved PROT_NONE window (hint: the
- *     1 TiB below 0x7f0000000000) so no host allocation can alias them and a host dereference of a device
- *     pointer faults as it would on a GPU; each allocation is backed by calloc'd storage;
+ *   - device addresses are never reused, except as a real pool reuses them: a range freed by
+ *     cuMemFreeAsync goes back to its pool, and the next allocation from that same pool
+ *     (cuMemAllocAsync from the device's current pool, cuMemAllocFromPoolAsync) that fits takes
+ *     the most recently freed one (fake_async_reuses counts it).  Never across pools or devices,
+ *     never memory freed by cuMemFree, context destroy/reset or pool destroy.  Addresses are
+ *     carved from a reserved PROT_NONE window (hint: the 1 TiB below 0x7f0000000000) so no host
+ *     allocation can alias them and a host dereference of a device pointer faults as it would on
+ *     a GPU; each allocation is backed by calloc'd storage;
  *   - pinned, registered and managed memory is real host memory.
  */
 #define _GNU_SOURCE
@@ -381,39 +385,52 @@ struct alloc {
   unsigned long long id;
 };
 
-/* Freed stream-ordered ranges, the most recent last.  A pool hands a freed address out again at
- * once, so the next stream-ordered allocation takes the most recently freed range it fits in: a
- * late free of the old address then frees the new allocation (caught by its own later free, a
- * stale use).  Other device memory never reuses addresses. */
+/* Ranges freed by cuMemFreeAsync, each tagged with its pool, the most recent last.  A pool hands
+ * a range freed into it out again at once (on the same stream, with no wait), so the next
+ * allocation from *that pool* takes the most recently freed range of it that it fits in: a late
+ * free of the old address then frees the new allocation (caught by its own later free, a stale
+ * use).  Nothing else is ever reused: not cuMemAlloc memory, and not stream-ordered memory freed
+ * with cuMemFree, by a context's destruction or reset, or by its pool's destruction (a real pool
+ * never gets such memory back; the first two stay counted as used by it).  A pool belongs to one
+ * device, so a range never moves across devices either. */
 #define REUSE 64
-static struct { CUdeviceptr base; size_t span; } reuse[REUSE];
+static struct { CUdeviceptr base; size_t span; handle_t pool; } reuse[REUSE];
 static int nreuse;
 static long reuse_count;    /* stream-ordered allocations that got a freed address back */
 
-/* The most recently freed range of at least *span bytes (0: none); *span becomes its whole span. */
-static CUdeviceptr reused_range(size_t *span) {
+/* The most recently freed range of pool of at least *span bytes (0: none); *span becomes its
+ * whole span. */
+static CUdeviceptr reused_range(handle_t pool, size_t *span) {
   for (int i = nreuse; i > 0;) {
     i--;
-    if (reuse[i].span >= *span) {
+    if (reuse[i].pool == pool && reuse[i].span >= *span) {
       CUdeviceptr base = reuse[i].base;
       *span = reuse[i].span;
       memmove(&reuse[i], &reuse[i + 1], (size_t)(nreuse - i - 1) * sizeof reuse[0]);
       nreuse--;
-      reuse_count++;
       return base;
     }
   }
   return 0;
 }
 
-static void keep_for_reuse(CUdeviceptr base, size_t span) {
+static void keep_for_reuse(handle_t pool, CUdeviceptr base, size_t span) {
   if (nreuse == REUSE) { /* forget the oldest */
     memmove(&reuse[0], &reuse[1], (REUSE - 1) * sizeof reuse[0]);
     nreuse--;
   }
   reuse[nreuse].base = base;
   reuse[nreuse].span = span;
+  reuse[nreuse].pool = pool;
   nreuse++;
+}
+
+/* A destroyed pool's freed ranges go with it. */
+static void forget_ranges_of(handle_t pool) {
+  int kept = 0;
+  for (int i = 0; i < nreuse; i++)
+    if (reuse[i].pool != pool) reuse[kept++] = reuse[i];
+  nreuse = kept;
 }
 
 static struct alloc **allocs;
@@ -445,7 +462,8 @@ static struct alloc *find_alloc(CUdeviceptr addr, int allow_end) {
 
 static struct obj *pool_of(handle_t h) { struct obj *o = obj_at(h); return o && o->kind == K_POOL ? o : NULL; }
 
-static struct alloc *new_alloc(int kind, size_t size, int dev, handle_t ctx, CUresult *rc) {
+/* A new allocation of kind; pool: the pool (handle) of a stream-ordered one, 0 for the others. */
+static struct alloc *new_alloc(int kind, size_t size, int dev, handle_t ctx, handle_t pool, CUresult *rc) {
   if (size == 0) { *rc = E_INVALID_VALUE; return NULL; }
   if (device_kind(kind) && dev_bytes[dev] + size > DEVICE_TOTAL_MEM) { *rc = E_OUT_OF_MEMORY; return NULL; }
   struct alloc *a = calloc(1, sizeof *a);
@@ -460,17 +478,18 @@ static struct alloc *new_alloc(int kind, size_t size, int dev, handle_t ctx, CUr
   if (device_kind(kind)) {
     /* 256-aligned, plus a 256-byte gap so a small overrun never lands in the next allocation */
     size_t span = (size + 255) / 256 * 256 + 256;
-    CUdeviceptr base = kind == A_ASYNC ? reused_range(&span) : 0;
+    CUdeviceptr base = kind == A_ASYNC ? reused_range(pool, &span) : 0;
     if (!base && span > dev_limit - dev_next) { free(a); *rc = E_OUT_OF_MEMORY; return NULL; }
     a->store = calloc(1, size);
     if (!a->store) {
-      if (base) keep_for_reuse(base, span);
+      if (base) keep_for_reuse(pool, base, span);
       free(a);
       *rc = E_OUT_OF_MEMORY;
       return NULL;
     }
     if (base) {
       a->base = base;
+      reuse_count++;
     } else {
       a->base = dev_next;
       dev_next += span;
@@ -488,12 +507,15 @@ static struct alloc *new_alloc(int kind, size_t size, int dev, handle_t ctx, CUr
   a->kind = kind;
   a->dev = dev;
   a->ctx = ctx;
+  a->pool = pool;
   a->bound = kind != A_HOST && kind != A_REGISTERED && ctx != 0;
   a->id = ++buffer_ids;
   allocs[nallocs++] = a;
   return a;
 }
 
+/* Release the allocation's memory.  Its pool's accounting is the caller's: only cuMemFreeAsync
+ * gives the bytes back to the pool (and the range to its reuse list). */
 static void free_alloc(struct alloc *a) {
   for (size_t i = 0; i < nallocs; i++) {
     if (allocs[i] == a) { allocs[i] = allocs[--nallocs]; break; }
@@ -501,32 +523,22 @@ static void free_alloc(struct alloc *a) {
   if (device_kind(a->kind)) {
     dev_bytes[a->dev] -= a->size;
     free(a->store);
-    if (a->kind == A_ASYNC) keep_for_reuse(a->base, a->span);
   } else if (a->kind == A_HOST || a->kind == A_MANAGED) {
     release_host(a->store);
-  }
-  if (a->kind == A_ASYNC) {
-    struct obj *p = pool_of(a->pool);
-    if (p) p->u.p.used -= a->size;
   }
   free(a);
 }
 
-/* Free every live allocation whose field (ctx, owner or pool) equals key. */
+/* Free every live allocation whose field (ctx, owner or pool) equals key.  Measured on driver 580
+ * (H100): destroying or resetting a context frees its live stream-ordered allocations, but their
+ * pool keeps counting them as used, for good; free_alloc leaves the count as it is. */
 enum afield { BY_CTX, BY_OWNER, BY_POOL };
 static void free_allocs_by(enum afield field, handle_t key) {
   for (size_t i = nallocs; i > 0;) {
     i--;
     struct alloc *a = allocs[i];
     handle_t v = field == BY_CTX ? a->ctx : field == BY_OWNER ? a->owner : a->pool;
-    if (v == key) {
-      /* Measured on driver 580 (H100): destroying or resetting a context frees its live
-       * stream-ordered allocations, but their pool keeps counting them as used, for good. */
-      struct obj *leaky_pool = field == BY_CTX && a->kind == A_ASYNC ? pool_of(a->pool) : NULL;
-      size_t leaked = a->size;
-      free_alloc(a);
-      if (leaky_pool) leaky_pool->u.p.used += leaked;
-    }
+    if (v == key) free_alloc(a);
     if (i > nallocs) i = nallocs;
   }
 }
@@ -562,6 +574,7 @@ static void kill_obj(struct obj *o) {
     break;
   case K_POOL:
     free_allocs_by(BY_POOL, o->h);
+    forget_ranges_of(o->h);
     break;
   case K_LINK:
     free(o->u.l.buf);
@@ -1177,7 +1190,7 @@ static CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
   struct obj *c;
   TRY(cur_ctx(&c));
   CUresult rc;
-  struct alloc *a = new_alloc(A_DEVICE, size, c->dev, c->h, &rc);
+  struct alloc *a = new_alloc(A_DEVICE, size, c->dev, c->h, 0, &rc);
   if (!a) return rc;
   *dptr = a->base;
   return OK;
@@ -1193,11 +1206,9 @@ static CUresult cuMemFree_v2(CUdeviceptr dptr) {
   TRY(bind_mem(a, NULL));
   /* Measured on driver 580 (H100): cuMemFree of a stream-ordered allocation succeeds, but the
    * pool's USED_MEM_CURRENT never drops and the memory cannot be trimmed: a leak.  Modelled here
-   * so that CI sees code that frees stream-ordered memory with cuMemFree. */
-  struct obj *leaky_pool = a->kind == A_ASYNC ? pool_of(a->pool) : NULL;
-  size_t leaked = a->size;
+   * (free_alloc leaves the pool's count, and the range is never reused) so that CI sees code that
+   * frees stream-ordered memory with cuMemFree. */
   free_alloc(a);
-  if (leaky_pool) leaky_pool->u.p.used += leaked;
   return OK;
 }
 
@@ -1206,7 +1217,7 @@ static CUresult host_alloc(void **pp, size_t size) {
   struct obj *c;
   TRY(cur_ctx(&c));
   CUresult rc;
-  struct alloc *a = new_alloc(A_HOST, size, c->dev, c->h, &rc);
+  struct alloc *a = new_alloc(A_HOST, size, c->dev, c->h, 0, &rc);
   if (!a) return rc;
   *pp = a->store;
   return OK;
@@ -1252,7 +1263,7 @@ static CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned flags) {
       return E_HOST_MEMORY_ALREADY_REGISTERED;
   }
   CUresult rc;
-  struct alloc *a = new_alloc(A_REGISTERED, size, c->dev, c->h, &rc);
+  struct alloc *a = new_alloc(A_REGISTERED, size, c->dev, c->h, 0, &rc);
   if (!a) return rc;
   a->base = lo;
   a->store = p;
@@ -1273,7 +1284,7 @@ static CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned flags
   struct obj *c;
   TRY(cur_ctx(&c));
   CUresult rc;
-  struct alloc *a = new_alloc(A_MANAGED, size, c->dev, c->h, &rc);
+  struct alloc *a = new_alloc(A_MANAGED, size, c->dev, c->h, 0, &rc);
   if (!a) return rc;
   *dptr = a->base;
   return OK;
@@ -1659,9 +1670,8 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, struct obj *pool, CU
   if (!pool) pool = default_pool_of(c->dev);
   if (!pool) return E_OUT_OF_MEMORY;
   CUresult rc;
-  struct alloc *a = new_alloc(A_ASYNC, size, pool->dev, c->h, &rc);
+  struct alloc *a = new_alloc(A_ASYNC, size, pool->dev, c->h, pool->h, &rc);
   if (!a) return rc;
-  a->pool = pool->h;
   pool->u.p.used += size;
   if (pool->u.p.used > pool->u.p.used_high) pool->u.p.used_high = pool->u.p.used;
   if (pool->u.p.used > pool->u.p.reserved_high) pool->u.p.reserved_high = pool->u.p.used;
@@ -1688,6 +1698,13 @@ static CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
   if (!a || a->base != dptr || (a->kind != A_ASYNC && a->kind != A_DEVICE)) return stale(E_INVALID_VALUE);
   TRY(use_stream(stream, NULL, NULL));
   TRY(bind_mem(a, NULL));
+  /* Back to its pool: no longer counted as used, and the next allocation from that pool may get
+   * the address again.  (cuMemAlloc memory freed here is freed for good.) */
+  struct obj *pool = a->kind == A_ASYNC ? pool_of(a->pool) : NULL;
+  if (pool) {
+    pool->u.p.used -= a->size;
+    keep_for_reuse(pool->h, a->base, a->span);
+  }
   free_alloc(a);
   return OK;
 }
@@ -1864,7 +1881,7 @@ static CUresult load_module(CUmodule *pmod, const char *data, size_t len) {
   m->img = img;
   for (int i = 0; i < img->ng; i++) {
     CUresult rc;
-    struct alloc *a = new_alloc(img->g[i].managed ? A_MANAGED : A_GLOBAL, img->g[i].nbytes, c->dev, c->h, &rc);
+    struct alloc *a = new_alloc(img->g[i].managed ? A_MANAGED : A_GLOBAL, img->g[i].nbytes, c->dev, c->h, 0, &rc);
     if (!a) { kill_obj(m); return rc; }
     a->owner = m->h;
     a->gidx = i;
@@ -2187,7 +2204,7 @@ static CUresult library_variable(CUdeviceptr *dptr, size_t *bytes, CUlibrary lib
   if (!managed) TRY(cur_ctx(&c));
   struct alloc *a = variable_of(l->h, c ? c->h : 0, g);
   if (!a) {
-    a = new_alloc(managed ? A_MANAGED : A_GLOBAL, l->img->g[g].nbytes, c ? c->dev : 0, c ? c->h : 0, &rc);
+    a = new_alloc(managed ? A_MANAGED : A_GLOBAL, l->img->g[g].nbytes, c ? c->dev : 0, c ? c->h : 0, 0, &rc);
     if (!a) return rc;
     a->owner = l->h;
     a->gidx = g;

@@ -39,10 +39,14 @@ Choices made where the real driver is vaguer or more forgiving (the fake is stri
 * cuInit is required first (CUDA_ERROR_NOT_INITIALIZED); ``reset()`` keeps it, and keeps the
   devices' default pools (new statistics), because cuproc initializes once per process.
 * Addresses and handles are never reused, across ``reset()`` too -- except stream-ordered
-  addresses: like a pool, the fake hands the most recently freed stream-ordered range out again
-  to the next stream-ordered allocation that fits (``async_reuses()`` counts it), so that a late
-  second free of an address is seen (it frees the new allocation, whose own free is then stale).  Device addresses come from a
-  reserved, inaccessible window (``device_window()``): dereferencing one on the host faults.
+  addresses, the way a real pool reuses them: a range freed by cuMemFreeAsync goes back to its
+  pool, and the next allocation from that same pool (cuMemAllocAsync: the device's pool;
+  cuMemAllocFromPoolAsync: the given one) that fits gets the most recently freed one
+  (``async_reuses()`` counts it), so that a late second free of an address is seen (it frees the
+  new allocation, whose own free is then stale).  Never across pools (so never across devices),
+  and never a range freed by cuMemFree, by destroying or resetting its context (the pool keeps
+  counting those as used, as on driver 580) or by destroying its pool.  Device addresses come
+  from a reserved, inaccessible window (``device_window()``): dereferencing one on the host faults.
 * Asynchronous work happens at once; cuLaunchHostFunc calls the function on the calling thread.
 * Every entry has the CUDA 13.0 ABI; asked for an older variant (cudaVersion below the one
   implemented), cuGetProcAddress_v2 answers VERSION_NOT_SUFFICIENT rather than hand out a
@@ -219,7 +223,8 @@ class FakeDriver:
         return self._lib.fake_device_bytes_live(int(dev))
 
     def async_reuses(self) -> int:
-        """Stream-ordered allocations that got a freed address back (since ``reset()``)."""
+        """Stream-ordered allocations that got back an address freed by cuMemFreeAsync into their
+        pool (since ``reset()``)."""
         return self._lib.fake_async_reuses()
 
     def launch_count(self) -> int:

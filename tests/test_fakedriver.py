@@ -309,7 +309,7 @@ def test_pool_accounting(drv, fake):
 
 
 def test_stream_ordered_addresses_are_reused_like_a_pools(drv, fake):
-    """A freed stream-ordered range goes to the next stream-ordered allocation that fits (most recent
+    """A range freed by cuMemFreeAsync goes to the next allocation from its pool that fits (most recent
     first), so a late second free of the old address frees the new allocation and the new one's own
     free is then a stale use.  cuMemAlloc addresses are never reused."""
     new_ctx(drv)
@@ -338,6 +338,88 @@ def test_stream_ordered_addresses_are_reused_like_a_pools(drv, fake):
     new_ctx(drv)
     ok(drv.cuMemAllocAsync(p, 256, ffi.NULL))
     assert p[0] not in (x, big) and fake.async_reuses() == 0
+
+
+def async_alloc(drv, n: int, stream, pool=None) -> int:
+    """cuMemAllocAsync (the device's pool) or cuMemAllocFromPoolAsync (pool) on stream."""
+    p = ffi.new("CUdeviceptr *")
+    ok(drv.cuMemAllocAsync(p, n, stream) if pool is None else drv.cuMemAllocFromPoolAsync(p, n, pool, stream))
+    return p[0]
+
+
+def new_pool(drv, dev: int = 0):
+    props = ffi.new("CUmemPoolProps *")
+    props.allocType = 1                  # CU_MEM_ALLOCATION_TYPE_PINNED
+    props.location.type = 1              # CU_MEM_LOCATION_TYPE_DEVICE
+    props.location.id = dev
+    pool = ffi.new("CUmemoryPool *")
+    ok(drv.cuMemPoolCreate(pool, props))
+    return pool[0]
+
+
+def test_a_freed_range_goes_back_to_its_own_pool_only(drv, fake):
+    """A range freed with cuMemFreeAsync is handed out again by the pool it came from, to
+    cuMemAllocAsync (the device's pool) and cuMemAllocFromPoolAsync (a created pool) alike, and by
+    no other pool."""
+    new_ctx(drv)
+    mine = new_pool(drv)
+    x = async_alloc(drv, 256, ffi.NULL, mine)
+    ok(drv.cuMemFreeAsync(x, ffi.NULL))
+    y = async_alloc(drv, 256, ffi.NULL)                     # the device's default pool: not x
+    assert y != x and fake.async_reuses() == 0
+    ok(drv.cuMemFreeAsync(y, ffi.NULL))
+    other = new_pool(drv)
+    z = async_alloc(drv, 256, ffi.NULL, other)              # another created pool: neither
+    assert z not in (x, y) and fake.async_reuses() == 0
+    assert async_alloc(drv, 256, ffi.NULL, mine) == x       # x's own pool gives x back ...
+    assert async_alloc(drv, 256, ffi.NULL) == y             # ... and the default pool y
+    assert fake.async_reuses() == 2 and fake.stale_count() == 0
+
+
+def test_a_freed_range_never_moves_to_another_device(drv, fake):
+    ctx0 = new_ctx(drv, 0)
+    x = async_alloc(drv, 256, ffi.NULL)
+    ok(drv.cuMemFreeAsync(x, ffi.NULL))
+    new_ctx(drv, 1)                                         # device 1's default pool
+    assert async_alloc(drv, 256, ffi.NULL) != x and fake.async_reuses() == 0
+    ok(drv.cuMemFreeAsync(async_alloc(drv, 256, ffi.NULL, new_pool(drv, 1)), ffi.NULL))
+    ok(drv.cuCtxSetCurrent(ctx0))
+    assert async_alloc(drv, 256, ffi.NULL) == x             # x was there for device 0 all along
+    assert fake.async_reuses() == 1 and fake.stale_count() == 0
+
+
+@pytest.mark.parametrize("how", ["cuMemFree", "context destroy", "primary reset", "pool destroy"])
+def test_memory_freed_other_than_by_cuMemFreeAsync_is_never_reused(drv, fake, how):
+    """Only cuMemFreeAsync gives a range back to its pool.  Freed by cuMemFree, with its context
+    (destroyed or reset) or with its pool, a range is gone for good, and the first three stay counted
+    as used by the pool (as on driver 580).  The same pool still reuses what cuMemFreeAsync gives it."""
+    if how == "primary reset":
+        primary = ffi.new("CUcontext *")
+        ok(drv.cuDevicePrimaryCtxRetain(primary, 0))
+        ok(drv.cuCtxSetCurrent(primary[0]))
+    else:
+        new_ctx(drv)
+    pool = new_pool(drv) if how == "pool destroy" else None
+    x = async_alloc(drv, 256, ffi.NULL, pool)
+    if how == "cuMemFree":
+        ok(drv.cuMemFree(x))
+    elif how == "context destroy":
+        ok(drv.cuCtxDestroy(drv_current(drv)))
+        new_ctx(drv)
+    elif how == "primary reset":
+        ok(drv.cuDevicePrimaryCtxReset(0))
+        ok(drv.cuCtxSetCurrent(primary[0]))                 # the handle lives on while retained
+    else:
+        ok(drv.cuMemPoolDestroy(pool))
+        pool = new_pool(drv)
+    assert fake.live("async_alloc") == 0
+    if pool is None:
+        assert fake.pool_used(0) == 256                     # the default pool still counts x
+    y = async_alloc(drv, 256, ffi.NULL, pool)
+    assert y != x and fake.async_reuses() == 0
+    ok(drv.cuMemFreeAsync(y, ffi.NULL))
+    assert async_alloc(drv, 256, ffi.NULL, pool) == y and fake.async_reuses() == 1
+    assert fake.stale_count() == 0
 
 
 def drv_current(drv):
