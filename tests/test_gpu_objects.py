@@ -274,18 +274,28 @@ def test_stream_ordered_allocation_and_pools(primary):
 
 def test_a_late_close_after_the_pool_reused_the_address_frees_nothing(primary):
     """The claim rule of stream-ordered memory on a real pool: free_async's claim (removing the buffer's
-    entry) and its cuMemFreeAsync, then a new allocation from the pool on the same stream (the pool may
-    hand the same address out again), then a late close() of the old buffer.  The close must free
-    nothing: the new buffer keeps its memory (a memset and copy round trip, and the pool's
-    USED_MEM_CURRENT) until its own free_async gives it back."""
+    entry) and its cuMemFreeAsync on stream s, then a new allocation of the same size from the same pool
+    on s right after, then a late close() of the old buffer.  The close must free nothing: the new
+    buffer keeps its memory (a memset and copy round trip, and the pool's USED_MEM_CURRENT) until its
+    own free_async gives it back.
+
+    The pool hands the old address back: memory freed into a pool is reusable at once by a later
+    allocation on the same stream (stream order guarantees the accesses never overlap, NVIDIA's
+    stream-ordered allocator docs), and the pool keeps it (release threshold above n) rather than
+    giving it back to the OS.  The precondition is asserted: without it nothing is shown."""
     n = 1 << 22
     s = Stream()
     pool = mem.MemoryPool.create(0, release_threshold=1 << 24)
     try:
         old = mem.alloc_async(n, s, pool=pool)
+        x = old.address
         assert old.context.untrack_stream_ordered(old)           # free_async's claim ...
-        assert old.driver.cuMemFreeAsync(old.address, s.handle) == 0   # ... and its driver call
-        new = mem.alloc_async(n, s, pool=pool)                    # often at old.address again
+        assert old.driver.cuMemFreeAsync(x, s.handle) == 0        # ... and its driver call, on s
+        new = mem.alloc_async(n, s, pool=pool)                    # same size, same pool, same stream
+        assert new.address == x, (
+            f"precondition: the pool put the next {n}-byte allocation on the same stream at {new.address:#x}, "
+            f"not at the just-freed {x:#x}, so this run cannot show that a late close spares a newer buffer "
+            "at the old address (the pool's reuse changed: rearrange the reuse, do not drop this check)")
         old.close()                                               # late: the claim is gone, nothing freed
         assert old.freed and not new.freed
         s.synchronize()

@@ -332,28 +332,44 @@ def test_8_exit_with_everything_alive_is_silent():
 def test_8_reset_marks_buffers_and_never_frees_a_reused_address():
     """In a child process: cuDevicePrimaryCtxReset destroys the device's primary context under every
     library of the process, and CuPy, loaded by other tests here, later unloads its modules from it
-    at exit (the driver crashes in that cuModuleUnload)."""
+    at exit (the driver crashes in that cuModuleUnload).
+
+    The reset takes old's memory; old is marked and its finalizer must not cuMemFree old's address,
+    which a newer buffer may hold.  The test makes sure one does: after the reset it allocates
+    buffers of old's size until the driver hands old's address out again (no pool is involved:
+    cuMemAlloc memory; the driver documents no reuse order, so the search is bounded and the
+    precondition asserted).  Every new buffer then round-trips data after old is collected."""
     proc = child("""
         import gc, numpy as np, pytest, cuproc
         from cuproc import DeviceBuffer, memory as mem
         from cuproc.errors import ClosedResourceError
+        n = 1 << 20
         primary = cuproc.use_device(0)
-        old = DeviceBuffer(1 << 20)
+        old = DeviceBuffer(n)
+        old_address = old.address
         primary.reset()
         with pytest.raises(ClosedResourceError, match="reset"):
             mem.copy(np.zeros(16, np.uint8), old)
         primary.context.set_current()
-        fresh = [DeviceBuffer(1 << 20) for _ in range(4)]
+        fresh = []
+        while len(fresh) < 64 and old_address not in [b.address for b in fresh]:
+            fresh.append(DeviceBuffer(n))
+        if old_address not in [b.address for b in fresh]:
+            print(f"PRECONDITION: none of {len(fresh)} new {n}-byte buffers got the reset buffer's address "
+                  f"{old_address:#x} back, so this run cannot show that old's finalizer spares a newer buffer "
+                  "there (the driver's reuse changed: rearrange the reuse, do not drop this check)")
+            raise SystemExit(3)
         del old
-        gc.collect()                                  # must not cuMemFree old_address, which may be reused
-        data = np.arange(1 << 18, dtype=np.float32)
-        for b in fresh:
+        gc.collect()                                  # must not cuMemFree old_address, now a fresh buffer's
+        for k, b in enumerate(fresh):
+            data = np.full(n // 4, k, dtype=np.float32)
             mem.copy(b, data)
             back = np.zeros_like(data)
             mem.copy(back, b)
             np.testing.assert_array_equal(back, data)
         print("ok")
         """)
+    assert proc.returncode != 3, proc.stdout
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
