@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -18,7 +16,6 @@ from cuproc.errors import (
     CudaError,
     DriverNotFoundError,
     DriverTooOldError,
-    ForkedProcessError,
     InvalidContextError,
     InvalidValueError,
     NotFoundError,
@@ -27,6 +24,8 @@ from cuproc.errors import (
     SymbolNotFoundError,
 )
 from rules import expected_resolution, typedefs_by_symbol
+from subproc import run_python
+from threads import run_threads
 
 REAL_FUNCTIONS = {"cuInit", "cuDriverGetVersion", "cuGetErrorName", "cuGetErrorString", "cuGetProcAddress"}
 VERSIONS = [11030, 11080, 12000, 12040, 12090, 13000, 13050]
@@ -199,16 +198,7 @@ def test_constants_and_types_by_c_name(sim):
 def test_resolution_is_lazy_cached_and_thread_safe(sim):
     drv = Driver(library=sim.path)
     assert drv._lib is None                     # nothing opened by construction
-    results = []
-
-    def worker():
-        results.append({n: getattr(drv, n) for n in drv.registry})
-
-    threads = [threading.Thread(target=worker) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = run_threads(lambda _: {n: getattr(drv, n) for n in drv.registry}, 8)
     for r in results[1:]:
         assert all(r[n] is results[0][n] for n in r)
     counts = drv.preload()
@@ -284,7 +274,7 @@ def test_import_touches_no_driver(sim):
             "assert 'libsimcuda' not in maps and 'libcuda' not in maps, 'driver loaded at import'; "
             "d = cuproc.Driver(); assert d._lib is None")
     env = dict(os.environ, CUPROC_LIBCUDA=str(sim.path))
-    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    run_python(code, env=env)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
@@ -309,8 +299,7 @@ if pid == 0:
 status = os.waitpid(pid, 0)[1]
 sys.exit(os.waitstatus_to_exitcode(status))
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode == 7, proc.stderr
+    run_python(code, returncode=7)
 
 
 def test_dump_symbols_with_a_driver(sim, capsys):
@@ -415,11 +404,7 @@ def test_preload_from_several_threads_publishes_one_object_per_name(sim):
             counts.append(drv.preload())
         seen.append({n: getattr(drv, n) for n in (names if k % 3 else reversed(names))})
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(worker, 6)
     assert len(seen) == 6 and len(counts) == 3 and counts[0] == counts[1] == counts[2]
     assert all(s[n] is seen[0][n] for s in seen for n in names)
 
@@ -444,5 +429,4 @@ status = os.waitpid(pid, 0)[1]
 assert drv.cuMemAlloc                         # the parent keeps its answers
 sys.exit(os.waitstatus_to_exitcode(status))
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode == 7, proc.stderr
+    run_python(code, returncode=7)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -18,6 +17,7 @@ from cuproc.registry import NOT_ON_THIS_PLATFORM, default_registry
 from cuproc.tools import dump_symbols
 from conftest import HEADERS
 from simdriver import build
+from subproc import run_python
 
 # One symbol per new typedef header, with the entry CUDA 13.0 selects (from the header text's rule).
 NEW_SYMBOLS = {"cuProfilerStart": "cuProfilerStart", "cuProfilerStop": "cuProfilerStop",
@@ -277,8 +277,7 @@ if pid == 0:
 status = os.waitpid(pid, 0)[1]
 sys.exit(os.waitstatus_to_exitcode(status))
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode == 3, proc.stderr
+    run_python(code, returncode=3)
 
 
 # --------------------------------------------------------------------------- review fixes

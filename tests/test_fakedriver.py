@@ -9,13 +9,13 @@ import ctypes
 import os
 import struct
 import subprocess
-import threading
 
 import pytest
 
 import cuproc
 from cuproc import ffi
 from fakedriver import fake_image
+from threads import in_thread, run_threads
 
 SUCCESS = 0
 INVALID_VALUE = 1
@@ -170,9 +170,7 @@ def test_new_thread_has_no_current_context(drv, fake):
         ok(drv.cuCtxPushCurrent(ctx))
         seen["alloc_bound"] = drv.cuMemAlloc(ffi.new("CUdeviceptr *"), 16)
 
-    t = threading.Thread(target=worker)
-    t.start()
-    t.join()
+    assert in_thread(worker) == {"value": None}
     assert seen == {"current": (SUCCESS, ffi.NULL), "alloc": INVALID_CONTEXT, "alloc_bound": SUCCESS}
     assert fake.binding_errors() == 1 and fake.stale_count() == 0
     current = ffi.new("CUcontext *")
@@ -476,11 +474,7 @@ def test_race_detector_counts_mismatches(drv, fake):
             own, own_keep = params(("unsigned long long", a), ("unsigned long long", 3 * a + 1))
             ok(drv.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, ffi.NULL, own, ffi.NULL))
 
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(worker, 8)
     assert fake.launch_count() == 2 + 8 * 50 and fake.launch_mismatches() == 1
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import threading
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ from cuproc import fastpath, loader
 from cuproc.driver import AliasedName, Driver
 from cuproc.errors import CudaError, InvalidContextError, OutOfMemoryError
 from rules import expected_resolution, typedefs_by_symbol
+from threads import in_thread
 
 pytestmark = pytest.mark.gpu
 if not cuproc.is_driver_available():
@@ -124,18 +124,8 @@ def test_real_errors_are_named_and_typed():
     assert exc.value.name == "CUDA_ERROR_INVALID_DEVICE" and exc.value.description
     assert "cuDeviceGet" in str(exc.value)
 
-    errors = []
-
-    def no_context_thread():  # a new thread has no current context
-        try:
-            drv.checked.cuMemAlloc(ffi.new("CUdeviceptr *"), 16)
-        except CudaError as e:
-            errors.append(e)
-
-    t = threading.Thread(target=no_context_thread)
-    t.start()
-    t.join()
-    assert len(errors) == 1 and isinstance(errors[0], InvalidContextError)
+    box = in_thread(lambda: drv.checked.cuMemAlloc(ffi.new("CUdeviceptr *"), 16))  # a new thread: no context
+    assert isinstance(box.get("error"), InvalidContextError), box
 
     drv.checked.cuDeviceGet(dev, 0)
     ctx = ffi.new("CUcontext *")

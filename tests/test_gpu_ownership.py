@@ -12,9 +12,7 @@ import gc
 import json
 import os
 import subprocess
-import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +21,8 @@ import pytest
 import cuproc
 from cuproc import Context, DeviceBuffer, Module, Stream
 from cuproc import memory as mem
-from cuproc.errors import ClosedResourceError
+from subproc import run_python
+from threads import in_thread, run_threads
 
 pytestmark = pytest.mark.gpu
 if not cuproc.is_driver_available():
@@ -34,11 +33,10 @@ CUBIN = ROOT / "kernels" / "kernels.cubin"
 ffi = cuproc.ffi
 
 
-def child(code: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter (a crash there is a failed test, not a dead suite)."""
+def child(code: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter (a crash there is a failed test, not a dead suite); it must exit 0."""
     prelude = f"import sys; sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
-    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout)
+    return run_python(prelude + textwrap.dedent(code), timeout=timeout)
 
 
 @pytest.fixture()
@@ -75,7 +73,7 @@ def test_1_host_views_keep_their_allocation(kind):
             pass
         print("ok")
         """)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+    assert proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
 # 2 ------------------------------------------------------------------ a destroyed context's dependents refuse
@@ -112,7 +110,6 @@ def test_2_dependents_of_a_destroyed_context_refuse():
                 names.append(exc.call)
         print(" ".join(names))
         """)
-    assert proc.returncode == 0, proc.stderr[-2000:]
     calls = proc.stdout.split()
     assert "cuMemcpy" in calls and "cuStreamSynchronize" in calls
 
@@ -151,7 +148,6 @@ pc.release()
 gc.collect()
 print("inactive" if not primary_active() else "ACTIVE")
 """)
-    assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "inactive"
 
 
@@ -172,7 +168,6 @@ assert found is not None and found.kind == "adopted"
 print("inactive" if not primary_active() else "ACTIVE")   # before: Retain/Release to classify made one
 cb.cuCtxDestroy(ctx)
 """)
-    assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "inactive"
 
 
@@ -217,26 +212,17 @@ def test_6_concurrent_launches_of_one_kernel_never_mix(primary):
     per_thread, threads = 400, 8
     log = DeviceBuffer(threads * per_thread * 16)
     run = fn.prepare(["long long*", "int", "long long", "long long"], 1, 32)
-    errors = []
 
     def worker(t):
-        try:
-            for i in range(per_thread):
-                slot = t * per_thread + i
-                a = slot * 7 + 5
-                if i % 2:
-                    run(log, slot, a, 3 * a + 1)
-                else:
-                    fn.launch(1, 32, (log, np.int32(slot), np.int64(a), np.int64(3 * a + 1)))
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
+        for i in range(per_thread):
+            slot = t * per_thread + i
+            a = slot * 7 + 5
+            if i % 2:
+                run(log, slot, a, 3 * a + 1)
+            else:
+                fn.launch(1, 32, (log, np.int32(slot), np.int64(a), np.int64(3 * a + 1)))
 
-    pool = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    assert not errors, errors[:1]
+    run_threads(worker, threads)
     primary.context.synchronize()
     got = np.zeros(threads * per_thread * 2, np.int64)
     mem.copy(got, log)
@@ -250,26 +236,20 @@ def test_6_a_new_thread_copies_and_launches_with_no_setup(primary):
     vec_add = m.get_function("VecAdd_kernel")
     a = np.arange(4096, dtype=np.float32)
     da, dc = DeviceBuffer(a.nbytes), DeviceBuffer(a.nbytes)
-    box = {}
 
     def work():
-        try:
-            assert Context.current() is None
-            mem.copy(da, a)
-            vec_add.launch(16, 256, (da, da, dc, np.int32(a.size)))
-            out = np.zeros_like(a)
-            mem.copy(out, dc)
-            box["out"] = out
-            box["after"] = Context.current()
-        except BaseException as exc:  # noqa: BLE001
-            box["error"] = exc
+        assert Context.current() is None
+        mem.copy(da, a)
+        vec_add.launch(16, 256, (da, da, dc, np.int32(a.size)))
+        out = np.zeros_like(a)
+        mem.copy(out, dc)
+        return out, Context.current()
 
-    t = threading.Thread(target=work)
-    t.start()
-    t.join()
+    box = in_thread(work)
     assert "error" not in box, box.get("error")
-    np.testing.assert_array_equal(box["out"], 2 * a)
-    assert box["after"] is None                     # the thread's stack was left as it was
+    out, after = box["value"]
+    np.testing.assert_array_equal(out, 2 * a)
+    assert after is None                            # the thread's stack was left as it was
 
 
 # 7 ------------------------------------------------------------------ fork
@@ -304,7 +284,6 @@ def test_7_everything_refuses_in_a_forked_child():
         s.synchronize()
         print(os.waitstatus_to_exitcode(status))
         """)
-    assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "0"
 
 
@@ -326,7 +305,7 @@ def test_8_exit_with_everything_alive_is_silent():
         cuproc.Context.pop()
         run(bufs[0], 1, 1.0)
         """)
-    assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-2000:]
+    assert proc.stderr == "", proc.stderr[-2000:]
 
 
 def test_8_reset_marks_buffers_and_never_frees_a_reused_address():
@@ -369,8 +348,7 @@ def test_8_reset_marks_buffers_and_never_frees_a_reused_address():
             np.testing.assert_array_equal(back, data)
         print("ok")
         """)
-    assert proc.returncode != 3, proc.stdout
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
 # 9 ------------------------------------------------------------------ random sequences
@@ -378,9 +356,7 @@ def test_8_reset_marks_buffers_and_never_frees_a_reused_address():
 def test_9_random_sequences_on_the_gpu():
     """In a child process: it checks the primary context's state, which is per process."""
     n = os.environ.get("CUPROC_GPU_SEQUENCES", "150")
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "sequences.py"), "--sequences", n, "--ops", "30",
-                           "--seed", "11"], capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_python(ROOT / "tests" / "sequences.py", "--sequences", n, "--ops", "30", "--seed", "11", timeout=400)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["failures"] == [], "\n".join(result["failures"][:3])
     assert result["leftovers"] == [], result["leftovers"][:5]

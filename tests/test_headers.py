@@ -15,6 +15,7 @@ LOCAL_TOOLKIT = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
 sys.path.insert(0, str(ROOT / "tools"))
 import build_ffi  # noqa: E402
 import gen_headers  # noqa: E402
+from subproc import run_python  # noqa: E402
 
 
 def test_every_declaration_parses_with_cffi():
@@ -92,11 +93,9 @@ def test_generator_merges_every_linux_typedef_header_whatever_the_hash_seed(tmp_
     """Two runs in fresh interpreters with different hash seeds give the same bytes, and hold the profiler,
     GL, EGL and VDPAU typedefs, the Windows-only cuWGLGetDevice and the cuGraphInstantiate alias."""
     import json
-    import subprocess
     for seed in ("1", "2"):
-        subprocess.run([sys.executable, str(ROOT / "tools" / "gen_headers.py"), "--toolkit", f"13.0={LOCAL_TOOLKIT}",
-                        "--out", str(tmp_path / seed)], check=True, capture_output=True,
-                       env={**os.environ, "PYTHONHASHSEED": seed})
+        run_python(ROOT / "tools" / "gen_headers.py", "--toolkit", f"13.0={LOCAL_TOOLKIT}", "--out", str(tmp_path / seed),
+                   env={**os.environ, "PYTHONHASHSEED": seed}, timeout=300)
     for name in ("cuda_types.h", "cuda_pfn.h", "provenance.json"):
         assert (tmp_path / "1" / name).read_bytes() == (tmp_path / "2" / name).read_bytes(), name
     prov = json.loads((tmp_path / "1" / "provenance.json").read_text())

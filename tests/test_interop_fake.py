@@ -24,6 +24,7 @@ from cuproc import memory as mem
 from cuproc._support import handle_int
 from cuproc.errors import ClosedResourceError, InvalidValueError
 from cuproc.interop import DLPackArray, from_dlpack
+from subproc import run_python
 
 ffi = cuproc.ffi
 ROOT = Path(__file__).resolve().parent.parent
@@ -507,8 +508,7 @@ print(os.waitstatus_to_exitcode(status))
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_imported_arrays_refuse_after_fork_and_never_delete_in_the_child(fk):
     code = FORK_IMPORT.format(tests=str(ROOT / "tests"), lib=str(fk.path))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_python(code)
     assert proc.stdout.strip() == "0", proc.stdout
 
 
@@ -712,8 +712,7 @@ def test_a_stub_found_by_name_is_recognized_by_where_it_was_loaded_from(stub):
             f"lib = loader.DriverLibrary('libcuda.so', ctypes.CDLL('libcuda.so')); "
             f"print(lib.loaded_from(), lib.is_stub())")
     env = dict(os.environ, LD_LIBRARY_PATH=str(stub[2].parent))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_python(code, env=env)
     where, is_stub = proc.stdout.split()
     assert Path(where).resolve() == stub[2].resolve() and is_stub == "True"
 
@@ -961,9 +960,7 @@ def test_a_driver_in_a_stubs_directory_is_taken_and_a_rejected_stub_is_unloaded(
                     str(stub[0].parent.parent / "stub.c")], check=True, capture_output=True)
     for path, expected in ((real, ["opened", "True"]), (stub[0], ["DriverNotFoundError", "False"]),
                            (stub[2], ["DriverNotFoundError", "False"])):
-        proc = subprocess.run([sys.executable, "-c", STUB_PROBE, str(path)], capture_output=True, text=True,
-                              timeout=60, cwd=ROOT)
-        assert proc.returncode == 0, proc.stderr
+        proc = run_python(STUB_PROBE, str(path), cwd=ROOT)
         assert proc.stdout.split() == expected, (path, proc.stdout)
 
 

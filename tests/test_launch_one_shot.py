@@ -9,13 +9,12 @@ from __future__ import annotations
 import inspect
 import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from fakedriver import fake_image
+from subproc import run_python
 
 import cuproc
 import cuproc.launch as L
@@ -249,7 +248,5 @@ try:
 except cuproc.InvalidValueError:
     print("refused")
 """
-    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "CUPROC_PURE_PYTHON": "1"})
-    assert proc.returncode == 0, proc.stderr
+    proc = run_python(code, env={**os.environ, "CUPROC_PURE_PYTHON": "1"})
     assert proc.stdout.strip() == "refused"

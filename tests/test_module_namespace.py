@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import dis
 import os
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ import cuproc
 from cuproc import driver as cu
 from cuproc.driver import Driver
 from simdriver import build as build_sim
+from subproc import run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -222,9 +221,6 @@ print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_refuses_names_bound_before_the_fork(fk):
     code = FORK.format(lib=str(fk.path))
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=60,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                              [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])))
-    assert proc.returncode == 0, proc.stderr
+    proc = run_python(code, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                          [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])))
     assert proc.stdout.strip() == "0", proc.stderr

@@ -11,8 +11,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import threading
 from pathlib import Path
@@ -21,7 +19,8 @@ import numpy as np
 import pytest
 
 import cuproc
-from threads import in_thread
+from subproc import run_python
+from threads import in_thread, run_threads
 from cuproc import Context, Device, DeviceBuffer, Event, Library, Module, Stream
 from cuproc import memory as mem
 from cuproc.errors import ClosedResourceError, CudaError, CudaWarning, InvalidValueError
@@ -259,25 +258,16 @@ def test_concurrent_launches_never_mix_arguments(fk, pc):
     fn = Module.load(IMAGE).get_function("fake_pair")
     run = fn.prepare(["long long", "long long"], 1, 1)
     start = fk.launch_count()
-    errors = []
 
     def worker(tid):
-        try:
-            for i in range(1500):
-                a = tid * 1_000_000 + i
-                if i % 3:
-                    run(a, 3 * a + 1)
-                else:
-                    fn.launch(1, 1, (np.int64(a), np.int64(3 * a + 1)))
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
+        for i in range(1500):
+            a = tid * 1_000_000 + i
+            if i % 3:
+                run(a, 3 * a + 1)
+            else:
+                fn.launch(1, 1, (np.int64(a), np.int64(3 * a + 1)))
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_threads(worker, 8)
     assert fk.launch_count() - start == 8 * 1500
     assert fk.launch_mismatches() == 0
 
@@ -285,25 +275,16 @@ def test_concurrent_launches_never_mix_arguments(fk, pc):
 
 def test_concurrent_first_use_is_safe(fk):
     drv = cuproc.Driver(library=str(fk.path))
-    results, errors = [], []
     barrier = threading.Barrier(8)
 
-    def first_use():
-        try:
-            barrier.wait()
-            pc = Device(0, driver=drv).primary_context()
-            pc.retain()
-            ctx = pc.context
-            results.append((pc, ctx, DeviceBuffer(64, context=ctx)))
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
+    def first_use(_):
+        barrier.wait()
+        pc = Device(0, driver=drv).primary_context()
+        pc.retain()
+        ctx = pc.context
+        return pc, ctx, DeviceBuffer(64, context=ctx)
 
-    threads = [threading.Thread(target=first_use) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    results = run_threads(first_use, 8)
     assert len({id(pc) for pc, _, _ in results}) == 1          # one PrimaryContext per device
     assert len({id(ctx) for _, ctx, _ in results}) == 1         # one Context object per handle
     assert fk.primary_refcount(0) == 8
@@ -438,8 +419,8 @@ def test_interpreter_exit_releases_children_first_and_silently(fk, tmp_path):
     report = tmp_path / "report.json"
     env = dict(os.environ, FAKE_REPORT=str(report))
     code = SHUTDOWN.format(tests=str(ROOT / "tests"), lib=str(fk.path))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
-    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    proc = run_python(code, env=env)
+    assert proc.stderr == "", proc.stderr
     left = json.loads(report.read_text())            # written by the fake when the process unloads it
     assert left["stale"] == 0, left
     assert left["live"] == {}, left                   # everything was released, children before parents
@@ -493,8 +474,7 @@ print(os.waitstatus_to_exitcode(status))
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_after_fork_everything_refuses_in_the_child(fk):
     code = FORK.format(tests=str(ROOT / "tests"), lib=str(fk.path))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_python(code)
     assert proc.stdout.strip() == "0", proc.stdout
 
 
@@ -518,8 +498,7 @@ def test_fork_before_any_cuda_use_keeps_working_and_locks_are_fresh(fk):
         _, status = os.waitpid(pid, 0)
         sys.exit(os.waitstatus_to_exitcode(status))
         """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    run_python(code)                             # exit 0: the child's lock was fresh and CUDA worked in it
 
 
 # ----------------------------------------------------------------------------- errors name the call
@@ -548,10 +527,8 @@ def test_a_driver_error_still_says_failed(fk, pc):
 # ----------------------------------------------------------------------------- random sequences
 
 def test_random_sequences_never_crash_leak_or_reach_the_driver_stale(fk):
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "sequences.py"), "--fake", str(fk.path),
-                           "--sequences", os.environ.get("CUPROC_SEQUENCES", "2000"), "--ops", "30", "--seed", "7"],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_python(ROOT / "tests" / "sequences.py", "--fake", str(fk.path), "--sequences",
+                      os.environ.get("CUPROC_SEQUENCES", "2000"), "--ops", "30", "--seed", "7", timeout=600)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["failures"] == [], "\n".join(result["failures"][:3])
     assert result["leftovers"] == [], result["leftovers"][:5]
@@ -660,6 +637,5 @@ def test_a_failing_finalizer_is_visible_by_default(fk, tmp_path):
         del buf
         gc.collect()
         """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_python(code)
     assert "CudaWarning" in proc.stderr and "cuMemFree" in proc.stderr

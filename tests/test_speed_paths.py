@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import struct
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -14,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fakedriver import fake_image
+from subproc import run_python
+from threads import in_thread
 
 import cuproc
 from cuproc import Context, DeviceBuffer, Module, Stream, fastpath
@@ -93,11 +94,7 @@ def test_current_context_memo_follows_the_thread_and_the_driver(fk, pc):
     ctx = Context.current()
     assert ctx is pc.context
     assert Context.current() is ctx
-    seen = []
-    t = threading.Thread(target=lambda: seen.append(Context.current()))
-    t.start()
-    t.join()
-    assert seen == [None]                                    # nothing current on the new thread
+    assert in_thread(Context.current) == {"value": None}     # nothing current on the new thread
     other = Context.create(0)
     try:
         assert Context.current() is other                    # created and current: not the memo
@@ -145,7 +142,7 @@ def test_a_first_allocation_imports_only_what_it_needs(fake):
     code = ("import sys, cuproc; pc = cuproc.use_device(0); b = cuproc.DeviceBuffer(256); b.free(); "
             "print(' '.join(sorted(m for m in sys.modules if m.startswith('cuproc'))))")
     env = {**os.environ, "CUPROC_LIBCUDA": str(fake.path)}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    out = run_python(code, env=env)
     modules = set(out.stdout.split())
     assert "cuproc.device_memory" in modules
     assert not modules & {"cuproc.memory", "cuproc.host_memory", "cuproc.pools", "cuproc.transfers",
@@ -154,9 +151,7 @@ def test_a_first_allocation_imports_only_what_it_needs(fake):
 
 @pytest.mark.parametrize("bench", sorted(p.name for p in (ROOT / "benchmarks").glob("bench_*.py")))
 def test_benchmarks_run_end_to_end_in_smoke_mode(bench, tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / bench), "--smoke", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=240, check=False)
-    assert out.returncode == 0, out.stderr[-2000:]
+    run_python(ROOT / "benchmarks" / bench, "--smoke", "--out", str(tmp_path), timeout=240)
     text = (tmp_path / bench.replace(".py", ".md")).read_text()
     goals = text.split("## Goals", 1)[1].split("## Results", 1)[0]
     lines = [line for line in goals.splitlines() if line.startswith("- [")]
@@ -305,9 +300,7 @@ def test_another_thread_launches_a_shared_one_shot_entry_with_one_block_of_its_o
         for i in range(5):
             fn.launch(1, 32, (buf, np.int32(i), np.float32(i / 2)))
             seen.append(fk.last_launch()[1])
-    t = threading.Thread(target=worker)
-    t.start()
-    t.join()
+    assert in_thread(worker) == {"value": None}
     assert seen == [struct.pack("<Qif", buf.ptr, i, i / 2) for i in range(5)]
     assert len(made) == 1 and len(fn.launch_cache) == 1        # one block for the thread, not one per launch
     fn.launch(1, 32, (buf, np.int32(7), np.float32(1)))         # the owner's block is untouched by the other

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = Path(cuproc.__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tools"))
 import build_stubs  # noqa: E402
+from subproc import run_python  # noqa: E402
 
 
 # --------------------------------------------------------------------------- the stub and the runtime
@@ -265,8 +266,7 @@ def _found_unaided() -> bool:
     (a wheel, or an editable install in ``compat``/``strict`` mode), not through an import hook."""
     code = "import sys, cuproc, pathlib; p = pathlib.Path(cuproc.__file__).resolve().parent.parent; " \
            "print(any(pathlib.Path(e or '.').resolve() == p for e in sys.path))"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=60)
-    return proc.stdout.strip() == "True"
+    return run_python(code, cwd="/", returncode=None).stdout.strip() == "True"
 
 
 def test_checkers_find_the_installed_cuproc_unaided(tmp_path):
