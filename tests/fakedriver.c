@@ -386,8 +386,9 @@ struct alloc {
 };
 
 /* Ranges freed by cuMemFreeAsync, each tagged with its pool, the most recent last.  A pool hands
- * a range freed into it out again at once (on the same stream, with no wait), so the next
- * allocation from *that pool* takes the most recently freed range of it that it fits in: a late
+ * a range freed into it out again at once (a real one to the next allocation on the same stream,
+ * or on another once the free is done; here all work is done at once, so on any stream), so the
+ * next allocation from *that pool* takes the most recently freed range of it that it fits in: a late
  * free of the old address then frees the new allocation (caught by its own later free, a stale
  * use).  Nothing else is ever reused: not cuMemAlloc memory, and not stream-ordered memory freed
  * with cuMemFree, by a context's destruction or reset, or by its pool's destruction (a real pool
