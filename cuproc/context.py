@@ -70,10 +70,12 @@ class Context(Resource):
         self.kind = kind
         self.primary = primary          # the retains that keep a primary context alive (held strongly)
         self._exporters: weakref.WeakSet[Any] = weakref.WeakSet()
-        #: its live stream-ordered allocations, ``id(buffer) -> weakref.ref(buffer)``: part of the API
-        #: cuproc.device_memory uses (its hot path reads it inline).  The claim rule: removing a
-        #: buffer's entry is the claim to free it (see :meth:`untrack_stream_ordered`)
-        self.stream_ordered: dict[int, weakref.ref[Any]] = {}
+        #: its live stream-ordered allocations, ``id(buffer) -> entry``: part of the API
+        #: cuproc.device_memory uses (its hot paths read it inline).  An entry
+        #: (:class:`~cuproc.device_memory.StreamOrderedEntry`) holds a weak reference to the buffer and
+        #: what freeing the memory needs (address, stream), and ``entry.free(context)`` frees it.  The
+        #: claim rule: removing a buffer's entry is the claim to free it (see :meth:`untrack_stream_ordered`)
+        self.stream_ordered: dict[int, Any] = {}
         self.ended = None
 
     # ---------------------------------------------------------------- kinds and lookup
@@ -193,6 +195,9 @@ class Context(Resource):
             _forget(self)
 
     def _release(self) -> int:
+        # Dropped (or closed): any entry left belongs to a buffer collected in a reference cycle
+        # with this object, whose finalizer has not run yet; free its memory while the context is here.
+        self.free_stream_ordered()
         return self.driver.cuCtxDestroy(self.handle) if self.kind == CREATED else 0
 
     def end(self, how: str) -> None:
@@ -201,21 +206,21 @@ class Context(Resource):
         if self._claim(how):
             _forget(self)
 
-    def untrack_stream_ordered(self, buffer: Any) -> bool:
-        """Remove ``buffer``'s entry from the table of stream-ordered allocations; True when this call
-        removed it, which is the claim to free its memory.
+    def untrack_stream_ordered(self, buffer: Any) -> Any:
+        """Remove ``buffer``'s entry from the table of stream-ordered allocations and return it, or None
+        when it was gone: getting the entry is the claim to free the memory (``entry.free(self)``).
 
         One rule for every way such memory is freed -- the buffer's ``free_async``, ``close()`` and
         finalizer, and this context's teardown (:meth:`free_stream_ordered`): each removes the entry
-        first (one dict pop, atomic between threads), and only the one that removed it frees the
+        first (one dict pop, atomic between threads), and only the one that got it frees the
         memory.  The key is ``id(buffer)``, not the address: the caller holds the buffer, so no other
         live buffer has that key, and a pool that hands a freed address out again can never make one
         buffer's claim take another buffer's entry.
         """
-        return self.stream_ordered.pop(id(buffer), None) is not None
+        return self.stream_ordered.pop(id(buffer), None)
 
     def free_stream_ordered(self) -> None:
-        """Free this context's live stream-ordered allocations now (each on its stream).
+        """Free this context's stream-ordered allocations now (each on its stream).
 
         Called before the context is destroyed, reset or released for the last time: the
         driver frees such memory with the context, but its pool keeps counting it as used
@@ -223,27 +228,26 @@ class Context(Resource):
         (the claim of :meth:`untrack_stream_ordered`) until the table is empty, so that a buffer
         allocated or freed by another thread while the loop runs is neither lost nor freed twice
         (one allocated after the loop and before the context ends is not covered: the context is
-        marked ended only afterwards).  The buffers end as "freed".  In a forked child nothing is
-        freed (the memory is the parent's).
+        marked ended only afterwards).  An entry whose buffer was already collected -- in a
+        reference cycle the weak reference is cleared before the finalizer runs, and this teardown
+        can land in between -- is freed all the same: the entry holds the address and the stream.
+        Live buffers end as "freed".  In a forked child nothing is freed (the memory is the parent's).
         """
         if FORKED[0]:
             return
         table = self.stream_ordered
         while table:
             try:
-                _, ref = table.popitem()        # the claim (atomic): an entry taken by another thread is not seen
+                _, entry = table.popitem()      # the claim (atomic): an entry taken by another thread is not seen
             except KeyError:                    # emptied by other threads since the test
                 break
-            buffer = ref()
-            if buffer is None:   # collected; in a reference cycle, before its finalizer ran: that one finds
-                continue         # no entry, and the memory goes with the context (the pool keeps counting it)
             try:
-                rc = buffer.release_claimed()
+                rc = entry.free(self)
                 failure = str(self.driver.error(rc, "cuMemFreeAsync")) if rc else ""
             except Exception as exc:  # noqa: BLE001 - the context goes anyway; say what was lost
                 failure = repr(exc)
             if failure:
-                report(f"freeing {buffer.describe()} before its context went failed: {failure}")
+                report(f"freeing {entry.describe()} before its context went failed: {failure}")
 
     def add_exporter(self, allocation: Any) -> None:
         """Note memory that has handed out views or DLPack exports (destroying the context under them

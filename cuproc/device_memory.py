@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from ._ffi import ffi
 from ._resource import FORKED, Resource
@@ -51,7 +51,39 @@ if TYPE_CHECKING:
 _DEVICE_POINTER = ffi.typeof("CUdeviceptr *")   # parsed once: ffi.new of a string parses it per call
 _new_buffer = object.__new__                     # DeviceBuffer has no __new__ of its own: skips a lookup
 _weak = weakref.ref
+_new_entry = tuple.__new__                       # a NamedTuple from a tuple, without its Python __new__
 _scratch = threading.local()                     # per thread: the out-parameter of the hot path's cuMemAllocAsync
+
+
+class StreamOrderedEntry(NamedTuple):
+    """A stream-ordered buffer's entry in its context's table (``Context.stream_ordered``, keyed by
+    ``id(buffer)``): what freeing its memory needs, without the buffer.  A context's teardown that
+    finds the buffer already collected -- in a reference cycle the weak reference is cleared before
+    the finalizer runs -- still gives the memory back to its pool."""
+
+    buffer: weakref.ref[DeviceBuffer]
+    address: int
+    stream: Stream | Any     # where it is freed: the cuproc Stream it came from, or a raw CUstream
+
+    def free(self, context: Context) -> int:
+        """cuMemFreeAsync of the memory, by the holder of the claim (whoever removed this entry from
+        ``context``'s table); ends the buffer as "freed" if it lives.  Returns the CUresult."""
+        buffer = self.buffer()
+        if buffer is not None and buffer.ended is None:
+            buffer.ended = "freed"
+        stream, drv = self.stream, context.driver
+        # Stream-ordered memory goes back with cuMemFreeAsync: cuMemFree "succeeds" on it, but the
+        # pool keeps counting it as used and never releases it (measured on driver 580).
+        if not isinstance(stream, Stream):                   # a raw or default stream handle
+            return context.call(drv.cuMemFreeAsync, self.address, stream)
+        if stream.ended_owner() is None:                     # its stream: ordered after the work on it
+            return context.call(drv.cuMemFreeAsync, self.address, stream.handle)
+        # Its stream is gone: wait for everything in the context, then free on the default stream.
+        rc = synchronize_context(context)
+        return rc or context.call(drv.cuMemFreeAsync, self.address, default_stream(drv))
+
+    def describe(self) -> str:
+        return f"stream-ordered memory at {self.address:#x}"
 
 
 class DeviceBuffer(DeviceArrayExports, Allocation):
@@ -88,27 +120,8 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
         buffer's entry from its context's table), then cuMemFreeAsync by whoever holds it."""
         if self.stream is None:                              # cuMemAlloc
             return self.context.call(self.driver.cuMemFree, self.address)
-        if not self.context.untrack_stream_ordered(self):
-            return 0                                         # free_async or the context's teardown took it first
-        return self.release_claimed()
-
-    def release_claimed(self) -> int:
-        """cuMemFreeAsync of stream-ordered memory whose claim the caller holds: it removed this buffer's
-        entry from its context's table (:meth:`~cuproc.context.Context.untrack_stream_ordered`; the
-        context's teardown removes entries itself).  Ends the buffer as "freed" unless it had ended;
-        returns the CUresult.  Never call it without the claim: the memory would be freed twice."""
-        if self.ended is None:
-            self.ended = "freed"
-        stream = self.stream
-        # Stream-ordered memory goes back with cuMemFreeAsync: cuMemFree "succeeds" on it, but the
-        # pool keeps counting it as used and never releases it (measured on driver 580).
-        if not isinstance(stream, Stream):                   # a raw or default stream handle
-            return self.context.call(self.driver.cuMemFreeAsync, self.address, stream)
-        if stream.ended_owner() is None:                     # its stream: ordered after the work on it
-            return self.context.call(self.driver.cuMemFreeAsync, self.address, stream.handle)
-        # Its stream is gone: wait for everything in the context, then free on the default stream.
-        rc = synchronize_context(self.context)
-        return rc or self.context.call(self.driver.cuMemFreeAsync, self.address, default_stream(self.driver))
+        entry = self.context.untrack_stream_ordered(self)
+        return 0 if entry is None else entry.free(self.context)   # None: free_async or the teardown took it
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -211,7 +224,7 @@ def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: Memory
     buf.stream = stream
     buf.last_stream = last
     buf.pool = pool
-    ctx.stream_ordered[id(buf)] = _weak(buf)   # the entry whose removal is the claim to free it
+    ctx.stream_ordered[id(buf)] = _new_entry(StreamOrderedEntry, (_weak(buf), address, stream))   # removing it: the claim
     return buf
 
 

@@ -133,15 +133,14 @@ def test_cai_stream_is_the_last_stream_or_the_default_marker(fk, pc):
 
 def test_cai_of_a_buffer_whose_stream_was_closed_synchronizes_and_says_none(fk, pc, monkeypatch):
     s = Stream()
-    buf = mem.alloc_async(64, s)
-    buf.stream = None            # freed below with cuMemFree semantics is not the point here
-    buf.last_stream = s
+    buf = DeviceBuffer(64)
+    buf.last_stream = s          # as after a kernel launched on s wrote it (the documented way to say so)
     s.close()
     calls = spy(monkeypatch, "cuCtxSynchronize")
     assert buf.__cuda_array_interface__["stream"] is None
     assert [name for name, _ in calls] == ["cuCtxSynchronize"] and buf.last_stream is None
     assert buf.__cuda_array_interface__["stream"] == 1                   # from now on: the default stream
-    buf.free_async(cuproc.stream.default_stream())
+    buf.free()
 
 
 def test_per_thread_handle_exports_marker_2(fake):

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -205,7 +206,7 @@ def test_a_late_close_after_free_async_gave_the_address_back_frees_nothing(fk, p
     s = Stream()
     old = mem.alloc_async(256, s)
     ctx, x = old.context, old.address
-    assert ctx.untrack_stream_ordered(old)                    # free_async's claim (its inline pop)
+    assert ctx.untrack_stream_ordered(old) is not None        # free_async's claim (its inline pop)
     assert old.driver.cuMemFreeAsync(x, s.handle) == 0        # free_async's driver call
     new = mem.alloc_async(256, s)
     assert new.address == x and fk.async_reuses() == 1        # the pool gave the address back
@@ -226,14 +227,15 @@ def test_free_async_that_lost_the_claim_ends_the_buffer_and_frees_nothing(fk, pc
     nothing and leaves the buffer ended, not looking live; the claim's holder frees it once."""
     s = Stream()
     buf = mem.alloc_async(64, s)
-    assert buf.context.untrack_stream_ordered(buf)            # the claim, taken by "another thread"
-    assert not buf.context.untrack_stream_ordered(buf)        # ... once
+    entry = buf.context.untrack_stream_ordered(buf)           # the claim, taken by "another thread"
+    assert entry is not None and entry.address == buf.address
+    assert buf.context.untrack_stream_ordered(buf) is None    # ... once
     fk.clear_calls()
     buf.free_async()
     assert fk.calls() == [] and buf.freed and buf.ended == "freed"
     with pytest.raises(ClosedResourceError, match="freed"):
         buf.ptr
-    assert buf.release_claimed() == 0                         # the holder of the claim frees it
+    assert entry.free(buf.context) == 0                       # the holder of the claim frees it
     assert fk.calls() == ["cuMemFreeAsync"] and fk.pool_used(0) == 0
     buf.close()
     del buf
@@ -281,6 +283,65 @@ def test_teardown_reports_a_failed_free_and_frees_the_rest(fk):
     assert fk.calls()[-1] == "cuCtxDestroy"
     assert fk.pool_used(0) == 64                    # the failed one alone: the context took it, the pool counts it
     assert all(b.ended == "freed" for b in bufs) and ctx.ended is not None and fk.stale_count() == 0
+
+
+class _Holder:
+    """Puts a buffer in a reference cycle (buffer -> holder -> buffer) through ``last_stream``, the one
+    attribute a user sets: only the cycle collector frees it, weak references first, finalizer after."""
+
+    def __init__(self, buf: DeviceBuffer) -> None:
+        self.buf = buf
+        buf.last_stream = self  # type: ignore[assignment]
+
+
+def test_teardown_between_a_cycles_weakref_clearing_and_its_finalizer_frees_the_memory(fk):
+    """Review (second round): the collector clears a cyclic buffer's weak references before its
+    finalizer runs; a context teardown landing in between (here: in a weakref callback, which runs at
+    exactly that moment) must still free the memory -- the entry holds the address and the stream --
+    and the finalizer afterwards must free nothing."""
+    ctx = Context.create(0)
+    s = Stream()
+    buf = mem.alloc_async(64, s)
+    x = buf.address
+    _Holder(buf)
+    seen: list[object] = []
+
+    def teardown_in_the_gap(_ref: object) -> None:
+        entry = ctx.stream_ordered.get(id_buf)
+        seen.append(entry.buffer() if entry is not None else "no entry")
+        ctx.free_stream_ordered()
+    id_buf = id(buf)
+    probe = weakref.ref(buf, teardown_in_the_gap)
+    fk.clear_calls()
+    del buf
+    gc.collect()
+    assert probe() is None and seen == [None]     # the teardown ran with the buffer's weak reference dead
+    assert fk.calls() == ["cuMemFreeAsync"]       # freed once, by the teardown; the finalizer found no entry
+    assert fk.pool_used(0) == 0 and fk.stale_count() == 0 and ctx.stream_ordered == {}
+    Context.pop()
+    s.close()
+    ctx.destroy()
+    assert x and fk.live("async_alloc") == 0
+
+
+def test_a_created_context_dropped_in_one_cycle_with_its_buffer_gives_the_memory_back(fk):
+    """Review (second round): a created context collected together with its stream-ordered buffer (one
+    garbage cycle) is destroyed by its finalizer, which may run before the buffer's; it frees what is left
+    in its table first, so the pool does not keep counting the memory.  Whatever the finalizers' order,
+    the memory is freed once and the context destroyed once."""
+    for trial in range(4):
+        fk.clear_calls()
+        ctx = Context.create(0)
+        s = Stream()
+        bufs = [mem.alloc_async(64 * (k + 1), s) for k in range(trial + 1)]
+        for b in bufs:
+            _Holder(b)
+        Context.pop()
+        del b, bufs, s, ctx
+        gc.collect()
+        calls = fk.calls()
+        assert calls.count("cuCtxDestroy") == 1, calls   # a free's first attempt may find the context not current
+        assert fk.pool_used(0) == 0 and fk.stale_count() == 0 and fk.live("async_alloc") == 0
 
 
 @pytest.mark.parametrize("rival", ["close", "context", "finalizer"])
