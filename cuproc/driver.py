@@ -255,6 +255,7 @@ class Driver(_DriverFunctions):
         self._lock = _fork.rlock()
         self._resolutions: dict[str, Resolution] = {}
         self._answers: dict[str, _Answer] = {}        # preload()'s raw answers, made Resolutions on first use
+        self._asked: dict[str, Any] = {}              # preload()'s bare answers at R (see _preloaded)
         self._out: tuple[Any, Any] | None = None      # cuGetProcAddress's out-parameters, reused under the lock
         self._declared: dict[str, Resolution] = {}    # declare()d names the registry lacks
         self._checked: Checked | None = None
@@ -324,7 +325,7 @@ class Driver(_DriverFunctions):
             if version is None:
                 if name in self._resolutions:
                     return self._resolutions[name]
-                answer = self._answers.pop(name, None)
+                answer = self._preloaded(name)
                 if answer is not None:   # preload() asked the driver already
                     result = self._resolutions[name] = self._resolution_of(name, answer)
                     return result
@@ -353,9 +354,10 @@ class Driver(_DriverFunctions):
         if entry.availability == NOT_YET_INTRODUCED and not explicit:
             reg = self.registry
             at = min(self.driver_version, reg.newest_version)
-            at_driver = reg.entry(name, at, per_thread=self.per_thread_default_stream)
-            if at_driver.availability == AVAILABLE:
-                entry, requested, newer = at_driver, at, True
+            if at > requested:   # else nothing is selected at ``at`` either: no variant is <= requested
+                at_driver = reg.entry(name, at, per_thread=self.per_thread_default_stream)
+                if at_driver.availability == AVAILABLE:
+                    entry, requested, newer = at_driver, at, True
         availability = entry.availability
         if availability == AVAILABLE:
             if entry.abi_version > driver:  # type: ignore[operator]
@@ -370,7 +372,32 @@ class Driver(_DriverFunctions):
             status = VERSION_NOT_SUFFICIENT
         else:
             status = NOT_ON_THIS_PLATFORM
-        return _Answer(entry, requested, newer, status, None)
+        return _new(_Answer, (entry, requested, newer, status, None))
+
+    def _preloaded(self, name: str) -> _Answer | None:
+        """preload()'s answer for ``name``, taken out (None when it has none).  Called with the lock held.
+
+        Where preload() asked the driver for the entry selected at R (nearly every name), it kept only
+        what the driver said, in ``_asked``: the void* when resolved, else the status.  The rest of the
+        answer is known: the entry is the registry table's row preload() walked, at R, no newer-driver
+        feature.  Every other name's answer is a whole :class:`_Answer` in ``_answers``."""
+        answer = self._answers.pop(name, None)
+        if answer is None:
+            got = self._asked.pop(name, None)
+            if got is not None:
+                version = self._version
+                entry = self.registry.entries(version, per_thread=self.per_thread_default_stream)[name]  # type: ignore[arg-type]
+                answer = _new(_Answer, (entry, version, False, got, None) if isinstance(got, str) else
+                              (entry, version, False, RESOLVED, got))
+        return answer
+
+    def _preloaded_status(self, name: str) -> str:
+        """The status of a name preload() has an answer for, or which has been resolved."""
+        got = self._asked.get(name)
+        if got is not None:
+            return got if isinstance(got, str) else RESOLVED
+        res = self._resolutions.get(name)
+        return res.status if res is not None else self._answers[name].status
 
     def _resolution_of(self, name: str, answer: _Answer) -> Resolution:
         """The :class:`Resolution` an answer stands for: the typed pointer, or the failure's message."""
@@ -558,17 +585,20 @@ class Driver(_DriverFunctions):
         version = self._version
         assert version is not None
         table = self.registry.entries(version, per_thread=self.per_thread_default_stream)
-        resolutions, answers, answer = self._resolutions, self._answers, self._answer
+        asked, answers, answer, driver = self._asked, self._answers, self._answer, self._driver_int
         with self._lock:
             ask = self._asker()
+            known = asked.keys() | answers.keys() | self._resolutions.keys()   # empty on a fresh handle
             for name, entry in table.items():
-                res = resolutions.get(name)
-                if res is not None:
-                    status = res.status
+                availability, entry_point, _, query_version, abi_version, _ = entry
+                if name in known:
+                    status = self._preloaded_status(name)
+                elif availability == AVAILABLE and abi_version <= driver:  # type: ignore[operator]
+                    # _answer's common case, inlined: one query, and only what the driver said is kept
+                    status, pointer = ask(name, entry_point, query_version)  # type: ignore[arg-type]
+                    asked[name] = pointer if status == RESOLVED else status
                 else:
-                    got = answers.get(name)
-                    if got is None:
-                        got = answers[name] = answer(name, entry, version, False, ask)
+                    got = answers[name] = answer(name, entry, version, False, ask)
                     status = got.status
                 counts[status] = counts.get(status, 0) + 1
         return counts
@@ -589,6 +619,7 @@ class Driver(_DriverFunctions):
             self.__dict__.pop(name, None)
         self._resolutions.clear()
         self._answers.clear()   # _declared stays: its names refuse in __getattr__
+        self._asked.clear()
         self._checked = None
 
     # ---------------------------------------------------------------- errors

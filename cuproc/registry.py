@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import re
 import sys
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
 from typing import TYPE_CHECKING, NamedTuple
@@ -166,14 +167,31 @@ class Entry(NamedTuple):
 
 class _Abis(NamedTuple):
     """A symbol's typedef names parsed, oldest ABI first: what both :class:`Symbol` and :class:`Entry`
-    are made from."""
+    are made from.  An ABI's entry name and per-thread typedef are worked out when asked for
+    (:func:`_entry_name`, :func:`_per_thread_typedef`): a selection table needs only the selected one's."""
 
-    keys: tuple[int, ...]               # the ABI versions as the driver's integers
-    entries: tuple[str, ...]
-    typedefs: tuple[str, ...]
-    per_thread_typedefs: tuple[str | None, ...]
+    keys: tuple[int, ...]               # the default-stream ABI versions as the driver's integers
+    typedefs: tuple[str, ...]           # their typedefs
+    per_thread: tuple[tuple[int, str], ...]   # (version, typedef) of each per-thread typedef, newest first
     suffix: str | None
     windows_only: bool
+
+
+def _entry_name(sym: str, index: int) -> str:
+    """The library entry of a symbol's ``index``-th ABI (oldest 0): ``sym``, then ``sym_v2``, ``sym_v3``..."""
+    return sym if index == 0 else f"{sym}_v{index + 1}"
+
+
+def _per_thread_typedef(abis: _Abis, index: int) -> str:
+    """The typedef of the ``index``-th ABI's per-thread entry (the symbol has one).  Per-thread typedefs
+    may carry their own version (PFN_cuMemcpyHtoD_v7000_ptds serves the 3020 ABI): the newest one the
+    per-thread query, asked at max(ABI, 7.0), can reach and the ABI does not exceed; else the ABI's own."""
+    version = abis.keys[index]
+    reach = max(version, _PER_THREAD_MIN_KEY)
+    for own, typedef in abis.per_thread:   # newest first: the first within reach is the newest
+        if own <= reach:
+            return typedef if own >= version else abis.typedefs[index]
+    return abis.typedefs[index]
 
 
 class Change(NamedTuple):
@@ -253,36 +271,19 @@ class Registry(Mapping[str, Symbol]):
                         platform=self._platform if platform is None else platform)
 
     def _parse(self, sym: str) -> _Abis:
-        """The ABIs of ``sym`` from its typedef names (cached)."""
+        """The ABIs of ``sym`` from its typedef names (cached; a race stores equal tuples)."""
         abis = self._abis.get(sym)
         if abis is None:
-            self._parse_all((sym,))
-            abis = self._abis[sym]
+            abis = self._abis[sym] = _parse_typedefs(sym, self._typedefs[sym], sym in self._windows_only)
         return abis
-
-    def _parse_all(self, names: Iterable[str]) -> None:
-        """Parse (into the cache) each of ``names`` not parsed yet: string operations, no regex, one
-        loop with its lookups bound, since every selection table needs all 561."""
-        cache, typedefs_of, windows_only = self._abis, self._typedefs, self._windows_only
-        for sym in names:
-            if sym in cache:
-                continue
-            prefix = f"PFN_{sym}_v"
-            typedefs = typedefs_of[sym]
-            if len(typedefs) == 1:   # most symbols: one ABI, no per-thread entry
-                name = typedefs[0]
-                digits = name[len(prefix):]
-                if name.startswith(prefix) and digits.isdigit() and digits.isascii():
-                    cache[sym] = _new(_Abis, ((int(digits),), (sym,), typedefs, (None,), None, sym in windows_only))
-                    continue
-            cache[sym] = _parse_typedefs(sym, prefix, typedefs, sym in windows_only)  # a race stores equal tuples
 
     def _build(self, sym: str) -> Symbol:
         abis = self._parse(sym)
         toolkits = self._toolkits
-        built = tuple(Variant(sym, v, typedef, entry, pt, tuple(toolkits.get(typedef, ())))
-                      for v, entry, typedef, pt in zip(map(interned_version, abis.keys), abis.entries,
-                                                       abis.typedefs, abis.per_thread_typedefs))
+        built = tuple(Variant(sym, interned_version(key), typedef, _entry_name(sym, i),
+                              _per_thread_typedef(abis, i) if abis.suffix else None,
+                              tuple(toolkits.get(typedef, ())))
+                      for i, (key, typedef) in enumerate(zip(abis.keys, abis.typedefs)))
         return Symbol(sym, built, abis.suffix, abis.windows_only,
                       self._headers.get(sym, Symbol._field_defaults["header"]))
 
@@ -315,11 +316,7 @@ class Registry(Mapping[str, Symbol]):
     def _choose(self, abis: _Abis, requested: int, per_thread: bool) -> tuple[int, str]:
         """The selection rule at R (the driver's integer): (index of the variant R selects, or -1;
         its availability)."""
-        chosen = -1
-        for i, key in enumerate(abis.keys):
-            if key > requested:
-                break
-            chosen = i
+        chosen = bisect_right(abis.keys, requested) - 1   # the greatest version <= R (keys ascend)
         if chosen < 0:
             return chosen, NOT_YET_INTRODUCED
         if abis.windows_only and self._platform != WINDOWS:
@@ -349,22 +346,46 @@ class Registry(Mapping[str, Symbol]):
         key = (requested, bool(per_thread))
         table = self._tables.get(key)
         if table is None:
-            self._parse_all(self._typedefs)
-            entry, at = self._entry, int(requested)
-            table = self._tables[key] = {name: entry(name, at, per_thread) for name in self._typedefs}
+            table = self._tables[key] = self._table(int(requested), bool(per_thread))
+        return table
+
+    def _table(self, requested: int, per_thread: bool) -> dict[str, Entry]:
+        """Every symbol's :class:`Entry` at R (the driver's integer) in one pass over the typedef names.
+
+        A symbol with one typedef spelt ``PFN_<name>_v<digits>`` (400 of 561) has one ABI and no
+        per-thread entry, so its row comes straight from that name: :meth:`_choose` with one key (not yet
+        introduced above R, else off-platform or available) and :func:`_entry_of` without a suffix, with no
+        _Abis made.  Every other symbol, and any name not spelt so, takes :meth:`_entry` (which parses it
+        and raises for a malformed one)."""
+        table: dict[str, Entry] = {}
+        off_platform = self._windows_only if self._platform != WINDOWS else frozenset()
+        entry = self._entry
+        for sym, typedefs in self._typedefs.items():
+            if len(typedefs) == 1:
+                name = typedefs[0]
+                digits = name[len(sym) + 6:]
+                if digits.isdigit() and digits.isascii() and name == f"PFN_{sym}_v{digits}":
+                    abi = int(digits)
+                    table[sym] = _new(Entry, (
+                        (NOT_YET_INTRODUCED, None, None, None, None, abi) if abi > requested else
+                        (NOT_ON_THIS_PLATFORM, None, None, None, abi, abi) if sym in off_platform else
+                        (AVAILABLE, sym, name, abi, abi, abi)))
+                    continue
+            table[sym] = entry(sym, requested, per_thread)
         return table
 
     def _entry(self, name: str, requested: int, per_thread: bool) -> Entry:
         abis = self._abis.get(name) or self._parse(name)
         chosen, availability = self._choose(abis, requested, per_thread)
+        keys = abis.keys
         if availability != AVAILABLE:
-            abi = abis.keys[chosen] if chosen >= 0 else None
-            return _new(Entry, (availability, None, None, None, abi, abis.keys[0]))
-        abi = abis.keys[chosen]
-        entry, typedef, query = _entry_of(abis.entries[chosen], abis.typedefs[chosen],
-                                          abis.per_thread_typedefs[chosen], abi,
-                                          abis.suffix if per_thread else None)
-        return _new(Entry, (AVAILABLE, entry, typedef, query, abi, abis.keys[0]))
+            return _new(Entry, (availability, None, None, None, keys[chosen] if chosen >= 0 else None, keys[0]))
+        abi = keys[chosen]
+        suffix = abis.suffix if per_thread else None
+        entry, typedef, query = _entry_of(_entry_name(name, chosen), abis.typedefs[chosen],
+                                          None if suffix is None else _per_thread_typedef(abis, chosen), abi,
+                                          suffix)
+        return _new(Entry, (AVAILABLE, entry, typedef, query, abi, keys[0]))
 
     def header_alias(self, name: str, version: VersionLike) -> str | None:
         """The function C source means by ``name`` when compiled against CUDA ``version``'s headers,
@@ -404,42 +425,46 @@ class Registry(Mapping[str, Symbol]):
         return changes
 
 
-def _parse_typedefs(sym: str, prefix: str, typedefs: tuple[str, ...], windows_only: bool) -> _Abis:
-    """The ABIs of a symbol with several typedefs (or a malformed one: raises ValueError naming it)."""
-    base: dict[int, str] = {}
-    per_thread: dict[int, str] = {}
-    suffix: str | None = None
+def _parse_typedefs(sym: str, typedefs: tuple[str, ...], windows_only: bool) -> _Abis:
+    """The ABIs of ``sym`` from its typedef names (a malformed one raises ValueError naming it): string
+    operations, no regex, since every selection table parses the 161 symbols with several typedefs.
+    Names listed oldest default-stream ABI first and per-thread ones after, newest first (as
+    _header_data lists them), are taken in one pass; any other order is sorted (a repeated version:
+    the last one listed)."""
+    prefix = f"PFN_{sym}_v"
     start = len(prefix)
+    keys: list[int] = []
+    base: list[str] = []
+    per_thread: list[tuple[int, str]] = []
+    suffix: str | None = None
+    ordered = True
     for name in typedefs:
-        own = name[-5:] if name.endswith(PER_THREAD_SUFFIXES) else None
-        digits = name[start:-5] if own else name[start:]
-        if not (name.startswith(prefix) and digits.isdigit() and digits.isascii()):
+        own = name[-5:]
+        per_thread_name = own in PER_THREAD_SUFFIXES
+        digits = name[start:-5] if per_thread_name else name[start:]
+        if not (digits.isdigit() and digits.isascii() and name.startswith(prefix)):
             raise ValueError(f"{name} is not a versioned PFN typedef of {sym}")
-        if own is None:
-            base[int(digits)] = name
+        key = int(digits)
+        if not per_thread_name:
+            if per_thread or (keys and key <= keys[-1]):
+                ordered = False
+            keys.append(key)
+            base.append(name)
             continue
         if suffix is not None and own != suffix:
             raise ValueError(f"{sym} has both per-thread suffixes {sorted((suffix, own))}")
         suffix = own
-        per_thread[int(digits)] = name
-    if not base:
+        if per_thread and key >= per_thread[-1][0]:
+            ordered = False
+        per_thread.append((key, name))
+    if not keys:
         raise ValueError(f"{sym} has per-thread typedefs but no default-stream one")
-    versions = sorted(base)
-    typedefs_of = tuple(map(base.__getitem__, versions))
-    if suffix is None:
-        pt_typedefs: tuple[str | None, ...] = (None,) * len(versions)
-    else:
-        # Per-thread typedefs may carry their own version (PFN_cuMemcpyHtoD_v7000_ptds
-        # serves the 3020 ABI): take the newest one the per-thread query can reach.
-        pt_versions = sorted(per_thread, reverse=True)
-        chosen = []
-        for v in versions:
-            reach = max(v, _PER_THREAD_MIN_KEY)
-            newest = next((p for p in pt_versions if v <= p <= reach), None)
-            chosen.append(base[v] if newest is None else per_thread[newest])
-        pt_typedefs = tuple(chosen)
-    return _new(_Abis, (tuple(versions), (sym, *[f"{sym}_v{k}" for k in range(2, len(versions) + 1)]),
-                        typedefs_of, pt_typedefs, suffix, windows_only))
+    if not ordered:
+        by_key = dict(zip(keys, base))
+        keys = sorted(by_key)
+        base = [by_key[key] for key in keys]
+        per_thread = sorted(dict(per_thread).items(), reverse=True)
+    return _new(_Abis, (tuple(keys), tuple(base), tuple(per_thread), suffix, windows_only))
 
 
 _versions: dict[int, CudaVersion] = {}
