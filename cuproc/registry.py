@@ -194,6 +194,28 @@ def _per_thread_typedef(abis: _Abis, index: int) -> str:
     return abis.typedefs[index]
 
 
+def _row(sym: str, abis: _Abis, requested: int, per_thread: bool, platform: str) -> Entry:
+    """The selection rule: what R (the driver's integer) selects of ``sym``'s ABIs under the flag on
+    ``platform``.  The variant with the greatest version <= R; none: not yet introduced.  A Windows-only
+    symbol elsewhere is not on this platform; a per-thread entry below 7.0 does not exist; else it is
+    available, with :func:`_entry_of`'s entry point, typedef and query version."""
+    keys = abis.keys
+    chosen = bisect_right(keys, requested) - 1   # keys ascend
+    if chosen < 0:
+        return _new(Entry, (NOT_YET_INTRODUCED, None, None, None, None, keys[0]))
+    abi = keys[chosen]
+    if abis.windows_only and platform != WINDOWS:
+        return _new(Entry, (NOT_ON_THIS_PLATFORM, None, None, None, abi, keys[0]))
+    suffix = abis.suffix if per_thread else None
+    if suffix is None:
+        return _new(Entry, (AVAILABLE, _entry_name(sym, chosen), abis.typedefs[chosen], abi, abi, keys[0]))
+    if requested < _PER_THREAD_MIN_KEY:
+        return _new(Entry, (PER_THREAD_NEEDS_7_0, None, None, None, abi, keys[0]))
+    entry, typedef, query = _entry_of(_entry_name(sym, chosen), abis.typedefs[chosen],
+                                      _per_thread_typedef(abis, chosen), abi, suffix)
+    return _new(Entry, (AVAILABLE, entry, typedef, query, abi, keys[0]))
+
+
 class Change(NamedTuple):
     """One symbol whose selection differs between two versions; kind is added/removed/changed."""
 
@@ -313,31 +335,20 @@ class Registry(Mapping[str, Symbol]):
             self._newest = max(self[name].newest for name in self)
         return self._newest
 
-    def _choose(self, abis: _Abis, requested: int, per_thread: bool) -> tuple[int, str]:
-        """The selection rule at R (the driver's integer): (index of the variant R selects, or -1;
-        its availability)."""
-        chosen = bisect_right(abis.keys, requested) - 1   # the greatest version <= R (keys ascend)
-        if chosen < 0:
-            return chosen, NOT_YET_INTRODUCED
-        if abis.windows_only and self._platform != WINDOWS:
-            return chosen, NOT_ON_THIS_PLATFORM
-        if per_thread and abis.suffix and requested < _PER_THREAD_MIN_KEY:
-            return chosen, PER_THREAD_NEEDS_7_0
-        return chosen, AVAILABLE
-
     def select(self, name: str, version: VersionLike, *, per_thread: bool = False) -> Selection:
         """The variant and entry point of ``name`` at requested version ``version``."""
         symbol = self[name]
         requested = CudaVersion.parse(version)
-        chosen, availability = self._choose(self._parse(name), int(requested), per_thread)
-        return Selection(symbol, requested, per_thread, symbol.variants[chosen] if chosen >= 0 else None,
-                         availability)
+        abis = self._parse(name)
+        row = _row(name, abis, int(requested), per_thread, self._platform)
+        variant = None if row.abi_version is None else symbol.variants[abis.keys.index(row.abi_version)]
+        return Selection(symbol, requested, per_thread, variant, row.availability)
 
     def entry(self, name: str, version: VersionLike, *, per_thread: bool = False) -> Entry:
         """``select(name, version, per_thread=...)`` as an :class:`Entry` (no Symbol is built)."""
         if name not in self._typedefs:
             raise KeyError(name)
-        return self._entry(name, int(CudaVersion.parse(version)), per_thread)
+        return _row(name, self._parse(name), int(CudaVersion.parse(version)), per_thread, self._platform)
 
     def entries(self, version: VersionLike, *, per_thread: bool = False) -> Mapping[str, Entry]:
         """Every symbol's :class:`Entry` at ``version`` and flag, in registry order: one table per
@@ -353,39 +364,31 @@ class Registry(Mapping[str, Symbol]):
         """Every symbol's :class:`Entry` at R (the driver's integer) in one pass over the typedef names.
 
         A symbol with one typedef spelt ``PFN_<name>_v<digits>`` (400 of 561) has one ABI and no
-        per-thread entry, so its row comes straight from that name: :meth:`_choose` with one key (not yet
-        introduced above R, else off-platform or available) and :func:`_entry_of` without a suffix, with no
-        _Abis made.  Every other symbol, and any name not spelt so, takes :meth:`_entry` (which parses it
-        and raises for a malformed one)."""
+        per-thread entry, so its row comes straight from that name, with no _Abis made: :func:`_row`
+        with one key and no suffix (not yet introduced above R, else off-platform or available, its own
+        name the entry).  Every other symbol, or a name not spelt so, is parsed (which raises for a
+        malformed one) and takes :func:`_row`."""
         table: dict[str, Entry] = {}
-        off_platform = self._windows_only if self._platform != WINDOWS else frozenset()
-        entry = self._entry
+        platform, windows_only, cache, known_key = self._platform, self._windows_only, self._abis, _version_keys.get
+        off_platform = windows_only if platform != WINDOWS else frozenset()
         for sym, typedefs in self._typedefs.items():
             if len(typedefs) == 1:
                 name = typedefs[0]
                 digits = name[len(sym) + 6:]
-                if digits.isdigit() and digits.isascii() and name == f"PFN_{sym}_v{digits}":
-                    abi = int(digits)
+                abi = known_key(digits)
+                if abi is None:
+                    abi = _version_key(digits)
+                if abi is not None and name == f"PFN_{sym}_v{digits}":
                     table[sym] = _new(Entry, (
                         (NOT_YET_INTRODUCED, None, None, None, None, abi) if abi > requested else
                         (NOT_ON_THIS_PLATFORM, None, None, None, abi, abi) if sym in off_platform else
                         (AVAILABLE, sym, name, abi, abi, abi)))
                     continue
-            table[sym] = entry(sym, requested, per_thread)
+            abis = cache.get(sym)
+            if abis is None:
+                abis = cache[sym] = _parse_typedefs(sym, typedefs, sym in windows_only)
+            table[sym] = _row(sym, abis, requested, per_thread, platform)
         return table
-
-    def _entry(self, name: str, requested: int, per_thread: bool) -> Entry:
-        abis = self._abis.get(name) or self._parse(name)
-        chosen, availability = self._choose(abis, requested, per_thread)
-        keys = abis.keys
-        if availability != AVAILABLE:
-            return _new(Entry, (availability, None, None, None, keys[chosen] if chosen >= 0 else None, keys[0]))
-        abi = keys[chosen]
-        suffix = abis.suffix if per_thread else None
-        entry, typedef, query = _entry_of(_entry_name(name, chosen), abis.typedefs[chosen],
-                                          None if suffix is None else _per_thread_typedef(abis, chosen), abi,
-                                          suffix)
-        return _new(Entry, (AVAILABLE, entry, typedef, query, abi, keys[0]))
 
     def header_alias(self, name: str, version: VersionLike) -> str | None:
         """The function C source means by ``name`` when compiled against CUDA ``version``'s headers,
@@ -433,6 +436,7 @@ def _parse_typedefs(sym: str, typedefs: tuple[str, ...], windows_only: bool) -> 
     the last one listed)."""
     prefix = f"PFN_{sym}_v"
     start = len(prefix)
+    known_key = _version_keys.get
     keys: list[int] = []
     base: list[str] = []
     per_thread: list[tuple[int, str]] = []
@@ -442,9 +446,11 @@ def _parse_typedefs(sym: str, typedefs: tuple[str, ...], windows_only: bool) -> 
         own = name[-5:]
         per_thread_name = own in PER_THREAD_SUFFIXES
         digits = name[start:-5] if per_thread_name else name[start:]
-        if not (digits.isdigit() and digits.isascii() and name.startswith(prefix)):
-            raise ValueError(f"{name} is not a versioned PFN typedef of {sym}")
-        key = int(digits)
+        key = known_key(digits)
+        if key is None or not name.startswith(prefix):
+            key = _version_key(digits)
+            if key is None or not name.startswith(prefix):
+                raise ValueError(f"{name} is not a versioned PFN typedef of {sym}")
         if not per_thread_name:
             if per_thread or (keys and key <= keys[-1]):
                 ordered = False
@@ -465,6 +471,20 @@ def _parse_typedefs(sym: str, typedefs: tuple[str, ...], windows_only: bool) -> 
         base = [by_key[key] for key in keys]
         per_thread = sorted(dict(per_thread).items(), reverse=True)
     return _new(_Abis, (tuple(keys), tuple(base), tuple(per_thread), suffix, windows_only))
+
+
+#: The driver integer of each version spelling a typedef name has had ("12050" -> 12050): a few dozen,
+#: looked up instead of checked and converted again for each of ~960 names in a selection table.
+_version_keys: dict[str, int] = {}
+
+
+def _version_key(digits: str) -> int | None:
+    """The integer of the version digits of a typedef name (remembered), or None when they are not
+    ASCII digits."""
+    if not (digits.isdigit() and digits.isascii()):
+        return None
+    key = _version_keys[digits] = int(digits)
+    return key
 
 
 _versions: dict[int, CudaVersion] = {}
