@@ -367,7 +367,9 @@ class Registry(Mapping[str, Symbol]):
         per-thread entry, so its row comes straight from that name, with no _Abis made: :func:`_row`
         with one key and no suffix (not yet introduced above R, else off-platform or available, its own
         name the entry).  Every other symbol, or a name not spelt so, is parsed (which raises for a
-        malformed one) and takes :func:`_row`."""
+        malformed one) and takes :func:`_row`.  Those parses are not kept: ~800 more long-lived tuples
+        would cost a fresh process a second young-generation garbage collection inside preload()
+        (~0.1 ms), and a Symbol or select() parses its name again in ~1 us."""
         table: dict[str, Entry] = {}
         platform, windows_only, cache, known_key = self._platform, self._windows_only, self._abis, _version_keys.get
         off_platform = windows_only if platform != WINDOWS else frozenset()
@@ -386,7 +388,7 @@ class Registry(Mapping[str, Symbol]):
                     continue
             abis = cache.get(sym)
             if abis is None:
-                abis = cache[sym] = _parse_typedefs(sym, typedefs, sym in windows_only)
+                abis = _parse_typedefs(sym, typedefs, sym in windows_only)
             table[sym] = _row(sym, abis, requested, per_thread, platform)
         return table
 
