@@ -340,24 +340,30 @@ class Driver(_DriverFunctions):
         if name not in reg:
             raise KeyError(f"cuproc's registry has no driver function {name!r}")
         entry = reg.entry(name, requested, per_thread=self.per_thread_default_stream)
-        return self._resolution_of(name, self._answer(name, entry, requested, explicit))
+        fallback = None if explicit else self._newer_driver_version(requested)
+        return self._resolution_of(name, self._answer(name, entry, requested, fallback))
 
-    def _answer(self, name: str, entry: Entry, requested: CudaVersion, explicit: bool,
+    def _newer_driver_version(self, requested: CudaVersion) -> CudaVersion | None:
+        """Where a symbol not yet introduced at ``requested`` is looked up instead, as a newer-driver
+        feature: the driver's version (at most the newest the registry knows), when above ``requested``;
+        else None (then nothing is selected there either: no variant is <= ``requested``)."""
+        at = min(self.driver_version, self.registry.newest_version)
+        return at if at > requested else None
+
+    def _answer(self, name: str, entry: Entry, requested: CudaVersion, fallback: CudaVersion | None,
                 ask: Callable[[str, str, int], tuple[str, Any]] | None = None) -> _Answer:
         """What the driver says for ``name`` selected as ``entry`` at ``requested``: the decisions and
-        the one cuGetProcAddress query, building no Python objects beyond the answer tuple (preload()
-        makes 561 of these; :meth:`_resolution_of` turns one into a Resolution when it is asked for).
-        Called with the lock held; ``ask`` is :meth:`_asker`'s query when the caller made it once for many
-        names."""
+        the one cuGetProcAddress query, building no Python objects beyond the answer tuple
+        (:meth:`_resolution_of` turns one into a Resolution when it is asked for).  ``fallback``: where a
+        symbol not yet introduced at ``requested`` is selected again (:meth:`_newer_driver_version`; None:
+        nowhere, as for an explicitly requested version).  Called with the lock held; ``ask`` is
+        :meth:`_asker`'s query when the caller made it once for many names."""
         newer = False
         driver = self._driver_int
-        if entry.availability == NOT_YET_INTRODUCED and not explicit:
-            reg = self.registry
-            at = min(self.driver_version, reg.newest_version)
-            if at > requested:   # else nothing is selected at ``at`` either: no variant is <= requested
-                at_driver = reg.entry(name, at, per_thread=self.per_thread_default_stream)
-                if at_driver.availability == AVAILABLE:
-                    entry, requested, newer = at_driver, at, True
+        if entry.availability == NOT_YET_INTRODUCED and fallback is not None:
+            at_driver = self.registry.entry(name, fallback, per_thread=self.per_thread_default_stream)
+            if at_driver.availability == AVAILABLE:
+                entry, requested, newer = at_driver, fallback, True
         availability = entry.availability
         if availability == AVAILABLE:
             if entry.abi_version > driver:  # type: ignore[operator]
@@ -586,6 +592,7 @@ class Driver(_DriverFunctions):
         assert version is not None
         table = self.registry.entries(version, per_thread=self.per_thread_default_stream)
         asked, answers, answer, driver = self._asked, self._answers, self._answer, self._driver_int
+        fallback = self._newer_driver_version(version)
         with self._lock:
             ask = self._asker()
             known = asked.keys() | answers.keys() | self._resolutions.keys()   # empty on a fresh handle
@@ -598,7 +605,7 @@ class Driver(_DriverFunctions):
                     status, pointer = ask(name, entry_point, query_version)  # type: ignore[arg-type]
                     asked[name] = pointer if status == RESOLVED else status
                 else:
-                    got = answers[name] = answer(name, entry, version, False, ask)
+                    got = answers[name] = answer(name, entry, version, fallback, ask)
                     status = got.status
                 counts[status] = counts.get(status, 0) + 1
         return counts
