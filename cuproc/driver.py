@@ -60,7 +60,7 @@ from __future__ import annotations
 import os
 import re
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from . import _fork, errors, fastpath
@@ -256,6 +256,7 @@ class Driver(_DriverFunctions):
         self._resolutions: dict[str, Resolution] = {}
         self._answers: dict[str, _Answer] = {}        # preload()'s raw answers, made Resolutions on first use
         self._asked: dict[str, Any] = {}              # preload()'s bare answers at R (see _preloaded)
+        self._asked_table: Mapping[str, Entry] = {}   # the registry table preload() walked: their entries
         self._out: tuple[Any, Any] | None = None      # cuGetProcAddress's out-parameters, reused under the lock
         self._declared: dict[str, Resolution] = {}    # declare()d names the registry lacks
         self._checked: Checked | None = None
@@ -391,8 +392,7 @@ class Driver(_DriverFunctions):
         if answer is None:
             got = self._asked.pop(name, None)
             if got is not None:
-                version = self._version
-                entry = self.registry.entries(version, per_thread=self.per_thread_default_stream)[name]  # type: ignore[arg-type]
+                entry, version = self._asked_table[name], self._version
                 answer = _new(_Answer, (entry, version, False, got, None) if isinstance(got, str) else
                               (entry, version, False, RESOLVED, got))
         return answer
@@ -595,6 +595,7 @@ class Driver(_DriverFunctions):
         fallback = self._newer_driver_version(version)
         with self._lock:
             ask = self._asker()
+            self._asked_table = table
             known = asked.keys() | answers.keys() | self._resolutions.keys()   # empty on a fresh handle
             for name, entry in table.items():
                 availability, entry_point, _, query_version, abi_version, _ = entry
