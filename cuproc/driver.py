@@ -595,6 +595,11 @@ class Driver(_DriverFunctions):
         fallback = self._newer_driver_version(version)
         with self._lock:
             ask = self._asker()
+            if asked and self._asked_table is not table:
+                # per_thread_default_stream changed since the last preload(): its bare answers keep the
+                # entries they were asked for
+                for name in list(asked):
+                    answers[name] = self._preloaded(name)  # type: ignore[assignment]
             self._asked_table = table
             known = asked.keys() | answers.keys() | self._resolutions.keys()   # empty on a fresh handle
             for name, entry in table.items():
