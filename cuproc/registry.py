@@ -23,8 +23,10 @@ were checked against a real 580 driver for the 485 symbols of cudaTypedefs.h (CU
 * **Tables.** :meth:`Registry.entries` is every symbol's selection at one
   (version, flag) as plain :class:`Entry` rows, built once per pair and kept:
   ``Driver.preload`` walks it instead of building 561 Symbols and Selections.
-  Entries, :class:`Symbol` and :meth:`Registry.select` come from one parse of
-  the typedef names and one selection rule, so they cannot disagree.
+  Entries, :class:`Symbol` and :meth:`Registry.select` come from one parse
+  function of the typedef names and one selection rule (``_row``), so they cannot
+  disagree; a table takes the 400 one-typedef symbols straight from their names,
+  the same rule for one ABI, since a fresh ``preload()`` pays for every row.
 * **Header aliases.** ``cuda.h`` may ``#define`` a name to another function
   (``cuGraphInstantiate`` -> ``cuGraphInstantiateWithFlags`` from 12.0).  The
   registry keeps the C name's own ABIs -- what cuGetProcAddress returns --
