@@ -599,7 +599,9 @@ class Driver(_DriverFunctions):
                 # per_thread_default_stream changed since the last preload(): its bare answers keep the
                 # entries they were asked for
                 for name in list(asked):
-                    answers[name] = self._preloaded(name)  # type: ignore[assignment]
+                    earlier = self._preloaded(name)
+                    assert earlier is not None   # the name was in _asked
+                    answers[name] = earlier
             self._asked_table = table
             known = asked.keys() | answers.keys() | self._resolutions.keys()   # empty on a fresh handle
             for name, entry in table.items():
