@@ -83,8 +83,9 @@ def open_first_call_times(runs: int, smoke: bool) -> dict[str, float]:
 
 
 def resolve_all_times(runs: int) -> dict[str, float]:
-    """Both preload rows build the (version, flag) selection table inside the timing (Registry.entries);
-    the fresh row also parses every symbol's typedef names, which the other row's Symbols did before.
+    """Both preload rows build the (version, flag) selection table inside the timing (Registry.entries),
+    which reads every symbol's typedef names; in the second, the Symbols built before have parsed those of
+    the 161 symbols with several typedefs, and the table takes those parses.
     preload() asks the driver only: each name's Resolution and published callable are made on first use,
     which the PRELOAD_TOUCH row adds back."""
     out = {"cuproc registry build": child_ms(

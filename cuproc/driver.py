@@ -60,7 +60,7 @@ from __future__ import annotations
 import os
 import re
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from . import _fork, errors, fastpath
@@ -255,6 +255,8 @@ class Driver(_DriverFunctions):
         self._lock = _fork.rlock()
         self._resolutions: dict[str, Resolution] = {}
         self._answers: dict[str, _Answer] = {}        # preload()'s raw answers, made Resolutions on first use
+        self._asked: dict[str, Any] = {}              # preload()'s bare answers at R (see _preloaded)
+        self._asked_table: Mapping[str, Entry] = {}   # the registry table preload() walked: their entries
         self._out: tuple[Any, Any] | None = None      # cuGetProcAddress's out-parameters, reused under the lock
         self._declared: dict[str, Resolution] = {}    # declare()d names the registry lacks
         self._checked: Checked | None = None
@@ -324,7 +326,7 @@ class Driver(_DriverFunctions):
             if version is None:
                 if name in self._resolutions:
                     return self._resolutions[name]
-                answer = self._answers.pop(name, None)
+                answer = self._preloaded(name)
                 if answer is not None:   # preload() asked the driver already
                     result = self._resolutions[name] = self._resolution_of(name, answer)
                     return result
@@ -339,23 +341,30 @@ class Driver(_DriverFunctions):
         if name not in reg:
             raise KeyError(f"cuproc's registry has no driver function {name!r}")
         entry = reg.entry(name, requested, per_thread=self.per_thread_default_stream)
-        return self._resolution_of(name, self._answer(name, entry, requested, explicit))
+        fallback = None if explicit else self._newer_driver_version(requested)
+        return self._resolution_of(name, self._answer(name, entry, requested, fallback))
 
-    def _answer(self, name: str, entry: Entry, requested: CudaVersion, explicit: bool,
+    def _newer_driver_version(self, requested: CudaVersion) -> CudaVersion | None:
+        """Where a symbol not yet introduced at ``requested`` is looked up instead, as a newer-driver
+        feature: the driver's version (at most the newest the registry knows), when above ``requested``;
+        else None (then nothing is selected there either: no variant is <= ``requested``)."""
+        at = min(self.driver_version, self.registry.newest_version)
+        return at if at > requested else None
+
+    def _answer(self, name: str, entry: Entry, requested: CudaVersion, fallback: CudaVersion | None,
                 ask: Callable[[str, str, int], tuple[str, Any]] | None = None) -> _Answer:
         """What the driver says for ``name`` selected as ``entry`` at ``requested``: the decisions and
-        the one cuGetProcAddress query, building no Python objects beyond the answer tuple (preload()
-        makes 561 of these; :meth:`_resolution_of` turns one into a Resolution when it is asked for).
-        Called with the lock held; ``ask`` is :meth:`_asker`'s query when the caller made it once for many
-        names."""
+        the one cuGetProcAddress query, building no Python objects beyond the answer tuple
+        (:meth:`_resolution_of` turns one into a Resolution when it is asked for).  ``fallback``: where a
+        symbol not yet introduced at ``requested`` is selected again (:meth:`_newer_driver_version`; None:
+        nowhere, as for an explicitly requested version).  Called with the lock held; ``ask`` is
+        :meth:`_asker`'s query when the caller made it once for many names."""
         newer = False
         driver = self._driver_int
-        if entry.availability == NOT_YET_INTRODUCED and not explicit:
-            reg = self.registry
-            at = min(self.driver_version, reg.newest_version)
-            at_driver = reg.entry(name, at, per_thread=self.per_thread_default_stream)
+        if entry.availability == NOT_YET_INTRODUCED and fallback is not None:
+            at_driver = self.registry.entry(name, fallback, per_thread=self.per_thread_default_stream)
             if at_driver.availability == AVAILABLE:
-                entry, requested, newer = at_driver, at, True
+                entry, requested, newer = at_driver, fallback, True
         availability = entry.availability
         if availability == AVAILABLE:
             if entry.abi_version > driver:  # type: ignore[operator]
@@ -370,7 +379,31 @@ class Driver(_DriverFunctions):
             status = VERSION_NOT_SUFFICIENT
         else:
             status = NOT_ON_THIS_PLATFORM
-        return _Answer(entry, requested, newer, status, None)
+        return _new(_Answer, (entry, requested, newer, status, None))
+
+    def _preloaded(self, name: str) -> _Answer | None:
+        """preload()'s answer for ``name``, taken out (None when it has none).  Called with the lock held.
+
+        Where preload() asked the driver for the entry selected at R (nearly every name), it kept only
+        what the driver said, in ``_asked``: the void* when resolved, else the status.  The rest of the
+        answer is known: the entry is the registry table's row preload() walked, at R, no newer-driver
+        feature.  Every other name's answer is a whole :class:`_Answer` in ``_answers``."""
+        answer = self._answers.pop(name, None)
+        if answer is None:
+            got = self._asked.pop(name, None)
+            if got is not None:
+                entry, version = self._asked_table[name], self._version
+                answer = _new(_Answer, (entry, version, False, got, None) if isinstance(got, str) else
+                              (entry, version, False, RESOLVED, got))
+        return answer
+
+    def _preloaded_status(self, name: str) -> str:
+        """The status of a name preload() has an answer for, or which has been resolved."""
+        got = self._asked.get(name)
+        if got is not None:
+            return got if isinstance(got, str) else RESOLVED
+        res = self._resolutions.get(name)
+        return res.status if res is not None else self._answers[name].status
 
     def _resolution_of(self, name: str, answer: _Answer) -> Resolution:
         """The :class:`Resolution` an answer stands for: the typed pointer, or the failure's message."""
@@ -558,17 +591,29 @@ class Driver(_DriverFunctions):
         version = self._version
         assert version is not None
         table = self.registry.entries(version, per_thread=self.per_thread_default_stream)
-        resolutions, answers, answer = self._resolutions, self._answers, self._answer
+        asked, answers, answer, driver = self._asked, self._answers, self._answer, self._driver_int
+        fallback = self._newer_driver_version(version)
         with self._lock:
             ask = self._asker()
+            if asked and self._asked_table is not table:
+                # per_thread_default_stream changed since the last preload(): its bare answers keep the
+                # entries they were asked for
+                for name in list(asked):
+                    earlier = self._preloaded(name)
+                    assert earlier is not None   # the name was in _asked
+                    answers[name] = earlier
+            self._asked_table = table
+            known = asked.keys() | answers.keys() | self._resolutions.keys()   # empty on a fresh handle
             for name, entry in table.items():
-                res = resolutions.get(name)
-                if res is not None:
-                    status = res.status
+                availability, entry_point, _, query_version, abi_version, _ = entry
+                if name in known:
+                    status = self._preloaded_status(name)
+                elif availability == AVAILABLE and abi_version <= driver:  # type: ignore[operator]
+                    # _answer's common case, inlined: one query, and only what the driver said is kept
+                    status, pointer = ask(name, entry_point, query_version)  # type: ignore[arg-type]
+                    asked[name] = pointer if status == RESOLVED else status
                 else:
-                    got = answers.get(name)
-                    if got is None:
-                        got = answers[name] = answer(name, entry, version, False, ask)
+                    got = answers[name] = answer(name, entry, version, fallback, ask)
                     status = got.status
                 counts[status] = counts.get(status, 0) + 1
         return counts
@@ -589,6 +634,7 @@ class Driver(_DriverFunctions):
             self.__dict__.pop(name, None)
         self._resolutions.clear()
         self._answers.clear()   # _declared stays: its names refuse in __getattr__
+        self._asked.clear()
         self._checked = None
 
     # ---------------------------------------------------------------- errors

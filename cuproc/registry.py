@@ -23,8 +23,10 @@ were checked against a real 580 driver for the 485 symbols of cudaTypedefs.h (CU
 * **Tables.** :meth:`Registry.entries` is every symbol's selection at one
   (version, flag) as plain :class:`Entry` rows, built once per pair and kept:
   ``Driver.preload`` walks it instead of building 561 Symbols and Selections.
-  Entries, :class:`Symbol` and :meth:`Registry.select` come from one parse of
-  the typedef names and one selection rule, so they cannot disagree.
+  Entries, :class:`Symbol` and :meth:`Registry.select` come from one parse
+  function of the typedef names and one selection rule (``_row``), so they cannot
+  disagree; a table takes the 400 one-typedef symbols straight from their names,
+  the same rule for one ABI, since a fresh ``preload()`` pays for every row.
 * **Header aliases.** ``cuda.h`` may ``#define`` a name to another function
   (``cuGraphInstantiate`` -> ``cuGraphInstantiateWithFlags`` from 12.0).  The
   registry keeps the C name's own ABIs -- what cuGetProcAddress returns --
@@ -166,14 +168,57 @@ class Entry(NamedTuple):
 
 class _Abis(NamedTuple):
     """A symbol's typedef names parsed, oldest ABI first: what both :class:`Symbol` and :class:`Entry`
-    are made from."""
+    are made from.  An ABI's entry name and per-thread typedef are worked out when asked for
+    (:func:`_entry_name`, :func:`_per_thread_typedef`): a selection table needs only the selected one's."""
 
-    keys: tuple[int, ...]               # the ABI versions as the driver's integers
-    entries: tuple[str, ...]
-    typedefs: tuple[str, ...]
-    per_thread_typedefs: tuple[str | None, ...]
+    keys: tuple[int, ...]               # the default-stream ABI versions as the driver's integers
+    typedefs: tuple[str, ...]           # their typedefs
+    per_thread: tuple[tuple[int, str], ...]   # (version, typedef) of each per-thread typedef, newest first
     suffix: str | None
     windows_only: bool
+
+
+def _entry_name(sym: str, index: int) -> str:
+    """The library entry of a symbol's ``index``-th ABI (oldest 0): ``sym``, then ``sym_v2``, ``sym_v3``..."""
+    return sym if index == 0 else f"{sym}_v{index + 1}"
+
+
+def _per_thread_typedef(abis: _Abis, index: int) -> str:
+    """The typedef of the ``index``-th ABI's per-thread entry (the symbol has one).  Per-thread typedefs
+    may carry their own version (PFN_cuMemcpyHtoD_v7000_ptds serves the 3020 ABI): the newest one the
+    per-thread query, asked at max(ABI, 7.0), can reach and the ABI does not exceed; else the ABI's own."""
+    version = abis.keys[index]
+    reach = max(version, _PER_THREAD_MIN_KEY)
+    for own, typedef in abis.per_thread:   # newest first: the first within reach is the newest
+        if own <= reach:
+            return typedef if own >= version else abis.typedefs[index]
+    return abis.typedefs[index]
+
+
+def _row(sym: str, abis: _Abis, requested: int, per_thread: bool, platform: str) -> Entry:
+    """The selection rule: what R (the driver's integer) selects of ``sym``'s ABIs under the flag on
+    ``platform``.  The variant with the greatest version <= R; none: not yet introduced.  A Windows-only
+    symbol elsewhere is not on this platform; a per-thread entry below 7.0 does not exist; else it is
+    available, with :func:`_entry_of`'s entry point, typedef and query version."""
+    keys = abis.keys
+    chosen = -1   # the index of the greatest key <= R (keys ascend; bisect would cost import cuproc 0.2 ms)
+    for key in keys:
+        if key > requested:
+            break
+        chosen += 1
+    if chosen < 0:
+        return _new(Entry, (NOT_YET_INTRODUCED, None, None, None, None, keys[0]))
+    abi = keys[chosen]
+    if abis.windows_only and platform != WINDOWS:
+        return _new(Entry, (NOT_ON_THIS_PLATFORM, None, None, None, abi, keys[0]))
+    suffix = abis.suffix if per_thread else None
+    if suffix is None:
+        return _new(Entry, (AVAILABLE, _entry_name(sym, chosen), abis.typedefs[chosen], abi, abi, keys[0]))
+    if requested < _PER_THREAD_MIN_KEY:
+        return _new(Entry, (PER_THREAD_NEEDS_7_0, None, None, None, abi, keys[0]))
+    entry, typedef, query = _entry_of(_entry_name(sym, chosen), abis.typedefs[chosen],
+                                      _per_thread_typedef(abis, chosen), abi, suffix)
+    return _new(Entry, (AVAILABLE, entry, typedef, query, abi, keys[0]))
 
 
 class Change(NamedTuple):
@@ -253,36 +298,19 @@ class Registry(Mapping[str, Symbol]):
                         platform=self._platform if platform is None else platform)
 
     def _parse(self, sym: str) -> _Abis:
-        """The ABIs of ``sym`` from its typedef names (cached)."""
+        """The ABIs of ``sym`` from its typedef names (cached; a race stores equal tuples)."""
         abis = self._abis.get(sym)
         if abis is None:
-            self._parse_all((sym,))
-            abis = self._abis[sym]
+            abis = self._abis[sym] = _parse_typedefs(sym, self._typedefs[sym], sym in self._windows_only)
         return abis
-
-    def _parse_all(self, names: Iterable[str]) -> None:
-        """Parse (into the cache) each of ``names`` not parsed yet: string operations, no regex, one
-        loop with its lookups bound, since every selection table needs all 561."""
-        cache, typedefs_of, windows_only = self._abis, self._typedefs, self._windows_only
-        for sym in names:
-            if sym in cache:
-                continue
-            prefix = f"PFN_{sym}_v"
-            typedefs = typedefs_of[sym]
-            if len(typedefs) == 1:   # most symbols: one ABI, no per-thread entry
-                name = typedefs[0]
-                digits = name[len(prefix):]
-                if name.startswith(prefix) and digits.isdigit() and digits.isascii():
-                    cache[sym] = _new(_Abis, ((int(digits),), (sym,), typedefs, (None,), None, sym in windows_only))
-                    continue
-            cache[sym] = _parse_typedefs(sym, prefix, typedefs, sym in windows_only)  # a race stores equal tuples
 
     def _build(self, sym: str) -> Symbol:
         abis = self._parse(sym)
         toolkits = self._toolkits
-        built = tuple(Variant(sym, v, typedef, entry, pt, tuple(toolkits.get(typedef, ())))
-                      for v, entry, typedef, pt in zip(map(interned_version, abis.keys), abis.entries,
-                                                       abis.typedefs, abis.per_thread_typedefs))
+        built = tuple(Variant(sym, interned_version(key), typedef, _entry_name(sym, i),
+                              _per_thread_typedef(abis, i) if abis.suffix else None,
+                              tuple(toolkits.get(typedef, ())))
+                      for i, (key, typedef) in enumerate(zip(abis.keys, abis.typedefs)))
         return Symbol(sym, built, abis.suffix, abis.windows_only,
                       self._headers.get(sym, Symbol._field_defaults["header"]))
 
@@ -312,35 +340,20 @@ class Registry(Mapping[str, Symbol]):
             self._newest = max(self[name].newest for name in self)
         return self._newest
 
-    def _choose(self, abis: _Abis, requested: int, per_thread: bool) -> tuple[int, str]:
-        """The selection rule at R (the driver's integer): (index of the variant R selects, or -1;
-        its availability)."""
-        chosen = -1
-        for i, key in enumerate(abis.keys):
-            if key > requested:
-                break
-            chosen = i
-        if chosen < 0:
-            return chosen, NOT_YET_INTRODUCED
-        if abis.windows_only and self._platform != WINDOWS:
-            return chosen, NOT_ON_THIS_PLATFORM
-        if per_thread and abis.suffix and requested < _PER_THREAD_MIN_KEY:
-            return chosen, PER_THREAD_NEEDS_7_0
-        return chosen, AVAILABLE
-
     def select(self, name: str, version: VersionLike, *, per_thread: bool = False) -> Selection:
         """The variant and entry point of ``name`` at requested version ``version``."""
         symbol = self[name]
         requested = CudaVersion.parse(version)
-        chosen, availability = self._choose(self._parse(name), int(requested), per_thread)
-        return Selection(symbol, requested, per_thread, symbol.variants[chosen] if chosen >= 0 else None,
-                         availability)
+        abis = self._parse(name)
+        row = _row(name, abis, int(requested), per_thread, self._platform)
+        variant = None if row.abi_version is None else symbol.variants[abis.keys.index(row.abi_version)]
+        return Selection(symbol, requested, per_thread, variant, row.availability)
 
     def entry(self, name: str, version: VersionLike, *, per_thread: bool = False) -> Entry:
         """``select(name, version, per_thread=...)`` as an :class:`Entry` (no Symbol is built)."""
         if name not in self._typedefs:
             raise KeyError(name)
-        return self._entry(name, int(CudaVersion.parse(version)), per_thread)
+        return _row(name, self._parse(name), int(CudaVersion.parse(version)), per_thread, self._platform)
 
     def entries(self, version: VersionLike, *, per_thread: bool = False) -> Mapping[str, Entry]:
         """Every symbol's :class:`Entry` at ``version`` and flag, in registry order: one table per
@@ -349,22 +362,40 @@ class Registry(Mapping[str, Symbol]):
         key = (requested, bool(per_thread))
         table = self._tables.get(key)
         if table is None:
-            self._parse_all(self._typedefs)
-            entry, at = self._entry, int(requested)
-            table = self._tables[key] = {name: entry(name, at, per_thread) for name in self._typedefs}
+            table = self._tables[key] = self._table(int(requested), bool(per_thread))
         return table
 
-    def _entry(self, name: str, requested: int, per_thread: bool) -> Entry:
-        abis = self._abis.get(name) or self._parse(name)
-        chosen, availability = self._choose(abis, requested, per_thread)
-        if availability != AVAILABLE:
-            abi = abis.keys[chosen] if chosen >= 0 else None
-            return _new(Entry, (availability, None, None, None, abi, abis.keys[0]))
-        abi = abis.keys[chosen]
-        entry, typedef, query = _entry_of(abis.entries[chosen], abis.typedefs[chosen],
-                                          abis.per_thread_typedefs[chosen], abi,
-                                          abis.suffix if per_thread else None)
-        return _new(Entry, (AVAILABLE, entry, typedef, query, abi, abis.keys[0]))
+    def _table(self, requested: int, per_thread: bool) -> dict[str, Entry]:
+        """Every symbol's :class:`Entry` at R (the driver's integer) in one pass over the typedef names.
+
+        A symbol with one typedef spelt ``PFN_<name>_v<digits>`` (400 of 561) has one ABI and no
+        per-thread entry, so its row comes straight from that name, with no _Abis made: :func:`_row`
+        with one key and no suffix (not yet introduced above R, else off-platform or available, its own
+        name the entry).  Every other symbol, or a name not spelt so, is parsed (which raises for a
+        malformed one) and takes :func:`_row`.  Those parses are not kept: ~800 more long-lived tuples
+        would cost a fresh process a second young-generation garbage collection inside preload()
+        (~0.1 ms), and a Symbol or select() parses its name again in ~1 us."""
+        table: dict[str, Entry] = {}
+        platform, windows_only, cache, known_key = self._platform, self._windows_only, self._abis, _version_keys.get
+        off_platform = windows_only if platform != WINDOWS else frozenset()
+        for sym, typedefs in self._typedefs.items():
+            if len(typedefs) == 1:
+                name = typedefs[0]
+                digits = name[len(sym) + 6:]
+                abi = known_key(digits)
+                if abi is None:
+                    abi = _version_key(digits)
+                if abi is not None and name == f"PFN_{sym}_v{digits}":
+                    table[sym] = _new(Entry, (
+                        (NOT_YET_INTRODUCED, None, None, None, None, abi) if abi > requested else
+                        (NOT_ON_THIS_PLATFORM, None, None, None, abi, abi) if sym in off_platform else
+                        (AVAILABLE, sym, name, abi, abi, abi)))
+                    continue
+            abis = cache.get(sym)
+            if abis is None:
+                abis = _parse_typedefs(sym, typedefs, sym in windows_only)
+            table[sym] = _row(sym, abis, requested, per_thread, platform)
+        return table
 
     def header_alias(self, name: str, version: VersionLike) -> str | None:
         """The function C source means by ``name`` when compiled against CUDA ``version``'s headers,
@@ -404,42 +435,67 @@ class Registry(Mapping[str, Symbol]):
         return changes
 
 
-def _parse_typedefs(sym: str, prefix: str, typedefs: tuple[str, ...], windows_only: bool) -> _Abis:
-    """The ABIs of a symbol with several typedefs (or a malformed one: raises ValueError naming it)."""
-    base: dict[int, str] = {}
-    per_thread: dict[int, str] = {}
-    suffix: str | None = None
+def _parse_typedefs(sym: str, typedefs: tuple[str, ...], windows_only: bool) -> _Abis:
+    """The ABIs of ``sym`` from its typedef names (a malformed one raises ValueError naming it): string
+    operations, no regex, since every selection table parses the 161 symbols with several typedefs.
+    Names listed oldest default-stream ABI first and per-thread ones after, newest first (as
+    _header_data lists them), are taken in one pass; any other order is sorted (a repeated version:
+    the last one listed)."""
+    prefix = f"PFN_{sym}_v"
     start = len(prefix)
+    known_key = _version_keys.get
+    if len(typedefs) == 1:   # most symbols: one ABI, no per-thread entry
+        key = known_key(typedefs[0][start:])
+        if key is not None and typedefs[0].startswith(prefix):
+            return _new(_Abis, ((key,), typedefs, (), None, windows_only))
+    keys: list[int] = []
+    base: list[str] = []
+    per_thread: list[tuple[int, str]] = []
+    suffix: str | None = None
+    ordered = True
     for name in typedefs:
-        own = name[-5:] if name.endswith(PER_THREAD_SUFFIXES) else None
-        digits = name[start:-5] if own else name[start:]
-        if not (name.startswith(prefix) and digits.isdigit() and digits.isascii()):
-            raise ValueError(f"{name} is not a versioned PFN typedef of {sym}")
-        if own is None:
-            base[int(digits)] = name
+        own = name[-5:]
+        per_thread_name = own in PER_THREAD_SUFFIXES
+        digits = name[start:-5] if per_thread_name else name[start:]
+        key = known_key(digits)
+        if key is None or not name.startswith(prefix):
+            key = _version_key(digits)
+            if key is None or not name.startswith(prefix):
+                raise ValueError(f"{name} is not a versioned PFN typedef of {sym}")
+        if not per_thread_name:
+            if per_thread or (keys and key <= keys[-1]):
+                ordered = False
+            keys.append(key)
+            base.append(name)
             continue
         if suffix is not None and own != suffix:
             raise ValueError(f"{sym} has both per-thread suffixes {sorted((suffix, own))}")
         suffix = own
-        per_thread[int(digits)] = name
-    if not base:
+        if per_thread and key >= per_thread[-1][0]:
+            ordered = False
+        per_thread.append((key, name))
+    if not keys:
         raise ValueError(f"{sym} has per-thread typedefs but no default-stream one")
-    versions = sorted(base)
-    typedefs_of = tuple(map(base.__getitem__, versions))
-    if suffix is None:
-        pt_typedefs: tuple[str | None, ...] = (None,) * len(versions)
-    else:
-        # Per-thread typedefs may carry their own version (PFN_cuMemcpyHtoD_v7000_ptds
-        # serves the 3020 ABI): take the newest one the per-thread query can reach.
-        pt_versions = sorted(per_thread, reverse=True)
-        chosen = []
-        for v in versions:
-            reach = max(v, _PER_THREAD_MIN_KEY)
-            newest = next((p for p in pt_versions if v <= p <= reach), None)
-            chosen.append(base[v] if newest is None else per_thread[newest])
-        pt_typedefs = tuple(chosen)
-    return _new(_Abis, (tuple(versions), (sym, *[f"{sym}_v{k}" for k in range(2, len(versions) + 1)]),
-                        typedefs_of, pt_typedefs, suffix, windows_only))
+    if not ordered:
+        by_key = dict(zip(keys, base))
+        keys = sorted(by_key)
+        base = [by_key[key] for key in keys]
+        per_thread = sorted(dict(per_thread).items(), reverse=True)
+    return _new(_Abis, (tuple(keys), tuple(base), tuple(per_thread), suffix, windows_only))
+
+
+#: The driver integer of each version spelling a typedef name has had ("12050" -> 12050): a few dozen,
+#: looked up instead of checked and converted again for each of ~960 names in a selection table.
+_version_keys: dict[str, int] = {}
+
+
+def _version_key(digits: str) -> int | None:
+    """The integer of the version digits of a typedef name (remembered), or None when they are not
+    ASCII digits."""
+    if not (digits.isdigit() and digits.isascii()):
+        return None
+    key = _version_keys[digits] = int(digits)
+    return key
 
 
 _versions: dict[int, CudaVersion] = {}

@@ -391,6 +391,24 @@ def test_preload_answers_as_resolving_each_name_alone(sims, requested, driver_ve
     assert pre.preload() == counts
 
 
+def test_preload_after_the_stream_flag_changed_keeps_each_answer_with_its_own_entry(sim):
+    """A name preload() asked under one stream flag answers with that flag's entry point, typedef and
+    pointer after a second preload() under the other flag, as a resolution cached before the change does;
+    the names the first preload() did not take (none here) would follow the new flag."""
+    legacy = Driver("13.0", per_thread_default_stream=False, library=str(sim.path))
+    ptds = Driver("13.0", per_thread_default_stream=True, library=str(sim.path))
+    drv = Driver("13.0", per_thread_default_stream=False, library=str(sim.path))
+    first = drv.preload()
+    drv.per_thread_default_stream = True
+    assert drv.preload() == first
+    for name in ("cuMemcpyHtoD", "cuLaunchKernel", "cuStreamBeginCapture", "cuMemAlloc"):
+        got, want = drv.resolution(name), legacy.resolution(name)
+        assert got._replace(function=None) == want._replace(function=None), name
+        assert int(cuproc.ffi.cast("uintptr_t", got.function)) == int(cuproc.ffi.cast("uintptr_t", want.function))
+    assert ptds.resolution("cuMemcpyHtoD").entry_point == "cuMemcpyHtoD_v2_ptds"   # the flag does matter here
+    assert drv.resolution("cuMemcpyHtoD").entry_point == "cuMemcpyHtoD_v2"
+
+
 def test_preload_from_several_threads_publishes_one_object_per_name(sim):
     drv = Driver("12.4", library=str(sim.path))
     names = list(drv.registry)

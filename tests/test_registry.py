@@ -59,6 +59,42 @@ def test_entry_table_says_what_select_says(requested, per_thread):
         default_registry().entry("cuNoSuchFunction", requested)
 
 
+def test_the_order_of_a_symbols_typedef_names_does_not_matter():
+    """The registry parses names listed as _header_data lists them (default-stream oldest first, then
+    per-thread newest first) in one pass and sorts any other order: both give the same tables, Symbols and
+    selections, on both platforms; a repeated version (a leading zero) counts once, as its last spelling."""
+    from cuproc._header_data import PFN_TOOLKITS, SYMBOL_TYPEDEFS
+    reversed_names = {name: tuple(reversed(typedefs)) for name, typedefs in SYMBOL_TYPEDEFS.items()}
+    assert sum(reversed_names[n] != SYMBOL_TYPEDEFS[n] for n in SYMBOL_TYPEDEFS) == 161
+    for platform in ("linux", "win32"):
+        listed, other = (Registry(data, PFN_TOOLKITS, windows_only=WINDOWS_ONLY, platform=platform)
+                         for data in (SYMBOL_TYPEDEFS, reversed_names))
+        for requested in ("6.5", "7.0", "11.4", "12.5", "13.0", "13.5"):
+            for per_thread in (False, True):
+                assert dict(other.entries(requested, per_thread=per_thread)) == \
+                    dict(listed.entries(requested, per_thread=per_thread))
+                for name in ("cuCtxCreate", "cuMemcpyHtoD", "cuStreamBeginCapture", "cuWGLGetDevice"):
+                    a = listed.select(name, requested, per_thread=per_thread)
+                    b = other.select(name, requested, per_thread=per_thread)
+                    assert (a.availability, a.entry_point, a.typedef, a.query_version) == \
+                        (b.availability, b.entry_point, b.typedef, b.query_version), (name, requested)
+        assert all(other[name] == listed[name] for name in SYMBOL_TYPEDEFS)
+    twice = Registry({"cuFoo": ["PFN_cuFoo_v2000", "PFN_cuFoo_v3020", "PFN_cuFoo_v02000"]})
+    assert [(int(v.version), v.typedef, v.entry) for v in twice["cuFoo"].variants] == \
+        [(2000, "PFN_cuFoo_v02000", "cuFoo"), (3020, "PFN_cuFoo_v3020", "cuFoo_v2")]
+    assert tuple(twice.entries("2.0")["cuFoo"]) == ("available", "cuFoo", "PFN_cuFoo_v02000", 2000, 2000, 2000)
+
+
+def test_generated_data_lists_typedefs_in_the_one_pass_order():
+    from cuproc._header_data import SYMBOL_TYPEDEFS
+    for name, typedefs in SYMBOL_TYPEDEFS.items():
+        parsed = [re.match(rf"^PFN_{name}_v(\d+)(_ptds|_ptsz)?$", t).groups() for t in typedefs]
+        base = [int(v) for v, suffix in parsed if suffix is None]
+        per_thread = [int(v) for v, suffix in parsed if suffix is not None]
+        assert [s is not None for _, s in parsed] == [False] * len(base) + [True] * len(per_thread), name
+        assert base == sorted(set(base)) and per_thread == sorted(set(per_thread), reverse=True), name
+
+
 @pytest.mark.parametrize("name,requested,per_thread,entry", [
     ("cuCtxCreate", "2.0", False, "cuCtxCreate"),
     ("cuCtxCreate", "3.2", False, "cuCtxCreate_v2"),
@@ -125,6 +161,11 @@ def test_registry_rejects_malformed_typedefs():
             lazy.entry(name, "13.0")
         with pytest.raises(ValueError, match=name):
             lazy.select(name, "13.0")
+    # a selection table (what preload walks) refuses the same names, whether one typedef or several
+    for typedefs in (["PFN_cuFoo_v２０００"], ["PFN_cuFoo_v-2000"], ["PFN_cuFoo_v2000", "PFN_cuFoo_v2000x"],
+                     ["PFN_cuFoo_v2000", "PFN_cuFo_v3020"], ["PFN_cuFoo_v2000_ptds"], ["PFN_cuFoo_v2000", "PFN_cuFoo_v+3020"]):
+        with pytest.raises(ValueError, match="cuFoo"):
+            Registry({"cuFoo": typedefs}).entries("13.0")
 
 
 def test_toolkits_recorded_for_every_variant():

@@ -33,10 +33,17 @@ _PFN = re.compile(r"^PFN_(\w+?)_v(\d+)(_ptds|_ptsz)?$")
 
 
 def _group(typedefs: dict) -> dict[str, list[str]]:
+    """Each function's typedef names, default-stream ones oldest first, then per-thread ones newest
+    first: the order cuproc.registry parses in one pass (any other order it sorts first)."""
     grouped: dict[str, list[str]] = {}
     for name in typedefs:
         grouped.setdefault(_PFN.match(name).group(1), []).append(name)
-    return dict(sorted(grouped.items()))
+
+    def order(name: str) -> tuple[bool, int]:
+        m = _PFN.match(name)
+        per_thread = m.group(3) is not None
+        return per_thread, -int(m.group(2)) if per_thread else int(m.group(2))
+    return {sym: sorted(names, key=order) for sym, names in sorted(grouped.items())}
 
 
 def _alias_spans(provenance: dict) -> dict[str, tuple[tuple[str, str | None], ...]]:
