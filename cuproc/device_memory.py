@@ -32,10 +32,12 @@ Policy
 """
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
+from . import fastpath
 from ._ffi import ffi
 from ._resource import FORKED, Resource
 from ._support import handle_int, invalid
@@ -168,12 +170,9 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
             self.ended = "freed"
         elif not self._claim("freed"):
             return
-        free = self.driver.cuMemFreeAsync
-        rc = free(address, h)                         # Context.call's first attempt, inline
+        rc = self.driver.cuMemFreeAsync(address, h)  # Context.call's first attempt, inline
         if rc:
-            rc = ctx.rebind(rc, free, address, h)
-            if rc:
-                raise self.driver.error(rc, "cuMemFreeAsync")
+            _free_failed(ctx, rc, address, h)
 
 
 def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: MemoryPool | None = None,
@@ -214,7 +213,14 @@ def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: Memory
             rc = run(drv.cuMemAllocFromPoolAsync, out, nbytes, pool.handle, h)
     if rc:
         raise drv.error(rc, "cuMemAllocAsync" if pool is None else "cuMemAllocFromPoolAsync")
-    address = out[0]                         # read before any allocation (a collection could run Python)
+    # out[0] is read before any allocation (a collection could run Python)
+    return _stream_ordered_buffer(drv, ctx, out[0], nbytes, stream, last, pool)
+
+
+def _stream_ordered_buffer(drv: Driver, ctx: Context, address: int, nbytes: int, stream: Stream | Any,
+                           last: Stream | int | None, pool: MemoryPool | None) -> DeviceBuffer:
+    """The DeviceBuffer of fresh stream-ordered memory and its entry in the context's table (the C front
+    of the fast path builds the same two objects, slot by slot)."""
     buf = _new_buffer(DeviceBuffer)
     buf.driver = drv
     buf.ended = None
@@ -240,6 +246,58 @@ def _placement(stream: Stream | Any | None, context: Context | None, driver: Dri
     ctx, run = Context.target(context, "cuMemAllocAsync", driver=driver)   # the default stream: the current one's
     h = stream_handle(stream, ctx.driver) if stream is not None else default_stream(ctx.driver)
     return h, ctx, h, handle_int(h) or None, run      # last_stream None: the default (NULL) stream
+
+
+def _free_failed(ctx: Context, rc: int, address: int, stream: Any) -> None:
+    """The rest of a stream-ordered free after its first attempt answered ``rc``: the context's rebind
+    (a binding error gets the second attempt), then the exception for what the driver said."""
+    drv = ctx.driver
+    rc = ctx.rebind(rc, drv.cuMemFreeAsync, address, stream)
+    if rc:
+        raise drv.error(rc, "cuMemFreeAsync")
+
+
+# With the fast path, ``alloc_async``, ``DeviceBuffer.free_async`` and ``DeviceBuffer.__del__`` are C
+# fronts over the Python code (tools/fastpath_memory.c): alloc_async(n, stream) on a live cuproc Stream
+# and buffer.free_async() of such a buffer make their driver call and build (or claim) the buffer and its
+# entry in C, and the finalizer of an ended buffer returns at once; every other call runs the Python
+# code unchanged.  The C hands a driver error to the two functions below.
+def _c_alloc_failed(stream: Stream, nbytes: int, rc: int, address: int | None = None) -> DeviceBuffer | None:
+    """alloc_async's first attempt answered ``rc``: the rebind and retry, else the exception.  With an
+    ``address``: memory that no object could come to own (out of memory building it), given back."""
+    ctx, h = stream.context, stream.handle
+    drv = ctx.driver
+    if address is not None:
+        ctx.call(drv.cuMemFreeAsync, address, h)
+        return None
+    out = ffi.new(_DEVICE_POINTER)
+    rc = ctx.rebind(rc, drv.cuMemAllocAsync, out, nbytes, h)
+    if rc:
+        raise drv.error(rc, "cuMemAllocAsync")
+    return _stream_ordered_buffer(drv, ctx, out[0], nbytes, stream, stream, None)
+
+
+def _c_free_failed(buffer: DeviceBuffer, rc: int) -> None:
+    """free_async's first attempt answered ``rc`` (the claim is taken, the buffer ended)."""
+    _free_failed(buffer.stream.context, rc, buffer.address, buffer.stream.handle)
+
+
+_python_alloc_async = alloc_async
+_make_stream_ordered = fastpath.stream_ordered_factory()
+if _make_stream_ordered is not None:
+    _slots = (Resource.driver, Resource.ended, Allocation.context, Allocation.address, Allocation.nbytes,
+              DeviceBuffer.stream, DeviceBuffer.pool, DeviceBuffer.last_stream, Context.stream_ordered)
+    _front_alloc, _front_free, _front_del = _make_stream_ordered(
+        _python_alloc_async, _c_alloc_failed,
+        functools.partial(fastpath.pointer_value, typedef="PFN_cuMemAllocAsync_v11020"),
+        DeviceBuffer.free_async, _c_free_failed,
+        functools.partial(fastpath.pointer_value, typedef="PFN_cuMemFreeAsync_v11020"), Resource.__del__,
+        Stream, DeviceBuffer, StreamOrderedEntry, Context, ffi.typeof("CUstream"), FORKED, EXPORTS, "freed", _slots)
+    alloc_async = functools.update_wrapper(_front_alloc, _python_alloc_async)  # type: ignore[assignment]
+    DeviceBuffer.free_async = functools.update_wrapper(  # type: ignore[method-assign]
+        _front_free, DeviceBuffer.free_async)
+    # A freed buffer's finalizer has nothing to do: the C front returns at once (Resource.__del__ otherwise).
+    DeviceBuffer.__del__ = functools.update_wrapper(_front_del, Resource.__del__)  # type: ignore[method-assign]
 
 
 class DeviceView(DeviceArrayExports):

@@ -18,6 +18,8 @@ Where it applies:
 * ``Function.prepare`` returns a C launcher (``cuproc.launch``) that stores the values into the
   argument block and calls cuLaunchKernel(Ex) in C; every other case -- another thread, an ended
   resource, a fork, a value it does not convert exactly as cffi would -- goes to the pure launcher.
+* ``alloc_async(n, stream)`` and ``buffer.free_async()`` on a cuproc Stream make their driver call and
+  build the buffer and its table entry in C (tools/fastpath_memory.c); every other form is the Python code.
 * ``Function.launch`` (``cuproc.launch.launch``) finds a warm one-shot entry and calls its launcher
   in C for the common form (plain-int grid and block, at most ``signature=`` and ``stream=`` -- the
   default stream or a cuproc Stream); every other call goes to the Python launch.
@@ -106,6 +108,22 @@ def checked_factory() -> Callable[..., Callable[..., None]] | None:
 def one_shot_factory() -> Callable[..., Any] | None:
     """``cuproc._fastpath_c.make_one_shot`` (see tools/fastpath_launch.c), or None without the fast path."""
     return _factory("make_one_shot")
+
+
+def stream_ordered_factory() -> Callable[..., tuple[Any, Any]] | None:
+    """``cuproc._fastpath_c.make_stream_ordered`` (see tools/fastpath_memory.c), or None without the fast path."""
+    return _factory("make_stream_ordered")
+
+
+def pointer_value(function: Any, typedef: str) -> int | None:
+    """The address :func:`pointer` of ``function`` calls, when it is a driver pointer of ``typedef``'s
+    C type; else None (an Unavailable, a Python stand-in): what the C fronts of the fast path call
+    directly once they have checked that ``drv.cuX`` is still that very function."""
+    ffi = _ffi.ffi
+    raw = pointer(function)
+    if not isinstance(raw, ffi.CData) or ffi.typeof(raw) is not ffi.typeof(typedef):
+        return None
+    return int(ffi.cast("uintptr_t", raw))
 
 
 def launcher_kinds() -> dict[str, int] | None:

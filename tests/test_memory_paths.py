@@ -576,3 +576,97 @@ def test_async_copies_are_one_call_each_on_the_stream(fk, pc):
     assert calls_of(fk, lambda: mem.copy(pageable, d, stream=s)) == ["cuMemcpyDtoHAsync"]
     s.synchronize()
     assert np.array_equal(pageable, pattern) and d.last_stream is s and pinned.last_stream is s
+
+
+# ----------------------------------------------------------------------------- the C front (fast path)
+# On the fast path alloc_async, DeviceBuffer.free_async and DeviceBuffer.__del__ are C fronts
+# (tools/fastpath_memory.c) over the Python code, which ``__wrapped__`` names; on the pure path they
+# are that code.  These tests hold on both: the front builds what the code builds, and hands every
+# other form to it unchanged.
+
+FAST = cuproc.fastpath.active()
+PYTHON_ALLOC = getattr(mem.alloc_async, "__wrapped__", mem.alloc_async)
+
+
+def taken() -> tuple[int, int]:
+    """(calls the alloc front made itself, calls the free front made itself); (0, 0) on the pure path."""
+    return (getattr(mem.alloc_async, "taken", 0), getattr(DeviceBuffer.free_async, "taken", 0))
+
+
+def state(buf: DeviceBuffer) -> tuple:
+    entry = buf.context.stream_ordered[id(buf)]
+    return (type(buf), buf.driver, buf.ended, buf.context, buf.nbytes, buf.stream, buf.last_stream, buf.pool,
+            hasattr(buf, "_checked_at"), type(entry), entry.buffer() is buf, entry.address == buf.address,
+            entry.stream)
+
+
+def test_the_front_builds_the_buffer_and_entry_the_python_code_builds(fk, pc):
+    s = Stream()
+    before = taken()
+    a = mem.alloc_async(256, s)
+    b = PYTHON_ALLOC(256, s)
+    assert taken()[0] == before[0] + FAST                     # the front made a itself (fast path)
+    assert state(a) == state(b) and a.address != b.address
+    assert fk.pool_used(0) == 512
+    a.free_async()
+    b.free_async()
+    assert taken()[1] == before[1] + 2 * FAST
+    assert a.ended == b.ended == "freed" and id(a) not in a.context.stream_ordered
+    assert fk.pool_used(0) == 0 and fk.stale_count() == 0
+    a.free_async()                                            # idempotent, nothing reaches the driver
+    assert fk.pool_used(0) == 0 and fk.stale_count() == 0
+
+
+class OtherStream(Stream):
+    """Not exactly a cuproc Stream: the front leaves it to the Python code."""
+
+
+def test_the_front_hands_every_other_form_to_the_python_code(fk, pc, monkeypatch):
+    s = Stream()
+    pool = mem.MemoryPool.create(0)
+    before = taken()
+    other = OtherStream()
+    made = [mem.alloc_async(64, s, pool=pool), mem.alloc_async(64), mem.alloc_async(64, other),
+            mem.alloc_async(64, s.handle)]
+    for bad, error in [(np.int64(64), ValueError), (-1, ValueError), ("64", ValueError), (2**70, Exception)]:
+        with pytest.raises(error):
+            mem.alloc_async(bad, s)
+    assert taken() == before                                   # none of those was the front's
+    for buf in made[1:]:                                       # on no cuproc Stream: the Python method
+        buf.free_async()
+    assert taken() == before
+    made[0].free_async()                                       # from a pool, on a Stream: the front
+    buf = mem.alloc_async(64, s)
+    buf.free_async(s)                                          # a stream given: the Python method
+    before = (before[0], before[1] + FAST)
+    assert buf.freed and taken() == (before[0] + FAST, before[1])
+    calls = []
+    real = buf.driver.cuMemAllocAsync
+
+    def counted(*args):
+        calls.append(args[1])
+        return real(*args)
+    monkeypatch.setattr(buf.driver, "cuMemAllocAsync", counted)   # a stand-in on the handle: always called
+    mem.alloc_async(32, s).free_async()                        # (the free is the driver's own: the front's)
+    assert calls == [32] and taken() == (before[0] + FAST, before[1] + FAST)
+    monkeypatch.undo()
+    mem.alloc_async(32, s).free_async()                        # the driver's own function again: the front
+    assert taken() == (before[0] + 2 * FAST, before[1] + 2 * FAST)
+    s.close()
+    with pytest.raises(ClosedResourceError):
+        mem.alloc_async(64, s)
+    pool.close()
+    assert fk.pool_used(0) == 0 and fk.stale_count() == 0
+
+
+def test_the_finalizer_front_frees_a_live_buffer_and_refuses_nothing_else(fk, pc):
+    s = Stream()
+    buf = mem.alloc_async(64, s)
+    del buf
+    gc.collect()
+    assert fk.pool_used(0) == 0 and fk.live("async_alloc") == 0
+    DeviceBuffer.__del__(object())                             # not a buffer: the Python finalizer, a no-op
+    kept = DeviceBuffer(64)
+    kept.free()
+    DeviceBuffer.__del__(kept)                                 # ended: nothing to give back
+    assert fk.live("device_alloc") == 0 and fk.stale_count() == 0

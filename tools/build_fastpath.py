@@ -22,6 +22,7 @@ cffi *API-mode* extension is a direct C call.  This module is one API-mode exten
   next slot, or the pointer-argument trampoline when all are taken.
 * the prepared-launch packer of ``tools/fastpath_launch.c``.
 * the checked call of ``tools/fastpath_checked.c`` (``drv.checked.cuX``: call, test the result, raise).
+* stream-ordered allocation of ``tools/fastpath_memory.c`` (``alloc_async`` / ``DeviceBuffer.free_async``).
 * the declarations of ``headers/`` themselves, so that the module's ``ffi`` knows every type:
   cffi cannot ``include()`` the out-of-line ABI module into an API-mode one, so with the fast
   path on, this ``ffi`` is *the* ffi of cuproc (``cuproc._ffi``) and cdata passes between the
@@ -149,7 +150,7 @@ def ffibuilder(root: Path = ROOT) -> cffi.FFI:
     digests = _digest_module(root)
     abi, tools = digests.digest(root, digests.ABI_INPUTS), digests.digest(root, digests.TOOL_INPUTS)
     ffi.cdef("\n".join(cdefs) + "\nconst char *cuproc_abi_digest(void);\nconst char *cuproc_tools_digest(void);\n"
-             "int cuproc_install_launcher(void);\nint cuproc_install_checked(void);\n" + _KIND_CDEF)
+             "int cuproc_install_launcher(void);\nint cuproc_install_checked(void);\nint cuproc_install_memory(void);\n" + _KIND_CDEF)
     source = "\n".join([
         "#include <stdint.h>", "#include <stddef.h>", "#include <string.h>", declarations,
         f"#define CUPROC_SLOTS {SLOTS}",

@@ -1,0 +1,472 @@
+/* Stream-ordered allocation in C: cuproc._fastpath_c.make_stream_ordered(...) returns the three
+ * callables that ``cuproc.memory.alloc_async``, ``DeviceBuffer.free_async`` and ``DeviceBuffer.__del__``
+ * are on the compiled fast path.  Compiled into the cffi API-mode module by tools/build_fastpath.py, after
+ * fastpath_launch.c (structmember.h, cuproc_publish) and the declarations of headers/.
+ *
+ * Why C: the pair ``alloc_async(n, stream).free_async()`` is two ~0.3 us driver calls; in Python
+ * the object around them -- a buffer, its entry in the context's table, the checks -- cost another
+ * microsecond, more than cuda.bindings' whole raw pair (issue 9's goal: no more than that pair).
+ *
+ * Each takes only the common case and hands every other call, unchanged, to the Python function it
+ * was made from (``slow``), which checks, refuses and raises as it always does:
+ *
+ *   alloc_async(nbytes, stream): an exact int and an exact cuproc Stream, positional, no pool; the
+ *     stream and its context live (their ``ended`` is None), not a forked child, the context's
+ *     table a plain dict.  It makes the one driver call through the pointer the driver resolved
+ *     for ``driver.cuMemAllocAsync`` (looked up on every call, so a handle's own function is used),
+ *     then builds what the Python function builds: the DeviceBuffer (its slots stored as the Python
+ *     code stores them) and its StreamOrderedEntry(weakref(buffer), address, stream) under
+ *     id(buffer) in the context's table.  A driver error goes to ``failed(stream, nbytes, rc)``
+ *     (Python: the context's rebind and retry, or the exception), never a second first attempt.
+ *   buffer.free_async(): an exact DeviceBuffer allocated on an exact Stream, both live with their
+ *     context, no exports of it, not forked.  Everything it needs is read first; then the claim --
+ *     removing the buffer's entry from its context's table, under the GIL -- and ``ended`` set to
+ *     "freed", as the Python method does; no entry: ended, nothing freed (whoever took it frees).
+ *     Then cuMemFreeAsync(address, stream); an error goes to ``failed(buffer, rc)``.
+ *
+ * The slots are stored at the offsets of the member descriptors Python hands over (checked to be
+ * object slots); an attribute read goes through the normal lookup.  Driver calls release the GIL,
+ * as cffi's calls do.
+ */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *dict;
+    PyObject *slow, *failed, *pointer_of, *name;
+    PyObject *stream_type, *buffer_type, *entry_type, *context_type, *cstream_type;
+    PyObject *forked, *exports, *freed;
+    Py_ssize_t off_driver, off_ended, off_context, off_address, off_nbytes, off_stream, off_pool, off_last,
+        off_table;
+    PyObject *fn;      /* the driver's published function last seen, and the address it calls */
+    void *fnptr;
+    Py_ssize_t taken;
+} cuproc_so;
+
+static PyObject *cuproc_s_handle, *cuproc_s_cuMemAllocAsync, *cuproc_s_cuMemFreeAsync;
+
+#define CUPROC_SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+
+/* The raw pointer behind ``drv.<name>`` (a new reference to the function in *fn), or NULL with no
+ * error set when the fast path cannot call it (an Unavailable, a stand-in a test put there). */
+static void *cuproc_so_function(cuproc_so *self, PyObject *drv)
+{
+    PyObject *fn = NULL, *value, *dict = PyObject_GenericGetDict(drv, NULL);
+    void *address;
+    if (dict != NULL) {   /* where a handle publishes its functions: cheaper than its __getattr__ hook */
+        fn = PyDict_GetItemWithError(dict, self->name);
+        Py_XINCREF(fn);
+        Py_DECREF(dict);
+    }
+    if (fn == NULL)
+        fn = PyObject_GetAttr(drv, self->name);
+    if (fn == NULL) { PyErr_Clear(); return NULL; }
+    if (fn == self->fn) { Py_DECREF(fn); return self->fnptr; }
+    value = PyObject_CallOneArg(self->pointer_of, fn);   /* None: not a driver pointer */
+    if (value == NULL || value == Py_None) { PyErr_Clear(); Py_XDECREF(value); Py_DECREF(fn); return NULL; }
+    address = PyLong_AsVoidPtr(value);
+    Py_DECREF(value);
+    if (address == NULL) { PyErr_Clear(); Py_DECREF(fn); return NULL; }
+    Py_XSETREF(self->fn, fn);   /* keeps it: the identity test above never meets a reused id */
+    self->fnptr = address;
+    return address;
+}
+
+/* The CUstream of a Stream (its ``handle``, a cffi cdata), or NULL with no error set. */
+static CUstream cuproc_so_handle(cuproc_so *self, PyObject *stream)
+{
+    PyObject *handle = PyObject_GetAttr(stream, cuproc_s_handle);
+    char *raw;
+    if (handle == NULL) { PyErr_Clear(); return NULL; }
+    raw = _cffi_to_c_pointer(handle, (struct _cffi_ctypedescr *)self->cstream_type);
+    Py_DECREF(handle);
+    if (raw == NULL) PyErr_Clear();   /* not a CUstream; a NULL handle is no Stream's */
+    return (CUstream)raw;
+}
+
+/* The live context of a live Stream, a new reference; NULL (no error) when it is not the common case. */
+static PyObject *cuproc_so_context(cuproc_so *self, PyObject *stream)
+{
+    PyObject *ctx, *ended = CUPROC_SLOT(stream, self->off_ended);
+    if (ended != Py_None || PyList_GET_ITEM(self->forked, 0) != Py_False)
+        return NULL;
+    ctx = PyObject_GetAttr(stream, cuproc_s_context);
+    if (ctx == NULL) { PyErr_Clear(); return NULL; }
+    if (!PyObject_TypeCheck(ctx, (PyTypeObject *)self->context_type) || CUPROC_SLOT(ctx, self->off_ended) != Py_None
+        || CUPROC_SLOT(ctx, self->off_driver) == NULL || CUPROC_SLOT(ctx, self->off_table) == NULL
+        || !PyDict_CheckExact(CUPROC_SLOT(ctx, self->off_table))) {
+        Py_DECREF(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+/* Memory allocated that no object could come to own (out of memory while building it): given back
+ * through ``failed(stream, nbytes, 0, address)``; the error that stopped it is raised.  NULL always. */
+static PyObject *cuproc_so_orphan(cuproc_so *self, PyObject *stream, PyObject *nbytes, CUdeviceptr out)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *exc = PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+#endif
+    PyObject *address = PyLong_FromUnsignedLongLong((unsigned long long)out), *zero = PyLong_FromLong(0);
+    PyObject *result = NULL;
+    if (address != NULL && zero != NULL) {
+        PyObject *call[4] = {stream, nbytes, zero, address};
+        result = PyObject_Vectorcall(self->failed, call, 4, NULL);
+    }
+    Py_XDECREF(address);
+    Py_XDECREF(zero);
+    Py_XDECREF(result);
+    PyErr_Clear();   /* the first error is the one to report */
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(exc);
+#else
+    PyErr_Restore(type, value, tb);
+#endif
+    return NULL;
+}
+
+static PyObject *cuproc_so_alloc(PyObject *obj, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    cuproc_so *self = (cuproc_so *)obj;
+    PyObject *stream, *ctx, *drv, *buf, *ref, *entry, *key, *address, *nbytes;
+    size_t n;
+    CUstream h;
+    CUdeviceptr out = 0;
+    CUresult rc;
+    void *fn;
+    int failed;
+    if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 2)
+        goto slow;
+    nbytes = args[0];
+    stream = args[1];
+    if ((PyObject *)Py_TYPE(stream) != self->stream_type || !PyLong_CheckExact(nbytes))
+        goto slow;
+    n = PyLong_AsSize_t(nbytes);
+    if (n == (size_t)-1 && PyErr_Occurred()) { PyErr_Clear(); goto slow; }   /* negative: Python refuses */
+    ctx = cuproc_so_context(self, stream);
+    if (ctx == NULL) goto slow;
+    drv = CUPROC_SLOT(ctx, self->off_driver);
+    h = cuproc_so_handle(self, stream);
+    fn = h == NULL ? NULL : cuproc_so_function(self, drv);
+    if (fn == NULL) { Py_DECREF(ctx); goto slow; }
+    Py_BEGIN_ALLOW_THREADS
+    rc = ((PFN_cuMemAllocAsync_v11020)fn)(&out, n, h);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {   /* the rest of the Python function after its first attempt: rebind or raise */
+        PyObject *code = PyLong_FromLong((long)rc), *result = NULL;
+        if (code != NULL) {
+            PyObject *call[3] = {stream, nbytes, code};
+            result = PyObject_Vectorcall(self->failed, call, 3, NULL);
+            Py_DECREF(code);
+        }
+        Py_DECREF(ctx);
+        return result;
+    }
+    self->taken++;
+    address = PyLong_FromUnsignedLongLong((unsigned long long)out);
+    buf = address == NULL ? NULL : ((PyTypeObject *)self->buffer_type)->tp_alloc((PyTypeObject *)self->buffer_type, 0);
+    if (buf == NULL) {
+        Py_XDECREF(address);
+        Py_DECREF(ctx);
+        return cuproc_so_orphan(self, stream, nbytes, out);
+    }
+    /* the slots as alloc_async's Python code stores them (the object is new and zeroed) */
+    CUPROC_SLOT(buf, self->off_driver) = Py_NewRef(drv);
+    CUPROC_SLOT(buf, self->off_ended) = Py_NewRef(Py_None);
+    CUPROC_SLOT(buf, self->off_context) = ctx;   /* the reference taken above */
+    CUPROC_SLOT(buf, self->off_address) = Py_NewRef(address);
+    CUPROC_SLOT(buf, self->off_nbytes) = Py_NewRef(nbytes);
+    CUPROC_SLOT(buf, self->off_stream) = Py_NewRef(stream);
+    CUPROC_SLOT(buf, self->off_last) = Py_NewRef(stream);
+    CUPROC_SLOT(buf, self->off_pool) = Py_NewRef(Py_None);
+    ref = PyWeakref_NewRef(buf, NULL);
+    entry = ref == NULL ? NULL : ((PyTypeObject *)self->entry_type)->tp_alloc((PyTypeObject *)self->entry_type, 3);
+    key = entry == NULL ? NULL : PyLong_FromVoidPtr(buf);
+    failed = key == NULL;
+    if (!failed) {
+        PyTuple_SET_ITEM(entry, 0, ref);
+        PyTuple_SET_ITEM(entry, 1, Py_NewRef(address));
+        PyTuple_SET_ITEM(entry, 2, Py_NewRef(stream));
+        ref = NULL;
+        failed = PyDict_SetItem(CUPROC_SLOT(ctx, self->off_table), key, entry) < 0;
+    }
+    Py_XDECREF(ref);
+    Py_XDECREF(entry);
+    Py_XDECREF(key);
+    Py_DECREF(address);
+    if (failed) {   /* no entry, so no claim to find: this code frees it, and the buffer ends as freed */
+        Py_SETREF(CUPROC_SLOT(buf, self->off_ended), Py_NewRef(self->freed));
+        Py_DECREF(buf);
+        return cuproc_so_orphan(self, stream, nbytes, out);
+    }
+    return buf;
+slow:
+    return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+}
+
+static PyObject *cuproc_so_free(PyObject *obj, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    cuproc_so *self = (cuproc_so *)obj;
+    PyObject *buf, *own, *bctx, *table, *key, *entry, *address, *drv, *ended;
+    unsigned long long dptr;
+    CUstream h;
+    CUresult rc;
+    void *fn;
+    if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 1)
+        goto slow;
+    buf = args[0];
+    if ((PyObject *)Py_TYPE(buf) != self->buffer_type)
+        goto slow;
+    ended = CUPROC_SLOT(buf, self->off_ended);
+    if (ended != Py_None) {
+        if (ended == NULL) goto slow;
+        Py_RETURN_NONE;                 /* idempotent */
+    }
+    own = CUPROC_SLOT(buf, self->off_stream);
+    bctx = CUPROC_SLOT(buf, self->off_context);
+    address = CUPROC_SLOT(buf, self->off_address);
+    drv = CUPROC_SLOT(buf, self->off_driver);
+    if (own == NULL || (PyObject *)Py_TYPE(own) != self->stream_type || bctx == NULL || address == NULL
+        || drv == NULL || !PyLong_CheckExact(address))
+        goto slow;
+    /* the checks of the Python method: the stream, its context (the buffer's: alloc_async took it from
+     * this stream) and fork */
+    if (!PyObject_TypeCheck(bctx, (PyTypeObject *)self->context_type) || CUPROC_SLOT(own, self->off_ended) != Py_None
+        || CUPROC_SLOT(bctx, self->off_ended) != Py_None || PyList_GET_ITEM(self->forked, 0) != Py_False)
+        goto slow;
+    table = CUPROC_SLOT(bctx, self->off_table);
+    if (table == NULL || !PyDict_CheckExact(table)) goto slow;
+    dptr = PyLong_AsUnsignedLongLong(address);
+    if (dptr == (unsigned long long)-1 && PyErr_Occurred()) { PyErr_Clear(); goto slow; }
+    key = PyLong_FromVoidPtr(buf);
+    if (key == NULL) return NULL;
+    if (PyDict_GET_SIZE(self->exports) != 0) {   /* exported: the Python method refuses */
+        int exported = PyDict_Contains(self->exports, key);
+        if (exported != 0) { Py_DECREF(key); if (exported < 0) return NULL; goto slow; }
+    }
+    h = cuproc_so_handle(self, own);
+    fn = h == NULL ? NULL : cuproc_so_function(self, drv);
+    if (fn == NULL) { Py_DECREF(key); goto slow; }
+    /* The claim: removing the entry (no Python code runs between the lookup and the removal). */
+    entry = PyDict_GetItemWithError(table, key);
+    if (entry == NULL) {
+        Py_DECREF(key);
+        if (PyErr_Occurred()) return NULL;
+        Py_SETREF(CUPROC_SLOT(buf, self->off_ended), Py_NewRef(self->freed));   /* whoever has it frees */
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(entry);
+    if (PyDict_DelItem(table, key) < 0) { Py_DECREF(entry); Py_DECREF(key); return NULL; }
+    Py_DECREF(key);
+    Py_SETREF(CUPROC_SLOT(buf, self->off_ended), Py_NewRef(self->freed));
+    Py_BEGIN_ALLOW_THREADS
+    rc = ((PFN_cuMemFreeAsync_v11020)fn)((CUdeviceptr)dptr, h);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(entry);   /* after the call: it holds the stream */
+    self->taken++;
+    if (rc != 0) {
+        PyObject *code = PyLong_FromLong((long)rc), *result = NULL;
+        if (code != NULL) {
+            PyObject *call[2] = {buf, code};
+            result = PyObject_Vectorcall(self->failed, call, 2, NULL);
+            Py_DECREF(code);
+        }
+        return result;
+    }
+    Py_RETURN_NONE;
+slow:
+    return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+}
+
+/* DeviceBuffer.__del__: a buffer that has ended (freed, or its context gone) has nothing to give back,
+ * the common case once free_async or free() ran, and returns here without the Python finalizer's frame;
+ * any other goes to Resource.__del__. */
+static PyObject *cuproc_so_finalize(PyObject *obj, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    cuproc_so *self = (cuproc_so *)obj;
+    if (kwnames == NULL && PyVectorcall_NARGS(nargsf) == 1
+        && PyObject_TypeCheck(args[0], (PyTypeObject *)self->buffer_type)) {
+        PyObject *ended = CUPROC_SLOT(args[0], self->off_ended);
+        if (ended != NULL && ended != Py_None)
+            Py_RETURN_NONE;
+    }
+    return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+}
+
+static int cuproc_so_traverse(PyObject *obj, visitproc visit, void *arg)
+{
+    cuproc_so *self = (cuproc_so *)obj;
+    Py_VISIT(self->dict); Py_VISIT(self->slow); Py_VISIT(self->failed); Py_VISIT(self->pointer_of);
+    Py_VISIT(self->name); Py_VISIT(self->stream_type); Py_VISIT(self->buffer_type); Py_VISIT(self->entry_type);
+    Py_VISIT(self->context_type); Py_VISIT(self->cstream_type); Py_VISIT(self->forked); Py_VISIT(self->exports);
+    Py_VISIT(self->freed); Py_VISIT(self->fn); Py_VISIT(Py_TYPE(obj));
+    return 0;
+}
+
+static int cuproc_so_clear(PyObject *obj)
+{
+    cuproc_so *self = (cuproc_so *)obj;
+    Py_CLEAR(self->dict); Py_CLEAR(self->slow); Py_CLEAR(self->failed); Py_CLEAR(self->pointer_of);
+    Py_CLEAR(self->name); Py_CLEAR(self->stream_type); Py_CLEAR(self->buffer_type); Py_CLEAR(self->entry_type);
+    Py_CLEAR(self->context_type); Py_CLEAR(self->cstream_type); Py_CLEAR(self->forked); Py_CLEAR(self->exports);
+    Py_CLEAR(self->freed); Py_CLEAR(self->fn);
+    return 0;
+}
+
+static void cuproc_so_dealloc(PyObject *obj)
+{
+    PyTypeObject *tp = Py_TYPE(obj);
+    PyObject_GC_UnTrack(obj);
+    cuproc_so_clear(obj);
+    tp->tp_free(obj);
+    Py_DECREF(tp);
+}
+
+static PyMemberDef cuproc_so_members[] = {
+    {"__dictoffset__", T_PYSSIZET, offsetof(cuproc_so, dict), READONLY, NULL},
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(cuproc_so, vectorcall), READONLY, NULL},
+    {"taken", T_PYSSIZET, offsetof(cuproc_so, taken), READONLY,
+     "how many calls this object made the driver call of itself (the rest went to the Python function)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef cuproc_so_getset[] = {   /* __dict__: functools.update_wrapper fills it */
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot cuproc_so_slots[] = {
+    {Py_tp_getset, (void *)cuproc_so_getset},
+    {Py_tp_call, (void *)PyVectorcall_Call},
+    {Py_tp_descr_get, (void *)cuproc_one_shot_get},   /* a method, as Function.launch is (fastpath_launch.c) */
+    {Py_tp_traverse, (void *)cuproc_so_traverse},
+    {Py_tp_clear, (void *)cuproc_so_clear},
+    {Py_tp_dealloc, (void *)cuproc_so_dealloc},
+    {Py_tp_members, (void *)cuproc_so_members},
+    {Py_tp_doc, (void *)"alloc_async / DeviceBuffer.free_async with the common case in C; the rest goes to Python."},
+    {0, NULL},
+};
+
+static PyType_Spec cuproc_so_spec = {
+    "cuproc._fastpath_c.StreamOrdered", sizeof(cuproc_so), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    cuproc_so_slots,
+};
+
+static PyTypeObject *cuproc_so_type;
+
+/* The offset of an object slot from its member descriptor (e.g. DeviceBuffer.__dict__["stream"]). */
+static int cuproc_so_offset(PyObject *descr, Py_ssize_t *out)
+{
+    PyMemberDef *member;
+    if (Py_TYPE(descr) != &PyMemberDescr_Type) goto bad;
+    member = ((PyMemberDescrObject *)descr)->d_member;
+    if (member->type != T_OBJECT_EX || (member->flags & READONLY) || member->offset <= 0) goto bad;
+    *out = member->offset;
+    return 0;
+bad:
+    PyErr_SetString(PyExc_ValueError, "make_stream_ordered: a slot is not a writable object slot (a cuproc bug)");
+    return -1;
+}
+
+static cuproc_so *cuproc_so_new(PyObject *const *objs, const Py_ssize_t *offsets, PyObject *slow, PyObject *name,
+                                vectorcallfunc call)
+{
+    cuproc_so *self = PyObject_GC_New(cuproc_so, cuproc_so_type);
+    if (self == NULL) return NULL;
+    self->vectorcall = call;
+    self->dict = NULL;
+    self->slow = Py_NewRef(slow);
+    self->name = Py_NewRef(name);
+    self->failed = Py_NewRef(objs[0]); self->pointer_of = Py_NewRef(objs[1]);
+    self->stream_type = Py_NewRef(objs[2]); self->buffer_type = Py_NewRef(objs[3]);
+    self->entry_type = Py_NewRef(objs[4]); self->context_type = Py_NewRef(objs[5]);
+    self->cstream_type = Py_NewRef(objs[6]); self->forked = Py_NewRef(objs[7]);
+    self->exports = Py_NewRef(objs[8]); self->freed = Py_NewRef(objs[9]);
+    self->off_driver = offsets[0]; self->off_ended = offsets[1]; self->off_context = offsets[2];
+    self->off_address = offsets[3]; self->off_nbytes = offsets[4]; self->off_stream = offsets[5];
+    self->off_pool = offsets[6]; self->off_last = offsets[7]; self->off_table = offsets[8];
+    self->fn = NULL;
+    self->fnptr = NULL;
+    self->taken = 0;
+    PyObject_GC_Track(self);
+    return self;
+}
+
+/* make_stream_ordered(alloc_slow, alloc_failed, alloc_pointer_of, free_slow, free_failed, free_pointer_of, finalizer,
+ *     Stream, DeviceBuffer, StreamOrderedEntry, Context, the ctype of CUstream, FORKED, EXPORTS, "freed",
+ *     (the member descriptors of driver, ended, context, address, nbytes, stream, pool, last_stream,
+ *      and Context's stream_ordered)) -> (alloc_async, free_async, __del__) */
+static PyObject *cuproc_make_stream_ordered(PyObject *module, PyObject *args)
+{
+    PyObject *alloc_slow, *alloc_failed, *alloc_pointer_of, *free_slow, *free_failed, *free_pointer_of, *finalizer;
+    PyObject *stream_type, *buffer_type, *entry_type, *context_type, *cstream_type, *forked, *exports, *freed;
+    PyObject *members, *objs[10];
+    Py_ssize_t offsets[9], i;
+    cuproc_so *alloc, *free_, *fin;
+    PyObject *result;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "OOOOOOOO!O!O!O!OO!O!UO!", &alloc_slow, &alloc_failed, &alloc_pointer_of,
+                          &free_slow, &free_failed, &free_pointer_of, &finalizer, &PyType_Type, &stream_type, &PyType_Type,
+                          &buffer_type, &PyType_Type, &entry_type, &PyType_Type, &context_type, &cstream_type,
+                          &PyList_Type, &forked, &PyDict_Type, &exports, &freed, &PyTuple_Type, &members))
+        return NULL;
+    if (PyTuple_GET_SIZE(members) != 9 || PyList_GET_SIZE(forked) != 1 || !PyCallable_Check(alloc_slow)
+        || !PyCallable_Check(free_slow) || !PyCallable_Check(alloc_failed) || !PyCallable_Check(free_failed)
+        || !PyCallable_Check(alloc_pointer_of) || !PyCallable_Check(free_pointer_of) || !PyCallable_Check(finalizer)
+        || !PyType_IsSubtype((PyTypeObject *)entry_type, &PyTuple_Type)
+        || ((PyTypeObject *)buffer_type)->tp_itemsize != 0) {
+        PyErr_SetString(PyExc_ValueError, "make_stream_ordered: inconsistent arguments (a cuproc bug)");
+        return NULL;
+    }
+    for (i = 0; i < 9; i++)
+        if (cuproc_so_offset(PyTuple_GET_ITEM(members, i), &offsets[i]) < 0) return NULL;
+    for (i = 0; i < 8; i++) {   /* every buffer slot lies inside a DeviceBuffer */
+        if (offsets[i] + (Py_ssize_t)sizeof(PyObject *) > ((PyTypeObject *)buffer_type)->tp_basicsize) {
+            PyErr_SetString(PyExc_ValueError, "make_stream_ordered: a slot lies outside the buffer (a cuproc bug)");
+            return NULL;
+        }
+    }
+    objs[0] = alloc_failed; objs[1] = alloc_pointer_of; objs[2] = stream_type; objs[3] = buffer_type;
+    objs[4] = entry_type; objs[5] = context_type; objs[6] = cstream_type; objs[7] = forked;
+    objs[8] = exports; objs[9] = freed;
+    alloc = cuproc_so_new(objs, offsets, alloc_slow, cuproc_s_cuMemAllocAsync, cuproc_so_alloc);
+    if (alloc == NULL) return NULL;
+    objs[0] = free_failed;
+    objs[1] = free_pointer_of;
+    free_ = cuproc_so_new(objs, offsets, free_slow, cuproc_s_cuMemFreeAsync, cuproc_so_free);
+    if (free_ == NULL) { Py_DECREF(alloc); return NULL; }
+    fin = cuproc_so_new(objs, offsets, finalizer, cuproc_s_cuMemFreeAsync, cuproc_so_finalize);
+    if (fin == NULL) { Py_DECREF(alloc); Py_DECREF(free_); return NULL; }
+    result = PyTuple_Pack(3, (PyObject *)alloc, (PyObject *)free_, (PyObject *)fin);
+    Py_DECREF(alloc);
+    Py_DECREF(free_);
+    Py_DECREF(fin);
+    return result;
+}
+
+static PyMethodDef cuproc_make_stream_ordered_def = {
+    "make_stream_ordered", cuproc_make_stream_ordered, METH_VARARGS,
+    "alloc_async and DeviceBuffer.free_async in C (cuproc.device_memory builds the arguments).",
+};
+
+/* Called once through cffi (which released the GIL): put StreamOrdered and make_stream_ordered on the module. */
+static int cuproc_install_memory(void)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int rc;
+    if (cuproc_so_type == NULL) {
+        cuproc_s_handle = PyUnicode_InternFromString("handle");
+        cuproc_s_cuMemAllocAsync = PyUnicode_InternFromString("cuMemAllocAsync");
+        cuproc_s_cuMemFreeAsync = PyUnicode_InternFromString("cuMemFreeAsync");
+        if (cuproc_s_handle && cuproc_s_cuMemAllocAsync && cuproc_s_cuMemFreeAsync && cuproc_s_context)
+            cuproc_so_type = (PyTypeObject *)PyType_FromSpec(&cuproc_so_spec);
+    }
+    rc = cuproc_publish(&cuproc_make_stream_ordered_def, "StreamOrdered", cuproc_so_type);
+    PyGILState_Release(gil);
+    return rc;
+}
