@@ -74,9 +74,13 @@ _live: dict[int, tuple[Any, ...]] = {}   # address of a managed tensor -> (tenso
 # held can destroy a capsule on the same thread.  Fresh in a forked child.
 _lock = _fork.rlock()
 
-_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
-_PyCapsule_New.restype = ctypes.py_object
-_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+# Private prototypes: ctypes.pythonapi.PyCapsule_* are process-wide objects that any library may also
+# configure (restype/argtypes); setting them here would change every other user's calls, and theirs ours.
+def _capi(name: str, restype: Any, *argtypes: Any) -> Any:
+    return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
+
+
+_PyCapsule_New = _capi("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
 # The destructor gets a capsule whose refcount is already zero: handle it as a raw pointer only
 # (PYFUNCTYPE: these are C-API calls, made holding the GIL).
 _PyCapsule_IsValid = ctypes.cast(ctypes.pythonapi.PyCapsule_IsValid,
@@ -84,12 +88,9 @@ _PyCapsule_IsValid = ctypes.cast(ctypes.pythonapi.PyCapsule_IsValid,
 _PyCapsule_GetPointer = ctypes.cast(ctypes.pythonapi.PyCapsule_GetPointer,
                                     ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p))
 # On a live capsule (import side), as Python objects.
-_IsValid = ctypes.pythonapi.PyCapsule_IsValid
-_IsValid.restype, _IsValid.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
-_GetPointer = ctypes.pythonapi.PyCapsule_GetPointer
-_GetPointer.restype, _GetPointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-_SetName = ctypes.pythonapi.PyCapsule_SetName
-_SetName.restype, _SetName.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+_IsValid = _capi("PyCapsule_IsValid", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
+_GetPointer = _capi("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)
+_SetName = _capi("PyCapsule_SetName", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
 
 # Interpreter exit: module teardown drops this module's globals, and a capsule left in a reference
 # cycle is destroyed by the last garbage collection *after* that.  So the C callbacks and what they
@@ -141,7 +142,9 @@ def _capsule_destructor(capsule: int, _kinds: Any = _CAPSULE_KINDS, _is_valid: A
 
 
 _DESTRUCTOR_ADDRESS = ctypes.cast(_capsule_destructor, ctypes.c_void_p)
-for _immortal in (_delete, _delete_versioned, _capsule_destructor, _live):
+# _USED_NAMES too: PyCapsule_SetName keeps a pointer into its bytes, and a consumed foreign capsule
+# (torch's, CuPy's) can outlive this module's teardown; its destructor then reads the name.
+for _immortal in (_delete, _delete_versioned, _capsule_destructor, _live, _USED_NAMES):
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(_immortal))   # never freed: see above
 del _immortal
 

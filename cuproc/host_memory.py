@@ -64,6 +64,12 @@ class HostMemory(HostArrayExports, Allocation):
     def __buffer__(self, flags: int) -> memoryview:
         return self.buffer
 
+    def __release_buffer__(self, view: memoryview) -> None:
+        """Nothing to do (the view made by ``__buffer__`` is released by CPython).  Defining it sets the
+        type's bf_releasebuffer, so NumPy (>= 1.25) keeps a memoryview export for ``np.frombuffer(buf)``
+        instead of releasing the buffer at once: the view then holds the allocation, and ``close()``
+        refuses while the array lives (without it the array outlives a successful free)."""
+
     def numpy(self, dtype: Any = "u1") -> Any:
         """A NumPy array over the memory (zero-copy; it holds this allocation)."""
         import numpy as np
@@ -203,7 +209,7 @@ class ManagedBuffer(HostMemory):
 
 
 if sys.version_info < (3, 12):  # no __buffer__ protocol: numpy.frombuffer(buf.buffer) instead
-    del HostMemory.__buffer__
+    del HostMemory.__buffer__, HostMemory.__release_buffer__
 
 
 __all__ = ["HostMemory", "ManagedBuffer", "PinnedBuffer", "RegisteredHostMemory"]

@@ -22,6 +22,7 @@ Policy
 """
 from __future__ import annotations
 
+import ctypes
 import weakref
 from typing import Any, Callable
 
@@ -156,14 +157,21 @@ _next_token = [0]
 
 
 @ffi.callback("void(void *)")
-def _host_trampoline(user_data: Any) -> None:
-    token = handle_int(user_data)
-    with _pending_lock:
-        fn, stream = _pending.pop(token)
+def _host_trampoline(user_data: Any, _handle_int: Any = handle_int, _lock: Any = _pending_lock,
+                     _records: Any = _pending) -> None:
+    token = _handle_int(user_data)
+    with _lock:
+        fn, stream = _records.pop(token)
     try:
         fn()
     except BaseException as exc:  # noqa: BLE001 - kept and re-raised on the caller's thread
         stream._callback_errors.append(exc)
+
+
+# The driver may call the trampoline after this module's teardown (a host function still pending at
+# exit): its C closure is never freed (one leaked reference, as cuproc._dlpack does for its callbacks),
+# and it reads no module globals (defaults above).
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_host_trampoline))
 
 
 class Stream(Resource):

@@ -212,6 +212,7 @@ def test_pinned_mapped_and_registered(primary):
             mem.copy(pinned, d)
             np.testing.assert_array_equal(arr, np.arange(arr.size))
         assert mem.pointer_attributes(pinned.ptr)["memory_type"] == "host"
+        del arr                                          # the array holds the memory: close() refuses before
     with mem.PinnedBuffer(4096, mapped=True, portable=True) as mapped:
         np.frombuffer(mapped, np.uint8)[:] = 5
         out = np.zeros(4096, np.uint8)
@@ -238,7 +239,8 @@ def test_managed_memory_prefetch_and_advise(primary):
         m.prefetch("cpu", s)
         s.synchronize()
         assert mem.pointer_attributes(m.ptr)["is_managed"] is True
-        out = np.zeros_like(view)
+        out = np.zeros(view.shape, view.dtype)
+        del view                                         # the array holds the memory: close() refuses before
         mem.copy(out, m)
         assert (out == 3.0).all()
 

@@ -791,3 +791,20 @@ def test_allocation_refusals_and_free_async(fk, pc):
     plain.free_async()
     plain.free_async()                                    # idempotent
     assert fk.pool_used(0) == 0 and fk.live("device_alloc") == 0 and fk.live("async_alloc") == 0
+
+
+@pytest.mark.skipif(not hasattr(mem.PinnedBuffer, "__buffer__"), reason="PEP 688 (__buffer__) is Python 3.12+")
+@pytest.mark.parametrize("kind", ["PinnedBuffer", "ManagedBuffer"])
+def test_numpy_frombuffer_of_host_memory_holds_it(pc, kind):
+    """np.frombuffer(buf) (not buf.numpy()) must hold the memory too: without __release_buffer__ NumPy
+    releases the buffer at once and keeps only the object, so close() used to free under the array."""
+    buf = getattr(mem, kind)(4096)
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    assert buf.has_views()
+    with pytest.raises(BufferError):
+        buf.close()
+    arr[:] = 7                       # still this allocation's memory
+    del arr
+    gc.collect()
+    buf.close()
+    assert buf.ended is not None
