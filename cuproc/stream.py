@@ -100,28 +100,36 @@ def as_stream(stream: Stream | Any | None, call: str = "stream", *,
                               driver=drv)
 
 
-# owner object (weakly) -> (driver, handle, the context cuStreamGetCtx named for it)
-_contexts: weakref.WeakKeyDictionary[Any, tuple[Driver, int, Context]] = weakref.WeakKeyDictionary()
+# (id(driver), stream handle) -> weakly, the Context cuStreamGetCtx named for that handle.  Keyed by the
+# handle, with weak references to cuproc's own Contexts only: a module-level table of weak references to
+# other libraries' objects (their streams, their arrays) met one of theirs freed without its weak
+# references cleared, and the table's teardown at interpreter exit crashed (SIGSEGV in
+# _PyModule_Clear of this module, measured on the H200 with torch, CuPy and cuda.core loaded).
+_contexts: dict[tuple[int, int], weakref.ref[Context]] = {}
+_CONTEXTS_KEPT = 64     # handles remembered at most (the table starts over beyond)
 
 
 def foreign_context(handle: int, owner: Any, context: Context | None, driver: Driver) -> Context:
     """The context of another library's stream ``handle``, which ``owner`` (its stream object, or the
-    array that named it) gave: ``context`` when given, else cuStreamGetCtx's answer -- asked once per
-    owner and remembered while the owner lives, for that driver and handle only (a different stream,
-    or the same owner naming another one, asks again; so does one whose context ended)."""
+    array that named it) gave: ``context`` when given, else cuStreamGetCtx's answer.  The Context
+    object is made once per handle and driver and found again while it lives; each use asks
+    cuStreamGetCtx once more (a handle can be destroyed and made again in another context), which is
+    all a known handle costs."""
     if context is not None:
         return context
-    try:
-        known = _contexts.get(owner)
-    except TypeError:               # not weakly referenceable or not hashable: ask every time
-        known = None
-    if known is not None and known[0] is driver and known[1] == handle and known[2].ended is None:
-        return known[2]
+    key = (id(driver), handle)
+    ref = _contexts.get(key)
+    known = ref() if ref is not None else None
+    if known is not None and known.ended is None and known.driver is driver:
+        out = ffi.new("CUcontext *")
+        h = ffi.cast("CUstream", handle)
+        args = (h, out, ffi.NULL) if arity(driver, "cuStreamGetCtx") == 3 else (h, out)
+        if driver.cuStreamGetCtx(*args) == 0 and handle_int(out[0]) == handle_int(known.handle):
+            return known
     found = Stream.from_handle(handle, driver=driver).context
-    try:
-        _contexts[owner] = (driver, handle, found)
-    except TypeError:
-        pass
+    if len(_contexts) >= _CONTEXTS_KEPT:
+        _contexts.clear()
+    _contexts[key] = weakref.ref(found)
     return found
 
 

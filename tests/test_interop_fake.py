@@ -846,29 +846,47 @@ def test_host_exports_wait_for_the_last_stream(fk, pc, monkeypatch, kind):
     d.free()
 
 
-def test_foreign_stream_context_is_asked_once_per_owner(fk, pc, monkeypatch):
+def test_a_foreign_streams_context_is_made_once_and_checked_at_each_use(fk, pc, monkeypatch):
+    """Another library's stream: its Context object is made once per handle (while it lives) and
+    each use checks it with one cuStreamGetCtx, so a handle made again in another context is never
+    given the old one.  No weak reference to the other library's objects is kept (their teardown
+    at interpreter exit must not depend on cuproc's)."""
     foreign, other = ForeignStream(), ForeignStream()
     d = DeviceBuffer(64)
     calls = spy(monkeypatch, "cuStreamGetCtx")
+    seen = []
     for _ in range(3):
         mem.memset(d, 0, stream=foreign)
         mem.copy(d, np.zeros(64, np.uint8), stream=foreign)
-    assert len(calls) == 1 and d.last_stream.owner is foreign
-    mem.memset(d, 0, stream=other)                    # a different stream object asks again
-    assert len(calls) == 2 and d.last_stream.owner is other
-    swapped = ForeignStream()
-    foreign.handle, swapped.handle = swapped.handle, foreign.handle   # same owner, another stream
+        seen.append(d.last_stream.context)
+    assert len(calls) == 6 and all(c is seen[0] for c in seen) and d.last_stream.owner is foreign
+    assert seen[0] is pc.context                       # the fake made the stream in the current context
+    mem.memset(d, 0, stream=other)
+    assert len(calls) == 7 and d.last_stream.owner is other
+    # The handle made again in another context (a driver may hand a destroyed handle out again): the
+    # check sees another context, and the Context of the new one is made.
+    ctx2 = Context.create(0)
+    Context.pop()
+    real = cuproc.driver.default_driver().cuStreamGetCtx
+
+    def in_ctx2(h, out, *rest):
+        rc = real(h, out, *rest)
+        out[0] = ctx2.handle
+        return rc
+    monkeypatch.setattr(cuproc.driver.default_driver(), "cuStreamGetCtx", in_ctx2)
     mem.memset(d, 0, stream=foreign)
-    assert len(calls) == 3 and handle_int(d.last_stream.handle) == handle_int(foreign.handle)
+    assert d.last_stream.context is ctx2
+    monkeypatch.undo()
+    assert weakref.getweakrefcount(foreign) == 0 and weakref.getweakrefcount(other) == 0
     cai = CAI(d.ptr, 64, stream=handle_int(other.handle))
     waiter = Stream()
-    for _ in range(3):                                # a CAI exporter's stream: once per exporter
-        mem.copy(np.zeros(64, np.uint8), cai, stream=waiter)
-    assert len(calls) == 4
+    mem.copy(np.zeros(64, np.uint8), cai, stream=waiter)   # a CAI exporter's stream: no weak reference either
+    assert weakref.getweakrefcount(cai) == 0
     d.last_stream = None
     d.free()
-    for f in (foreign, other, swapped):
+    for f in (foreign, other):
         f.destroy()
+    ctx2.destroy()
 
 
 def test_from_dlpack_retries_only_for_a_missing_max_version(fk, pc):
