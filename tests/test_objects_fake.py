@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import pickle
 import struct
+import sys
 import weakref
 
 import numpy as np
@@ -793,13 +794,16 @@ def test_allocation_refusals_and_free_async(fk, pc):
     assert fk.pool_used(0) == 0 and fk.live("device_alloc") == 0 and fk.live("async_alloc") == 0
 
 
-@pytest.mark.skipif(not hasattr(mem.PinnedBuffer, "__buffer__"), reason="PEP 688 (__buffer__) is Python 3.12+")
 @pytest.mark.parametrize("kind", ["PinnedBuffer", "ManagedBuffer"])
 def test_numpy_frombuffer_of_host_memory_holds_it(pc, kind):
-    """np.frombuffer(buf) (not buf.numpy()) must hold the memory too: without __release_buffer__ NumPy
-    releases the buffer at once and keeps only the object, so close() used to free under the array."""
+    """np.frombuffer(buf) (Python 3.12+: PEP 688 ``__buffer__``; before, ``buf.buffer``) must hold the
+    memory: without __release_buffer__ NumPy released the buffer at once and kept only the object, so
+    close() freed under the array."""
     buf = getattr(mem, kind)(4096)
-    arr = np.frombuffer(buf, dtype=np.uint8)
+    exporter = buf if sys.version_info >= (3, 12) else buf.buffer
+    assert hasattr(type(buf), "__buffer__") == (sys.version_info >= (3, 12))
+    arr = np.frombuffer(exporter, dtype=np.uint8)
+    del exporter
     assert buf.has_views()
     with pytest.raises(BufferError):
         buf.close()
