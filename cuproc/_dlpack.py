@@ -23,6 +23,7 @@ import threading
 from typing import Any, Callable
 
 from . import _fork
+from ._support import keep_forever
 from .allocation import EXPORTS   # id(allocation) -> number of its live managed tensors
 
 _TYPE_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}  # kDLInt, kDLUInt, kDLFloat, kDLComplex, kDLBool
@@ -145,7 +146,7 @@ _DESTRUCTOR_ADDRESS = ctypes.cast(_capsule_destructor, ctypes.c_void_p)
 # _USED_NAMES too: PyCapsule_SetName keeps a pointer into its bytes, and a consumed foreign capsule
 # (torch's, CuPy's) can outlive this module's teardown; its destructor then reads the name.
 for _immortal in (_delete, _delete_versioned, _capsule_destructor, _live, _USED_NAMES):
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(_immortal))   # never freed: see above
+    keep_forever(_immortal)   # never freed: see above
 del _immortal
 
 

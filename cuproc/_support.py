@@ -8,6 +8,7 @@ raw version numbers.
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 from . import _fork
@@ -49,8 +50,19 @@ def invalid(call: str, message: str) -> InvalidValueError:
     return refusal(call, message, InvalidValueError)  # type: ignore[return-value]
 
 
+# A private prototype: ctypes.pythonapi's function objects are process-wide, and another library may
+# give Py_IncRef other argtypes (then a call through it fails, or passes the wrong thing).
+_py_incref = ctypes.PYFUNCTYPE(None, ctypes.py_object)(("Py_IncRef", ctypes.pythonapi))
+
+
+def keep_forever(obj: Any) -> None:
+    """One reference to ``obj`` that is never given back: for what C code (the driver, a DLPack
+    consumer) may still call after this interpreter tore its modules down, e.g. a cffi callback."""
+    _py_incref(obj)
+
+
 def handle_int(handle: Any) -> int:
     return int(ffi.cast("uintptr_t", handle))
 
 
-__all__ = ["CudaError", "get_driver", "arity", "invalid", "handle_int"]
+__all__ = ["CudaError", "get_driver", "arity", "invalid", "handle_int", "keep_forever"]

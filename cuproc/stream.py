@@ -22,14 +22,13 @@ Policy
 """
 from __future__ import annotations
 
-import ctypes
 import weakref
 from typing import Any, Callable
 
 from . import _fork
 from ._ffi import ffi
 from ._resource import Resource
-from ._support import CUDA_ERROR_NOT_READY, arity, get_driver, handle_int, invalid
+from ._support import CUDA_ERROR_NOT_READY, arity, get_driver, handle_int, invalid, keep_forever
 from .context import Context
 from .driver import Driver
 
@@ -179,7 +178,7 @@ def _host_trampoline(user_data: Any, _handle_int: Any = handle_int, _lock: Any =
 # The driver may call the trampoline after this module's teardown (a host function still pending at
 # exit): its C closure is never freed (one leaked reference, as cuproc._dlpack does for its callbacks),
 # and it reads no module globals (defaults above).
-ctypes.pythonapi.Py_IncRef(ctypes.py_object(_host_trampoline))
+keep_forever(_host_trampoline)
 
 
 class Stream(Resource):

@@ -710,6 +710,28 @@ def test_make_checked_refuses_inconsistent_arguments():
             make(*{**good, field: bad}.values())
 
 
+@needs_fast
+def test_make_stream_ordered_refuses_slots_that_are_not_the_classes_own():
+    """The C fronts store a buffer's fields at the offsets of the member descriptors they are given:
+    a descriptor of another class (whose offset could lie anywhere in a DeviceBuffer) is refused."""
+    from cuproc import device_memory as dm
+    from cuproc._resource import FORKED, Resource
+    from cuproc.allocation import EXPORTS, Allocation
+    make = fastpath.stream_ordered_factory()
+    slots = (Resource.driver, Resource.ended, Allocation.context, Allocation.address, Allocation.nbytes,
+             dm.DeviceBuffer.stream, dm.DeviceBuffer.pool, dm.DeviceBuffer.last_stream, cuproc.Context.stream_ordered)
+    common = (dm.Stream, dm.DeviceBuffer, dm.StreamOrderedEntry, cuproc.Context, cuproc.ffi.typeof("CUstream"),
+              FORKED, EXPORTS, "freed")
+    fronts = make(*(print,) * 7, *common, slots)
+    assert len(fronts) == 3                                   # consistent: it builds
+    for bad in ((cuproc.Context.stream_ordered, *slots[1:]), (*slots[:8], dm.DeviceBuffer.stream),
+                (*slots[:2], cuproc.Context.handle, *slots[3:])):
+        with pytest.raises(ValueError, match="slot"):
+            make(*(print,) * 7, *common, bad)
+    with pytest.raises(TypeError):
+        type(fronts[0])()                                     # made by the factory only
+
+
 # ----------------------------------------------------------------------------- both paths in CI
 
 @pytest.mark.skipif(not fastpath.active(), reason="this run already is the pure path")

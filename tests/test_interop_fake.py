@@ -1022,3 +1022,27 @@ def test_dropping_a_foreign_stream_wrapper_leaves_the_epoch_alone(fk, pc):
     del owned
     gc.collect()
     assert EPOCH[0] > epoch                # an owned stream's drop still counts
+
+
+def test_another_librarys_pythonapi_prototypes_change_nothing_in_cuproc(fk):
+    """ctypes.pythonapi's function objects are shared by every library in the process: one that gives
+    Py_IncRef or the PyCapsule calls its own argtypes/restype must not break cuproc's imports (which
+    keep a host-function trampoline and DLPack callbacks forever) nor its DLPack exports."""
+    code = f"""
+    import ctypes, sys
+    sys.path.insert(0, {str(ROOT)!r})
+    api = ctypes.pythonapi
+    api.Py_IncRef.argtypes = [ctypes.c_void_p]             # as another library might set them
+    api.PyCapsule_New.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    import cuproc, cuproc.stream, cuproc._dlpack
+    cuproc.set_default_driver(cuproc.Driver(library={str(fk.path)!r}))
+    pc = cuproc.use_device(0)                               # held: its retain keeps the context
+    buf = cuproc.DeviceBuffer(64)
+    capsule = buf.__dlpack__()
+    assert type(capsule).__name__ == "PyCapsule", capsule
+    del capsule
+    buf.free()
+    print("ok")
+    """
+    assert run_python(code).stdout.strip() == "ok"

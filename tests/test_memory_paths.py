@@ -27,6 +27,7 @@ from cuproc.errors import ClosedResourceError, CudaError, CudaWarning
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_memory import COPY_CALLS  # noqa: E402 - the calls the benchmark's rows state, checked here
+from threads import run_threads  # noqa: E402
 
 
 def calls_of(fk, action):
@@ -670,3 +671,41 @@ def test_the_finalizer_front_frees_a_live_buffer_and_refuses_nothing_else(fk, pc
     kept.free()
     DeviceBuffer.__del__(kept)                                 # ended: nothing to give back
     assert fk.live("device_alloc") == 0 and fk.stale_count() == 0
+
+
+def test_threads_racing_the_c_claim_free_each_buffer_once(fk):
+    """The fronts under threads, on the driver's own entry points and the plain table (the race tests
+    above put Python stand-ins there, which the fronts leave to the Python code): free_async, close(),
+    the context's teardown and new allocations on the same stream race over the same buffers while
+    the pool hands freed addresses out again.  Every allocation is freed exactly once."""
+    ctx = Context.create(0)
+    s = Stream()
+    before = taken()
+    reuses = fk.async_reuses()
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(40):
+            bufs = [mem.alloc_async(64, s) for _ in range(16)]
+            kept: list[DeviceBuffer] = []
+            steps = [lambda: [b.free_async() for b in bufs], lambda: [b.close() for b in reversed(bufs)],
+                     ctx.free_stream_ordered, lambda: kept.extend(mem.alloc_async(64, s) for _ in range(16))]
+            gate = threading.Barrier(len(steps))
+
+            def run(k: int) -> None:
+                with ctx:                                 # each thread in the stream's context
+                    gate.wait()
+                    steps[k]()
+            run_threads(run, len(steps))
+            assert all(b.freed for b in bufs)
+            assert fk.live("async_alloc") == sum(not b.freed for b in kept)
+            for b in kept:
+                b.free_async()
+    finally:
+        sys.setswitchinterval(switch)
+    assert fk.async_reuses() > reuses and fk.stale_count() == 0 and fk.pool_used(0) == 0
+    if FAST:                                              # the fronts made the calls, not the Python code
+        assert taken()[0] - before[0] >= 40 * 16 and taken()[1] > before[1]
+    Context.pop()
+    s.close()
+    ctx.destroy()

@@ -42,6 +42,8 @@ def run_threads(fn: Callable[[int], Any], count: int) -> list[Any]:
         t.join()
     errors = [box["error"] for _, box in started if "error" in box]
     if errors:
-        errors[0].add_note(f"run_threads: {len(errors)} of {count} threads raised; this is the first")
+        note = getattr(errors[0], "add_note", None)   # Python 3.11+
+        if note is not None:
+            note(f"run_threads: {len(errors)} of {count} threads raised; this is the first")
         raise errors[0]
     return [box["value"] for _, box in started]

@@ -58,8 +58,10 @@ static void *cuproc_so_function(cuproc_so *self, PyObject *drv)
         Py_XINCREF(fn);
         Py_DECREF(dict);
     }
-    if (fn == NULL)
+    if (fn == NULL) {
+        PyErr_Clear();   /* no instance dict, or a failed lookup: the ordinary attribute lookup decides */
         fn = PyObject_GetAttr(drv, self->name);
+    }
     if (fn == NULL) { PyErr_Clear(); return NULL; }
     if (fn == self->fn) { Py_DECREF(fn); return self->fnptr; }
     value = PyObject_CallOneArg(self->pointer_of, fn);   /* None: not a driver pointer */
@@ -267,7 +269,8 @@ static PyObject *cuproc_so_free(PyObject *obj, PyObject *const *args, size_t nar
     rc = ((PFN_cuMemFreeAsync_v11020)fn)((CUdeviceptr)dptr, h);
     Py_END_ALLOW_THREADS
     Py_DECREF(entry);   /* after the call: it holds the stream */
-    self->taken++;
+    if (rc == 0)
+        self->taken++;
     if (rc != 0) {
         PyObject *code = PyLong_FromLong((long)rc), *result = NULL;
         if (code != NULL) {
@@ -353,23 +356,27 @@ static PyType_Slot cuproc_so_slots[] = {
 
 static PyType_Spec cuproc_so_spec = {
     "cuproc._fastpath_c.StreamOrdered", sizeof(cuproc_so), 0,
-    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR
+        | Py_TPFLAGS_DISALLOW_INSTANTIATION,   /* made by make_stream_ordered only: never with NULL fields */
     cuproc_so_slots,
 };
 
 static PyTypeObject *cuproc_so_type;
 
-/* The offset of an object slot from its member descriptor (e.g. DeviceBuffer.__dict__["stream"]). */
-static int cuproc_so_offset(PyObject *descr, Py_ssize_t *out)
+/* The offset of an object slot from its member descriptor (e.g. DeviceBuffer.__dict__["stream"]),
+ * which must be a slot of ``owner`` or of one of its bases. */
+static int cuproc_so_offset(PyObject *descr, PyObject *owner, Py_ssize_t *out)
 {
     PyMemberDef *member;
-    if (Py_TYPE(descr) != &PyMemberDescr_Type) goto bad;
+    if (Py_TYPE(descr) != &PyMemberDescr_Type
+        || !PyType_IsSubtype((PyTypeObject *)owner, ((PyDescrObject *)descr)->d_type)) goto bad;
     member = ((PyMemberDescrObject *)descr)->d_member;
     if (member->type != T_OBJECT_EX || (member->flags & READONLY) || member->offset <= 0) goto bad;
     *out = member->offset;
     return 0;
 bad:
-    PyErr_SetString(PyExc_ValueError, "make_stream_ordered: a slot is not a writable object slot (a cuproc bug)");
+    PyErr_SetString(PyExc_ValueError, "make_stream_ordered: a slot is not a writable object slot of its class "
+                                      "(a cuproc bug)");
     return -1;
 }
 
@@ -423,8 +430,9 @@ static PyObject *cuproc_make_stream_ordered(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "make_stream_ordered: inconsistent arguments (a cuproc bug)");
         return NULL;
     }
-    for (i = 0; i < 9; i++)
-        if (cuproc_so_offset(PyTuple_GET_ITEM(members, i), &offsets[i]) < 0) return NULL;
+    for (i = 0; i < 9; i++)   /* eight slots of a DeviceBuffer, then the Context's table */
+        if (cuproc_so_offset(PyTuple_GET_ITEM(members, i), i < 8 ? buffer_type : context_type, &offsets[i]) < 0)
+            return NULL;
     for (i = 0; i < 8; i++) {   /* every buffer slot lies inside a DeviceBuffer */
         if (offsets[i] + (Py_ssize_t)sizeof(PyObject *) > ((PyTypeObject *)buffer_type)->tp_basicsize) {
             PyErr_SetString(PyExc_ValueError, "make_stream_ordered: a slot lies outside the buffer (a cuproc bug)");
