@@ -63,12 +63,11 @@ static void *cuproc_so_function(cuproc_so *self, PyObject *drv)
         fn = PyObject_GetAttr(drv, self->name);
     }
     if (fn == NULL) { PyErr_Clear(); return NULL; }
-    if (fn == self->fn) { Py_DECREF(fn); return self->fnptr; }
+    if (fn == self->fn) { Py_DECREF(fn); return self->fnptr; }   /* NULL: known not to be a driver pointer */
     value = PyObject_CallOneArg(self->pointer_of, fn);   /* None: not a driver pointer */
-    if (value == NULL || value == Py_None) { PyErr_Clear(); Py_XDECREF(value); Py_DECREF(fn); return NULL; }
-    address = PyLong_AsVoidPtr(value);
-    Py_DECREF(value);
-    if (address == NULL) { PyErr_Clear(); Py_DECREF(fn); return NULL; }
+    address = value == NULL || value == Py_None ? NULL : PyLong_AsVoidPtr(value);
+    Py_XDECREF(value);
+    PyErr_Clear();
     Py_XSETREF(self->fn, fn);   /* keeps it: the identity test above never meets a reused id */
     self->fnptr = address;
     return address;
