@@ -321,13 +321,12 @@ def read_cai(obj: Any, call: str, *, writable: bool) -> tuple[int, int, int | No
     return int(ptr or 0), size, stream
 
 
-def wait_for_cai(stream: int, waiter: Stream | Any | None, context: Context | None, driver: Driver,
-                 exporter: Any = None) -> None:
+def wait_for_cai(stream: int, waiter: Stream | Any | None, context: Context | None, driver: Driver) -> None:
     """Make cuproc's use of a CAI array wait for the exporter's ``stream``, as the CAI spec asks.
 
     Work on a stream (``waiter``) waits on the device (an event); a synchronous call waits on the
-    host (cuStreamSynchronize of the exporter's stream).  The exporter stream's context is asked of
-    the driver once per ``exporter`` (the CAI object) and stream (:func:`cuproc.stream.foreign_context`)."""
+    host (cuStreamSynchronize of the exporter's stream).  The exporter stream's context comes from
+    :func:`cuproc.stream.foreign_context` (one cuStreamGetCtx per use)."""
     if waiter is not None:
         h = handle_int(stream_handle(waiter, driver, "cuStreamWaitEvent"))
         if h != stream:
@@ -335,7 +334,7 @@ def wait_for_cai(stream: int, waiter: Stream | Any | None, context: Context | No
             ctx = ctx if ctx is not None else Context.require_current("cuStreamWaitEvent", driver=driver)
             # The event lives in the exporter stream's context; a default stream is the waiter's context's.
             signaller = ctx if stream in (LEGACY_STREAM, PER_THREAD_STREAM) else \
-                foreign_context(stream, exporter, None, driver)
+                foreign_context(stream, None, driver)
             order_after(signaller, h, stream, ctx)
         return
     if stream == default_marker(driver):

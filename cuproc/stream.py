@@ -95,7 +95,7 @@ def as_stream(stream: Stream | Any | None, call: str = "stream", *,
     if handle == 0:                 # a library's name for the NULL (default) stream: nothing to keep
         return ffi.cast("CUstream", 0)
     drv = get_driver(driver if context is None else context.driver)
-    return Stream.from_handle(handle, owner=stream, context=foreign_context(handle, stream, context, drv),
+    return Stream.from_handle(handle, owner=stream, context=foreign_context(handle, context, drv),
                               driver=drv)
 
 
@@ -108,22 +108,26 @@ _contexts: dict[tuple[int, int], weakref.ref[Context]] = {}
 _CONTEXTS_KEPT = 64     # handles remembered at most (the table starts over beyond)
 
 
-def foreign_context(handle: int, owner: Any, context: Context | None, driver: Driver) -> Context:
-    """The context of another library's stream ``handle``, which ``owner`` (its stream object, or the
-    array that named it) gave: ``context`` when given, else cuStreamGetCtx's answer.  The Context
-    object is made once per handle and driver and found again while it lives; each use asks
-    cuStreamGetCtx once more (a handle can be destroyed and made again in another context), which is
-    all a known handle costs."""
+def _stream_context(driver: Driver, stream: Any) -> tuple[int, Any]:
+    """cuStreamGetCtx of ``stream`` (a CUstream) at the ABI the handle selected: (CUresult, CUcontext)."""
+    out = ffi.new("CUcontext *")
+    args = (stream, out, ffi.NULL) if arity(driver, "cuStreamGetCtx") == 3 else (stream, out)
+    return driver.cuStreamGetCtx(*args), out[0]
+
+
+def foreign_context(handle: int, context: Context | None, driver: Driver) -> Context:
+    """The context of another library's stream ``handle``: ``context`` when given, else cuStreamGetCtx's
+    answer.  The Context object is made once per handle and driver and found again while it lives;
+    each use asks cuStreamGetCtx once more (a handle can be destroyed and made again in another
+    context), which is all a known handle costs."""
     if context is not None:
         return context
     key = (id(driver), handle)
     ref = _contexts.get(key)
     known = ref() if ref is not None else None
     if known is not None and known.ended is None and known.driver is driver:
-        out = ffi.new("CUcontext *")
-        h = ffi.cast("CUstream", handle)
-        args = (h, out, ffi.NULL) if arity(driver, "cuStreamGetCtx") == 3 else (h, out)
-        if driver.cuStreamGetCtx(*args) == 0 and handle_int(out[0]) == handle_int(known.handle):
+        rc, current = _stream_context(driver, ffi.cast("CUstream", handle))
+        if rc == 0 and handle_int(current) == handle_int(known.handle):
             return known
     found = Stream.from_handle(handle, driver=driver).context
     if len(_contexts) >= _CONTEXTS_KEPT:
@@ -221,10 +225,9 @@ class Stream(Resource):
                           "(0 is ambiguous: name the default stream with None)")
         h = ffi.cast("CUstream", handle)
         if context is None:
-            out = ffi.new("CUcontext *")
-            args = (h, out, ffi.NULL) if arity(drv, "cuStreamGetCtx") == 3 else (h, out)
-            drv.check(drv.cuStreamGetCtx(*args), "cuStreamGetCtx")
-            context = Context.adopt(out[0], driver=drv)
+            rc, found = _stream_context(drv, h)
+            drv.check(rc, "cuStreamGetCtx")
+            context = Context.adopt(found, driver=drv)
         context.check("Stream.from_handle")
         stream = cls.__new__(cls)
         stream.driver, stream.context, stream.handle = drv, context, h

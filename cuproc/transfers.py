@@ -124,7 +124,7 @@ def _begin(stream: Any, driver: Driver | None, call: str, d: _Side,
         drv = ctx.driver if ctx is not None else get_driver(driver)
         for side in (d, s):
             if side is not None and side.wait is not None:
-                wait_for_cai(side.wait, stream, ctx, drv, side.keep)
+                wait_for_cai(side.wait, stream, ctx, drv)
     if stream is None or isinstance(stream, Stream):
         return stream, ctx, stream
     return stream, ctx, handle_int(_stream_arg(stream, ctx, driver, call)) or None   # NULL: the default stream
