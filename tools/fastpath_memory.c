@@ -47,8 +47,8 @@ static PyObject *cuproc_s_handle, *cuproc_s_cuMemAllocAsync, *cuproc_s_cuMemFree
 
 #define CUPROC_SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
-/* The raw pointer behind ``drv.<name>`` (a new reference to the function in *fn), or NULL with no
- * error set when the fast path cannot call it (an Unavailable, a stand-in a test put there). */
+/* The raw pointer behind ``drv.<name>`` (the function it was last seen to be is kept in self->fn), or
+ * NULL with no error set when the fast path cannot call it (an Unavailable, a stand-in a test put there). */
 static void *cuproc_so_function(cuproc_so *self, PyObject *drv)
 {
     PyObject *fn = NULL, *value, *dict = PyObject_GenericGetDict(drv, NULL);
@@ -130,6 +130,20 @@ static PyObject *cuproc_so_orphan(cuproc_so *self, PyObject *stream, PyObject *n
     return NULL;
 }
 
+/* ``failed(a, b, rc)``, or ``failed(a, rc)`` when b is NULL: the rest of the Python code after a first
+ * attempt that answered ``rc`` (the context's rebind and retry, else the exception). */
+static PyObject *cuproc_so_failed(cuproc_so *self, PyObject *a, PyObject *b, CUresult rc)
+{
+    PyObject *code = PyLong_FromLong((long)rc), *result;
+    if (code == NULL) return NULL;
+    {
+        PyObject *call[3] = {a, b != NULL ? b : code, code};
+        result = PyObject_Vectorcall(self->failed, call, b != NULL ? 3 : 2, NULL);
+    }
+    Py_DECREF(code);
+    return result;
+}
+
 static PyObject *cuproc_so_alloc(PyObject *obj, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     cuproc_so *self = (cuproc_so *)obj;
@@ -157,15 +171,9 @@ static PyObject *cuproc_so_alloc(PyObject *obj, PyObject *const *args, size_t na
     Py_BEGIN_ALLOW_THREADS
     rc = ((PFN_cuMemAllocAsync_v11020)fn)(&out, n, h);
     Py_END_ALLOW_THREADS
-    if (rc != 0) {   /* the rest of the Python function after its first attempt: rebind or raise */
-        PyObject *code = PyLong_FromLong((long)rc), *result = NULL;
-        if (code != NULL) {
-            PyObject *call[3] = {stream, nbytes, code};
-            result = PyObject_Vectorcall(self->failed, call, 3, NULL);
-            Py_DECREF(code);
-        }
+    if (rc != 0) {
         Py_DECREF(ctx);
-        return result;
+        return cuproc_so_failed(self, stream, nbytes, rc);
     }
     self->taken++;
     address = PyLong_FromUnsignedLongLong((unsigned long long)out);
@@ -268,17 +276,9 @@ static PyObject *cuproc_so_free(PyObject *obj, PyObject *const *args, size_t nar
     rc = ((PFN_cuMemFreeAsync_v11020)fn)((CUdeviceptr)dptr, h);
     Py_END_ALLOW_THREADS
     Py_DECREF(entry);   /* after the call: it holds the stream */
-    if (rc == 0)
-        self->taken++;
-    if (rc != 0) {
-        PyObject *code = PyLong_FromLong((long)rc), *result = NULL;
-        if (code != NULL) {
-            PyObject *call[2] = {buf, code};
-            result = PyObject_Vectorcall(self->failed, call, 2, NULL);
-            Py_DECREF(code);
-        }
-        return result;
-    }
+    if (rc != 0)
+        return cuproc_so_failed(self, buf, NULL, rc);
+    self->taken++;
     Py_RETURN_NONE;
 slow:
     return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
