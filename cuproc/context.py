@@ -49,6 +49,24 @@ _known_lock = _fork.lock()
 _scratch = threading.local()   # per-thread out-parameters for the binding retry
 
 
+def _no_stream_ordered_memory(*args: Any) -> Any:
+    raise AssertionError("a stream-ordered entry exists, but cuproc.device_memory registered no way to free it")
+
+
+#: How a context's teardown frees a stream-ordered entry and names it: (free(context, key, entry) ->
+#: CUresult, describe(entry) -> str).  cuproc.device_memory, which makes every entry, registers them
+#: when it is imported (it imports this module, so this one cannot import it, least of all during
+#: interpreter shutdown, when a teardown may run).
+_stream_ordered_memory: tuple[Callable[[Context, Any, Any], int], Callable[[Any], str]] = (
+    _no_stream_ordered_memory, _no_stream_ordered_memory)
+
+
+def register_stream_ordered_memory(free: Callable[[Context, Any, Any], int], describe: Callable[[Any], str]) -> None:
+    """How :meth:`Context.free_stream_ordered` frees an entry (called once, by cuproc.device_memory)."""
+    global _stream_ordered_memory
+    _stream_ordered_memory = (free, describe)
+
+
 def _popped() -> Any:
     out = getattr(_scratch, "ctx", None)
     if out is None:
@@ -70,12 +88,12 @@ class Context(Resource):
         self.kind = kind
         self.primary = primary          # the retains that keep a primary context alive (held strongly)
         self._exporters: weakref.WeakSet[Any] = weakref.WeakSet()
-        #: its live stream-ordered allocations, ``id(buffer) -> entry``: part of the API
-        #: cuproc.device_memory uses (its hot paths read it inline).  An entry
-        #: (:class:`~cuproc.device_memory.StreamOrderedEntry`) holds a weak reference to the buffer and
-        #: what freeing the memory needs (address, stream), and ``entry.free(context)`` frees it.  The
-        #: claim rule: removing a buffer's entry is the claim to free it (see :meth:`untrack_stream_ordered`)
-        self.stream_ordered: dict[int, Any] = {}
+        #: its live stream-ordered allocations, ``buffer.claim_key -> (address, stream)``: part of the
+        #: API cuproc.device_memory uses (its hot paths read it inline).  The key is the buffer's weak
+        #: reference; the entry is what freeing the memory needs
+        #: (:func:`~cuproc.device_memory.free_stream_ordered_entry`).  The claim rule: removing a
+        #: buffer's entry is the claim to free it (see :meth:`untrack_stream_ordered`)
+        self.stream_ordered: dict[Any, tuple[int, Any]] = {}
         self.ended = None
 
     # ---------------------------------------------------------------- kinds and lookup
@@ -206,18 +224,19 @@ class Context(Resource):
         if self._claim(how):
             _forget(self)
 
-    def untrack_stream_ordered(self, buffer: Any) -> Any:
-        """Remove ``buffer``'s entry from the table of stream-ordered allocations and return it, or None
-        when it was gone: getting the entry is the claim to free the memory (``entry.free(self)``).
+    def untrack_stream_ordered(self, key: Any) -> tuple[int, Any] | None:
+        """Remove the entry under ``key`` (a buffer's ``claim_key``) from the table of stream-ordered
+        allocations and return it, or None when it was gone: getting the entry is the claim to free
+        the memory (:func:`~cuproc.device_memory.free_stream_ordered_entry`).
 
         One rule for every way such memory is freed -- the buffer's ``free_async``, ``close()`` and
         finalizer, and this context's teardown (:meth:`free_stream_ordered`): each removes the entry
         first (one dict pop, atomic between threads), and only the one that got it frees the
-        memory.  The key is ``id(buffer)``, not the address: the caller holds the buffer, so no other
-        live buffer has that key, and a pool that hands a freed address out again can never make one
-        buffer's claim take another buffer's entry.
+        memory.  The key is the buffer's own weak reference, not the address: a pool that hands a
+        freed address out again can never make one buffer's claim take another buffer's entry, and
+        the finalizer of a buffer collected in a reference cycle still finds its entry.
         """
-        return self.stream_ordered.pop(id(buffer), None)
+        return self.stream_ordered.pop(key, None)
 
     def free_stream_ordered(self) -> None:
         """Free this context's stream-ordered allocations now (each on its stream).
@@ -235,19 +254,20 @@ class Context(Resource):
         """
         if FORKED[0]:
             return
+        free, describe = _stream_ordered_memory
         table = self.stream_ordered
         while table:
             try:
-                _, entry = table.popitem()      # the claim (atomic): an entry taken by another thread is not seen
+                key, entry = table.popitem()    # the claim (atomic): an entry taken by another thread is not seen
             except KeyError:                    # emptied by other threads since the test
                 break
             try:
-                rc = entry.free(self)
+                rc = free(self, key, entry)
                 failure = str(self.driver.error(rc, "cuMemFreeAsync")) if rc else ""
             except Exception as exc:  # noqa: BLE001 - the context goes anyway; say what was lost
                 failure = repr(exc)
             if failure:
-                report(f"freeing {entry.describe()} before its context went failed: {failure}")
+                report(f"freeing {describe(entry)} before its context went failed: {failure}")
 
     def add_exporter(self, allocation: Any) -> None:
         """Note memory that has handed out views or DLPack exports (destroying the context under them

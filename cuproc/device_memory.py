@@ -11,13 +11,15 @@ Policy
   the stream) and asks the driver for the current one only when given nothing.
 * A stream-ordered buffer is entered in its context's table of stream-ordered
   allocations (so that the context frees it before it goes), keyed by the
-  buffer's identity, not its address.  Removing that entry -- one dict pop,
-  atomic between threads -- is the one claim to free it: ``free_async``,
-  ``close``, the finalizer and the context's teardown all remove it first, and
-  only the one that got it calls cuMemFreeAsync
+  buffer's own weak reference (``claim_key``), not its address.  Removing that
+  entry -- one dict pop, atomic between threads -- is the one claim to free it:
+  ``free_async``, ``close``, the finalizer and the context's teardown all
+  remove it first, and only the one that got it calls cuMemFreeAsync
   (:meth:`~cuproc.context.Context.untrack_stream_ordered`).  Pools hand freed
-  addresses out again at once; keyed by identity, no buffer's claim can take
-  the entry of a later buffer at the same address.
+  addresses out again at once; keyed per buffer, no buffer's claim can take
+  the entry of a later buffer at the same address (a dead weak reference
+  equals only itself).  The key also lets the teardown end a live buffer
+  ("freed") without the table holding it.
 * ``alloc_async(n, stream).free_async()`` on a cuproc Stream is the hot path of
   stream-ordered code: it makes exactly the two driver calls, in the stream's
   context as is (a binding error alone brings the push/retry of
@@ -35,14 +37,14 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import fastpath
 from ._ffi import ffi
 from ._resource import FORKED, Resource
 from ._support import handle_int, invalid
 from .allocation import EXPORTS, Allocation
-from .context import Context, synchronize_context
+from .context import Context, register_stream_ordered_memory, synchronize_context
 from .driver import Driver
 from .interop import KDL_CUDA, DeviceArrayExports, cai, default_marker, typestr_of
 from .stream import Stream, as_stream, default_stream, stream_handle
@@ -53,39 +55,42 @@ if TYPE_CHECKING:
 _DEVICE_POINTER = ffi.typeof("CUdeviceptr *")   # parsed once: ffi.new of a string parses it per call
 _new_buffer = object.__new__                     # DeviceBuffer has no __new__ of its own: skips a lookup
 _weak = weakref.ref
-_new_entry = tuple.__new__                       # a NamedTuple from a tuple, without its Python __new__
 _scratch = threading.local()                     # per thread: the out-parameter of the hot path's cuMemAllocAsync
 
 
-class StreamOrderedEntry(NamedTuple):
-    """A stream-ordered buffer's entry in its context's table (``Context.stream_ordered``, keyed by
-    ``id(buffer)``): what freeing its memory needs, without the buffer.  A context's teardown that
-    finds the buffer already collected -- in a reference cycle the weak reference is cleared before
-    the finalizer runs -- still gives the memory back to its pool."""
+#: A stream-ordered buffer's entry in its context's table (``Context.stream_ordered``):
+#: ``(address, stream)``, what freeing its memory needs without the buffer -- the stream is the cuproc
+#: Stream it came from, or a raw CUstream.  A plain tuple: the table is written on every
+#: ``alloc_async`` and a tuple is the cheapest object Python makes.
+StreamOrderedEntry = tuple
 
-    buffer: weakref.ref[DeviceBuffer]
-    address: int
-    stream: Stream | Any     # where it is freed: the cuproc Stream it came from, or a raw CUstream
 
-    def free(self, context: Context) -> int:
-        """cuMemFreeAsync of the memory, by the holder of the claim (whoever removed this entry from
-        ``context``'s table); ends the buffer as "freed" if it lives.  Returns the CUresult."""
-        buffer = self.buffer()
-        if buffer is not None and buffer.ended is None:
-            buffer.ended = "freed"
-        stream, drv = self.stream, context.driver
-        # Stream-ordered memory goes back with cuMemFreeAsync: cuMemFree "succeeds" on it, but the
-        # pool keeps counting it as used and never releases it (measured on driver 580).
-        if not isinstance(stream, Stream):                   # a raw or default stream handle
-            return context.call(drv.cuMemFreeAsync, self.address, stream)
-        if stream.ended_owner() is None:                     # its stream: ordered after the work on it
-            return context.call(drv.cuMemFreeAsync, self.address, stream.handle)
-        # Its stream is gone: wait for everything in the context, then free on the default stream.
-        rc = synchronize_context(context)
-        return rc or context.call(drv.cuMemFreeAsync, self.address, default_stream(drv))
+def free_stream_ordered_entry(context: Context, key: weakref.ref[DeviceBuffer], entry: StreamOrderedEntry) -> int:
+    """cuMemFreeAsync of an entry's memory, by the holder of the claim (whoever removed ``key`` from
+    ``context``'s table); ends the buffer as "freed" if it lives.  Returns the CUresult.  A context's
+    teardown that finds the buffer already collected -- in a reference cycle the weak reference is
+    cleared before the finalizer runs -- still gives the memory back to its pool."""
+    buffer = key()
+    if buffer is not None and buffer.ended is None:
+        buffer.ended = "freed"
+    address, stream = entry
+    drv = context.driver
+    # Stream-ordered memory goes back with cuMemFreeAsync: cuMemFree "succeeds" on it, but the
+    # pool keeps counting it as used and never releases it (measured on driver 580).
+    if not isinstance(stream, Stream):                   # a raw or default stream handle
+        return context.call(drv.cuMemFreeAsync, address, stream)
+    if stream.ended_owner() is None:                     # its stream: ordered after the work on it
+        return context.call(drv.cuMemFreeAsync, address, stream.handle)
+    # Its stream is gone: wait for everything in the context, then free on the default stream.
+    rc = synchronize_context(context)
+    return rc or context.call(drv.cuMemFreeAsync, address, default_stream(drv))
 
-    def describe(self) -> str:
-        return f"stream-ordered memory at {self.address:#x}"
+
+def describe_stream_ordered_entry(entry: StreamOrderedEntry) -> str:
+    return f"stream-ordered memory at {entry[0]:#x}"
+
+
+register_stream_ordered_memory(free_stream_ordered_entry, describe_stream_ordered_entry)
 
 
 class DeviceBuffer(DeviceArrayExports, Allocation):
@@ -98,10 +103,14 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
     so that consumers synchronize with that stream.
     """
 
-    __slots__ = ("stream", "pool", "last_stream")
+    __slots__ = ("stream", "pool", "last_stream", "claim_key")
     stream: Stream | Any | None        # where a stream-ordered buffer is freed
     pool: MemoryPool | None
     last_stream: Stream | int | None   # the last stream-ordered work on it (None: the default stream)
+    #: a stream-ordered buffer's key in its context's table (``Context.stream_ordered``): its own weak
+    #: reference, which the buffer keeps so that its finalizer finds the entry even after a reference
+    #: cycle's collection cleared the reference; None for cuMemAlloc memory
+    claim_key: weakref.ref[DeviceBuffer] | None
     typestr = "|u1"
     _release_call = "cuMemFree"
 
@@ -115,15 +124,17 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
         if rc:
             raise drv.error(rc, "cuMemAlloc")
         self.driver, self.ended, self.context, self.address, self.nbytes = drv, None, ctx, int(out[0]), nbytes
-        self.stream = self.pool = self.last_stream = None
+        self.stream = self.pool = self.last_stream = self.claim_key = None
 
     def _release(self) -> int:
         """close() and the finalizer: cuMemFree, or for stream-ordered memory the claim (removing this
         buffer's entry from its context's table), then cuMemFreeAsync by whoever holds it."""
         if self.stream is None:                              # cuMemAlloc
             return self.context.call(self.driver.cuMemFree, self.address)
-        entry = self.context.untrack_stream_ordered(self)
-        return 0 if entry is None else entry.free(self.context)   # None: free_async or the teardown took it
+        key = self.claim_key
+        entry = self.context.untrack_stream_ordered(key)
+        # None: free_async or the teardown took it
+        return 0 if entry is None else free_stream_ordered_entry(self.context, key, entry)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -155,8 +166,7 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
             target = stream if stream is not None else (own if isinstance(own, Stream) else None)
             h = stream_handle(target, self.driver, "cuMemFreeAsync")
             ctx = target.context if isinstance(target, Stream) else self.context
-        key = id(self)
-        if key in EXPORTS:                            # Allocation.has_views, inline (a DeviceBuffer adds no views)
+        if id(self) in EXPORTS:                       # Allocation.has_views, inline (a DeviceBuffer adds no views)
             raise BufferError(f"cuMemFreeAsync was not called: {self.describe()} still has views (a DLPack "
                               f"export); drop them first")
         address = self.address
@@ -164,7 +174,7 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
             # Stream-ordered: the claim is removing its entry from the context's table, as every way of
             # freeing it does first (Context.untrack_stream_ordered, inline).  Ended either way: without
             # the claim, whoever has it (close, the teardown, another free_async) frees the memory.
-            if self.context.stream_ordered.pop(key, None) is None:
+            if self.context.stream_ordered.pop(self.claim_key, None) is None:
                 self.ended = "freed"
                 return
             self.ended = "freed"
@@ -230,7 +240,8 @@ def _stream_ordered_buffer(drv: Driver, ctx: Context, address: int, nbytes: int,
     buf.stream = stream
     buf.last_stream = last
     buf.pool = pool
-    ctx.stream_ordered[id(buf)] = _new_entry(StreamOrderedEntry, (_weak(buf), address, stream))   # removing it: the claim
+    buf.claim_key = key = _weak(buf)
+    ctx.stream_ordered[key] = (address, stream)   # removing it: the claim
     return buf
 
 
@@ -286,18 +297,21 @@ _python_alloc_async = alloc_async
 _make_stream_ordered = fastpath.stream_ordered_factory()
 if _make_stream_ordered is not None:
     _slots = (Resource.driver, Resource.ended, Allocation.context, Allocation.address, Allocation.nbytes,
-              DeviceBuffer.stream, DeviceBuffer.pool, DeviceBuffer.last_stream, Context.stream_ordered)
+              DeviceBuffer.stream, DeviceBuffer.pool, DeviceBuffer.last_stream, Context.stream_ordered,
+              Stream.context, Stream.handle, DeviceBuffer.claim_key)
     _front_alloc, _front_free, _front_del = _make_stream_ordered(
         _python_alloc_async, _c_alloc_failed,
         functools.partial(fastpath.pointer_value, typedef="PFN_cuMemAllocAsync_v11020"),
         DeviceBuffer.free_async, _c_free_failed,
         functools.partial(fastpath.pointer_value, typedef="PFN_cuMemFreeAsync_v11020"), Resource.__del__,
-        Stream, DeviceBuffer, StreamOrderedEntry, Context, ffi.typeof("CUstream"), FORKED, EXPORTS, "freed", _slots)
+        Stream, DeviceBuffer, Context, ffi.typeof("CUstream"), FORKED, EXPORTS, "freed", _slots)
     alloc_async = functools.update_wrapper(_front_alloc, _python_alloc_async)  # type: ignore[assignment]
     DeviceBuffer.free_async = functools.update_wrapper(  # type: ignore[method-assign]
         _front_free, DeviceBuffer.free_async)
-    # A freed buffer's finalizer has nothing to do: the C front returns at once (Resource.__del__ otherwise).
+    # A freed buffer's finalizer has nothing to do: the C front returns at once (Resource.__del__ otherwise),
+    # and, as the class's tp_finalize, without the generic slot's lookup and call of __del__.
     DeviceBuffer.__del__ = functools.update_wrapper(_front_del, Resource.__del__)  # type: ignore[method-assign]
+    _front_del.take_finalizer()
 
 
 class DeviceView(DeviceArrayExports):

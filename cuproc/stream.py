@@ -192,6 +192,12 @@ class Stream(Resource):
     last reference destroys it.  Work already queued on it still runs.
     """
 
+    __slots__ = ("context", "handle", "owned", "owner", "_callback_errors")
+    context: Context
+    handle: Any                       # the CUstream (a cffi cdata)
+    owned: bool                       # False for another library's stream (from_handle): never destroyed here
+    owner: Any                        # that library's object, kept alive with this one
+    _callback_errors: list[BaseException]
     _release_call = "cuStreamDestroy"
 
     def __init__(self, *, non_blocking: bool = False, priority: int = 0, flags: int | None = None,
@@ -205,7 +211,7 @@ class Stream(Resource):
         self.context = ctx
         self.handle = out[0]
         self.owned, self.owner = True, None
-        self._callback_errors: list[BaseException] = []
+        self._callback_errors = []
         self.ended = None           # last: a half-built object has nothing to release
 
     @classmethod

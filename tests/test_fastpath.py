@@ -719,13 +719,14 @@ def test_make_stream_ordered_refuses_slots_that_are_not_the_classes_own():
     from cuproc.allocation import EXPORTS, Allocation
     make = fastpath.stream_ordered_factory()
     slots = (Resource.driver, Resource.ended, Allocation.context, Allocation.address, Allocation.nbytes,
-             dm.DeviceBuffer.stream, dm.DeviceBuffer.pool, dm.DeviceBuffer.last_stream, cuproc.Context.stream_ordered)
-    common = (dm.Stream, dm.DeviceBuffer, dm.StreamOrderedEntry, cuproc.Context, cuproc.ffi.typeof("CUstream"),
-              FORKED, EXPORTS, "freed")
+             dm.DeviceBuffer.stream, dm.DeviceBuffer.pool, dm.DeviceBuffer.last_stream, cuproc.Context.stream_ordered,
+             dm.Stream.context, dm.Stream.handle, dm.DeviceBuffer.claim_key)
+    common = (dm.Stream, dm.DeviceBuffer, cuproc.Context, cuproc.ffi.typeof("CUstream"), FORKED, EXPORTS, "freed")
     fronts = make(*(print,) * 7, *common, slots)
     assert len(fronts) == 3                                   # consistent: it builds
-    for bad in ((cuproc.Context.stream_ordered, *slots[1:]), (*slots[:8], dm.DeviceBuffer.stream),
-                (*slots[:2], cuproc.Context.handle, *slots[3:])):
+    for bad in ((cuproc.Context.stream_ordered, *slots[1:]), (*slots[:8], dm.DeviceBuffer.stream, *slots[9:]),
+                (*slots[:2], cuproc.Context.handle, *slots[3:]), (*slots[:10], dm.DeviceBuffer.stream, slots[11]),
+                (*slots[:11], dm.Stream.handle)):
         with pytest.raises(ValueError, match="slot"):
             make(*(print,) * 7, *common, bad)
     with pytest.raises(TypeError):

@@ -291,7 +291,7 @@ def test_a_late_close_after_the_pool_reused_the_address_frees_nothing(primary):
     try:
         old = mem.alloc_async(n, s, pool=pool)
         x = old.address
-        assert old.context.untrack_stream_ordered(old) is not None   # free_async's claim ...
+        assert old.context.untrack_stream_ordered(old.claim_key) is not None   # free_async's claim ...
         assert old.driver.cuMemFreeAsync(x, s.handle) == 0        # ... and its driver call, on s
         new = mem.alloc_async(n, s, pool=pool)                    # same size, same pool, same stream
         assert new.address == x, (

@@ -22,6 +22,7 @@ import pytest
 import cuproc
 from cuproc import Context, DeviceBuffer, Stream
 from cuproc import memory as mem
+from cuproc.device_memory import free_stream_ordered_entry
 from cuproc.errors import ClosedResourceError, CudaError, CudaWarning
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -207,7 +208,7 @@ def test_a_late_close_after_free_async_gave_the_address_back_frees_nothing(fk, p
     s = Stream()
     old = mem.alloc_async(256, s)
     ctx, x = old.context, old.address
-    assert ctx.untrack_stream_ordered(old) is not None        # free_async's claim (its inline pop)
+    assert ctx.untrack_stream_ordered(old.claim_key) is not None   # free_async's claim (its inline pop)
     assert old.driver.cuMemFreeAsync(x, s.handle) == 0        # free_async's driver call
     new = mem.alloc_async(256, s)
     assert new.address == x and fk.async_reuses() == 1        # the pool gave the address back
@@ -228,15 +229,15 @@ def test_free_async_that_lost_the_claim_ends_the_buffer_and_frees_nothing(fk, pc
     nothing and leaves the buffer ended, not looking live; the claim's holder frees it once."""
     s = Stream()
     buf = mem.alloc_async(64, s)
-    entry = buf.context.untrack_stream_ordered(buf)           # the claim, taken by "another thread"
-    assert entry is not None and entry.address == buf.address
-    assert buf.context.untrack_stream_ordered(buf) is None    # ... once
+    entry = buf.context.untrack_stream_ordered(buf.claim_key)   # the claim, taken by "another thread"
+    assert entry is not None and entry == (buf.address, buf.stream)
+    assert buf.context.untrack_stream_ordered(buf.claim_key) is None   # ... once
     fk.clear_calls()
     buf.free_async()
     assert fk.calls() == [] and buf.freed and buf.ended == "freed"
     with pytest.raises(ClosedResourceError, match="freed"):
         buf.ptr
-    assert entry.free(buf.context) == 0                       # the holder of the claim frees it
+    assert free_stream_ordered_entry(buf.context, buf.claim_key, entry) == 0   # the holder of the claim frees it
     assert fk.calls() == ["cuMemFreeAsync"] and fk.pool_used(0) == 0
     buf.close()
     del buf
@@ -308,10 +309,9 @@ def test_teardown_between_a_cycles_weakref_clearing_and_its_finalizer_frees_the_
     seen: list[object] = []
 
     def teardown_in_the_gap(_ref: object) -> None:
-        entry = ctx.stream_ordered.get(id_buf)
-        seen.append(entry.buffer() if entry is not None else "no entry")
+        seen.append(key() if key in ctx.stream_ordered else "no entry")
         ctx.free_stream_ordered()
-    id_buf = id(buf)
+    key = buf.claim_key
     probe = weakref.ref(buf, teardown_in_the_gap)
     fk.clear_calls()
     del buf
@@ -492,6 +492,7 @@ import os, sys
 sys.path.insert(0, {tests!r})
 import cuproc
 from cuproc import memory as mem
+from cuproc.device_memory import free_stream_ordered_entry
 cuproc.set_default_driver(cuproc.Driver(library={lib!r}))
 pc = cuproc.use_device(0)
 s = cuproc.Stream()
@@ -595,10 +596,10 @@ def taken() -> tuple[int, int]:
 
 
 def state(buf: DeviceBuffer) -> tuple:
-    entry = buf.context.stream_ordered[id(buf)]
+    entry = buf.context.stream_ordered[buf.claim_key]
     return (type(buf), buf.driver, buf.ended, buf.context, buf.nbytes, buf.stream, buf.last_stream, buf.pool,
-            hasattr(buf, "_checked_at"), type(entry), entry.buffer() is buf, entry.address == buf.address,
-            entry.stream)
+            hasattr(buf, "_checked_at"), type(buf.claim_key), buf.claim_key() is buf, type(entry), entry,
+            list(buf.context.stream_ordered).count(buf.claim_key))
 
 
 def test_the_front_builds_the_buffer_and_entry_the_python_code_builds(fk, pc):
@@ -607,12 +608,14 @@ def test_the_front_builds_the_buffer_and_entry_the_python_code_builds(fk, pc):
     a = mem.alloc_async(256, s)
     b = PYTHON_ALLOC(256, s)
     assert taken()[0] == before[0] + FAST                     # the front made a itself (fast path)
-    assert state(a) == state(b) and a.address != b.address
+    assert state(a)[:-3] == state(b)[:-3] and a.address != b.address
+    assert state(a)[-3:] == (tuple, (a.address, s), 1) and state(b)[-3:] == (tuple, (b.address, s), 1)
     assert fk.pool_used(0) == 512
     a.free_async()
     b.free_async()
     assert taken()[1] == before[1] + 2 * FAST
-    assert a.ended == b.ended == "freed" and id(a) not in a.context.stream_ordered
+    assert a.ended == b.ended == "freed" and a.claim_key not in a.context.stream_ordered
+    assert b.claim_key not in b.context.stream_ordered
     assert fk.pool_used(0) == 0 and fk.stale_count() == 0
     a.free_async()                                            # idempotent, nothing reaches the driver
     assert fk.pool_used(0) == 0 and fk.stale_count() == 0
@@ -653,6 +656,13 @@ def test_the_front_hands_every_other_form_to_the_python_code(fk, pc, monkeypatch
     monkeypatch.undo()
     mem.alloc_async(32, s).free_async()                        # the driver's own function again: the front
     assert taken() == (before[0] + 2 * FAST, before[1] + 2 * FAST)
+    published = vars(buf.driver)                               # written into the handle's dict directly, after
+    published["cuMemAllocAsync"] = counted                     # the front has called (and remembered) the real one
+    mem.alloc_async(16, s).free_async()
+    assert calls == [32, 16] and taken() == (before[0] + 2 * FAST, before[1] + 3 * FAST)
+    published["cuMemAllocAsync"] = real
+    mem.alloc_async(16, s).free_async()
+    assert calls == [32, 16] and taken() == (before[0] + 3 * FAST, before[1] + 4 * FAST)
     s.close()
     with pytest.raises(ClosedResourceError):
         mem.alloc_async(64, s)
@@ -671,6 +681,30 @@ def test_the_finalizer_front_frees_a_live_buffer_and_refuses_nothing_else(fk, pc
     kept.free()
     DeviceBuffer.__del__(kept)                                 # ended: nothing to give back
     assert fk.live("device_alloc") == 0 and fk.stale_count() == 0
+
+
+def test_a_finalizer_assigned_to_the_class_replaces_the_front(fk, pc, monkeypatch):
+    """On the fast path the front is DeviceBuffer's tp_finalize; assigning DeviceBuffer.__del__ (here a
+    counting wrapper) must still take effect at once, as for any class, and restoring it restores the
+    front's behaviour: a dropped live buffer is freed either way, a dropped freed one costs nothing."""
+    s = Stream()
+    seen: list[int] = []
+    front = DeviceBuffer.__del__
+
+    def counting(buf):
+        seen.append(buf.nbytes)
+        front(buf)
+    monkeypatch.setattr(DeviceBuffer, "__del__", counting)
+    mem.alloc_async(48, s)                                     # dropped at once, live
+    mem.alloc_async(80, s).free_async()                        # dropped freed
+    assert seen == [48, 80] and fk.pool_used(0) == 0 and fk.live("async_alloc") == 0
+    monkeypatch.undo()
+    assert DeviceBuffer.__del__ is front
+    if FAST:
+        front.take_finalizer()                                 # the class's tp_finalize again, as at import
+    mem.alloc_async(48, s)
+    mem.alloc_async(80, s).free_async()
+    assert seen == [48, 80] and fk.pool_used(0) == 0 and fk.live("async_alloc") == 0 and fk.stale_count() == 0
 
 
 def test_threads_racing_the_c_claim_free_each_buffer_once(fk):

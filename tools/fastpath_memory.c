@@ -34,28 +34,55 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *dict;
     PyObject *slow, *failed, *pointer_of, *name;
-    PyObject *stream_type, *buffer_type, *entry_type, *context_type, *cstream_type;
+    PyObject *stream_type, *buffer_type, *context_type, *cstream_type;
     PyObject *forked, *exports, *freed;
     Py_ssize_t off_driver, off_ended, off_context, off_address, off_nbytes, off_stream, off_pool, off_last,
-        off_table;
+        off_table, off_stream_context, off_stream_handle, off_key;
     PyObject *fn;      /* the driver's published function last seen, and the address it calls */
     void *fnptr;
+    PyObject *fn_driver;                  /* 3.12+: the handle whose watched dict gave fn ... */
+    unsigned long long fn_generation;     /* ... when no watched dict had changed since */
     Py_ssize_t taken;
 } cuproc_so;
 
-static PyObject *cuproc_s_handle, *cuproc_s_cuMemAllocAsync, *cuproc_s_cuMemFreeAsync;
+static PyObject *cuproc_s_cuMemAllocAsync, *cuproc_s_cuMemFreeAsync;
 
 #define CUPROC_SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+
+#if PY_VERSION_HEX >= 0x030C0000
+/* Python 3.12's dict watchers: the fronts remember the function they found in a driver handle's dict
+ * until that dict changes (a function published, replaced by a stand-in, the cache dropped after a
+ * fork: any change to any watched dict), instead of looking it up on every call. */
+static int cuproc_so_watcher = -1;            /* -1: no watcher (none free): look up every time */
+static unsigned long long cuproc_so_generation = 1;
+
+static int cuproc_so_dict_changed(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObject *value)
+{
+    (void)event; (void)dict; (void)key; (void)value;
+    cuproc_so_generation++;
+    return 0;
+}
+#endif
 
 /* The raw pointer behind ``drv.<name>`` (the function it was last seen to be is kept in self->fn), or
  * NULL with no error set when the fast path cannot call it (an Unavailable, a stand-in a test put there). */
 static void *cuproc_so_function(cuproc_so *self, PyObject *drv)
 {
-    PyObject *fn = NULL, *value, *dict = PyObject_GenericGetDict(drv, NULL);
+    PyObject *fn = NULL, *value, *dict;
     void *address;
+    int watched = 0;
+#if PY_VERSION_HEX >= 0x030C0000
+    unsigned long long generation = cuproc_so_generation;   /* before anything below can run Python */
+    if (drv == self->fn_driver && generation == self->fn_generation)
+        return self->fnptr;
+#endif
+    dict = PyObject_GenericGetDict(drv, NULL);
     if (dict != NULL) {   /* where a handle publishes its functions: cheaper than its __getattr__ hook */
         fn = PyDict_GetItemWithError(dict, self->name);
         Py_XINCREF(fn);
+#if PY_VERSION_HEX >= 0x030C0000
+        watched = fn != NULL && cuproc_so_watcher >= 0 && PyDict_Watch(cuproc_so_watcher, dict) == 0;
+#endif
         Py_DECREF(dict);
     }
     if (fn == NULL) {
@@ -63,22 +90,34 @@ static void *cuproc_so_function(cuproc_so *self, PyObject *drv)
         fn = PyObject_GetAttr(drv, self->name);
     }
     if (fn == NULL) { PyErr_Clear(); return NULL; }
-    if (fn == self->fn) { Py_DECREF(fn); return self->fnptr; }   /* NULL: known not to be a driver pointer */
-    value = PyObject_CallOneArg(self->pointer_of, fn);   /* None: not a driver pointer */
-    address = value == NULL || value == Py_None ? NULL : PyLong_AsVoidPtr(value);
-    Py_XDECREF(value);
-    PyErr_Clear();
-    Py_XSETREF(self->fn, fn);   /* keeps it: the identity test above never meets a reused id */
-    self->fnptr = address;
-    return address;
+    if (fn != self->fn) {
+        value = PyObject_CallOneArg(self->pointer_of, fn);   /* None: not a driver pointer */
+        address = value == NULL || value == Py_None ? NULL : PyLong_AsVoidPtr(value);
+        Py_XDECREF(value);
+        PyErr_Clear();
+        Py_XSETREF(self->fn, fn);   /* keeps it: the identity test above never meets a reused id */
+        self->fnptr = address;
+    }
+    else
+        Py_DECREF(fn);              /* NULL fnptr: known not to be a driver pointer */
+#if PY_VERSION_HEX >= 0x030C0000
+    if (watched) {                  /* found in the dict, now watched: valid until it changes */
+        Py_XSETREF(self->fn_driver, Py_NewRef(drv));   /* kept: the identity test never meets a reused id */
+        self->fn_generation = generation;
+    }
+#else
+    (void)watched;
+#endif
+    return self->fnptr;
 }
 
-/* The CUstream of a Stream (its ``handle``, a cffi cdata), or NULL with no error set. */
+/* The CUstream of a Stream (its ``handle`` slot, a cffi cdata), or NULL with no error set. */
 static CUstream cuproc_so_handle(cuproc_so *self, PyObject *stream)
 {
-    PyObject *handle = PyObject_GetAttr(stream, cuproc_s_handle);
+    PyObject *handle = CUPROC_SLOT(stream, self->off_stream_handle);
     char *raw;
-    if (handle == NULL) { PyErr_Clear(); return NULL; }
+    if (handle == NULL) return NULL;   /* unset: the Python code raises the AttributeError */
+    Py_INCREF(handle);                 /* held across the conversion, which may run Python */
     raw = _cffi_to_c_pointer(handle, (struct _cffi_ctypedescr *)self->cstream_type);
     Py_DECREF(handle);
     if (raw == NULL) PyErr_Clear();   /* not a CUstream; a NULL handle is no Stream's */
@@ -91,8 +130,9 @@ static PyObject *cuproc_so_context(cuproc_so *self, PyObject *stream)
     PyObject *ctx, *ended = CUPROC_SLOT(stream, self->off_ended);
     if (ended != Py_None || PyList_GET_ITEM(self->forked, 0) != Py_False)
         return NULL;
-    ctx = PyObject_GetAttr(stream, cuproc_s_context);
-    if (ctx == NULL) { PyErr_Clear(); return NULL; }
+    ctx = CUPROC_SLOT(stream, self->off_stream_context);
+    if (ctx == NULL) return NULL;
+    Py_INCREF(ctx);
     if (!PyObject_TypeCheck(ctx, (PyTypeObject *)self->context_type) || CUPROC_SLOT(ctx, self->off_ended) != Py_None
         || CUPROC_SLOT(ctx, self->off_driver) == NULL || CUPROC_SLOT(ctx, self->off_table) == NULL
         || !PyDict_CheckExact(CUPROC_SLOT(ctx, self->off_table))) {
@@ -147,7 +187,7 @@ static PyObject *cuproc_so_failed(cuproc_so *self, PyObject *a, PyObject *b, CUr
 static PyObject *cuproc_so_alloc(PyObject *obj, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     cuproc_so *self = (cuproc_so *)obj;
-    PyObject *stream, *ctx, *drv, *buf, *ref, *entry, *key, *address, *nbytes;
+    PyObject *stream, *ctx, *drv, *buf, *entry, *key, *address, *nbytes;
     size_t n;
     CUstream h;
     CUdeviceptr out = 0;
@@ -192,18 +232,15 @@ static PyObject *cuproc_so_alloc(PyObject *obj, PyObject *const *args, size_t na
     CUPROC_SLOT(buf, self->off_stream) = Py_NewRef(stream);
     CUPROC_SLOT(buf, self->off_last) = Py_NewRef(stream);
     CUPROC_SLOT(buf, self->off_pool) = Py_NewRef(Py_None);
-    ref = PyWeakref_NewRef(buf, NULL);
-    entry = ref == NULL ? NULL : ((PyTypeObject *)self->entry_type)->tp_alloc((PyTypeObject *)self->entry_type, 3);
-    key = entry == NULL ? NULL : PyLong_FromVoidPtr(buf);
-    failed = key == NULL;
+    key = PyWeakref_NewRef(buf, NULL);   /* its claim key; the buffer keeps it */
+    CUPROC_SLOT(buf, self->off_key) = Py_XNewRef(key);
+    entry = key == NULL ? NULL : PyTuple_New(2);
+    failed = entry == NULL;
     if (!failed) {
-        PyTuple_SET_ITEM(entry, 0, ref);
-        PyTuple_SET_ITEM(entry, 1, Py_NewRef(address));
-        PyTuple_SET_ITEM(entry, 2, Py_NewRef(stream));
-        ref = NULL;
+        PyTuple_SET_ITEM(entry, 0, Py_NewRef(address));
+        PyTuple_SET_ITEM(entry, 1, Py_NewRef(stream));
         failed = PyDict_SetItem(CUPROC_SLOT(ctx, self->off_table), key, entry) < 0;
     }
-    Py_XDECREF(ref);
     Py_XDECREF(entry);
     Py_XDECREF(key);
     Py_DECREF(address);
@@ -251,16 +288,20 @@ static PyObject *cuproc_so_free(PyObject *obj, PyObject *const *args, size_t nar
     if (table == NULL || !PyDict_CheckExact(table)) goto slow;
     dptr = PyLong_AsUnsignedLongLong(address);
     if (dptr == (unsigned long long)-1 && PyErr_Occurred()) { PyErr_Clear(); goto slow; }
-    key = PyLong_FromVoidPtr(buf);
-    if (key == NULL) return NULL;
-    if (PyDict_GET_SIZE(self->exports) != 0) {   /* exported: the Python method refuses */
-        int exported = PyDict_Contains(self->exports, key);
-        if (exported != 0) { Py_DECREF(key); if (exported < 0) return NULL; goto slow; }
+    if (PyDict_GET_SIZE(self->exports) != 0) {   /* exported (EXPORTS is keyed by id): the Python method refuses */
+        PyObject *id = PyLong_FromVoidPtr(buf);
+        int exported = id == NULL ? -1 : PyDict_Contains(self->exports, id);
+        Py_XDECREF(id);
+        if (exported != 0) { if (exported < 0) return NULL; goto slow; }
     }
+    key = CUPROC_SLOT(buf, self->off_key);
+    if (key == NULL || !PyWeakref_CheckRefExact(key)) goto slow;
     h = cuproc_so_handle(self, own);
     fn = h == NULL ? NULL : cuproc_so_function(self, drv);
-    if (fn == NULL) { Py_DECREF(key); goto slow; }
-    /* The claim: removing the entry (no Python code runs between the lookup and the removal). */
+    if (fn == NULL) goto slow;
+    /* The claim: removing the entry (no Python code runs between the lookup and the removal: the key is
+     * the buffer's weak reference, found by identity, and a DeviceBuffer compares by identity). */
+    Py_INCREF(key);
     entry = PyDict_GetItemWithError(table, key);
     if (entry == NULL) {
         Py_DECREF(key);
@@ -299,13 +340,79 @@ static PyObject *cuproc_so_finalize(PyObject *obj, PyObject *const *args, size_t
     return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
 }
 
+/* The finalizer front whose buffer type's tp_finalize is cuproc_so_tp_finalize (set once, by take_finalizer). */
+static cuproc_so *cuproc_so_the_finalizer;
+static PyObject *cuproc_s_del;
+
+/* DeviceBuffer's tp_finalize once take_finalizer() ran: an ended buffer (the common case) returns without
+ * the generic slot's lookup and call of ``__del__``; any other calls the class's ``__del__`` -- the front
+ * above, so Resource.__del__ -- as that slot does (the current exception saved; one raised is reported,
+ * not propagated).  Assigning DeviceBuffer.__del__ later puts Python's own slot back. */
+static void cuproc_so_tp_finalize(PyObject *obj)
+{
+    cuproc_so *fin = cuproc_so_the_finalizer;
+    PyObject *ended = CUPROC_SLOT(obj, fin->off_ended), *result;
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *exc;
+#else
+    PyObject *type, *value, *tb;
+#endif
+    if (Py_IS_TYPE(obj, (PyTypeObject *)fin->buffer_type) && ended != NULL && ended != Py_None)
+        return;
+#if PY_VERSION_HEX >= 0x030C0000
+    exc = PyErr_GetRaisedException();
+#else
+    PyErr_Fetch(&type, &value, &tb);
+#endif
+    result = PyObject_CallOneArg(fin->slow, obj);
+    if (result == NULL)
+        PyErr_WriteUnraisable((PyObject *)fin);
+    Py_XDECREF(result);
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(exc);
+#else
+    PyErr_Restore(type, value, tb);
+#endif
+}
+
+/* finalizer.take_finalizer(): make this front DeviceBuffer's tp_finalize (after ``DeviceBuffer.__del__ = it``,
+ * whose assignment sets the generic slot): see cuproc_so_tp_finalize. */
+static PyObject *cuproc_so_take_finalizer(PyObject *obj, PyObject *unused)
+{
+    cuproc_so *self = (cuproc_so *)obj;
+    PyTypeObject *tp = (PyTypeObject *)self->buffer_type;
+    PyObject *del;
+    (void)unused;
+    if (self->vectorcall != cuproc_so_finalize || !(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || tp->tp_dict == NULL
+        || (cuproc_so_the_finalizer != NULL && cuproc_so_the_finalizer != self)) goto bad;
+    del = PyDict_GetItemWithError(tp->tp_dict, cuproc_s_del);
+    if (del != obj) {
+        if (del == NULL && PyErr_Occurred()) return NULL;
+        goto bad;
+    }
+    if (cuproc_so_the_finalizer == NULL)
+        cuproc_so_the_finalizer = (cuproc_so *)Py_NewRef(obj);   /* kept for the process: the type holds it too */
+    tp->tp_finalize = cuproc_so_tp_finalize;
+    Py_RETURN_NONE;
+bad:
+    PyErr_SetString(PyExc_ValueError, "take_finalizer: only the finalizer front, once it is its buffer class's own "
+                                      "__del__ (a cuproc bug)");
+    return NULL;
+}
+
+static PyMethodDef cuproc_so_methods[] = {
+    {"take_finalizer", cuproc_so_take_finalizer, METH_NOARGS,
+     "Make this finalizer front its buffer class's tp_finalize (after assigning it as __del__)."},
+    {NULL, NULL, 0, NULL},
+};
+
 static int cuproc_so_traverse(PyObject *obj, visitproc visit, void *arg)
 {
     cuproc_so *self = (cuproc_so *)obj;
     Py_VISIT(self->dict); Py_VISIT(self->slow); Py_VISIT(self->failed); Py_VISIT(self->pointer_of);
-    Py_VISIT(self->name); Py_VISIT(self->stream_type); Py_VISIT(self->buffer_type); Py_VISIT(self->entry_type);
+    Py_VISIT(self->name); Py_VISIT(self->stream_type); Py_VISIT(self->buffer_type);
     Py_VISIT(self->context_type); Py_VISIT(self->cstream_type); Py_VISIT(self->forked); Py_VISIT(self->exports);
-    Py_VISIT(self->freed); Py_VISIT(self->fn); Py_VISIT(Py_TYPE(obj));
+    Py_VISIT(self->freed); Py_VISIT(self->fn); Py_VISIT(self->fn_driver); Py_VISIT(Py_TYPE(obj));
     return 0;
 }
 
@@ -313,9 +420,9 @@ static int cuproc_so_clear(PyObject *obj)
 {
     cuproc_so *self = (cuproc_so *)obj;
     Py_CLEAR(self->dict); Py_CLEAR(self->slow); Py_CLEAR(self->failed); Py_CLEAR(self->pointer_of);
-    Py_CLEAR(self->name); Py_CLEAR(self->stream_type); Py_CLEAR(self->buffer_type); Py_CLEAR(self->entry_type);
+    Py_CLEAR(self->name); Py_CLEAR(self->stream_type); Py_CLEAR(self->buffer_type);
     Py_CLEAR(self->context_type); Py_CLEAR(self->cstream_type); Py_CLEAR(self->forked); Py_CLEAR(self->exports);
-    Py_CLEAR(self->freed); Py_CLEAR(self->fn);
+    Py_CLEAR(self->freed); Py_CLEAR(self->fn); Py_CLEAR(self->fn_driver);
     return 0;
 }
 
@@ -349,6 +456,7 @@ static PyType_Slot cuproc_so_slots[] = {
     {Py_tp_clear, (void *)cuproc_so_clear},
     {Py_tp_dealloc, (void *)cuproc_so_dealloc},
     {Py_tp_members, (void *)cuproc_so_members},
+    {Py_tp_methods, (void *)cuproc_so_methods},
     {Py_tp_doc, (void *)"alloc_async / DeviceBuffer.free_async with the common case in C; the rest goes to Python."},
     {0, NULL},
 };
@@ -390,57 +498,58 @@ static cuproc_so *cuproc_so_new(PyObject *const *objs, const Py_ssize_t *offsets
     self->name = Py_NewRef(name);
     self->failed = Py_NewRef(objs[0]); self->pointer_of = Py_NewRef(objs[1]);
     self->stream_type = Py_NewRef(objs[2]); self->buffer_type = Py_NewRef(objs[3]);
-    self->entry_type = Py_NewRef(objs[4]); self->context_type = Py_NewRef(objs[5]);
-    self->cstream_type = Py_NewRef(objs[6]); self->forked = Py_NewRef(objs[7]);
-    self->exports = Py_NewRef(objs[8]); self->freed = Py_NewRef(objs[9]);
+    self->context_type = Py_NewRef(objs[4]); self->cstream_type = Py_NewRef(objs[5]);
+    self->forked = Py_NewRef(objs[6]); self->exports = Py_NewRef(objs[7]); self->freed = Py_NewRef(objs[8]);
     self->off_driver = offsets[0]; self->off_ended = offsets[1]; self->off_context = offsets[2];
     self->off_address = offsets[3]; self->off_nbytes = offsets[4]; self->off_stream = offsets[5];
     self->off_pool = offsets[6]; self->off_last = offsets[7]; self->off_table = offsets[8];
+    self->off_stream_context = offsets[9]; self->off_stream_handle = offsets[10]; self->off_key = offsets[11];
     self->fn = NULL;
     self->fnptr = NULL;
+    self->fn_driver = NULL;
+    self->fn_generation = 0;
     self->taken = 0;
     PyObject_GC_Track(self);
     return self;
 }
 
 /* make_stream_ordered(alloc_slow, alloc_failed, alloc_pointer_of, free_slow, free_failed, free_pointer_of, finalizer,
- *     Stream, DeviceBuffer, StreamOrderedEntry, Context, the ctype of CUstream, FORKED, EXPORTS, "freed",
- *     (the member descriptors of driver, ended, context, address, nbytes, stream, pool, last_stream,
- *      and Context's stream_ordered)) -> (alloc_async, free_async, __del__) */
+ *     Stream, DeviceBuffer, Context, the ctype of CUstream, FORKED, EXPORTS, "freed",
+ *     (the member descriptors of a DeviceBuffer's driver, ended, context, address, nbytes, stream, pool,
+ *      last_stream, Context's stream_ordered, Stream's context and handle, and DeviceBuffer's claim_key))
+ *   -> (alloc_async, free_async, __del__) */
 static PyObject *cuproc_make_stream_ordered(PyObject *module, PyObject *args)
 {
     PyObject *alloc_slow, *alloc_failed, *alloc_pointer_of, *free_slow, *free_failed, *free_pointer_of, *finalizer;
-    PyObject *stream_type, *buffer_type, *entry_type, *context_type, *cstream_type, *forked, *exports, *freed;
-    PyObject *members, *objs[10];
-    Py_ssize_t offsets[9], i;
+    PyObject *stream_type, *buffer_type, *context_type, *cstream_type, *forked, *exports, *freed;
+    PyObject *members, *objs[9];
+    Py_ssize_t offsets[12], i;
     cuproc_so *alloc, *free_, *fin;
     PyObject *result;
     (void)module;
-    if (!PyArg_ParseTuple(args, "OOOOOOOO!O!O!O!OO!O!UO!", &alloc_slow, &alloc_failed, &alloc_pointer_of,
+    if (!PyArg_ParseTuple(args, "OOOOOOOO!O!O!OO!O!UO!", &alloc_slow, &alloc_failed, &alloc_pointer_of,
                           &free_slow, &free_failed, &free_pointer_of, &finalizer, &PyType_Type, &stream_type, &PyType_Type,
-                          &buffer_type, &PyType_Type, &entry_type, &PyType_Type, &context_type, &cstream_type,
+                          &buffer_type, &PyType_Type, &context_type, &cstream_type,
                           &PyList_Type, &forked, &PyDict_Type, &exports, &freed, &PyTuple_Type, &members))
         return NULL;
-    if (PyTuple_GET_SIZE(members) != 9 || PyList_GET_SIZE(forked) != 1 || !PyCallable_Check(alloc_slow)
+    if (PyTuple_GET_SIZE(members) != 12 || PyList_GET_SIZE(forked) != 1 || !PyCallable_Check(alloc_slow)
         || !PyCallable_Check(free_slow) || !PyCallable_Check(alloc_failed) || !PyCallable_Check(free_failed)
         || !PyCallable_Check(alloc_pointer_of) || !PyCallable_Check(free_pointer_of) || !PyCallable_Check(finalizer)
-        || !PyType_IsSubtype((PyTypeObject *)entry_type, &PyTuple_Type)
         || ((PyTypeObject *)buffer_type)->tp_itemsize != 0) {
         PyErr_SetString(PyExc_ValueError, "make_stream_ordered: inconsistent arguments (a cuproc bug)");
         return NULL;
     }
-    for (i = 0; i < 9; i++)   /* eight slots of a DeviceBuffer, then the Context's table */
-        if (cuproc_so_offset(PyTuple_GET_ITEM(members, i), i < 8 ? buffer_type : context_type, &offsets[i]) < 0)
+    for (i = 0; i < 12; i++) {   /* eight slots of a DeviceBuffer, the Context's table, two of a Stream, the key */
+        PyObject *owner = i < 8 || i == 11 ? buffer_type : i == 8 ? context_type : stream_type;
+        if (cuproc_so_offset(PyTuple_GET_ITEM(members, i), owner, &offsets[i]) < 0)
             return NULL;
-    for (i = 0; i < 8; i++) {   /* every buffer slot lies inside a DeviceBuffer */
-        if (offsets[i] + (Py_ssize_t)sizeof(PyObject *) > ((PyTypeObject *)buffer_type)->tp_basicsize) {
-            PyErr_SetString(PyExc_ValueError, "make_stream_ordered: a slot lies outside the buffer (a cuproc bug)");
+        if (offsets[i] + (Py_ssize_t)sizeof(PyObject *) > ((PyTypeObject *)owner)->tp_basicsize) {
+            PyErr_SetString(PyExc_ValueError, "make_stream_ordered: a slot lies outside its object (a cuproc bug)");
             return NULL;
         }
     }
     objs[0] = alloc_failed; objs[1] = alloc_pointer_of; objs[2] = stream_type; objs[3] = buffer_type;
-    objs[4] = entry_type; objs[5] = context_type; objs[6] = cstream_type; objs[7] = forked;
-    objs[8] = exports; objs[9] = freed;
+    objs[4] = context_type; objs[5] = cstream_type; objs[6] = forked; objs[7] = exports; objs[8] = freed;
     alloc = cuproc_so_new(objs, offsets, alloc_slow, cuproc_s_cuMemAllocAsync, cuproc_so_alloc);
     if (alloc == NULL) return NULL;
     objs[0] = free_failed;
@@ -467,11 +576,15 @@ static int cuproc_install_memory(void)
     PyGILState_STATE gil = PyGILState_Ensure();
     int rc;
     if (cuproc_so_type == NULL) {
-        cuproc_s_handle = PyUnicode_InternFromString("handle");
         cuproc_s_cuMemAllocAsync = PyUnicode_InternFromString("cuMemAllocAsync");
         cuproc_s_cuMemFreeAsync = PyUnicode_InternFromString("cuMemFreeAsync");
-        if (cuproc_s_handle && cuproc_s_cuMemAllocAsync && cuproc_s_cuMemFreeAsync && cuproc_s_context)
+        cuproc_s_del = PyUnicode_InternFromString("__del__");
+        if (cuproc_s_cuMemAllocAsync && cuproc_s_cuMemFreeAsync && cuproc_s_del && cuproc_s_context)
             cuproc_so_type = (PyTypeObject *)PyType_FromSpec(&cuproc_so_spec);
+#if PY_VERSION_HEX >= 0x030C0000
+        cuproc_so_watcher = PyDict_AddWatcher(cuproc_so_dict_changed);   /* -1: none free; looked up per call */
+        if (cuproc_so_watcher < 0) PyErr_Clear();
+#endif
     }
     rc = cuproc_publish(&cuproc_make_stream_ordered_def, "StreamOrdered", cuproc_so_type);
     PyGILState_Release(gil);
