@@ -1,36 +1,56 @@
 #!/usr/bin/env bash
 # The one GPU check: install what the device lacks, run the whole suite (GPU tests included)
 # and the benchmarks, and print a short summary last.
-# On the device:  bash tools/gpu_check.sh   (carry .whl; results land in $OUT, else ./.device-out)
+#
+# On the device:  bash tools/gpu_check.sh [STAGE...]   (carry .whl; results land in $OUT, else ./.device-out)
+#   STAGE: tests (the whole suite, fast path), pure (the GPU files on the pure path), bench (every
+#   benchmark), summary; none given: all four.  The stages keep their logs in $GPU_CHECK_STATE
+#   (default /tmp/cuproc-gpu-check), so that a device call with a time limit can run one or two of
+#   them and a later call on the same machine the rest; "summary" reads what the earlier ones left.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/.device-out}
-OUT=$(mktemp -d)   # everything lands here, then one archive in $FINAL (the device returns few files)
-mkdir -p "$FINAL"
-pack() { tar -C "$OUT" -czf "$FINAL/gpu_check.tar.gz" .; }   # after each stage: a timeout keeps what ran
+STATE=${GPU_CHECK_STATE:-/tmp/cuproc-gpu-check}
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(tests pure bench summary)
+mkdir -p "$FINAL" "$STATE"
+pack() { tar -C "$STATE" -czf "$FINAL/gpu_check.tar.gz" .; }   # after each stage: a timeout keeps what ran
 if ! python3 -c "import cffi" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$STATE/gpu.txt"
 # The optional compiled fast path, built in place (what pip install does); a failure leaves the pure path.
-python3 tools/build_fastpath.py > "$OUT/build_fastpath.log" 2>&1 || echo "fast path not built: see build_fastpath.log"
-fastpath=$(python3 -c "import cuproc.fastpath as f; print(f.status())" 2>&1 | tail -1)
-echo "fast path: $fastpath" | tee "$OUT/fastpath.txt"
-CUPROC_MATRIX_REPORT=$OUT/matrix_mismatches.jsonl timeout 540 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log"
-tests_rc=${PIPESTATUS[0]}
-# The GPU files once more on the pure path (the CPU suite reruns its driver/launch/ownership tests itself).
-CUPROC_PURE_PYTHON=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_*.py 2>&1 | tee "$OUT/pytest_pure.log"
-pure_rc=${PIPESTATUS[0]}
-pack
-python3 -m cuproc.tools.dump_symbols --json > "$OUT/dump_symbols.json" 2> "$OUT/dump_symbols.err"
-python3 -m cuproc.tools.dump_symbols 'cuCtxCreate*' 'cuMemcpyHtoD*' 'cuLaunchKernel*' | head -8
-for b in benchmarks/bench_*.py; do timeout 240 python3 "$b" --out "$OUT" > "$OUT/$(basename "$b" .py).log" 2>&1 || echo "benchmark $b failed: see $OUT/$(basename "$b" .py).log"; pack; done
-cat "$OUT"/bench_*.md 2>/dev/null
-# pytest's own result line (other libraries may print at interpreter exit after it)
-result() { grep -E '[0-9]+ (passed|failed|errors?)' "$1" | tail -1; }
-summary="SUMMARY: $(result "$OUT/pytest.log") on $(head -1 "$OUT/gpu.txt") (pytest rc=$tests_rc); pure-path GPU pass: $(result "$OUT/pytest_pure.log") (rc=$pure_rc); fast path $fastpath"
-echo "$summary" > "$OUT/summary.txt"
-pack
-echo "$summary"
+if [ ! -f "$STATE/fastpath.txt" ] || [ "${stages[0]}" = tests ]; then
+  python3 tools/build_fastpath.py > "$STATE/build_fastpath.log" 2>&1 || echo "fast path not built: see build_fastpath.log"
+  python3 -c "import cuproc.fastpath as f; print(f.status())" 2>&1 | tail -1 > "$STATE/fastpath.txt"
+fi
+echo "fast path: $(cat "$STATE/fastpath.txt")"
+for stage in "${stages[@]}"; do
+  case $stage in
+    tests)
+      CUPROC_MATRIX_REPORT=$STATE/matrix_mismatches.jsonl timeout 540 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$STATE/pytest.log"
+      echo "${PIPESTATUS[0]}" > "$STATE/pytest.rc" ;;
+    pure)   # the GPU files once more on the pure path (the CPU suite reruns its driver/launch/ownership tests itself)
+      CUPROC_PURE_PYTHON=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_*.py 2>&1 | tee "$STATE/pytest_pure.log"
+      echo "${PIPESTATUS[0]}" > "$STATE/pytest_pure.rc" ;;
+    bench)
+      python3 -m cuproc.tools.dump_symbols --json > "$STATE/dump_symbols.json" 2> "$STATE/dump_symbols.err"
+      python3 -m cuproc.tools.dump_symbols 'cuCtxCreate*' 'cuMemcpyHtoD*' 'cuLaunchKernel*' | head -8
+      for b in benchmarks/bench_*.py; do
+        timeout 240 python3 "$b" --out "$STATE" > "$STATE/$(basename "$b" .py).log" 2>&1 || echo "benchmark $b failed: see $(basename "$b" .py).log"
+        pack
+      done
+      cat "$STATE"/bench_*.md 2>/dev/null ;;
+    summary)
+      # pytest's own result line (other libraries may print at interpreter exit after it)
+      result() { [ -f "$1" ] && grep -E '[0-9]+ (passed|failed|errors?)' "$1" | tail -1 || echo "not run"; }
+      rc() { cat "$1" 2>/dev/null || echo "none"; }
+      summary="SUMMARY: $(result "$STATE/pytest.log") on $(head -1 "$STATE/gpu.txt") (pytest rc=$(rc "$STATE/pytest.rc")); pure-path GPU pass: $(result "$STATE/pytest_pure.log") (rc=$(rc "$STATE/pytest_pure.rc")); fast path $(cat "$STATE/fastpath.txt")"
+      echo "$summary" > "$STATE/summary.txt"
+      echo "$summary" ;;
+    *) echo "gpu_check: unknown stage '$stage' (tests, pure, bench, summary)"; exit 2 ;;
+  esac
+  pack
+done
