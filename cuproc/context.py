@@ -236,6 +236,8 @@ class Context(Resource):
         freed address out again can never make one buffer's claim take another buffer's entry, and
         the finalizer of a buffer collected in a reference cycle still finds its entry.
         """
+        if key.__class__ is not weakref.ref:   # (a buffer passed for its key would look like a lost claim)
+            raise TypeError(f"untrack_stream_ordered takes a buffer's claim_key (a weak reference), not {key!r}")
         return self.stream_ordered.pop(key, None)
 
     def free_stream_ordered(self) -> None:
@@ -254,9 +256,9 @@ class Context(Resource):
         """
         if FORKED[0]:
             return
-        free, describe = _stream_ordered_memory
         table = self.stream_ordered
         while table:
+            free, describe = _stream_ordered_memory   # read only when there is something to free
             try:
                 key, entry = table.popitem()    # the claim (atomic): an entry taken by another thread is not seen
             except KeyError:                    # emptied by other threads since the test

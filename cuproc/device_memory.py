@@ -109,7 +109,8 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
     last_stream: Stream | int | None   # the last stream-ordered work on it (None: the default stream)
     #: a stream-ordered buffer's key in its context's table (``Context.stream_ordered``): its own weak
     #: reference, which the buffer keeps so that its finalizer finds the entry even after a reference
-    #: cycle's collection cleared the reference; None for cuMemAlloc memory
+    #: cycle's collection cleared the reference; None for cuMemAlloc memory.  Set by alloc_async, never
+    #: to be assigned: without its key a buffer cannot claim its memory, which then waits for the context
     claim_key: weakref.ref[DeviceBuffer] | None
     typestr = "|u1"
     _release_call = "cuMemFree"

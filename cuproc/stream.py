@@ -189,7 +189,9 @@ class Stream(Resource):
     """A CUDA stream (cuStreamCreateWithPriority) in the context current at creation, which it holds.
 
     Every operation runs in that context from any thread; ``close()`` (idempotent) or dropping the
-    last reference destroys it.  Work already queued on it still runs.
+    last reference destroys it.  Work already queued on it still runs.  A Stream has ``__slots__`` and
+    no instance ``__dict__`` (the compiled fast path reads its context and handle by offset): subclass
+    it to attach attributes.
     """
 
     __slots__ = ("context", "handle", "owned", "owner", "_callback_errors")

@@ -28,6 +28,7 @@ from cuproc.errors import ClosedResourceError, CudaError, CudaWarning
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_memory import COPY_CALLS  # noqa: E402 - the calls the benchmark's rows state, checked here
+from subproc import run_python  # noqa: E402
 from threads import run_threads  # noqa: E402
 
 
@@ -663,6 +664,12 @@ def test_the_front_hands_every_other_form_to_the_python_code(fk, pc, monkeypatch
     published["cuMemAllocAsync"] = real
     mem.alloc_async(16, s).free_async()
     assert calls == [32, 16] and taken() == (before[0] + 3 * FAST, before[1] + 4 * FAST)
+    buf.driver.__dict__ = {**published, "cuMemAllocAsync": counted}   # another dict; the old one lives on
+    mem.alloc_async(8, s).free_async()
+    assert calls == [32, 16, 8] and taken() == (before[0] + 3 * FAST, before[1] + 5 * FAST)
+    buf.driver.__dict__ = published
+    mem.alloc_async(8, s).free_async()
+    assert calls == [32, 16, 8] and taken() == (before[0] + 4 * FAST, before[1] + 6 * FAST)
     s.close()
     with pytest.raises(ClosedResourceError):
         mem.alloc_async(64, s)
@@ -705,6 +712,81 @@ def test_a_finalizer_assigned_to_the_class_replaces_the_front(fk, pc, monkeypatc
     mem.alloc_async(48, s)
     mem.alloc_async(80, s).free_async()
     assert seen == [48, 80] and fk.pool_used(0) == 0 and fk.live("async_alloc") == 0 and fk.stale_count() == 0
+
+
+@pytest.mark.skipif(not FAST, reason="the compiled fronts' own hooks")
+def test_the_finalizer_front_is_the_class_finalizer_and_lets_ended_buffers_go_in_c(fk, pc, monkeypatch):
+    """On the fast path the finalizer front is DeviceBuffer's tp_finalize (installed once its __del__):
+    an ended buffer is let go in C (counted in ``taken``), a live one goes to Resource.__del__ and is
+    freed.  Only the finalizer front, as its class's own __del__, can take the slot."""
+    front = DeviceBuffer.__del__
+    assert front.finalizes_class
+    s = Stream()
+    before = front.taken
+    mem.alloc_async(64, s).free_async()                        # dropped ended: C alone
+    assert front.taken == before + 1
+    mem.alloc_async(64, s)                                     # dropped live: Resource.__del__ frees it
+    assert front.taken == before + 1 and fk.pool_used(0) == 0 and fk.live("async_alloc") == 0
+    for other in (mem.alloc_async, DeviceBuffer.free_async):
+        with pytest.raises(ValueError, match="only the finalizer front"):
+            other.take_finalizer()
+    monkeypatch.setattr(DeviceBuffer, "__del__", front)        # an assignment: Python's own slot again
+    assert not front.finalizes_class
+    mem.alloc_async(64, s).free_async()                        # ... which calls the front as a method
+    assert front.taken == before + 2
+    assert front.take_finalizer() is True and front.finalizes_class
+
+
+def test_a_reloaded_device_memory_module_installs_its_own_fronts(fake):
+    """importlib.reload of cuproc.device_memory makes a new DeviceBuffer class: its fronts (and its
+    finalizer) are its own, and buffers of either class are freed."""
+    out = run_python(f"""
+        import gc, importlib, sys
+        sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests")!r}]
+        from pathlib import Path
+        from fakedriver import FakeDriver
+        import cuproc
+        from cuproc import device_memory as dm
+        fake = FakeDriver(Path({str(fake.path)!r}))
+        fake.reset()
+        cuproc.set_default_driver(cuproc.Driver(library=str(fake.path)))
+        pc = cuproc.use_device(0)
+        s = cuproc.Stream()
+        old = dm.DeviceBuffer
+        kept = dm.alloc_async(64, s)
+        for _ in range(2):
+            importlib.reload(dm)
+            assert dm.DeviceBuffer is not old
+            assert getattr(dm.DeviceBuffer.__del__, "finalizes_class", True)
+            dm.alloc_async(64, s).free_async()
+            dm.alloc_async(32, s)                  # dropped live: its class's finalizer frees it
+        del kept
+        gc.collect()
+        print("live", fake.live("async_alloc"), "used", fake.pool_used(0))
+        """, timeout=60).stdout
+    assert out.strip().splitlines()[-1] == "live 0 used 0"
+
+
+@pytest.mark.skipif(not FAST, reason="the compiled fronts' cache")
+def test_the_fronts_keep_no_driver_handle_alive(fake):
+    """The fronts remember which handle's function they called by identity only: a Driver used through
+    them and then dropped is collected."""
+    gc.collect()
+    fake.reset()
+    drv = cuproc.Driver(library=str(fake.path))
+    ctx = Context.create(0, driver=drv)
+    s = Stream(context=ctx)
+    before = taken()
+    for _ in range(3):
+        mem.alloc_async(64, s).free_async()
+    assert taken() == (before[0] + 3, before[1] + 3)
+    s.close()
+    Context.pop(driver=drv)
+    ctx.destroy()
+    ref = weakref.ref(drv)
+    del s, ctx, drv
+    gc.collect()
+    assert ref() is None
 
 
 def test_threads_racing_the_c_claim_free_each_buffer_once(fk):

@@ -13,10 +13,11 @@
  *   alloc_async(nbytes, stream): an exact int and an exact cuproc Stream, positional, no pool; the
  *     stream and its context live (their ``ended`` is None), not a forked child, the context's
  *     table a plain dict.  It makes the one driver call through the pointer the driver resolved
- *     for ``driver.cuMemAllocAsync`` (looked up on every call, so a handle's own function is used),
- *     then builds what the Python function builds: the DeviceBuffer (its slots stored as the Python
- *     code stores them) and its StreamOrderedEntry(weakref(buffer), address, stream) under
- *     id(buffer) in the context's table.  A driver error goes to ``failed(stream, nbytes, rc)``
+ *     for ``driver.cuMemAllocAsync`` (a handle's own function is honoured: looked up in its dict on
+ *     every call, or on 3.12+ remembered until that dict changes, see cuproc_so_function), then
+ *     builds what the Python function builds: the DeviceBuffer (its slots stored as the Python
+ *     code stores them), its ``claim_key`` (its weak reference) and the entry (address, stream)
+ *     under that key in the context's table.  A driver error goes to ``failed(stream, nbytes, rc)``
  *     (Python: the context's rebind and retry, or the exception), never a second first attempt.
  *   buffer.free_async(): an exact DeviceBuffer allocated on an exact Stream, both live with their
  *     context, no exports of it, not forked.  Everything it needs is read first; then the claim --
@@ -24,9 +25,12 @@
  *     "freed", as the Python method does; no entry: ended, nothing freed (whoever took it frees).
  *     Then cuMemFreeAsync(address, stream); an error goes to ``failed(buffer, rc)``.
  *
- * The slots are stored at the offsets of the member descriptors Python hands over (checked to be
- * object slots); an attribute read goes through the normal lookup.  Driver calls release the GIL,
- * as cffi's calls do.
+ *   DeviceBuffer.__del__, and DeviceBuffer's tp_finalize (take_finalizer): an ended buffer returns
+ *     at once; any other goes to Resource.__del__.
+ *
+ * The slots (of DeviceBuffer, Context and Stream) are read and stored at the offsets of the member
+ * descriptors Python hands over, checked to be object slots of those classes.  Driver calls release
+ * the GIL, as cffi's calls do (a host function the driver runs may need it).
  */
 
 typedef struct {
@@ -40,7 +44,8 @@ typedef struct {
         off_table, off_stream_context, off_stream_handle, off_key;
     PyObject *fn;      /* the driver's published function last seen, and the address it calls */
     void *fnptr;
-    PyObject *fn_driver;                  /* 3.12+: the handle whose watched dict gave fn ... */
+    void *fn_driver, *fn_dict;            /* 3.12+: the handle and its watched dict (identities only, no
+                                           * references) that gave fn ... */
     unsigned long long fn_generation;     /* ... when no watched dict had changed since */
     Py_ssize_t taken;
 } cuproc_so;
@@ -51,8 +56,11 @@ static PyObject *cuproc_s_cuMemAllocAsync, *cuproc_s_cuMemFreeAsync;
 
 #if PY_VERSION_HEX >= 0x030C0000
 /* Python 3.12's dict watchers: the fronts remember the function they found in a driver handle's dict
- * until that dict changes (a function published, replaced by a stand-in, the cache dropped after a
- * fork: any change to any watched dict), instead of looking it up on every call. */
+ * until any watched dict changes (a function published or replaced by a stand-in, the cache dropped
+ * after a fork, the dict freed), instead of looking it up on every call.  They keep the identities of
+ * the handle and of its dict, not references: a freed dict is an event, so neither address can be
+ * met again by another object without the generation having moved on; a handle given another dict
+ * (``drv.__dict__ = ...``) shows as another dict. */
 static int cuproc_so_watcher = -1;            /* -1: no watcher (none free): look up every time */
 static unsigned long long cuproc_so_generation = 1;
 
@@ -65,7 +73,8 @@ static int cuproc_so_dict_changed(PyDict_WatchEvent event, PyObject *dict, PyObj
 #endif
 
 /* The raw pointer behind ``drv.<name>`` (the function it was last seen to be is kept in self->fn), or
- * NULL with no error set when the fast path cannot call it (an Unavailable, a stand-in a test put there). */
+ * NULL with no error set when the fast path cannot call it (an Unavailable, a stand-in a test put there).
+ * May run Python (a __getattr__ hook, pointer_of): the caller holds what it reads afterwards. */
 static void *cuproc_so_function(cuproc_so *self, PyObject *drv)
 {
     PyObject *fn = NULL, *value, *dict;
@@ -73,23 +82,30 @@ static void *cuproc_so_function(cuproc_so *self, PyObject *drv)
     int watched = 0;
 #if PY_VERSION_HEX >= 0x030C0000
     unsigned long long generation = cuproc_so_generation;   /* before anything below can run Python */
-    if (drv == self->fn_driver && generation == self->fn_generation)
-        return self->fnptr;
 #endif
     dict = PyObject_GenericGetDict(drv, NULL);
+    if (dict == NULL) PyErr_Clear();
+#if PY_VERSION_HEX >= 0x030C0000
+    if (dict != NULL && drv == self->fn_driver && dict == self->fn_dict && generation == self->fn_generation) {
+        Py_DECREF(dict);
+        return self->fnptr;
+    }
+#endif
     if (dict != NULL) {   /* where a handle publishes its functions: cheaper than its __getattr__ hook */
         fn = PyDict_GetItemWithError(dict, self->name);
         Py_XINCREF(fn);
 #if PY_VERSION_HEX >= 0x030C0000
-        watched = fn != NULL && cuproc_so_watcher >= 0 && PyDict_Watch(cuproc_so_watcher, dict) == 0;
+        if (fn != NULL && cuproc_so_watcher >= 0) {
+            watched = PyDict_Watch(cuproc_so_watcher, dict) == 0;
+            if (!watched) PyErr_Clear();
+        }
 #endif
-        Py_DECREF(dict);
     }
     if (fn == NULL) {
         PyErr_Clear();   /* no instance dict, or a failed lookup: the ordinary attribute lookup decides */
         fn = PyObject_GetAttr(drv, self->name);
     }
-    if (fn == NULL) { PyErr_Clear(); return NULL; }
+    if (fn == NULL) { PyErr_Clear(); Py_XDECREF(dict); return NULL; }
     if (fn != self->fn) {
         value = PyObject_CallOneArg(self->pointer_of, fn);   /* None: not a driver pointer */
         address = value == NULL || value == Py_None ? NULL : PyLong_AsVoidPtr(value);
@@ -101,13 +117,15 @@ static void *cuproc_so_function(cuproc_so *self, PyObject *drv)
     else
         Py_DECREF(fn);              /* NULL fnptr: known not to be a driver pointer */
 #if PY_VERSION_HEX >= 0x030C0000
-    if (watched) {                  /* found in the dict, now watched: valid until it changes */
-        Py_XSETREF(self->fn_driver, Py_NewRef(drv));   /* kept: the identity test never meets a reused id */
+    if (watched) {                  /* found in the dict, now watched: valid until a watched dict changes */
+        self->fn_driver = drv;
+        self->fn_dict = dict;
         self->fn_generation = generation;
     }
 #else
     (void)watched;
 #endif
+    Py_XDECREF(dict);
     return self->fnptr;
 }
 
@@ -122,6 +140,15 @@ static CUstream cuproc_so_handle(cuproc_so *self, PyObject *stream)
     Py_DECREF(handle);
     if (raw == NULL) PyErr_Clear();   /* not a CUstream; a NULL handle is no Stream's */
     return (CUstream)raw;
+}
+
+/* The driver of a Stream's context (a new reference), or NULL (no error): only what the function lookup needs. */
+static PyObject *cuproc_so_driver_of(cuproc_so *self, PyObject *stream)
+{
+    PyObject *ctx = CUPROC_SLOT(stream, self->off_stream_context), *drv;
+    if (ctx == NULL || !PyObject_TypeCheck(ctx, (PyTypeObject *)self->context_type)) return NULL;
+    drv = CUPROC_SLOT(ctx, self->off_driver);
+    return Py_XNewRef(drv);
 }
 
 /* The live context of a live Stream, a new reference; NULL (no error) when it is not the common case. */
@@ -202,12 +229,17 @@ static PyObject *cuproc_so_alloc(PyObject *obj, PyObject *const *args, size_t na
         goto slow;
     n = PyLong_AsSize_t(nbytes);
     if (n == (size_t)-1 && PyErr_Occurred()) { PyErr_Clear(); goto slow; }   /* negative: Python refuses */
-    ctx = cuproc_so_context(self, stream);
-    if (ctx == NULL) goto slow;
-    drv = CUPROC_SLOT(ctx, self->off_driver);
-    h = cuproc_so_handle(self, stream);
-    fn = h == NULL ? NULL : cuproc_so_function(self, drv);
-    if (fn == NULL) { Py_DECREF(ctx); goto slow; }
+    /* The driver's function first: its lookup may run Python (any thread), so every check comes after. */
+    drv = cuproc_so_driver_of(self, stream);
+    fn = drv == NULL ? NULL : cuproc_so_function(self, drv);
+    ctx = fn == NULL ? NULL : cuproc_so_context(self, stream);
+    h = ctx == NULL ? NULL : cuproc_so_handle(self, stream);
+    if (h == NULL || CUPROC_SLOT(ctx, self->off_driver) != drv) {   /* (drv is held: no reused address) */
+        Py_XDECREF(ctx);
+        Py_XDECREF(drv);
+        goto slow;
+    }
+    Py_DECREF(drv);   /* the context holds it */
     Py_BEGIN_ALLOW_THREADS
     rc = ((PFN_cuMemAllocAsync_v11020)fn)(&out, n, h);
     Py_END_ALLOW_THREADS
@@ -272,12 +304,19 @@ static PyObject *cuproc_so_free(PyObject *obj, PyObject *const *args, size_t nar
         if (ended == NULL) goto slow;
         Py_RETURN_NONE;                 /* idempotent */
     }
+    /* The driver's function first: its lookup may run Python (any thread), so everything else is read after. */
+    drv = CUPROC_SLOT(buf, self->off_driver);
+    if (drv == NULL) goto slow;
+    Py_INCREF(drv);
+    fn = cuproc_so_function(self, drv);
+    if (fn == NULL || CUPROC_SLOT(buf, self->off_driver) != drv) { Py_DECREF(drv); goto slow; }
+    Py_DECREF(drv);   /* the buffer holds it (drv is not used below) */
+    if (CUPROC_SLOT(buf, self->off_ended) != Py_None) goto slow;   /* ended meanwhile: Python says how */
     own = CUPROC_SLOT(buf, self->off_stream);
     bctx = CUPROC_SLOT(buf, self->off_context);
     address = CUPROC_SLOT(buf, self->off_address);
-    drv = CUPROC_SLOT(buf, self->off_driver);
     if (own == NULL || (PyObject *)Py_TYPE(own) != self->stream_type || bctx == NULL || address == NULL
-        || drv == NULL || !PyLong_CheckExact(address))
+        || !PyLong_CheckExact(address))
         goto slow;
     /* the checks of the Python method: the stream, its context (the buffer's: alloc_async took it from
      * this stream) and fork */
@@ -294,13 +333,12 @@ static PyObject *cuproc_so_free(PyObject *obj, PyObject *const *args, size_t nar
         Py_XDECREF(id);
         if (exported != 0) { if (exported < 0) return NULL; goto slow; }
     }
-    key = CUPROC_SLOT(buf, self->off_key);
-    if (key == NULL || !PyWeakref_CheckRefExact(key)) goto slow;
     h = cuproc_so_handle(self, own);
-    fn = h == NULL ? NULL : cuproc_so_function(self, drv);
-    if (fn == NULL) goto slow;
-    /* The claim: removing the entry (no Python code runs between the lookup and the removal: the key is
-     * the buffer's weak reference, found by identity, and a DeviceBuffer compares by identity). */
+    key = CUPROC_SLOT(buf, self->off_key);
+    if (h == NULL || key == NULL || !PyWeakref_CheckRefExact(key)) goto slow;
+    /* The claim: removing the entry.  No Python code has run since the reads above, nor runs between the
+     * lookup and the removal: the key is the buffer's weak reference, found by identity, and a
+     * DeviceBuffer compares by identity. */
     Py_INCREF(key);
     entry = PyDict_GetItemWithError(table, key);
     if (entry == NULL) {
@@ -334,40 +372,55 @@ static PyObject *cuproc_so_finalize(PyObject *obj, PyObject *const *args, size_t
     if (kwnames == NULL && PyVectorcall_NARGS(nargsf) == 1
         && PyObject_TypeCheck(args[0], (PyTypeObject *)self->buffer_type)) {
         PyObject *ended = CUPROC_SLOT(args[0], self->off_ended);
-        if (ended != NULL && ended != Py_None)
+        if (ended != NULL && ended != Py_None) {
+            self->taken++;
             Py_RETURN_NONE;
+        }
     }
     return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
 }
 
-/* The finalizer front whose buffer type's tp_finalize is cuproc_so_tp_finalize (set once, by take_finalizer). */
-static cuproc_so *cuproc_so_the_finalizer;
+/* The finalizer fronts whose buffer class's tp_finalize is cuproc_so_tp_finalize, one per class
+ * (take_finalizer; a reloaded cuproc.device_memory makes a new class), kept for the process: such a
+ * class calls back here for as long as it lives.  Beyond the table's size a class keeps the generic
+ * slot (correct, slower). */
+#define CUPROC_SO_FINALIZERS 16
+static cuproc_so *cuproc_so_finalizers[CUPROC_SO_FINALIZERS];
 static PyObject *cuproc_s_del;
 
 /* DeviceBuffer's tp_finalize once take_finalizer() ran: an ended buffer (the common case) returns without
- * the generic slot's lookup and call of ``__del__``; any other calls the class's ``__del__`` -- the front
- * above, so Resource.__del__ -- as that slot does (the current exception saved; one raised is reported,
- * not propagated).  Assigning DeviceBuffer.__del__ later puts Python's own slot back. */
+ * the generic slot's lookup and call of ``__del__``; any other calls the class's ``__del__`` -- the front,
+ * so Resource.__del__ -- as that slot does (the current exception saved; one raised is reported, not
+ * propagated).  Subclasses never inherit it (a class's slots follow its __del__, which is this front: the
+ * generic slot), and assigning DeviceBuffer.__del__ later puts the generic slot back. */
 static void cuproc_so_tp_finalize(PyObject *obj)
 {
-    cuproc_so *fin = cuproc_so_the_finalizer;
-    PyObject *ended = CUPROC_SLOT(obj, fin->off_ended), *result;
+    cuproc_so *fin = NULL;
+    PyObject *ended, *result, *del;
+    int i;
 #if PY_VERSION_HEX >= 0x030C0000
     PyObject *exc;
 #else
     PyObject *type, *value, *tb;
 #endif
-    if (Py_IS_TYPE(obj, (PyTypeObject *)fin->buffer_type) && ended != NULL && ended != Py_None)
-        return;
+    for (i = 0; i < CUPROC_SO_FINALIZERS && cuproc_so_finalizers[i] != NULL; i++)
+        if ((PyObject *)Py_TYPE(obj) == cuproc_so_finalizers[i]->buffer_type) { fin = cuproc_so_finalizers[i]; break; }
+    if (fin != NULL) {
+        ended = CUPROC_SLOT(obj, fin->off_ended);
+        if (ended != NULL && ended != Py_None) { fin->taken++; return; }
+    }
 #if PY_VERSION_HEX >= 0x030C0000
     exc = PyErr_GetRaisedException();
 #else
     PyErr_Fetch(&type, &value, &tb);
 #endif
-    result = PyObject_CallOneArg(fin->slow, obj);
+    /* the front's Python finalizer; a class not in the table (never the case) gets its own __del__ */
+    del = fin != NULL ? Py_NewRef(fin->slow) : PyObject_GetAttr((PyObject *)Py_TYPE(obj), cuproc_s_del);
+    result = del == NULL ? NULL : PyObject_CallOneArg(del, obj);
     if (result == NULL)
-        PyErr_WriteUnraisable((PyObject *)fin);
+        PyErr_WriteUnraisable(del != NULL ? del : obj);
     Py_XDECREF(result);
+    Py_XDECREF(del);
 #if PY_VERSION_HEX >= 0x030C0000
     PyErr_SetRaisedException(exc);
 #else
@@ -375,29 +428,49 @@ static void cuproc_so_tp_finalize(PyObject *obj)
 #endif
 }
 
-/* finalizer.take_finalizer(): make this front DeviceBuffer's tp_finalize (after ``DeviceBuffer.__del__ = it``,
- * whose assignment sets the generic slot): see cuproc_so_tp_finalize. */
+/* finalizer.take_finalizer(): make this front its buffer class's tp_finalize (after ``DeviceBuffer.__del__ =
+ * it``, whose assignment set the generic slot): see cuproc_so_tp_finalize.  False when the table is full. */
 static PyObject *cuproc_so_take_finalizer(PyObject *obj, PyObject *unused)
 {
     cuproc_so *self = (cuproc_so *)obj;
     PyTypeObject *tp = (PyTypeObject *)self->buffer_type;
     PyObject *del;
+    int i;
     (void)unused;
-    if (self->vectorcall != cuproc_so_finalize || !(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || tp->tp_dict == NULL
-        || (cuproc_so_the_finalizer != NULL && cuproc_so_the_finalizer != self)) goto bad;
+    if (self->vectorcall != cuproc_so_finalize || !(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || tp->tp_dict == NULL)
+        goto bad;
     del = PyDict_GetItemWithError(tp->tp_dict, cuproc_s_del);
     if (del != obj) {
         if (del == NULL && PyErr_Occurred()) return NULL;
         goto bad;
     }
-    if (cuproc_so_the_finalizer == NULL)
-        cuproc_so_the_finalizer = (cuproc_so *)Py_NewRef(obj);   /* kept for the process: the type holds it too */
-    tp->tp_finalize = cuproc_so_tp_finalize;
-    Py_RETURN_NONE;
+    for (i = 0; i < CUPROC_SO_FINALIZERS; i++) {
+        if (cuproc_so_finalizers[i] == NULL)
+            cuproc_so_finalizers[i] = (cuproc_so *)Py_NewRef(obj);
+        else if (cuproc_so_finalizers[i]->buffer_type == self->buffer_type)
+            Py_SETREF(cuproc_so_finalizers[i], (cuproc_so *)Py_NewRef(obj));   /* the class's own, now */
+        else
+            continue;
+        tp->tp_finalize = cuproc_so_tp_finalize;
+        Py_RETURN_TRUE;
+    }
+    Py_RETURN_FALSE;
 bad:
     PyErr_SetString(PyExc_ValueError, "take_finalizer: only the finalizer front, once it is its buffer class's own "
                                       "__del__ (a cuproc bug)");
     return NULL;
+}
+
+/* finalizer.finalizes_class: whether the buffer class's tp_finalize is this front's (for tests). */
+static PyObject *cuproc_so_finalizes_class(PyObject *obj, void *unused)
+{
+    cuproc_so *self = (cuproc_so *)obj;
+    int i;
+    (void)unused;
+    if (((PyTypeObject *)self->buffer_type)->tp_finalize != cuproc_so_tp_finalize) Py_RETURN_FALSE;
+    for (i = 0; i < CUPROC_SO_FINALIZERS; i++)
+        if (cuproc_so_finalizers[i] == self) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
 }
 
 static PyMethodDef cuproc_so_methods[] = {
@@ -412,7 +485,7 @@ static int cuproc_so_traverse(PyObject *obj, visitproc visit, void *arg)
     Py_VISIT(self->dict); Py_VISIT(self->slow); Py_VISIT(self->failed); Py_VISIT(self->pointer_of);
     Py_VISIT(self->name); Py_VISIT(self->stream_type); Py_VISIT(self->buffer_type);
     Py_VISIT(self->context_type); Py_VISIT(self->cstream_type); Py_VISIT(self->forked); Py_VISIT(self->exports);
-    Py_VISIT(self->freed); Py_VISIT(self->fn); Py_VISIT(self->fn_driver); Py_VISIT(Py_TYPE(obj));
+    Py_VISIT(self->freed); Py_VISIT(self->fn); Py_VISIT(Py_TYPE(obj));
     return 0;
 }
 
@@ -422,7 +495,7 @@ static int cuproc_so_clear(PyObject *obj)
     Py_CLEAR(self->dict); Py_CLEAR(self->slow); Py_CLEAR(self->failed); Py_CLEAR(self->pointer_of);
     Py_CLEAR(self->name); Py_CLEAR(self->stream_type); Py_CLEAR(self->buffer_type);
     Py_CLEAR(self->context_type); Py_CLEAR(self->cstream_type); Py_CLEAR(self->forked); Py_CLEAR(self->exports);
-    Py_CLEAR(self->freed); Py_CLEAR(self->fn); Py_CLEAR(self->fn_driver);
+    Py_CLEAR(self->freed); Py_CLEAR(self->fn);
     return 0;
 }
 
@@ -439,12 +512,14 @@ static PyMemberDef cuproc_so_members[] = {
     {"__dictoffset__", T_PYSSIZET, offsetof(cuproc_so, dict), READONLY, NULL},
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(cuproc_so, vectorcall), READONLY, NULL},
     {"taken", T_PYSSIZET, offsetof(cuproc_so, taken), READONLY,
-     "how many calls this object made the driver call of itself (the rest went to the Python function)"},
+     "how many calls this object handled itself (the rest went to the Python function): the driver calls made,"
+     " or for the finalizer the ended buffers it let go"},
     {NULL, 0, 0, 0, NULL},
 };
 
 static PyGetSetDef cuproc_so_getset[] = {   /* __dict__: functools.update_wrapper fills it */
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {"finalizes_class", cuproc_so_finalizes_class, NULL, "whether this front is its buffer class's tp_finalize", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -506,7 +581,7 @@ static cuproc_so *cuproc_so_new(PyObject *const *objs, const Py_ssize_t *offsets
     self->off_stream_context = offsets[9]; self->off_stream_handle = offsets[10]; self->off_key = offsets[11];
     self->fn = NULL;
     self->fnptr = NULL;
-    self->fn_driver = NULL;
+    self->fn_driver = self->fn_dict = NULL;
     self->fn_generation = 0;
     self->taken = 0;
     PyObject_GC_Track(self);
@@ -579,12 +654,13 @@ static int cuproc_install_memory(void)
         cuproc_s_cuMemAllocAsync = PyUnicode_InternFromString("cuMemAllocAsync");
         cuproc_s_cuMemFreeAsync = PyUnicode_InternFromString("cuMemFreeAsync");
         cuproc_s_del = PyUnicode_InternFromString("__del__");
-        if (cuproc_s_cuMemAllocAsync && cuproc_s_cuMemFreeAsync && cuproc_s_del && cuproc_s_context)
+        if (cuproc_s_cuMemAllocAsync && cuproc_s_cuMemFreeAsync && cuproc_s_del && cuproc_s_context) {
             cuproc_so_type = (PyTypeObject *)PyType_FromSpec(&cuproc_so_spec);
 #if PY_VERSION_HEX >= 0x030C0000
-        cuproc_so_watcher = PyDict_AddWatcher(cuproc_so_dict_changed);   /* -1: none free; looked up per call */
-        if (cuproc_so_watcher < 0) PyErr_Clear();
+            cuproc_so_watcher = PyDict_AddWatcher(cuproc_so_dict_changed);   /* -1: none free; looked up per call */
+            if (cuproc_so_watcher < 0) PyErr_Clear();
 #endif
+        }
     }
     rc = cuproc_publish(&cuproc_make_stream_ordered_def, "StreamOrdered", cuproc_so_type);
     PyGILState_Release(gil);
