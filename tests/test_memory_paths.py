@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -28,6 +29,7 @@ from cuproc.errors import ClosedResourceError, CudaError, CudaWarning
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_memory import COPY_CALLS  # noqa: E402 - the calls the benchmark's rows state, checked here
+from fakedriver import FakeDriver  # noqa: E402
 from subproc import run_python  # noqa: E402
 from threads import run_threads  # noqa: E402
 
@@ -733,7 +735,7 @@ def test_the_finalizer_front_is_the_class_finalizer_and_lets_ended_buffers_go_in
     monkeypatch.setattr(DeviceBuffer, "__del__", front)        # an assignment: Python's own slot again
     assert not front.finalizes_class
     mem.alloc_async(64, s).free_async()                        # ... which calls the front as a method
-    assert front.taken == before + 2
+    assert front.taken == before + 1 and fk.pool_used(0) == 0  # (not the class finalizer: not counted)
     assert front.take_finalizer() is True and front.finalizes_class
 
 
@@ -787,6 +789,97 @@ def test_the_fronts_keep_no_driver_handle_alive(fake):
     del s, ctx, drv
     gc.collect()
     assert ref() is None
+
+
+class _HookDriver(cuproc.Driver):
+    """A handle whose attribute hook runs a test's code when the fronts look a function up through it
+    (a name not in its dict): the one point where the fronts let Python run before the driver call."""
+
+    def __getattr__(self, name: str):
+        hooks = self.__dict__.get("hooks")
+        if name in ("cuMemAllocAsync", "cuMemFreeAsync") and hooks:
+            hooks.pop()()
+        return super().__getattr__(name)
+
+
+@pytest.mark.skipif(not FAST, reason="the compiled fronts' order of reads")
+def test_what_python_changes_during_the_fronts_lookup_is_seen(fake):
+    """Everything the fronts check is read after the driver-function lookup: a stream closed, a context's
+    or a buffer's driver replaced while the lookup runs Python is seen (the Python code takes over)."""
+    gc.collect()
+    fake.reset()
+    drv = _HookDriver(library=str(fake.path))
+    drv.hooks = []
+    cuproc.set_default_driver(drv)
+    try:
+        pc = cuproc.use_device(0)
+        other = cuproc.Driver(library=str(fake.path))
+
+        def lookup_runs(hook):                 # the next lookup goes through __getattr__ and runs hook
+            for name in ("cuMemAllocAsync", "cuMemFreeAsync"):
+                drv.__dict__.pop(name, None)
+            drv.hooks.append(hook)
+        s = Stream()
+        lookup_runs(s.close)
+        with pytest.raises(ClosedResourceError):
+            mem.alloc_async(64, s)
+        s = Stream()
+        before = taken()
+        lookup_runs(lambda: setattr(s.context, "driver", other))
+        buf = mem.alloc_async(64, s)
+        assert buf.driver is other and taken() == before   # not the front's: the context's driver changed
+        s.context.driver = drv
+        buf.driver = drv
+        buf.free_async()
+        buf = mem.alloc_async(64, s)
+        before = taken()
+        lookup_runs(lambda: setattr(buf, "driver", other))
+        buf.free_async()
+        assert buf.ended == "freed" and taken() == before  # the Python method freed it
+        del buf
+        s.close()
+        del pc
+        gc.collect()
+        assert fake.live("async_alloc") == 0 and fake.stale_count() == 0
+    finally:
+        cuproc.set_default_driver(None)
+
+
+@pytest.mark.skipif(not FAST, reason="the compiled fronts' cache")
+def test_a_function_found_through_another_handles_hook_is_not_remembered_for_the_first(fake, tmp_path):
+    """The 3.12 cache is the last lookup's: a lookup on handle B (through its __getattr__) after A's was
+    remembered must not leave A's key in place, or A's next allocation calls B's library."""
+    gc.collect()
+    fake.reset()
+    a = cuproc.Driver(library=str(fake.path))
+    cuproc.set_default_driver(a)
+    try:
+        pc = cuproc.use_device(0)
+        sa = Stream()
+        seen = []
+        for tag in "bc":                                    # (the second handle meets a watched cache)
+            copy = tmp_path / f"lib{tag}.so"
+            shutil.copy(fake.path, copy)
+            other = FakeDriver(copy)
+            other.reset()
+            b = cuproc.Driver(library=str(copy))
+            ctx_b = Context.create(0, driver=b)
+            sb = Stream(context=ctx_b)
+            Context.pop(driver=b)
+            mem.alloc_async(64, sa).free_async()        # A's function, from A's dict: remembered
+            b.__dict__.pop("cuMemAllocAsync", None)      # B's, through its __getattr__
+            kept = mem.alloc_async(128, sb)
+            other.clear_calls()
+            mem.alloc_async(256, sa).free_async()        # on A's stream: A's library only
+            seen += other.calls()
+            kept.free_async()
+            sb.close()
+            ctx_b.destroy()
+        assert "cuMemAllocAsync" not in seen
+        sa.close()
+        del pc
+    finally:
+        cuproc.set_default_driver(None)
 
 
 def test_threads_racing_the_c_claim_free_each_buffer_once(fk):

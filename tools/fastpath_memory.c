@@ -91,6 +91,9 @@ static void *cuproc_so_function(cuproc_so *self, PyObject *drv)
         return self->fnptr;
     }
 #endif
+#if PY_VERSION_HEX >= 0x030C0000
+    self->fn_driver = self->fn_dict = NULL;   /* what is remembered below is this lookup's, or nothing */
+#endif
     if (dict != NULL) {   /* where a handle publishes its functions: cheaper than its __getattr__ hook */
         fn = PyDict_GetItemWithError(dict, self->name);
         Py_XINCREF(fn);
@@ -107,12 +110,14 @@ static void *cuproc_so_function(cuproc_so *self, PyObject *drv)
     }
     if (fn == NULL) { PyErr_Clear(); Py_XDECREF(dict); return NULL; }
     if (fn != self->fn) {
+        PyObject *old = self->fn;
         value = PyObject_CallOneArg(self->pointer_of, fn);   /* None: not a driver pointer */
         address = value == NULL || value == Py_None ? NULL : PyLong_AsVoidPtr(value);
         Py_XDECREF(value);
         PyErr_Clear();
-        Py_XSETREF(self->fn, fn);   /* keeps it: the identity test above never meets a reused id */
-        self->fnptr = address;
+        self->fn = fn;              /* kept: the identity test above never meets a reused id */
+        self->fnptr = address;      /* both set before the old one goes (its release may run Python) */
+        Py_XDECREF(old);
     }
     else
         Py_DECREF(fn);              /* NULL fnptr: known not to be a driver pointer */
@@ -239,12 +244,13 @@ static PyObject *cuproc_so_alloc(PyObject *obj, PyObject *const *args, size_t na
         Py_XDECREF(drv);
         goto slow;
     }
-    Py_DECREF(drv);   /* the context holds it */
+    /* drv and ctx stay held until the buffer takes them: other threads run while the GIL is released */
     Py_BEGIN_ALLOW_THREADS
     rc = ((PFN_cuMemAllocAsync_v11020)fn)(&out, n, h);
     Py_END_ALLOW_THREADS
     if (rc != 0) {
         Py_DECREF(ctx);
+        Py_DECREF(drv);
         return cuproc_so_failed(self, stream, nbytes, rc);
     }
     self->taken++;
@@ -253,10 +259,11 @@ static PyObject *cuproc_so_alloc(PyObject *obj, PyObject *const *args, size_t na
     if (buf == NULL) {
         Py_XDECREF(address);
         Py_DECREF(ctx);
+        Py_DECREF(drv);
         return cuproc_so_orphan(self, stream, nbytes, out);
     }
     /* the slots as alloc_async's Python code stores them (the object is new and zeroed) */
-    CUPROC_SLOT(buf, self->off_driver) = Py_NewRef(drv);
+    CUPROC_SLOT(buf, self->off_driver) = drv;   /* the reference taken above */
     CUPROC_SLOT(buf, self->off_ended) = Py_NewRef(Py_None);
     CUPROC_SLOT(buf, self->off_context) = ctx;   /* the reference taken above */
     CUPROC_SLOT(buf, self->off_address) = Py_NewRef(address);
@@ -269,9 +276,16 @@ static PyObject *cuproc_so_alloc(PyObject *obj, PyObject *const *args, size_t na
     entry = key == NULL ? NULL : PyTuple_New(2);
     failed = entry == NULL;
     if (!failed) {
+        PyObject *table = CUPROC_SLOT(ctx, self->off_table);   /* read again: Python ran since the check */
         PyTuple_SET_ITEM(entry, 0, Py_NewRef(address));
         PyTuple_SET_ITEM(entry, 1, Py_NewRef(stream));
-        failed = PyDict_SetItem(CUPROC_SLOT(ctx, self->off_table), key, entry) < 0;
+        if (table == NULL || !PyDict_CheckExact(table)) {
+            PyErr_SetString(PyExc_RuntimeError, "alloc_async: the context's table of stream-ordered memory was "
+                                                "replaced during the allocation; the memory was given back");
+            failed = 1;
+        }
+        else
+            failed = PyDict_SetItem(table, key, entry) < 0;
     }
     Py_XDECREF(entry);
     Py_XDECREF(key);
@@ -372,10 +386,8 @@ static PyObject *cuproc_so_finalize(PyObject *obj, PyObject *const *args, size_t
     if (kwnames == NULL && PyVectorcall_NARGS(nargsf) == 1
         && PyObject_TypeCheck(args[0], (PyTypeObject *)self->buffer_type)) {
         PyObject *ended = CUPROC_SLOT(args[0], self->off_ended);
-        if (ended != NULL && ended != Py_None) {
-            self->taken++;
-            Py_RETURN_NONE;
-        }
+        if (ended != NULL && ended != Py_None)
+            Py_RETURN_NONE;   /* (not counted: taken counts the class finalizer's own returns) */
     }
     return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
 }
@@ -513,7 +525,7 @@ static PyMemberDef cuproc_so_members[] = {
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(cuproc_so, vectorcall), READONLY, NULL},
     {"taken", T_PYSSIZET, offsetof(cuproc_so, taken), READONLY,
      "how many calls this object handled itself (the rest went to the Python function): the driver calls made,"
-     " or for the finalizer the ended buffers it let go"},
+     " or for the finalizer the ended buffers its class's tp_finalize let go"},
     {NULL, 0, 0, 0, NULL},
 };
 
