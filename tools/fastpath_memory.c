@@ -156,7 +156,8 @@ static PyObject *cuproc_so_driver_of(cuproc_so *self, PyObject *stream)
     return Py_XNewRef(drv);
 }
 
-/* The live context of a live Stream, a new reference; NULL (no error) when it is not the common case. */
+/* The live context of a live Stream, a new reference; NULL (no error) when it is not the common case.  (Its
+ * driver is the caller's to compare with the one it looked the function up on.) */
 static PyObject *cuproc_so_context(cuproc_so *self, PyObject *stream)
 {
     PyObject *ctx, *ended = CUPROC_SLOT(stream, self->off_ended);
@@ -166,7 +167,7 @@ static PyObject *cuproc_so_context(cuproc_so *self, PyObject *stream)
     if (ctx == NULL) return NULL;
     Py_INCREF(ctx);
     if (!PyObject_TypeCheck(ctx, (PyTypeObject *)self->context_type) || CUPROC_SLOT(ctx, self->off_ended) != Py_None
-        || CUPROC_SLOT(ctx, self->off_driver) == NULL || CUPROC_SLOT(ctx, self->off_table) == NULL
+        || CUPROC_SLOT(ctx, self->off_table) == NULL
         || !PyDict_CheckExact(CUPROC_SLOT(ctx, self->off_table))) {
         Py_DECREF(ctx);
         return NULL;
@@ -174,18 +175,43 @@ static PyObject *cuproc_so_context(cuproc_so *self, PyObject *stream)
     return ctx;
 }
 
+/* The current exception, put aside while other Python code runs and set again after it (one way on every
+ * version: PyErr_Fetch is deprecated from 3.12). */
+typedef struct {
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *exc;
+#else
+    PyObject *type, *value, *tb;
+#endif
+} cuproc_saved_error;
+
+static void cuproc_error_save(cuproc_saved_error *saved)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    saved->exc = PyErr_GetRaisedException();
+#else
+    PyErr_Fetch(&saved->type, &saved->value, &saved->tb);
+#endif
+}
+
+static void cuproc_error_restore(cuproc_saved_error *saved)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(saved->exc);
+#else
+    PyErr_Restore(saved->type, saved->value, saved->tb);
+#endif
+}
+
 /* Memory allocated that no object could come to own (out of memory while building it): given back
  * through ``failed(stream, nbytes, 0, address)``; the error that stopped it is raised.  NULL always. */
 static PyObject *cuproc_so_orphan(cuproc_so *self, PyObject *stream, PyObject *nbytes, CUdeviceptr out)
 {
-#if PY_VERSION_HEX >= 0x030C0000
-    PyObject *exc = PyErr_GetRaisedException();
-#else
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-#endif
-    PyObject *address = PyLong_FromUnsignedLongLong((unsigned long long)out), *zero = PyLong_FromLong(0);
-    PyObject *result = NULL;
+    cuproc_saved_error saved;
+    PyObject *address, *zero, *result = NULL;
+    cuproc_error_save(&saved);
+    address = PyLong_FromUnsignedLongLong((unsigned long long)out);
+    zero = PyLong_FromLong(0);
     if (address != NULL && zero != NULL) {
         PyObject *call[4] = {stream, nbytes, zero, address};
         result = PyObject_Vectorcall(self->failed, call, 4, NULL);
@@ -194,11 +220,7 @@ static PyObject *cuproc_so_orphan(cuproc_so *self, PyObject *stream, PyObject *n
     Py_XDECREF(zero);
     Py_XDECREF(result);
     PyErr_Clear();   /* the first error is the one to report */
-#if PY_VERSION_HEX >= 0x030C0000
-    PyErr_SetRaisedException(exc);
-#else
-    PyErr_Restore(type, value, tb);
-#endif
+    cuproc_error_restore(&saved);
     return NULL;
 }
 
@@ -377,6 +399,13 @@ slow:
     return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
 }
 
+/* Whether a buffer (of the front's class, or a subclass) has ended: its finalizer has nothing to give back. */
+static int cuproc_so_ended(cuproc_so *self, PyObject *buf)
+{
+    PyObject *ended = CUPROC_SLOT(buf, self->off_ended);
+    return ended != NULL && ended != Py_None;
+}
+
 /* DeviceBuffer.__del__: a buffer that has ended (freed, or its context gone) has nothing to give back,
  * the common case once free_async or free() ran, and returns here without the Python finalizer's frame;
  * any other goes to Resource.__del__. */
@@ -384,11 +413,8 @@ static PyObject *cuproc_so_finalize(PyObject *obj, PyObject *const *args, size_t
 {
     cuproc_so *self = (cuproc_so *)obj;
     if (kwnames == NULL && PyVectorcall_NARGS(nargsf) == 1
-        && PyObject_TypeCheck(args[0], (PyTypeObject *)self->buffer_type)) {
-        PyObject *ended = CUPROC_SLOT(args[0], self->off_ended);
-        if (ended != NULL && ended != Py_None)
-            Py_RETURN_NONE;   /* (not counted: taken counts the class finalizer's own returns) */
-    }
+        && PyObject_TypeCheck(args[0], (PyTypeObject *)self->buffer_type) && cuproc_so_ended(self, args[0]))
+        Py_RETURN_NONE;   /* (not counted: taken counts the class finalizer's own returns) */
     return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
 }
 
@@ -408,24 +434,16 @@ static PyObject *cuproc_s_del;
 static void cuproc_so_tp_finalize(PyObject *obj)
 {
     cuproc_so *fin = NULL;
-    PyObject *ended, *result, *del;
+    cuproc_saved_error saved;
+    PyObject *result, *del;
     int i;
-#if PY_VERSION_HEX >= 0x030C0000
-    PyObject *exc;
-#else
-    PyObject *type, *value, *tb;
-#endif
     for (i = 0; i < CUPROC_SO_FINALIZERS && cuproc_so_finalizers[i] != NULL; i++)
         if ((PyObject *)Py_TYPE(obj) == cuproc_so_finalizers[i]->buffer_type) { fin = cuproc_so_finalizers[i]; break; }
-    if (fin != NULL) {
-        ended = CUPROC_SLOT(obj, fin->off_ended);
-        if (ended != NULL && ended != Py_None) { fin->taken++; return; }
+    if (fin != NULL && cuproc_so_ended(fin, obj)) {
+        fin->taken++;
+        return;
     }
-#if PY_VERSION_HEX >= 0x030C0000
-    exc = PyErr_GetRaisedException();
-#else
-    PyErr_Fetch(&type, &value, &tb);
-#endif
+    cuproc_error_save(&saved);
     /* the front's Python finalizer; a class not in the table (never the case) gets its own __del__ */
     del = fin != NULL ? Py_NewRef(fin->slow) : PyObject_GetAttr((PyObject *)Py_TYPE(obj), cuproc_s_del);
     result = del == NULL ? NULL : PyObject_CallOneArg(del, obj);
@@ -433,11 +451,7 @@ static void cuproc_so_tp_finalize(PyObject *obj)
         PyErr_WriteUnraisable(del != NULL ? del : obj);
     Py_XDECREF(result);
     Py_XDECREF(del);
-#if PY_VERSION_HEX >= 0x030C0000
-    PyErr_SetRaisedException(exc);
-#else
-    PyErr_Restore(type, value, tb);
-#endif
+    cuproc_error_restore(&saved);
 }
 
 /* finalizer.take_finalizer(): make this front its buffer class's tp_finalize (after ``DeviceBuffer.__del__ =
