@@ -49,7 +49,7 @@ BINDINGS_EX = "cuda.bindings cuLaunchKernelEx, prebuilt argument addresses and c
 CORE = "cuda.core launch, NumPy scalars built per call"
 CUPY = "CuPy RawModule, NumPy scalars built per call"
 BLOCKS = 5
-STEADY_ROUNDS = 3
+STEADY_ROUNDS = 7   # steady runs per launcher, taking turns (3 left one slow spell as a median)
 COLUMNS = ("burst_us", "steady_us")
 
 

@@ -9,10 +9,13 @@ Two measures per fresh process, the rows taking turns round by round:
   usable, printed by the child (interpreter start excluded: it is the same for every Python row
   and it is most of the wall time's noise).
 
-Goal (issue 9): cuproc within 15 ms of ctypes + cuInit doing the same.  It is checked on the
-median of the wall times, and on the median of the *paired* in-process differences (cuproc minus
-ctypes in the same round, so both see the same machine state); the spread of those differences
-(quartiles) is printed beside it.  cuInit itself (hundreds of ms, varying by tens of ms between
+Goal (issue 9): from a fresh interpreter to device usable, cuproc within 15 ms of ctypes + cuInit
+doing the same.  It is checked on the median wall times of the two rows that leave by ``os._exit``
+as soon as the device is usable (the process from its start to device usable, and its kill), and on
+the median of the *paired* in-process differences (cuproc minus ctypes in the same round, so both
+see the same machine state); the spread of those differences (quartiles) is printed beside it.
+The rows that exit normally show the whole process, exit included; what each exit costs is in the
+notes (cuproc's releases its primary context retain, and the driver destroys the context then).  cuInit itself (hundreds of ms, varying by tens of ms between
 processes) is in both sides of every difference.  The results also list the cuproc modules a first
 allocation imported, and where cuproc's in-process time goes (import / use_device / first buffer).
 """
@@ -39,6 +42,8 @@ from harness import (  # noqa: E402
 )
 
 EXIT_ROW = "cuproc, leaving by os._exit (no teardown)"
+CTYPES_EXIT_ROW = "ctypes + cuInit, leaving by os._exit (no teardown)"
+HARD_EXIT = (EXIT_ROW, CTYPES_EXIT_ROW)
 PY = {
     "python -c pass (interpreter alone)": "pass",
     "ctypes + cuInit": (
@@ -47,10 +52,17 @@ PY = {
         "l.cuCtxSetCurrent(c); p = ctypes.c_uint64(); "
         "assert l.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(256)) == 0"),
     "cuproc": "import cuproc; pc = cuproc.use_device(0); cuproc.DeviceBuffer(256)",
-    # The same, leaving without interpreter teardown: the wall difference to the row above is what
-    # cuproc's exit costs (it gives its primary context retain back, so the driver destroys the context
-    # then; ctypes and cuda.bindings above leave that to the process exit).
+    # The same two, leaving as soon as the device is usable, without interpreter teardown: the goal's
+    # "fresh interpreter to device usable" in wall time.  The difference to the rows that exit normally
+    # is what each exit costs: cuproc gives its primary context retain back at exit (the ownership
+    # rule: children before parents, then primary retains), so the driver destroys the context then;
+    # ctypes and cuda.bindings leave the context to the process exit.
     EXIT_ROW: "import cuproc, os, sys; pc = cuproc.use_device(0); cuproc.DeviceBuffer(256)",
+    CTYPES_EXIT_ROW: (
+        "import ctypes, os, sys; l = ctypes.CDLL('libcuda.so.1'); l.cuInit(0); d = ctypes.c_int(); "
+        "l.cuDeviceGet(ctypes.byref(d), 0); c = ctypes.c_void_p(); l.cuDevicePrimaryCtxRetain(ctypes.byref(c), d); "
+        "l.cuCtxSetCurrent(c); p = ctypes.c_uint64(); "
+        "assert l.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(256)) == 0"),
     "cuda.bindings": (
         "from cuda.bindings import driver as d; d.cuInit(0); _, dev = d.cuDeviceGet(0); "
         "_, c = d.cuDevicePrimaryCtxRetain(dev); d.cuCtxSetCurrent(c); e, p = d.cuMemAlloc(256); assert e == 0"),
@@ -118,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 commands["C (dlopen, cuInit, primary context, cuMemAlloc)"] = [str(exe)]
             names = list(PY)
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "cuproc")], env=env, check=True)
-        commands.update({name: [sys.executable, "-c", timed_script(PY[name], hard_exit=name == EXIT_ROW)]
+        commands.update({name: [sys.executable, "-c", timed_script(PY[name], hard_exit=name in HARD_EXIT)]
                          for name in names})
         for name, cmd in list(commands.items()):     # once each: a failing peer is reported, not timed
             try:
@@ -150,15 +162,17 @@ def main(argv: list[str] | None = None) -> int:
     ms = {name: statistics.median(v) for name, v in times.items()}
     own_ms = {name: statistics.median(v) for name, v in inner.items() if v}
     goals = Goals()
-    ours, ctypes_ms = ms.get("cuproc"), ms.get("ctypes + cuInit")
     smoke_why = "smoke run" if args.smoke else None
-    goals.check("cuproc startup to device usable within 15 ms of ctypes + cuInit (wall, interpreter exit included: "
-                "median ours - median theirs)",
+    # The goal is "a fresh interpreter to device usable": in wall time, the rows that leave by os._exit
+    # once the device is usable.  The whole process, exit included, is in the table and the notes.
+    ours, ctypes_ms = ms.get(EXIT_ROW), ms.get(CTYPES_EXIT_ROW)
+    goals.check("cuproc startup to device usable within 15 ms of ctypes + cuInit (wall, fresh process to device "
+                "usable, both leaving by os._exit there: median ours - median theirs)",
                 ours - ctypes_ms if ours is not None and ctypes_ms is not None else None, 15.0, unit=" ms",
                 why_not=smoke_why)
-    if "cuproc" in times and "ctypes + cuInit" in times:   # the same goal on the worst pairing of runs
-        goals.check("... and on the slowest cuproc run against the fastest ctypes + cuInit run (wall, exit included)",
-                    max(times["cuproc"]) - min(times["ctypes + cuInit"]), 15.0, unit=" ms")
+    if EXIT_ROW in times and CTYPES_EXIT_ROW in times:   # the same goal on the worst pairing of runs
+        goals.check("... and on the slowest cuproc run against the fastest ctypes + cuInit run (wall, to device usable)",
+                    max(times[EXIT_ROW]) - min(times[CTYPES_EXIT_ROW]), 15.0, unit=" ms")
     spread = ""
     if paired:
         lo, hi = quartiles(paired)
@@ -172,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
             "runs_ms": times, "in_process_runs_ms": inner, "paired_cuproc_minus_ctypes_ms": paired,
             "cuproc_phases_ms": phase_ms, "errors": errors, "cuproc_modules_imported": modules}
     ctypes_own = own_ms.get("ctypes + cuInit")
+    ctypes_ms = ms.get("ctypes + cuInit")     # the table's reference column: the whole process, exit included
+    exits = {name: ms[name] - ms[quick] for name, quick in (("cuproc", EXIT_ROW), ("ctypes + cuInit", CTYPES_EXIT_ROW))
+             if name in ms and quick in ms}
     table = [[name, f"{v:.1f}", f"{min(times[name]):.1f} - {max(times[name]):.1f}",
               f"{v - ctypes_ms:+.1f}" if ctypes_ms else "",
               f"{own_ms[name]:.1f}" if name in own_ms else "",
@@ -182,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
              f"medians; range: fastest - slowest run",
              "in-process: from the child's first statement to device usable, printed by the child "
              "(interpreter start excluded)",
+             "exit (median wall, normal exit minus os._exit once usable): " +
+             ", ".join(f"{k} {v:+.1f} ms" for k, v in exits.items()) +
+             "; cuproc releases its primary context retain at interpreter exit (children before parents, then "
+             "primary retains: the ownership rule), and the driver destroys the context then, while ctypes "
+             "leaves it to the process exit; no goal reads the exit",
              "cuproc in-process phases (median, separate processes): " +
              ", ".join(f"{k} {v:.2f} ms" for k, v in phase_ms.items()),
              f"cuproc modules imported by use_device(0) + DeviceBuffer(256) ({len(modules)}): {' '.join(modules)}"]
