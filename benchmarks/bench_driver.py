@@ -32,7 +32,8 @@ from harness import (  # noqa: E402
 
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # installed packages have .pyc
 BARE = "bare cffi (function pointer in a local)"
-MODULE_ATTR = "cuproc raw, module namespace (cu.cuCtxGetCurrent; the first C name bound them all)"
+MODULE_ATTR = "cuproc raw, module namespace (cu.cuCtxGetCurrent)"
+MODULE_BOUND = "cuproc raw, module namespace after cu.preload() (names bound, lazy hook removed)"
 BARE_LIB = "bare cffi, library attribute (lib.cuCtxGetCurrent on ffi.dlopen of the same libcuda)"
 IMPORTED = "cuproc raw, imported name (from cuproc.driver import cuCtxGetCurrent)"
 CHECKED = "cuproc checked (drv.checked.cuCtxGetCurrent, bound)"
@@ -138,22 +139,27 @@ class Interleaved(NamedTuple):
 
 def _interleaved(rows: dict[str, tuple[str, dict]], number: int, rounds: int,
                  pairs: list[tuple[str, str]]) -> Interleaved:
-    """The rows take turns for ``rounds`` rounds (after one warm-up pass), pinned to one CPU.
+    """The rows take turns for ``rounds`` rounds (after one warm-up pass), pinned to one CPU, the
+    order rotating by one row each round.
 
     Why: a trivial call is about 0.1 µs, and two rows that make the very same call differed by a
     fifth in one run (a slow spell of the machine, or a move to another core, landing on one row).
-    Pinned, with each ratio a goal reads taken within a round and the median over the rounds, what
-    moves both rows of a pair cancels; each row's best round is kept for the table."""
+    Pinned (to the highest CPU allowed: CPU 0 takes most interrupts), with each ratio a goal reads
+    taken within a round and the median over the rounds, what moves both rows of a pair cancels,
+    and the rotation gives no row a fixed place after any other; each row's best round is kept for
+    the table."""
     pin = getattr(os, "sched_setaffinity", None)
     before = os.sched_getaffinity(0) if pin is not None else None
     if pin is not None and before:
-        pin(0, {min(before)})
+        pin(0, {max(before)})
     try:
         for stmt, g in rows.values():
             per_call_us(stmt, max(number // 10, 1), repeat=1, globals=g)
         times: dict[str, list[float]] = {name: [] for name in rows}
-        for _ in range(rounds):
-            for name, (stmt, g) in rows.items():
+        names = list(rows)
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                stmt, g = rows[name]
                 times[name].append(per_call_us(stmt, number, repeat=3, globals=g))
     finally:
         if pin is not None and before:
@@ -171,8 +177,8 @@ def trivial_call_times(number: int, smoke: bool) -> Interleaved:
     drv = cu.default_driver()
     drv.checked.cuInit(0)
     pctx = cuproc.ffi.new("CUcontext *")
+    cu.cuCtxGetCurrent(pctx)
     raw = drv.resolve("cuCtxGetCurrent")        # the same cffi pointer the namespace publishes
-    cu.cuCtxGetCurrent(pctx)                    # the module's first C name: binds every name (preload)
     from cuproc.driver import cuCtxGetCurrent  # type: ignore[attr-defined]
     g = {"cu": cu, "drv": drv, "p": pctx, "raw": raw, "imported": cuCtxGetCurrent,
          "checked": drv.checked.cuCtxGetCurrent}
@@ -196,8 +202,15 @@ def trivial_call_times(number: int, smoke: bool) -> Interleaved:
             rows[BINDINGS] = ("f()", {"f": cbd.cuCtxGetCurrent})
         except ImportError:
             pass
-    return _interleaved(rows, number, rounds, [(MODULE_ATTR, BARE), (IMPORTED, BARE), (CHECKED, IMPORTED),
-                                               (IMPORTED, BINDINGS)])
+    first = _interleaved(rows, number, rounds, [(MODULE_ATTR, BARE), (IMPORTED, BARE), (CHECKED, IMPORTED),
+                                                (IMPORTED, BINDINGS)])
+    # The module namespace with every name bound: preload() removes the lazy hook for good (until
+    # set_default_driver), so this row comes after; the bare call takes turns with it again.
+    cu.preload()
+    again = _interleaved({BARE: ("raw(p)", g), MODULE_BOUND: ("cu.cuCtxGetCurrent(p)", g)}, number, rounds,
+                         [(MODULE_BOUND, BARE)])
+    best = {**first.best, MODULE_BOUND: again.best[MODULE_BOUND], BARE: min(first.best[BARE], again.best[BARE])}
+    return Interleaved(best, {**first.paired, **again.paired}, rounds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,11 +240,13 @@ def main(argv: list[str] | None = None) -> int:
             table.append([group, "C floor", f"{floor_value:.4f} {unit}", "1.00"])
         for name, value in data[group].items():
             table.append([group, name, f"{value:.4f} {unit}", f"{value / floor_value:.2f}" if floor_value else ""])
-    tc, why = data["trivial_call_us"], ("smoke run" if args.smoke else None)
+    why = "smoke run" if args.smoke else None
     paired = trivial.paired
     goals = Goals()
     goals.check("raw call through cuproc.driver.cuX (module namespace) <= 1.05x a bare cffi call (pointer in a local)",
                 paired.get((MODULE_ATTR, BARE)), 1.05, why_not=why)
+    goals.check("raw call through cuproc.driver.cuX after cuproc.driver.preload() <= 1.05x a bare cffi call "
+                "(pointer in a local)", paired.get((MODULE_BOUND, BARE)), 1.05, why_not=why)
     goals.check("raw call, imported C name (the cffi pointer itself) <= 1.05x a bare cffi call",
                 paired.get((IMPORTED, BARE)), 1.05, why_not=why)
     goals.check("checked call <= 1.15x the raw call (both bound to a name)", paired.get((CHECKED, IMPORTED)), 1.15,
@@ -247,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     notes = ["ratio column: against the C floor of the same group, same run.",
              f"trivial calls: the rows take turns for {trivial.rounds} rounds (after a warm-up pass), pinned to one CPU; the "
              "table shows each row's best round, and each goal's ratio is the median over the rounds of the ratio "
-             "within a round",
+             "within a round; the module-namespace row after preload() and a second bare-call series take turns "
+             "afterwards",
              "the bare cffi row and the imported-name row call the same function object: their paired ratio, "
              f"{paired.get((IMPORTED, BARE), float('nan')):.3f}, is how far two identical rows differ in this run",
              "the bare cffi library-attribute row (ABI mode, libffi) is for information: no goal is read against it",

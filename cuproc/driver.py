@@ -930,8 +930,6 @@ _default_lock = _fork.lock()
 # can re-enter it, and it is not reentrant), then bind only if this has not moved meanwhile -- else a
 # declare() or set_default_driver() racing them would be undone by their stale values.
 _module_generation = 0
-# The generation whose first C-name access ran preload() (the hook tries once per generation).
-_module_preload_tried = -1
 
 
 def default_driver() -> Driver:
@@ -1041,30 +1039,13 @@ checked: Checked   # the default handle's checked functions (made on first acces
 def _module_c_name(name: str) -> Any:
     """``cuproc.driver.cuX``: the default handle's, cached as a module attribute (``__getattr__``).
 
-    The first C name asked of the module since it was (re)made lazy runs :func:`preload` (about a
-    millisecond, once): while this hook is in the module's dict CPython specializes no attribute load
-    on the module, so a namespace that bound names one by one would keep every later
-    ``cuproc.driver.cuX`` about half as fast again as a bare cffi call.  Binding every name removes
-    the hook.  ``Driver`` handles stay lazy per symbol, and the object layer uses those.
-
-    When that does not bind (a fork, a racing declare() or new default handle, a driver whose
-    preload fails), the name is resolved alone: outside _default_lock (resolving may take it),
-    cached only if neither the default handle nor its declared names changed meanwhile; otherwise
-    returned uncached, so the next access resolves on what is current."""
-    global _module_preload_tried
+    Resolved outside _default_lock (resolving may take it), cached only if neither the default
+    handle nor its declared names changed meanwhile; otherwise returned uncached, so the next
+    access resolves on what is current."""
     if name != "checked" and not name.startswith(("cu", "CU")):
         raise AttributeError(f"module 'cuproc.driver' has no attribute {name!r}")
     generation = _module_generation
     drv = default_driver()
-    if _module_preload_tried != generation and not _fork.FORKED[0]:
-        _module_preload_tried = generation      # once per generation, whatever preload() does
-        try:
-            preload()
-        except Exception:  # noqa: BLE001 - this name's own resolution below raises what applies to it
-            pass
-        bound = globals().get(name)
-        if bound is not None and _module_generation == generation:
-            return bound                        # bound by preload(): the hook is gone
     value: Any = drv.checked if name == "checked" else getattr(drv, name)
     with _default_lock:
         if generation == _module_generation and _default is drv:

@@ -1,5 +1,4 @@
-"""``cuproc.driver`` as a C-named namespace: every name bound by ``preload()``, which the first C
-name asked of the module runs.
+"""``cuproc.driver`` as a C-named namespace: lazy by default, every name bound by ``preload()``.
 
 While the module answers names through its PEP 562 ``__getattr__``, CPython does not specialize
 ``cuproc.driver.cuX`` loads; ``preload()`` binds every C name and removes the hook.  These tests
@@ -64,51 +63,28 @@ def test_unavailable_symbols_are_bound_and_still_refuse_when_called(default_sim)
 
 @pytest.mark.skipif(sys.implementation.name != "cpython" or sys.version_info < (3, 11),
                     reason="attribute-load specialization is CPython 3.11+")
-def test_the_first_c_name_binds_every_name_so_module_loads_specialize(default_sim):
+def test_after_preload_module_attribute_loads_specialize(default_sim):
     monitoring = getattr(sys, "monitoring", None)
     if sys.gettrace() is not None or (monitoring is not None and monitoring.get_tool(monitoring.COVERAGE_ID)):
         pytest.skip("a tracer (coverage) is active, and CPython does not specialize while tracing")
     out = cuproc.ffi.new("CUcontext *")
-    assert "__getattr__" in vars(cu)
 
-    def loop() -> None:
+    def lazy_loop() -> None:
         for _ in range(64):
             cu.cuCtxGetCurrent(out)
 
-    loop()
-    loop()
-    assert "__getattr__" not in vars(cu)            # the first name bound them all and removed the hook
-    assert "LOAD_ATTR_MODULE" in _load_attr_ops(loop)
+    lazy_loop()
+    lazy_loop()
+    assert "LOAD_ATTR_MODULE" not in _load_attr_ops(lazy_loop)    # the hook defeats specialization
+    cu.preload()
 
+    def bound_loop() -> None:
+        for _ in range(64):
+            cu.cuCtxGetCurrent(out)
 
-def test_the_first_c_name_binds_what_preload_binds(default_sim):
-    reference = Driver("12.0", library=default_sim.library.path)
-    counts = reference.preload()
-    assert cu.CU_CTX_SCHED_BLOCKING_SYNC == 4         # the first C name asked of the module: a constant
-    bound = vars(cu)
-    assert "__getattr__" not in bound
-    for name in reference.registry:                   # every function, bound without being asked for
-        assert bound[name] is getattr(default_sim, name), name
-    assert default_sim.preload() == counts            # already resolved: the same answers
-    assert bound["checked"] is default_sim.checked
-
-
-def test_a_failing_preload_leaves_names_lazy_and_is_tried_once(default_sim, monkeypatch):
-    tried: list[int] = []
-
-    def failing(self):
-        tried.append(1)
-        raise RuntimeError("preload failed")
-    monkeypatch.setattr(Driver, "preload", failing)
-    assert cu.cuCtxGetCurrent is default_sim.cuCtxGetCurrent   # resolved alone
-    assert cu.cuCtxCreate is default_sim.cuCtxCreate
-    assert tried == [1]                                         # once, not per name
-    assert "__getattr__" in vars(cu) and "cuCtxSynchronize" not in vars(cu)
-    with pytest.raises(AttributeError, match="cuNoSuchFunction"):
-        cu.cuNoSuchFunction  # noqa: B018
-    cu.set_default_driver(default_sim)                          # a new generation tries again
-    cu.cuCtxGetCurrent  # noqa: B018
-    assert tried == [1, 1]
+    bound_loop()
+    bound_loop()
+    assert "LOAD_ATTR_MODULE" in _load_attr_ops(bound_loop)
 
 
 def test_a_new_default_handle_restores_the_lazy_namespace(sim):
@@ -211,9 +187,6 @@ def test_the_lazy_hook_racing_a_declare_does_not_keep_the_replaced_function(sim1
             if name == "cuFooSim" and not raced:   # the declare lands between resolve and store
                 raced.append(self.declare("cuFooSim", "CUresult (*)(int, int)"))
             return value
-
-        def preload(self):   # the per-name path (preload()'s own race is the test above)
-            raise RuntimeError("no preload here")
     drv = Racing("13.0", library=sim135.path)
     first = drv.declare("cuFooSim", "CUresult (*)(int)")
     cu.set_default_driver(drv)
