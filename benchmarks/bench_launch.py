@@ -366,9 +366,15 @@ def evaluate(results: dict, errors: dict, smoke: bool, default: tuple[str, str] 
     bindings_rows = [b for b in (BINDINGS, BINDINGS_EX) if b in results]
     fastest_bindings = min(bindings_rows, key=lambda b: results[b]["burst_us"]) if bindings_rows else None
     if fastest_bindings and DEFAULT in results:
-        leads = [b / o - 1 for b, o in zip(results[fastest_bindings]["block_us"], results[DEFAULT]["block_us"])]
+        def leads(key: str) -> list[float]:
+            """cuda.bindings' time over ours, less 1, in each block of bursts or each steady round."""
+            return [b / o - 1 for b, o in zip(results[fastest_bindings][key], results[DEFAULT][key])]
+        block_leads, round_leads = leads("block_us"), leads("steady_rounds_us")
         lead = results[fastest_bindings]["burst_us"] / results[DEFAULT]["burst_us"] - 1
-        spread = {"against": fastest_bindings, "lead": lead, "block_leads": leads, "spread": max(leads) - min(leads)}
+        spread = {"against": fastest_bindings, "lead": lead, "block_leads": block_leads,
+                  "spread": max(block_leads) - min(block_leads), "steady_round_leads": round_leads,
+                  "steady_lead": statistics.median(round_leads),
+                  "steady_spread": max(round_leads) - min(round_leads)}
     for col in COLUMNS:
         tag = "burst" if col == "burst_us" else "steady"
         goals.check(f"{tag}: prepared launch <= 1.20x the same-entry C loop (issue 9)", ratio(DEFAULT, col), 1.20,
@@ -385,19 +391,12 @@ def evaluate(results: dict, errors: dict, smoke: bool, default: tuple[str, str] 
                         "spread", spread["lead"] - spread["spread"] if spread else None, 0.0, at_most=False,
                         why_not=why or (None if spread else f"cuda.bindings: {errors.get(BINDINGS, 'missing')}"))
         else:
-            # The same rule as the bursts: the lead over cuda.bindings' fastest row, each round's lead taken
-            # within that round (the rows take turns), less the spread of those leads over the rounds.
-            mine = results.get(DEFAULT, {}).get("steady_rounds_us")
-            theirs_rounds = results.get(fastest_bindings or "", {}).get("steady_rounds_us")
-            round_leads = [b / o - 1 for b, o in zip(theirs_rounds, mine)] if mine and theirs_rounds else []
-            if spread:
-                spread["steady_round_leads"] = round_leads
+            # The same rule as the bursts, each round's lead taken within that round (the rows take turns).
             goals.check("steady: prepared launch (default) ahead of cuda.bindings' fastest row by more than the "
-                        f"run-to-run spread ({(max(round_leads) - min(round_leads)) * 100 if round_leads else 0:.1f}% "
-                        f"over {len(round_leads)} rounds): median lead minus spread",
-                        statistics.median(round_leads) - (max(round_leads) - min(round_leads)) if round_leads else None,
-                        0.0, at_most=False,
-                        why_not=why or (None if round_leads else f"cuda.bindings: {errors.get(BINDINGS, 'missing')}"))
+                        f"run-to-run spread ({spread.get('steady_spread', 0) * 100:.1f}% over "
+                        f"{len(spread.get('steady_round_leads', []))} rounds): median lead minus spread",
+                        spread["steady_lead"] - spread["steady_spread"] if spread else None, 0.0, at_most=False,
+                        why_not=why or (None if spread else f"cuda.bindings: {errors.get(BINDINGS, 'missing')}"))
         peers = {k: v[col] for k, v in results.items() if not k.startswith(("cuproc", "bare", "C loop"))}
         goals.check(f"{tag}: prepared launch faster than every peer in this run (fastest peer / ours)",
                     min(peers.values()) / value(DEFAULT, col) if peers and value(DEFAULT, col) else None, 1.0,
@@ -469,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     if spread:
         notes.append(f"prepared vs {spread['against']}: lead {spread['lead'] * 100:.1f}%, per block " +
                      ", ".join(f"{x * 100:.1f}%" for x in spread["block_leads"]) + "; per steady round " +
-                     ", ".join(f"{x * 100:.1f}%" for x in spread.get("steady_round_leads", [])))
+                     ", ".join(f"{x * 100:.1f}%" for x in spread["steady_round_leads"]))
     args.out.mkdir(parents=True, exist_ok=True)
     plot = plot_bars(args.out / "bench_launch.png", f"Launch overhead, {data['machine'].get('gpu')}, "
                      f"{data['machine']['date']}, {data['machine']['cuproc_path']}",

@@ -52,8 +52,10 @@ CTYPES_WARM_ROW = "ctypes, after dlopen + cuInit + retain (not timed)"
 DRIVER_WORK = ("import ctypes; l = ctypes.CDLL('libcuda.so.1'); l.cuInit(0); d = ctypes.c_int(); "
                "l.cuDeviceGet(ctypes.byref(d), 0); c = ctypes.c_void_p(); "
                "l.cuDevicePrimaryCtxRetain(ctypes.byref(c), d)")
-CTYPES_CODE = DRIVER_WORK + "; l.cuCtxSetCurrent(c); p = ctypes.c_uint64(); " \
-    "assert l.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(256)) == 0"
+# What ctypes does once the driver's work is done: the context current, a first allocation.
+CTYPES_USABLE = ("l.cuCtxSetCurrent(c); p = ctypes.c_uint64(); "
+                 "assert l.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(256)) == 0")
+CTYPES_CODE = f"{DRIVER_WORK}; {CTYPES_USABLE}"
 CUPROC_CODE = "import cuproc; pc = cuproc.use_device(0); cuproc.DeviceBuffer(256)"
 PY = {
     "python -c pass (interpreter alone)": "pass",
@@ -70,8 +72,7 @@ PY = {
     # and the first primary-context retain (hundreds of ms, varying by tens of ms between processes,
     # and the same calls on both sides) are out of the in-process number.
     WARM_ROW: CUPROC_CODE,
-    CTYPES_WARM_ROW: "l.cuCtxSetCurrent(c); p = ctypes.c_uint64(); "
-                     "assert l.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(256)) == 0",
+    CTYPES_WARM_ROW: CTYPES_USABLE,
     "cuda.bindings": (
         "from cuda.bindings import driver as d; d.cuInit(0); _, dev = d.cuDeviceGet(0); "
         "_, c = d.cuDevicePrimaryCtxRetain(dev); d.cuCtxSetCurrent(c); e, p = d.cuMemAlloc(256); assert e == 0"),
