@@ -38,8 +38,9 @@ import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
+from ._namedtuple import NamedTuple
 from .version import CudaVersion
 
 if TYPE_CHECKING:
@@ -246,7 +247,7 @@ class Registry(Mapping[str, Symbol]):
                  header_aliases: Mapping[str, Iterable[tuple[VersionLike, str | None]]] | None = None,
                  platform: str = sys.platform) -> None:
         self._typedefs = {name: tuple(symbol_typedefs[name]) for name in sorted(symbol_typedefs)}
-        self._toolkits = toolkits or {}
+        self._toolkits = {} if toolkits is None else toolkits   # not "or": a table read late stays unread
         self._windows_only = frozenset(windows_only)
         self._headers = dict(symbol_headers or {})
         self._platform = platform
@@ -510,12 +511,32 @@ def interned_version(value: int) -> CudaVersion:
     return v
 
 
+class _ToolkitsOnFirstRead(Mapping[str, tuple[str, ...]]):
+    """The default registry's typedef -> toolkits table, imported when first read.
+
+    Why: only :class:`Symbol` rows read it (``registry[name]``, ``dump_symbols``), never a
+    resolution, and importing it cost as much as the rest of the header data together: a process's
+    first driver call should not pay for it (issue 9's startup goal)."""
+
+    def _table(self) -> Mapping[str, tuple[str, ...]]:
+        from ._header_toolkits import PFN_TOOLKITS
+        return PFN_TOOLKITS
+
+    def __getitem__(self, typedef: str) -> tuple[str, ...]:
+        return self._table()[typedef]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
 @cache
 def default_registry() -> Registry:
     """The registry of every toolkit merged into headers/ (built on first use, ~5 ms)."""
-    from ._header_data import (HEADER_ALIASES, NEWEST_VERSION, PFN_TOOLKITS, SYMBOL_HEADERS, SYMBOL_TYPEDEFS,
-                               WINDOWS_ONLY)
-    registry = Registry(SYMBOL_TYPEDEFS, PFN_TOOLKITS, windows_only=WINDOWS_ONLY, symbol_headers=SYMBOL_HEADERS,
-                        header_aliases=HEADER_ALIASES)
+    from ._header_data import HEADER_ALIASES, NEWEST_VERSION, SYMBOL_HEADERS, SYMBOL_TYPEDEFS, WINDOWS_ONLY
+    registry = Registry(SYMBOL_TYPEDEFS, _ToolkitsOnFirstRead(), windows_only=WINDOWS_ONLY,
+                        symbol_headers=SYMBOL_HEADERS, header_aliases=HEADER_ALIASES)
     registry._newest = interned_version(NEWEST_VERSION)
     return registry

@@ -42,7 +42,7 @@ def test_headers_are_trimmed():
 def test_generated_modules_match_headers(tmp_path):
     build_ffi.build_abi_module(ROOT / "headers", tmp_path)
     build_ffi.build_header_data(ROOT / "headers", tmp_path)
-    for name in ("_cffi_abi.py", "_header_data.py"):
+    for name in ("_cffi_abi.py", "_header_data.py", "_header_toolkits.py"):
         assert filecmp.cmp(tmp_path / name, PACKAGE / name, shallow=False), \
             f"cuproc/{name} is stale: run tools/build_ffi.py"
 

@@ -63,7 +63,8 @@ def test_the_order_of_a_symbols_typedef_names_does_not_matter():
     """The registry parses names listed as _header_data lists them (default-stream oldest first, then
     per-thread newest first) in one pass and sorts any other order: both give the same tables, Symbols and
     selections, on both platforms; a repeated version (a leading zero) counts once, as its last spelling."""
-    from cuproc._header_data import PFN_TOOLKITS, SYMBOL_TYPEDEFS
+    from cuproc._header_data import SYMBOL_TYPEDEFS
+    from cuproc._header_toolkits import PFN_TOOLKITS
     reversed_names = {name: tuple(reversed(typedefs)) for name, typedefs in SYMBOL_TYPEDEFS.items()}
     assert sum(reversed_names[n] != SYMBOL_TYPEDEFS[n] for n in SYMBOL_TYPEDEFS) == 161
     for platform in ("linux", "win32"):

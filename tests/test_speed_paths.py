@@ -146,7 +146,18 @@ def test_a_first_allocation_imports_only_what_it_needs(fake):
     modules = set(out.stdout.split())
     assert "cuproc.device_memory" in modules
     assert not modules & {"cuproc.memory", "cuproc.host_memory", "cuproc.pools", "cuproc.transfers",
-                          "cuproc.launch", "cuproc.module", "cuproc._dlpack"}
+                          "cuproc.launch", "cuproc.module", "cuproc._dlpack", "cuproc._header_toolkits"}
+
+
+def test_the_default_registry_reads_the_toolkit_table_on_first_use():
+    """Symbols of the default registry carry each typedef's toolkits from the table it imports late."""
+    from cuproc._header_toolkits import PFN_TOOLKITS
+    registry = cuproc.default_registry()
+    for name in ("cuMemAlloc", "cuCtxCreate", "cuLaunchKernelEx", "cuStreamQuery"):
+        for variant in registry[name].variants:
+            assert variant.toolkits == PFN_TOOLKITS[variant.typedef] and variant.toolkits
+    kept = registry.without(["cuMemAlloc"])
+    assert kept["cuCtxCreate"].variants[0].toolkits == PFN_TOOLKITS[kept["cuCtxCreate"].variants[0].typedef]
 
 
 @pytest.mark.parametrize("bench", sorted(p.name for p in (ROOT / "benchmarks").glob("bench_*.py")))

@@ -1,0 +1,73 @@
+"""cuproc._namedtuple.NamedTuple makes, from typing.NamedTuple's class syntax, a class that behaves as typing's."""
+from __future__ import annotations
+
+import pickle
+import typing
+
+import pytest
+
+from cuproc import registry
+from cuproc._namedtuple import NamedTuple
+
+
+class Row(NamedTuple):
+    """A row."""
+
+    name: str
+    size: int
+    tags: tuple[str, ...] = ()
+    note: str | None = None
+
+    def describe(self) -> str:
+        return f"{self.name}:{self.size}"
+
+    @property
+    def tagged(self) -> bool:
+        return bool(self.tags)
+
+
+class TypingRow(typing.NamedTuple):
+    name: str
+    size: int
+    tags: tuple[str, ...] = ()
+    note: str | None = None
+
+
+def test_a_record_is_a_namedtuple_like_typings():
+    row = Row("a", 1)
+    twin = TypingRow("a", 1)
+    assert isinstance(row, tuple) and tuple(row) == tuple(twin) == ("a", 1, (), None)
+    assert Row._fields == TypingRow._fields and Row._field_defaults == TypingRow._field_defaults
+    assert Row.__match_args__ == TypingRow.__match_args__
+    assert row._replace(size=2) == ("a", 2, (), None) and row._asdict() == twin._asdict()
+    assert Row._make(["b", 3, ("x",), "n"]).tagged and Row(name="c", size=4, note="n").note == "n"
+    assert repr(row) == "Row(name='a', size=1, tags=(), note=None)"
+    assert row.describe() == "a:1" and not row.tagged
+    assert Row.__doc__ == "A row." and Row.__qualname__ == "Row" and Row.__module__ == __name__
+    assert Row.__annotations__["size"] == "int"         # kept unevaluated
+    assert pickle.loads(pickle.dumps(row)) == row and type(pickle.loads(pickle.dumps(row))) is Row
+    with pytest.raises(AttributeError):
+        row.size = 5  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Row("a")  # type: ignore[call-arg]
+
+
+def test_a_field_without_a_default_may_not_follow_one_with_a_default():
+    with pytest.raises(TypeError, match="'size' without a default"):
+        class Bad(NamedTuple):
+            name: str = ""
+            size: int  # type: ignore[misc]
+
+
+def test_a_record_takes_no_other_bases_and_fields_may_not_start_with_an_underscore():
+    with pytest.raises(TypeError, match="no other base"):
+        class Mixed(NamedTuple, int):  # type: ignore[misc]
+            x: int
+    with pytest.raises(ValueError):
+        class Private(NamedTuple):
+            _x: int
+
+
+def test_the_registrys_records_are_records():
+    for cls in (registry.Variant, registry.Symbol, registry.Selection, registry.Entry, registry.Change):
+        assert issubclass(cls, tuple) and cls._fields and cls.__doc__
