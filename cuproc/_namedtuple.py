@@ -9,7 +9,10 @@ startup goal (issue 9) is counted in milliseconds.
 Type checkers see ``typing.NamedTuple`` itself.  At run time a class body written for it makes the
 same kind of class: ``collections.namedtuple`` of the annotated fields in order, with the body's
 defaults, docstring and methods, and the annotations kept unevaluated.  As with typing's, a field
-without a default may not follow one with a default, and a field may not start with an underscore.
+without a default may not follow one with a default, a field may not start with an underscore, and
+the body may not replace what ``collections.namedtuple`` makes (``_replace``, ``__new__``, ...).  The
+module that subclasses it needs ``from __future__ import annotations``: Python 3.14 would otherwise keep
+the annotations lazy, out of the class body's namespace, and the class refuses to be made.
 """
 from __future__ import annotations
 
@@ -21,7 +24,10 @@ else:
     import collections
 
     # What a class body holds that is not a field, a method or a docstring of the record.
-    _BODY_ONLY = frozenset({"__annotations__", "__module__", "__qualname__", "__slots__"})
+    _BODY_ONLY = frozenset({"__annotations__", "__module__", "__qualname__"})
+    # What collections.namedtuple makes and a body may not replace (typing refuses these too).
+    _RESERVED = frozenset({"__new__", "__init__", "__slots__", "__getnewargs__", "_fields", "_field_defaults",
+                           "_make", "_replace", "_asdict", "_source"})
 
     class _RecordMaker(type):
         def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict):
@@ -29,6 +35,13 @@ else:
                 return super().__new__(mcls, name, bases, namespace)
             if bases != (NamedTuple,):
                 raise TypeError(f"{name}: a NamedTuple record takes no other base classes")
+            if "__annotations__" not in namespace and "__annotate__" in namespace:
+                # Python 3.14 (PEP 649) keeps a body's annotations lazy unless the module has
+                # ``from __future__ import annotations``, which every user of this class has.
+                raise TypeError(f"{name}: a NamedTuple record needs 'from __future__ import annotations'")
+            overridden = _RESERVED.intersection(namespace)
+            if overridden:
+                raise AttributeError(f"{name}: a NamedTuple record cannot override {sorted(overridden)}")
             fields = list(namespace.get("__annotations__", {}))
             defaults = []
             for field in fields:

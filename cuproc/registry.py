@@ -518,9 +518,14 @@ class _ToolkitsOnFirstRead(Mapping[str, tuple[str, ...]]):
     resolution, and importing it cost as much as the rest of the header data together: a process's
     first driver call should not pay for it (issue 9's startup goal)."""
 
+    _loaded: Mapping[str, tuple[str, ...]] | None = None
+
     def _table(self) -> Mapping[str, tuple[str, ...]]:
-        from ._header_toolkits import PFN_TOOLKITS
-        return PFN_TOOLKITS
+        table = self._loaded
+        if table is None:       # two threads may both import: the module lock makes it one module
+            from ._header_toolkits import PFN_TOOLKITS
+            table = self._loaded = PFN_TOOLKITS
+        return table
 
     def __getitem__(self, typedef: str) -> tuple[str, ...]:
         return self._table()[typedef]

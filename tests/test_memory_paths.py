@@ -573,6 +573,98 @@ def test_each_benchmark_copy_row_makes_exactly_the_calls_it_states(fk, pc, row):
     d.close()
 
 
+def _outcome(fk, action):
+    """(driver calls, exception type or None) of ``action()``."""
+    fk.clear_calls()
+    try:
+        action()
+    except Exception as exc:  # noqa: BLE001 - compared, not swallowed
+        return fk.calls(), type(exc)
+    return fk.calls(), None
+
+
+def test_the_lean_copy_between_allocations_does_what_the_general_path_does(fk, pc, monkeypatch):
+    """memory.copy between cuproc allocations without a stream skips the general path's records; a
+    ``driver=`` argument forces the general path.  For each case both paths start from the same fresh
+    bytes and must make the same calls, raise the same error, and leave the same bytes everywhere."""
+    size = 4096
+    d, e = DeviceBuffer(size), DeviceBuffer(2 * size)
+    pinned, small = mem.PinnedBuffer(size), mem.PinnedBuffer(size // 2)
+    managed = mem.ManagedBuffer(size)
+    drv = cuproc.default_driver()
+    cases = {
+        "H2D": (d, pinned, None), "D2H": (pinned, d, None), "D2D": (e, d, None), "to managed": (managed, d, None),
+        "from managed": (d, managed, None), "given nbytes": (d, pinned, 100), "given nbytes D2H": (pinned, e, 300),
+        "overrun": (small, d, size), "bad nbytes": (d, pinned, -1), "both host": (pinned, small, None),
+    }
+    buffers = (d, e, pinned, small, managed)
+
+    def fill(seed):             # fresh, distinct bytes in every buffer
+        for i, b in enumerate(buffers):
+            data = ((np.arange(b.nbytes) * (seed + 3) + 7 * i) % 251).astype(np.uint8)
+            if isinstance(b, DeviceBuffer):
+                mem.copy(b, data)
+            else:
+                b.numpy()[:] = data
+
+    def contents():
+        out = []
+        for b in buffers:
+            if b.kind == "host":
+                out.append(b.numpy().tobytes())
+            else:
+                host = np.empty(b.nbytes, np.uint8)
+                mem.copy(host, b)
+                out.append(host.tobytes())
+        return out
+
+    for seed, (name, (dst, src, n)) in enumerate(cases.items()):
+        fill(seed)
+        before = contents()
+        lean = _outcome(fk, lambda: mem.copy(dst, src, n))
+        after_lean = contents()
+        fill(seed)
+        general = _outcome(fk, lambda: mem.copy(dst, src, n, driver=drv))
+        assert lean == general, name
+        assert after_lean == contents(), name
+        changed = [i for i, (x, y) in enumerate(zip(before, after_lean)) if x != y]
+        if general[1] is None and name != "both host":
+            i, j = buffers.index(dst), buffers.index(src)
+            count = min(dst.nbytes, src.nbytes) if n is None else n
+            assert changed == [i], name
+            assert after_lean[i][:count] == before[j][:count] and after_lean[i][count:] == before[i][count:], name
+        else:
+            assert changed == [], name
+    from cuproc import transfers
+    with monkeypatch.context() as m:             # the lean path is the one taken: it makes no _Side
+        m.setattr(transfers, "_side", None)
+        mem.copy(d, pinned)
+    s = Stream()
+    mem.copy(d, pinned, stream=s)
+    assert d.last_stream is s and pinned.last_stream is s
+    assert _outcome(fk, lambda: mem.copy(d, pinned)) == (["cuMemcpyHtoD"], None)
+    assert d.last_stream is None and pinned.last_stream is None      # a synchronous copy leaves none pending
+    other = Context.create(1)                    # device memory of two contexts: the general path's peer copy
+    Context.pop()
+    try:
+        far = DeviceBuffer(size, context=other)
+        fill(99)
+        mem.copy(far, d)
+        assert _outcome(fk, lambda: mem.copy(far, d)) == (["cuMemcpyPeer"], None)
+        assert _outcome(fk, lambda: mem.copy(d, far)) == (["cuMemcpyPeer"], None)
+        back = np.empty(size, np.uint8)
+        mem.copy(back, far)
+        assert back.tobytes() == contents()[0]
+        far.free()
+    finally:
+        other.destroy()
+    d.free()
+    assert _outcome(fk, lambda: mem.copy(d, pinned)) == ([], ClosedResourceError)
+    assert _outcome(fk, lambda: mem.copy(pinned, d)) == ([], ClosedResourceError)
+    for b in (e, pinned, small, managed):
+        b.close()
+
+
 def test_async_copies_are_one_call_each_on_the_stream(fk, pc):
     s = Stream()
     d, pinned, pageable, pattern = _copy_rows(4096)

@@ -53,14 +53,14 @@ def test_a_record_is_a_namedtuple_like_typings():
 
 
 def test_a_field_without_a_default_may_not_follow_one_with_a_default():
-    with pytest.raises(TypeError, match="'size' without a default"):
+    with pytest.raises(TypeError):
         class Bad(NamedTuple):
             name: str = ""
             size: int  # type: ignore[misc]
 
 
 def test_a_record_takes_no_other_bases_and_fields_may_not_start_with_an_underscore():
-    with pytest.raises(TypeError, match="no other base"):
+    with pytest.raises(TypeError):
         class Mixed(NamedTuple, int):  # type: ignore[misc]
             x: int
     with pytest.raises(ValueError):
@@ -68,6 +68,18 @@ def test_a_record_takes_no_other_bases_and_fields_may_not_start_with_an_undersco
             _x: int
 
 
+def test_a_record_may_not_replace_what_namedtuple_makes():
+    with pytest.raises(AttributeError):
+        class Replacing(NamedTuple):
+            x: int
+
+            def _replace(self, **changes: int) -> Replacing:  # type: ignore[override]
+                return self
+
+
 def test_the_registrys_records_are_records():
-    for cls in (registry.Variant, registry.Symbol, registry.Selection, registry.Entry, registry.Change):
+    from cuproc import driver
+    for cls in (registry.Variant, registry.Symbol, registry.Selection, registry.Entry, registry.Change,
+                driver.Resolution):
         assert issubclass(cls, tuple) and cls._fields and cls.__doc__
+        assert "__orig_bases__" not in vars(cls) and "__orig_bases__" in vars(TypingRow)   # made here, not by typing
