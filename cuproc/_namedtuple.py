@@ -42,7 +42,8 @@ else:
             overridden = _RESERVED.intersection(namespace)
             if overridden:
                 raise AttributeError(f"{name}: a NamedTuple record cannot override {sorted(overridden)}")
-            fields = list(namespace.get("__annotations__", {}))
+            annotations = namespace.get("__annotations__", {})
+            fields = list(annotations)
             defaults = []
             for field in fields:
                 if field in namespace:
@@ -51,7 +52,7 @@ else:
                     raise TypeError(f"{name}: field {field!r} without a default follows a field with one")
             record = collections.namedtuple(name, fields, defaults=defaults, module=namespace["__module__"])
             record.__qualname__ = namespace["__qualname__"]
-            record.__annotations__ = namespace.get("__annotations__", {})
+            record.__annotations__ = annotations
             for key, value in namespace.items():
                 if key not in _BODY_ONLY and key not in fields:
                     setattr(record, key, value)

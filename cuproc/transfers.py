@@ -50,8 +50,7 @@ def _side(obj: Any, call: str, *, writable: bool) -> _Side:
     if isinstance(obj, Allocation):
         obj.check(call)
         kind = "host" if obj.kind == "host" else "device"
-        return _Side(kind, obj.address, obj.nbytes, obj, obj.context, None,
-                     obj if obj.__class__ is DeviceBuffer or isinstance(obj, HostMemory) else None)
+        return _Side(kind, obj.address, obj.nbytes, obj, obj.context, None, _tracked(obj))
     if isinstance(obj, (DeviceView, GlobalView)):
         obj.check(call)
         return _Side("device", obj.ptr, obj.nbytes, obj, obj.context, None,
@@ -70,14 +69,26 @@ def _side(obj: Any, call: str, *, writable: bool) -> _Side:
     return _Side("host", handle_int(cbuf), len(cbuf), cbuf, None)
 
 
-class _Sized(Protocol):
-    """What :func:`_checked_size` reads of a side: a :class:`_Side`, or an allocation itself."""
+def _tracked(obj: Allocation) -> DeviceBuffer | HostMemory | None:
+    """The allocation whose ``last_stream`` a transfer sets: a plain DeviceBuffer or host memory."""
+    if obj.__class__ is DeviceBuffer and isinstance(obj, DeviceBuffer) or isinstance(obj, HostMemory):
+        return obj        # (the isinstance narrows the type for checkers; the class test decides)
+    return None
+
+
+class _Placed(Protocol):
+    """What :func:`_checked_size` and :func:`_binding` read of a side: a :class:`_Side`, or an
+    allocation itself (whose kind "managed" counts as device memory, as :func:`_side` maps it)."""
 
     @property
     def nbytes(self) -> int | None: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def context(self) -> Context | None: ...
 
 
-def _checked_size(call: str, nbytes: int | None, *sides: _Sized) -> int:
+def _checked_size(call: str, nbytes: int | None, *sides: _Placed) -> int:
     known = [s.nbytes for s in sides if s.nbytes is not None]
     if nbytes is None:
         if not known:
@@ -93,17 +104,24 @@ def _checked_size(call: str, nbytes: int | None, *sides: _Sized) -> int:
     return nbytes
 
 
-def _binding(stream: Any, *sides: _Side) -> Context | None:
+def _binding(stream: Any, *sides: _Placed) -> Context | None:
     """The context a transfer runs in: the stream's, else the first device side's that cuproc knows."""
     if isinstance(stream, Stream):
         return stream.context
     for side in sides:
-        if side.kind == "device" and side.context is not None:
+        if side.kind != "host" and side.context is not None:
             return side.context
     for side in sides:
         if side.context is not None:
             return side.context
     return None
+
+
+def _peer_contexts(d: _Placed, s: _Placed) -> tuple[Context, Context] | None:
+    """The two contexts of two device sides in different contexts cuproc knows (a peer copy,
+    cuMemcpyPeer), else None."""
+    dc, sc = d.context, s.context
+    return (dc, sc) if dc is not None and sc is not None and dc is not sc else None
 
 
 def _run(ctx: Context | None, driver: Driver | None, call: str, *args: Any) -> None:
@@ -166,9 +184,11 @@ def copy(dst: Any, src: Any, nbytes: int | None = None, *, stream: Stream | Any 
     elif d.kind == "host" and s.kind == "device":
         _run(ctx, driver, "cuMemcpyDtoH" + suffix, ffi.cast("void *", d.ptr), s.ptr, n, *tail)
     elif d.kind == "device" and s.kind == "device":
-        if d.context is not None and s.context is not None and d.context is not s.context:
-            _run(ctx if asynchronous else None, d.context.driver, "cuMemcpyPeer" + suffix, d.ptr, d.context.handle,
-                 s.ptr, s.context.handle, n, *tail)
+        peer = _peer_contexts(d, s)
+        if peer is not None:
+            dc, sc = peer
+            _run(ctx if asynchronous else None, dc.driver, "cuMemcpyPeer" + suffix, d.ptr, dc.handle,
+                 s.ptr, sc.handle, n, *tail)
         else:
             _run(ctx, driver, "cuMemcpyDtoD" + suffix, d.ptr, s.ptr, n, *tail)
     else:
@@ -187,14 +207,9 @@ def _copied_between_allocations(dst: Allocation, src: Allocation, nbytes: int | 
     # Both sizes are known, so the smaller one needs no check; a given size gets the general check.
     n = min(dst.nbytes, src.nbytes) if nbytes is None else _checked_size("cuMemcpy", nbytes, dst, src)
     to_device, from_device = dst.kind != "host", src.kind != "host"
-    if to_device and dst.context is not None:    # as _binding: a device side's context first
-        ctx = dst.context
-    elif from_device and src.context is not None:
-        ctx = src.context
-    else:
-        ctx = dst.context if dst.context is not None else src.context
+    ctx = _binding(None, dst, src)
     if to_device and from_device:
-        if dst.context is not src.context and dst.context is not None and src.context is not None:
+        if _peer_contexts(dst, src) is not None:
             return False
         _run(ctx, None, "cuMemcpyDtoD", dst.address, src.address, n)
     elif to_device:
@@ -204,8 +219,9 @@ def _copied_between_allocations(dst: Allocation, src: Allocation, nbytes: int | 
     else:
         raise invalid("cuMemcpy", "both sides are host memory: use memoryview slicing or numpy.copyto")
     for side in (dst, src):     # as _end: a synchronous call leaves nothing pending on either
-        if isinstance(side, HostMemory) or (isinstance(side, DeviceBuffer) and side.__class__ is DeviceBuffer):
-            side.last_stream = None
+        buffer = _tracked(side)
+        if buffer is not None:
+            buffer.last_stream = None
     return True
 
 
