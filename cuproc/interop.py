@@ -35,7 +35,6 @@ Policy
 """
 from __future__ import annotations
 
-import ctypes
 from typing import TYPE_CHECKING, Any
 
 from ._ffi import ffi
@@ -283,7 +282,7 @@ class HostArrayExports:
         alloc.context.synchronize()
         new = (type(alloc) if self._dlpack_type == KDL_CUDA_MANAGED else _pinned_type())(alloc.nbytes,
                                                                                          context=alloc.context)
-        ctypes.memmove(new.ptr, alloc.ptr, alloc.nbytes)
+        ffi.memmove(ffi.cast("void *", new.ptr), ffi.cast("void *", alloc.ptr), alloc.nbytes)
         return new
 
 

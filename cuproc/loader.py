@@ -18,12 +18,18 @@ Policy
   ``stubs`` directory, is skipped like one that failed to open, and when
   nothing else opens :class:`~cuproc.errors.DriverNotFoundError` says a stub
   was found where a driver was expected.
+* The library is opened with cffi's own loader (``_cffi_backend.load_library``,
+  what cffi's ``ffi.dlopen`` uses in its in-line mode: dlopen/dlsym, or
+  LoadLibrary/GetProcAddress on Windows), not ctypes: importing ctypes cost a
+  fresh process about 2 ms on its way to a usable device (issue 9's startup goal).
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
+from typing import Any
+
+import _cffi_backend  # type: ignore[import-untyped, unused-ignore]  # cffi ships no stubs
 
 from . import _fork
 from ._ffi import ffi
@@ -57,9 +63,10 @@ DIRECT_LOOKUP = "dlsym"
 class DriverLibrary:
     """An opened driver library and the bootstrap entry points cuproc needs from it."""
 
-    def __init__(self, path: str, handle: ctypes.CDLL) -> None:
+    def __init__(self, path: str, handle: Any) -> None:
+        """``handle``: the library as :func:`dlopen` opened it."""
         self.path = path
-        self._handle = handle
+        self._handle: Any = handle   # None once closed
         self.fallbacks: list[str] = []
         v2 = self.symbol_address(GET_PROC_ADDRESS_V2)
         v1 = self.symbol_address(GET_PROC_ADDRESS_V1)
@@ -87,23 +94,29 @@ class DriverLibrary:
         return ffi.cast(typedef, address)
 
     def symbol_address(self, name: str) -> int | None:
-        """The address the dynamic linker gives for ``name`` in this library, or None."""
+        """The address the dynamic linker gives for ``name`` in this library (dlsym), or None."""
         try:
-            return ctypes.cast(getattr(self._handle, name), ctypes.c_void_p).value
-        except AttributeError:
+            address = self._handle.load_function(ffi.typeof("void *"), name)
+        except AttributeError:   # cffi's answer to a name the library does not export
             return None
+        return int(ffi.cast("uintptr_t", address)) or None
 
     def loaded_from(self) -> str | None:
         """The file the dynamic linker actually loaded (dladdr of cuDriverGetVersion), or None."""
         address = self.symbol_address("cuDriverGetVersion")
+        if not address or sys.platform == "win32":
+            return None
         try:
-            dladdr = ctypes.CDLL(None).dladdr
+            # dladdr(const void *, Dl_info *): Dl_info's first member is the file name, and the
+            # struct is four pointers on every POSIX system that has dladdr
+            dladdr = _cffi_backend.load_library(None, _OPEN_FLAGS).load_function(
+                ffi.typeof("int(*)(void *, void **)"), "dladdr")
         except (OSError, AttributeError):
             return None
-        info = _DlInfo()
-        if not address or not dladdr(ctypes.c_void_p(address), ctypes.byref(info)) or not info.dli_fname:
+        info = ffi.new("void *[4]")
+        if not dladdr(ffi.cast("void *", address), info) or info[0] == ffi.NULL:
             return None
-        return os.fsdecode(info.dli_fname)
+        return os.fsdecode(ffi.string(ffi.cast("char *", info[0])))
 
     def is_stub(self) -> bool:
         """True for the toolkit's stub libcuda: it answers cuDriverGetVersion with
@@ -132,11 +145,9 @@ class DriverLibrary:
     def close(self) -> None:
         """Unload the library (dlclose / FreeLibrary): only for one never handed out (a rejected stub),
         whose entry points nothing holds."""
-        import _ctypes
-        unload = getattr(_ctypes, "dlclose", None) or getattr(_ctypes, "FreeLibrary", None)
         handle, self._handle = self._handle, None
-        if unload is not None and handle is not None:
-            unload(handle._handle)
+        if handle is not None:
+            handle.close_lib()
 
     def version_int(self) -> int:
         out = ffi.new("int *")
@@ -154,9 +165,13 @@ class DriverLibrary:
         return name, text
 
 
-class _DlInfo(ctypes.Structure):
-    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
-                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+_OPEN_FLAGS = getattr(os, "RTLD_NOW", 0) | getattr(os, "RTLD_LOCAL", 0)
+
+
+def dlopen(path: str) -> Any:
+    """The library at ``path`` opened now and local to cuproc (RTLD_NOW | RTLD_LOCAL), as
+    :class:`DriverLibrary` takes it; OSError when the dynamic linker refuses it."""
+    return _cffi_backend.load_library(path, _OPEN_FLAGS)
 
 
 _libraries: dict[str, DriverLibrary] = {}
@@ -178,9 +193,10 @@ def open_library(path: str | os.PathLike[str] | None = None) -> DriverLibrary:
             if candidate in _libraries:
                 return _libraries[candidate]
             try:
-                handle = ctypes.CDLL(candidate, mode=getattr(os, "RTLD_NOW", 0) | getattr(os, "RTLD_LOCAL", 0))
-            except OSError as exc:
-                attempts.append((candidate, str(exc) or type(exc).__name__))
+                handle = dlopen(candidate)
+            except OSError as exc:   # "cannot load library '<candidate>': <the dynamic linker's reason>"
+                reason = str(exc).removeprefix(f"cannot load library '{candidate}': ")
+                attempts.append((candidate, reason or type(exc).__name__))
                 continue
             lib = DriverLibrary(candidate, handle)
             if lib.is_stub():

@@ -167,9 +167,8 @@ _pending_lock = _fork.lock()
 _next_token = [0]
 
 
-@ffi.callback("void(void *)")
-def _host_trampoline(user_data: Any, _handle_int: Any = handle_int, _lock: Any = _pending_lock,
-                     _records: Any = _pending) -> None:
+def _run_host_function(user_data: Any, _handle_int: Any = handle_int, _lock: Any = _pending_lock,
+                       _records: Any = _pending) -> None:
     token = _handle_int(user_data)
     with _lock:
         fn, stream = _records.pop(token)
@@ -179,10 +178,23 @@ def _host_trampoline(user_data: Any, _handle_int: Any = handle_int, _lock: Any =
         stream._callback_errors.append(exc)
 
 
-# The driver may call the trampoline after this module's teardown (a host function still pending at
-# exit): its C closure is never freed (one leaked reference, as cuproc._dlpack does for its callbacks),
-# and it reads no module globals (defaults above).
-keep_forever(_host_trampoline)
+_trampoline: list[Any] = []   # the one cffi callback around _run_host_function, made on first use
+
+
+def _host_trampoline() -> Any:
+    """The C function the driver calls for every host function (``_run_host_function``).
+
+    Made by the first launch_host_func, not at import: the callback and keep_forever's ctypes cost a
+    process that never runs a host function about 2 ms (issue 9's startup goal).  The driver may call
+    it after this module's teardown (a host function still pending at exit), so its C closure is never
+    freed (one leaked reference, as cuproc._dlpack does for its callbacks), and it reads no module
+    globals (the defaults above)."""
+    with _pending_lock:
+        if not _trampoline:
+            callback = ffi.callback("void(void *)", _run_host_function)
+            keep_forever(callback)
+            _trampoline.append(callback)
+        return _trampoline[0]
 
 
 class Stream(Resource):
@@ -323,7 +335,7 @@ def launch_host_func(stream: Stream, fn: Callable[[], Any]) -> None:
         _next_token[0] += 1
         token = _next_token[0]
         _pending[token] = (fn, stream)
-    rc = stream.context.call(stream.driver.cuLaunchHostFunc, stream.handle, _host_trampoline,
+    rc = stream.context.call(stream.driver.cuLaunchHostFunc, stream.handle, _host_trampoline(),
                              ffi.cast("void *", token))
     if rc:
         with _pending_lock:

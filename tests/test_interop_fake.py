@@ -707,8 +707,8 @@ def test_the_search_skips_a_stub_and_takes_the_driver_after_it(stub, fake, monke
 def test_a_stub_found_by_name_is_recognized_by_where_it_was_loaded_from(stub):
     """The unversioned name, found through LD_LIBRARY_PATH in a stubs directory (the issue's case),
     even if the stub answered cuDriverGetVersion: dladdr names the file."""
-    code = (f"import sys, ctypes; sys.path.insert(0, {str(ROOT)!r}); from cuproc import loader; "
-            f"lib = loader.DriverLibrary('libcuda.so', ctypes.CDLL('libcuda.so')); "
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from cuproc import loader; "
+            f"lib = loader.DriverLibrary('libcuda.so', loader.dlopen('libcuda.so')); "
             f"print(lib.loaded_from(), lib.is_stub())")
     env = dict(os.environ, LD_LIBRARY_PATH=str(stub[2].parent))
     proc = run_python(code, env=env)

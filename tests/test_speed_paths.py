@@ -140,13 +140,32 @@ def test_preload_resolves_every_symbol_as_access_would(fk):
 
 def test_a_first_allocation_imports_only_what_it_needs(fake):
     code = ("import sys, cuproc; pc = cuproc.use_device(0); b = cuproc.DeviceBuffer(256); b.free(); "
-            "print(' '.join(sorted(m for m in sys.modules if m.startswith('cuproc'))))")
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith(('cuproc', 'ctypes', '_ctypes')))))")
     env = {**os.environ, "CUPROC_LIBCUDA": str(fake.path)}
     out = run_python(code, env=env)
     modules = set(out.stdout.split())
     assert "cuproc.device_memory" in modules
     assert not modules & {"cuproc.memory", "cuproc.host_memory", "cuproc.pools", "cuproc.transfers",
-                          "cuproc.launch", "cuproc.module", "cuproc._dlpack", "cuproc._header_toolkits"}
+                          "cuproc.launch", "cuproc.module", "cuproc._dlpack", "cuproc._header_toolkits",
+                          "ctypes", "_ctypes"}
+
+
+def test_the_loader_finds_what_the_dynamic_linker_finds(fake):
+    """symbol_address is dlsym (ctypes, an independent loader, is the reference); loaded_from is the
+    file dladdr names; a missing name is None; close() unloads only the handle it was given."""
+    import ctypes
+    from cuproc import loader
+    lib = loader.DriverLibrary(str(fake.path), loader.dlopen(str(fake.path)))
+    reference = ctypes.CDLL(str(fake.path))
+    for name in ("cuGetProcAddress_v2", "cuDriverGetVersion", "cuInit", "cuGetErrorName"):
+        assert lib.symbol_address(name) == ctypes.cast(getattr(reference, name), ctypes.c_void_p).value
+    assert lib.symbol_address("cuNoSuchFunction") is None
+    assert Path(lib.loaded_from() or "").resolve() == fake.path.resolve()
+    assert lib.lookup == loader.GET_PROC_ADDRESS_V2 and lib.version_int() > 0
+    lib.close()
+    assert ctypes.cast(reference.cuInit, ctypes.c_void_p).value   # still loaded through the other handle
+    with pytest.raises(OSError):
+        loader.dlopen(str(fake.path.parent / "no-such-libcuda.so.1"))
 
 
 def test_the_default_registry_reads_the_toolkit_table_on_first_use():
