@@ -402,13 +402,22 @@ def test_make_launcher_refuses_offsets_and_dimensions_it_cannot_store(fk, pc):
     block = ffi.new("char[]", 16)
     address = int(ffi.cast("uintptr_t", block))
 
-    def make(offsets=(8,), size=16, grid=(1, 1, 1), blk=(1, 1, 1), shmem=0, kind="int64_t"):
+    from cuproc.context import Context
+    slots = (DeviceBuffer.ended, DeviceBuffer.context, DeviceBuffer.address)
+
+    def make(offsets=(8,), size=16, grid=(1, 1, 1), blk=(1, 1, 1), shmem=0, kind="int64_t", slots=slots,
+             context=Context):
         return fastpath.launcher_factory()(
-            print, print, EPOCH, [EPOCH[0]], [None], DeviceBuffer, block, False, 1, 0, 0, grid, blk, shmem,
-            0, 0, 0, address, size, bytes([kinds[kind]]), tuple(offsets))
+            print, print, EPOCH, [EPOCH[0]], [None], DeviceBuffer, context, slots, block, False, 1, 0, 0, grid,
+            blk, shmem, 0, 0, 0, address, size, bytes([kinds[kind]]), tuple(offsets))
     assert make().fallbacks == 0                           # fits: offset 8 + 8 bytes in 16
     for bad in ({"offsets": (9,)}, {"offsets": (16,)}, {"offsets": (-1,)}, {"size": 8},
-                {"offsets": (13,), "kind": "int32_t"}, {"size": -1}):
+                {"offsets": (13,), "kind": "int32_t"}, {"size": -1},
+                # the buffer's slots, read in C by offset: each must be an object slot of DeviceBuffer,
+                # and ended one of the context's class too
+                {"slots": slots[:2]}, {"slots": (DeviceBuffer.ended, DeviceBuffer.context, DeviceBuffer.ptr)},
+                {"slots": (DeviceBuffer.ended, Context.handle, DeviceBuffer.address)},
+                {"context": dict}):
         with pytest.raises(ValueError, match="make_launcher"):
             make(**bad)
     for bad in ({"grid": (1 << 32, 1, 1)}, {"blk": (1, 1, -1)}, {"shmem": 1 << 32}, {"grid": (1.0, 1, 1)},

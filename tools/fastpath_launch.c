@@ -36,7 +36,8 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *dict;
-    PyObject *slow, *on_error, *epoch, *seen, *owner, *buffer_type, *keep;
+    PyObject *slow, *on_error, *epoch, *seen, *owner, *buffer_type, *context_type, *keep;
+    Py_ssize_t off_ended, off_context, off_address;   /* a DeviceBuffer's slots (ended: every Resource's) */
     int ex, owned;
     unsigned long owner_ident;
     void *fn, *config, *handle, *stream;
@@ -48,7 +49,28 @@ typedef struct {
     Py_ssize_t *offsets;
 } cuproc_launcher;
 
-static PyObject *cuproc_s_ended, *cuproc_s_context, *cuproc_s_address;
+static PyObject *cuproc_s_context;
+
+/* An object slot of ``obj`` at ``off`` (a borrowed reference; NULL while unset). */
+#define CUPROC_SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+
+/* The offset of an object slot from its member descriptor (e.g. DeviceBuffer.__dict__["stream"]), which
+ * must be a writable object slot of ``owner`` or of one of its bases, lying inside an ``owner``.  The
+ * fronts read (and fastpath_memory.c stores) such slots directly instead of through getattr. */
+static int cuproc_slot_offset(PyObject *descr, PyObject *owner, Py_ssize_t *out, const char *who)
+{
+    PyMemberDef *member;
+    if (Py_TYPE(descr) != &PyMemberDescr_Type || !PyType_Check(owner)
+        || !PyType_IsSubtype((PyTypeObject *)owner, ((PyDescrObject *)descr)->d_type)) goto bad;
+    member = ((PyMemberDescrObject *)descr)->d_member;
+    if (member->type != T_OBJECT_EX || (member->flags & READONLY) || member->offset <= 0
+        || member->offset + (Py_ssize_t)sizeof(PyObject *) > ((PyTypeObject *)owner)->tp_basicsize) goto bad;
+    *out = member->offset;
+    return 0;
+bad:
+    PyErr_Format(PyExc_ValueError, "%s: a slot is not a writable object slot of its class (a cuproc bug)", who);
+    return -1;
+}
 
 /* The conversion helpers return 0: converted; 1: not taken here, the pure launcher decides; -1: a
  * Python error to raise.  Only the errors a refused value raises (TypeError, OverflowError,
@@ -66,34 +88,27 @@ static int cuproc_declined(void)
 
 static int cuproc_live_address(cuproc_launcher *self, PyObject *a, unsigned long long *out)
 {
-    PyObject *ended, *ctx, *ctx_ended, *addr;
-    int ok = 1;
+    PyObject *ctx, *addr;
     if (PyLong_Check(a)) {
         *out = PyLong_AsUnsignedLongLong(a);
         return (*out == (unsigned long long)-1 && PyErr_Occurred()) ? cuproc_declined() : 0;
     }
     if ((PyObject *)Py_TYPE(a) != self->buffer_type)
         return 1;
-    /* DeviceBuffer: usable while neither it nor its context has ended (the pure launcher's test) */
-    ended = PyObject_GetAttr(a, cuproc_s_ended);
-    if (ended == NULL) return cuproc_declined();
-    Py_DECREF(ended);
-    if (ended != Py_None) return 1;
-    ctx = PyObject_GetAttr(a, cuproc_s_context);
-    if (ctx == NULL) return cuproc_declined();
-    ctx_ended = PyObject_GetAttr(ctx, cuproc_s_ended);
-    Py_DECREF(ctx);
-    if (ctx_ended == NULL) return cuproc_declined();
-    Py_DECREF(ctx_ended);
-    if (ctx_ended != Py_None) return 1;
-    addr = PyObject_GetAttr(a, cuproc_s_address);
-    if (addr == NULL) return cuproc_declined();
-    if (PyLong_CheckExact(addr)) {
-        *out = PyLong_AsUnsignedLongLong(addr);
-        ok = (*out == (unsigned long long)-1 && PyErr_Occurred()) ? cuproc_declined() : 0;
-    }
-    Py_DECREF(addr);
-    return ok;
+    /* DeviceBuffer: usable while neither it nor its context has ended (the pure launcher's test), read
+     * from the slots that ``a.ended``, ``a.context``, ``a.context.ended`` and ``a.address`` read; an unset
+     * slot or anything unexpected goes to the pure launcher, which raises as it always does */
+    if (CUPROC_SLOT(a, self->off_ended) != Py_None)
+        return 1;
+    ctx = CUPROC_SLOT(a, self->off_context);
+    if (ctx == NULL || !PyObject_TypeCheck(ctx, (PyTypeObject *)self->context_type)
+        || CUPROC_SLOT(ctx, self->off_ended) != Py_None)
+        return 1;
+    addr = CUPROC_SLOT(a, self->off_address);
+    if (addr == NULL || !PyLong_CheckExact(addr))
+        return 1;
+    *out = PyLong_AsUnsignedLongLong(addr);
+    return (*out == (unsigned long long)-1 && PyErr_Occurred()) ? cuproc_declined() : 0;
 }
 
 /* An integer value for an integer parameter, exactly when cffi would store it unchanged.  cffi
@@ -204,7 +219,8 @@ static int cuproc_launcher_traverse(PyObject *obj, visitproc visit, void *arg)
 {
     cuproc_launcher *self = (cuproc_launcher *)obj;
     Py_VISIT(self->dict); Py_VISIT(self->slow); Py_VISIT(self->on_error); Py_VISIT(self->epoch);
-    Py_VISIT(self->seen); Py_VISIT(self->owner); Py_VISIT(self->buffer_type); Py_VISIT(self->keep);
+    Py_VISIT(self->seen); Py_VISIT(self->owner); Py_VISIT(self->buffer_type); Py_VISIT(self->context_type);
+    Py_VISIT(self->keep);
     Py_VISIT(Py_TYPE(obj));
     return 0;
 }
@@ -213,7 +229,8 @@ static int cuproc_launcher_clear(PyObject *obj)
 {
     cuproc_launcher *self = (cuproc_launcher *)obj;
     Py_CLEAR(self->dict); Py_CLEAR(self->slow); Py_CLEAR(self->on_error); Py_CLEAR(self->epoch);
-    Py_CLEAR(self->seen); Py_CLEAR(self->owner); Py_CLEAR(self->buffer_type); Py_CLEAR(self->keep);
+    Py_CLEAR(self->seen); Py_CLEAR(self->owner); Py_CLEAR(self->buffer_type); Py_CLEAR(self->context_type);
+    Py_CLEAR(self->keep);
     return 0;
 }
 
@@ -268,12 +285,16 @@ static int cuproc_dimension(PyObject *value, unsigned int *out)
     return 0;
 }
 
-/* make_launcher(slow, on_error, epoch, seen, owner, buffer_type, keep, ex, fn, config, handle,
- *               (gx, gy, gz), (bx, by, bz), shmem, stream, params, extra, block, block_size, kinds,
- *               offsets): every offset plus its kind's size must lie within block_size. */
+/* make_launcher(slow, on_error, epoch, seen, owner, buffer_type, context_type,
+ *               (the member descriptors of a buffer's ended, context and address), keep, ex, fn, config,
+ *               handle, (gx, gy, gz), (bx, by, bz), shmem, stream, params, extra, block, block_size, kinds,
+ *               offsets): every offset plus its kind's size must lie within block_size; ``ended`` must be
+ *               a slot of context_type too (both are cuproc Resources). */
 static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
 {
-    PyObject *slow, *on_error, *epoch, *seen, *owner, *buffer_type, *keep, *kind_bytes, *offsets;
+    PyObject *slow, *on_error, *epoch, *seen, *owner, *buffer_type, *context_type, *members, *keep, *kind_bytes;
+    PyObject *offsets;
+    Py_ssize_t off_ended, off_context, off_address, off_ctx_ended;
     int ex;
     unsigned long long fn, config, handle, stream, params, extra, block;
     unsigned int g[3], b[3], shmem;
@@ -285,11 +306,25 @@ static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
     cuproc_launcher *self;
     (void)module;
     /* "I" would truncate silently: the dimensions are objects here, checked by cuproc_dimension */
-    if (!PyArg_ParseTuple(args, "OOO!O!O!OOpKKK(OOO)(OOO)OKKKKnO!O!", &slow, &on_error, &PyList_Type, &epoch,
-                          &PyList_Type, &seen, &PyList_Type, &owner, &buffer_type, &keep, &ex, &fn, &config,
+    if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!OpKKK(OOO)(OOO)OKKKKnO!O!", &slow, &on_error, &PyList_Type, &epoch,
+                          &PyList_Type, &seen, &PyList_Type, &owner, &PyType_Type, &buffer_type, &PyType_Type,
+                          &context_type, &PyTuple_Type, &members, &keep, &ex, &fn, &config,
                           &handle, &go[0], &go[1], &go[2], &bo[0], &bo[1], &bo[2], &shmem_obj, &stream, &params,
                           &extra, &block, &block_size, &PyBytes_Type, &kind_bytes, &PyTuple_Type, &offsets))
         return NULL;
+    if (PyTuple_GET_SIZE(members) != 3) {
+        PyErr_SetString(PyExc_ValueError, "make_launcher: three slots expected (a cuproc bug)");
+        return NULL;
+    }
+    if (cuproc_slot_offset(PyTuple_GET_ITEM(members, 0), buffer_type, &off_ended, "make_launcher")
+        || cuproc_slot_offset(PyTuple_GET_ITEM(members, 1), buffer_type, &off_context, "make_launcher")
+        || cuproc_slot_offset(PyTuple_GET_ITEM(members, 2), buffer_type, &off_address, "make_launcher")
+        || cuproc_slot_offset(PyTuple_GET_ITEM(members, 0), context_type, &off_ctx_ended, "make_launcher"))
+        return NULL;
+    if (off_ctx_ended != off_ended) {
+        PyErr_SetString(PyExc_ValueError, "make_launcher: a buffer and its context keep ended apart (a cuproc bug)");
+        return NULL;
+    }
     for (i = 0; i < 3; i++)
         if (cuproc_dimension(go[i], &g[i]) || cuproc_dimension(bo[i], &b[i])) return NULL;
     if (cuproc_dimension(shmem_obj, &shmem)) return NULL;
@@ -317,6 +352,8 @@ static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
     Py_INCREF(seen); self->seen = seen;
     Py_INCREF(owner); self->owner = owner;
     Py_INCREF(buffer_type); self->buffer_type = buffer_type;
+    self->context_type = Py_NewRef(context_type);
+    self->off_ended = off_ended; self->off_context = off_context; self->off_address = off_address;
     Py_INCREF(keep); self->keep = keep;
     self->ex = ex; self->owned = 0; self->owner_ident = 0;
     self->fn = (void *)(uintptr_t)fn; self->config = (void *)(uintptr_t)config;
@@ -635,14 +672,11 @@ static int cuproc_install_launcher(void)
     PyGILState_STATE gil = PyGILState_Ensure();
     int rc;
     if (cuproc_launcher_type == NULL) {
-        cuproc_s_ended = PyUnicode_InternFromString("ended");
         cuproc_s_context = PyUnicode_InternFromString("context");
-        cuproc_s_address = PyUnicode_InternFromString("address");
         cuproc_s_launch_cache = PyUnicode_InternFromString("launch_cache");
         cuproc_s_signature = PyUnicode_InternFromString("signature");
         cuproc_s_stream = PyUnicode_InternFromString("stream");
-        if (cuproc_s_ended && cuproc_s_context && cuproc_s_address && cuproc_s_launch_cache && cuproc_s_signature
-            && cuproc_s_stream)
+        if (cuproc_s_context && cuproc_s_launch_cache && cuproc_s_signature && cuproc_s_stream)
             cuproc_launcher_type = (PyTypeObject *)PyType_FromSpec(&cuproc_launcher_spec);
         if (cuproc_launcher_type != NULL)
             cuproc_one_shot_type = (PyTypeObject *)PyType_FromSpec(&cuproc_one_shot_spec);

@@ -52,7 +52,6 @@ typedef struct {
 
 static PyObject *cuproc_s_cuMemAllocAsync, *cuproc_s_cuMemFreeAsync;
 
-#define CUPROC_SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
 #if PY_VERSION_HEX >= 0x030C0000
 /* Python 3.12's dict watchers: the fronts remember the function they found in a driver handle's dict
@@ -571,22 +570,6 @@ static PyType_Spec cuproc_so_spec = {
 
 static PyTypeObject *cuproc_so_type;
 
-/* The offset of an object slot from its member descriptor (e.g. DeviceBuffer.__dict__["stream"]),
- * which must be a slot of ``owner`` or of one of its bases. */
-static int cuproc_so_offset(PyObject *descr, PyObject *owner, Py_ssize_t *out)
-{
-    PyMemberDef *member;
-    if (Py_TYPE(descr) != &PyMemberDescr_Type
-        || !PyType_IsSubtype((PyTypeObject *)owner, ((PyDescrObject *)descr)->d_type)) goto bad;
-    member = ((PyMemberDescrObject *)descr)->d_member;
-    if (member->type != T_OBJECT_EX || (member->flags & READONLY) || member->offset <= 0) goto bad;
-    *out = member->offset;
-    return 0;
-bad:
-    PyErr_SetString(PyExc_ValueError, "make_stream_ordered: a slot is not a writable object slot of its class "
-                                      "(a cuproc bug)");
-    return -1;
-}
 
 static cuproc_so *cuproc_so_new(PyObject *const *objs, const Py_ssize_t *offsets, PyObject *slow, PyObject *name,
                                 vectorcallfunc call)
@@ -642,12 +625,8 @@ static PyObject *cuproc_make_stream_ordered(PyObject *module, PyObject *args)
     }
     for (i = 0; i < 12; i++) {   /* eight slots of a DeviceBuffer, the Context's table, two of a Stream, the key */
         PyObject *owner = i < 8 || i == 11 ? buffer_type : i == 8 ? context_type : stream_type;
-        if (cuproc_so_offset(PyTuple_GET_ITEM(members, i), owner, &offsets[i]) < 0)
+        if (cuproc_slot_offset(PyTuple_GET_ITEM(members, i), owner, &offsets[i], "make_stream_ordered") < 0)
             return NULL;
-        if (offsets[i] + (Py_ssize_t)sizeof(PyObject *) > ((PyTypeObject *)owner)->tp_basicsize) {
-            PyErr_SetString(PyExc_ValueError, "make_stream_ordered: a slot lies outside its object (a cuproc bug)");
-            return NULL;
-        }
     }
     objs[0] = alloc_failed; objs[1] = alloc_pointer_of; objs[2] = stream_type; objs[3] = buffer_type;
     objs[4] = context_type; objs[5] = cstream_type; objs[6] = forked; objs[7] = exports; objs[8] = freed;
