@@ -23,7 +23,7 @@ import threading
 from typing import Any, Callable
 
 from . import _fork
-from ._support import keep_forever
+from ._immortal import keep_forever
 from .allocation import EXPORTS   # id(allocation) -> number of its live managed tensors
 
 _TYPE_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}  # kDLInt, kDLUInt, kDLFloat, kDLComplex, kDLBool

@@ -49,20 +49,8 @@ def invalid(call: str, message: str) -> InvalidValueError:
     return refusal(call, message, InvalidValueError)  # type: ignore[return-value]
 
 
-def keep_forever(obj: Any) -> None:
-    """One reference to ``obj`` that is never given back: for what C code (the driver, a DLPack
-    consumer) may still call after this interpreter tore its modules down, e.g. a cffi callback.
-
-    ctypes is imported here, by the first caller (a host function, a DLPack export), not with
-    every object module: it costs a fresh process about 2 ms (issue 9's startup goal)."""
-    import ctypes
-    # A private prototype: ctypes.pythonapi's function objects are process-wide, and another
-    # library may give Py_IncRef other argtypes (then a call through it fails or passes the wrong thing).
-    ctypes.PYFUNCTYPE(None, ctypes.py_object)(("Py_IncRef", ctypes.pythonapi))(obj)
-
-
 def handle_int(handle: Any) -> int:
     return int(ffi.cast("uintptr_t", handle))
 
 
-__all__ = ["CudaError", "get_driver", "arity", "invalid", "handle_int", "keep_forever"]
+__all__ = ["CudaError", "get_driver", "arity", "invalid", "handle_int"]

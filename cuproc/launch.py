@@ -590,9 +590,12 @@ def _compiled_launcher(prepared: PreparedLaunch, pure: Callable[..., None], kind
 
     keep = (packed, prepared.config, getattr(prepared, "_config_attrs", None), env["handle"], env["stream"])
     fn = prepared.driver.resolution(prepared.entry).function
-    # A DeviceBuffer argument is read from the slots its attributes resolve to (make_launcher refuses
-    # anything else), without a getattr each: about 0.1 us of every launch that passes a buffer.
-    slots = (DeviceBuffer.ended, DeviceBuffer.context, DeviceBuffer.address)
+    # A DeviceBuffer argument is read from the slots that its ended, context and address and its
+    # context's ended resolve to (make_launcher refuses anything but those object slots), without a
+    # getattr each: about 0.1 us of every launch that passes a buffer.  Looked up when the launcher is
+    # made: a class patched later (a property over a slot) is not seen by launchers made before.
+    slots = tuple(getattr(cls, name) for cls, name in ((DeviceBuffer, "ended"), (DeviceBuffer, "context"),
+                                                       (DeviceBuffer, "address"), (Context, "ended")))
     return fastpath.launcher_factory()(  # type: ignore[misc] - _compiled_kinds checked it is there
         pure, on_error, EPOCH, env["seen"], env["owner"], DeviceBuffer, Context, slots, keep,
         entry == "cuLaunchKernelEx",

@@ -19,9 +19,15 @@ Policy
   nothing else opens :class:`~cuproc.errors.DriverNotFoundError` says a stub
   was found where a driver was expected.
 * The library is opened with cffi's own loader (``_cffi_backend.load_library``,
-  what cffi's ``ffi.dlopen`` uses in its in-line mode: dlopen/dlsym, or
-  LoadLibrary/GetProcAddress on Windows), not ctypes: importing ctypes cost a
-  fresh process about 2 ms on its way to a usable device (issue 9's startup goal).
+  what cffi's in-line ``ffi.dlopen`` calls: dlopen/dlsym, or LoadLibraryEx/GetProcAddress
+  on Windows; ``load_function`` and ``close_lib`` exist from cffi 1.12, and cuproc
+  needs 1.15), not ctypes: importing ctypes cost a fresh process about 2 ms on its
+  way to a usable device (issue 9's startup goal).
+* An accepted driver stays loaded until the process ends, as it did when ctypes
+  held it: cffi unloads a library when its handle is freed, which the interpreter's
+  teardown would do while the driver may still run cuproc's callbacks.  On POSIX the
+  library is pinned (a second dlopen with RTLD_NOLOAD | RTLD_NODELETE); elsewhere its
+  handle is never freed.  Only a rejected stub is unloaded.
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ import _cffi_backend  # type: ignore[import-untyped, unused-ignore]  # cffi ship
 
 from . import _fork
 from ._ffi import ffi
+from ._immortal import keep_forever
 from .errors import DriverNotFoundError, result_code
 
 ENV_LIBRARY = "CUPROC_LIBCUDA"
@@ -67,6 +74,7 @@ class DriverLibrary:
         """``handle``: the library as :func:`dlopen` opened it."""
         self.path = path
         self._handle: Any = handle   # None once closed
+        self._pinned: Any = None     # the RTLD_NODELETE handle of pin()
         self.fallbacks: list[str] = []
         v2 = self.symbol_address(GET_PROC_ADDRESS_V2)
         v1 = self.symbol_address(GET_PROC_ADDRESS_V1)
@@ -107,16 +115,16 @@ class DriverLibrary:
         if not address or sys.platform == "win32":
             return None
         try:
+            process = _cffi_backend.load_library(None, _OPEN_FLAGS)   # held until the call is made
             # dladdr(const void *, Dl_info *): Dl_info's first member is the file name, and the
             # struct is four pointers on every POSIX system that has dladdr
-            dladdr = _cffi_backend.load_library(None, _OPEN_FLAGS).load_function(
-                ffi.typeof("int(*)(void *, void **)"), "dladdr")
+            dladdr = process.load_function(ffi.typeof("int(*)(void *, void **)"), "dladdr")
         except (OSError, AttributeError):
             return None
         info = ffi.new("void *[4]")
         if not dladdr(ffi.cast("void *", address), info) or info[0] == ffi.NULL:
             return None
-        return os.fsdecode(ffi.string(ffi.cast("char *", info[0])))
+        return os.fsdecode(ffi.string(ffi.cast("char *", info[0]))) or None
 
     def is_stub(self) -> bool:
         """True for the toolkit's stub libcuda: it answers cuDriverGetVersion with
@@ -142,6 +150,18 @@ class DriverLibrary:
             return True
         return rc == 0 and out[0] != ffi.NULL
 
+    def pin(self) -> None:
+        """Keep the library loaded until the process ends, whatever happens to this object (see the
+        module's policy): called once it is accepted as the driver."""
+        if hasattr(os, "RTLD_NODELETE") and hasattr(os, "RTLD_NOLOAD"):
+            try:
+                self._pinned = _cffi_backend.load_library(
+                    self.path, _OPEN_FLAGS | os.RTLD_NOLOAD | os.RTLD_NODELETE)
+                return
+            except OSError:   # not reopened by its path (cannot happen for a library just opened)
+                pass
+        keep_forever(self._handle)
+
     def close(self) -> None:
         """Unload the library (dlclose / FreeLibrary): only for one never handed out (a rejected stub),
         whose entry points nothing holds."""
@@ -165,7 +185,9 @@ class DriverLibrary:
         return name, text
 
 
-_OPEN_FLAGS = getattr(os, "RTLD_NOW", 0) | getattr(os, "RTLD_LOCAL", 0)
+# Windows: LoadLibraryEx's LOAD_LIBRARY_SEARCH_DEFAULT_DIRS (the application's directory, System32 and
+# the directories added for DLLs, not the current directory or PATH), as ctypes loads by default.
+_OPEN_FLAGS = 0x1000 if sys.platform == "win32" else getattr(os, "RTLD_NOW", 0) | getattr(os, "RTLD_LOCAL", 0)
 
 
 def dlopen(path: str) -> Any:
@@ -203,6 +225,7 @@ def open_library(path: str | os.PathLike[str] | None = None) -> DriverLibrary:
                 attempts.append((candidate, STUB_MESSAGE))
                 lib.close()
                 continue
+            lib.pin()
             _libraries[candidate] = lib
             return lib
     raise DriverNotFoundError(attempts)

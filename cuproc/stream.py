@@ -28,7 +28,8 @@ from typing import Any, Callable
 from . import _fork
 from ._ffi import ffi
 from ._resource import Resource
-from ._support import CUDA_ERROR_NOT_READY, arity, get_driver, handle_int, invalid, keep_forever
+from ._immortal import keep_forever
+from ._support import CUDA_ERROR_NOT_READY, arity, get_driver, handle_int, invalid
 from .context import Context
 from .driver import Driver
 
@@ -171,7 +172,10 @@ def _run_host_function(user_data: Any, _handle_int: Any = handle_int, _lock: Any
                        _records: Any = _pending) -> None:
     token = _handle_int(user_data)
     with _lock:
-        fn, stream = _records.pop(token)
+        record = _records.pop(token, None)
+    if record is None:   # launch_host_func raised after the driver took it (e.g. KeyboardInterrupt) and dropped it
+        return
+    fn, stream = record
     try:
         fn()
     except BaseException as exc:  # noqa: BLE001 - kept and re-raised on the caller's thread
@@ -185,7 +189,8 @@ def _host_trampoline() -> Any:
     """The C function the driver calls for every host function (``_run_host_function``).
 
     Made by the first launch_host_func, not at import: the callback and keep_forever's ctypes cost a
-    process that never runs a host function about 2 ms (issue 9's startup goal).  The driver may call
+    process that never runs a host function about 2 ms (issue 9's startup goal).  launch_host_func
+    takes it before it stores its pending record, so a failure here leaves no record behind.  The driver may call
     it after this module's teardown (a host function still pending at exit), so its C closure is never
     freed (one leaked reference, as cuproc._dlpack does for its callbacks), and it reads no module
     globals (the defaults above)."""
@@ -331,12 +336,17 @@ class Stream(Resource):
 def launch_host_func(stream: Stream, fn: Callable[[], Any]) -> None:
     """cuLaunchHostFunc on ``stream``; the pending record keeps ``fn`` and the stream alive until it ran."""
     stream.check("cuLaunchHostFunc")
+    trampoline = _trampoline[0] if _trampoline else _host_trampoline()
     with _pending_lock:
         _next_token[0] += 1
         token = _next_token[0]
         _pending[token] = (fn, stream)
-    rc = stream.context.call(stream.driver.cuLaunchHostFunc, stream.handle, _host_trampoline(),
-                             ffi.cast("void *", token))
+    try:
+        rc = stream.context.call(stream.driver.cuLaunchHostFunc, stream.handle, trampoline, ffi.cast("void *", token))
+    except BaseException:   # nothing was queued (or the driver's answer was lost): the record must not stay
+        with _pending_lock:
+            _pending.pop(token, None)
+        raise
     if rc:
         with _pending_lock:
             _pending.pop(token, None)

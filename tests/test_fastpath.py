@@ -321,6 +321,41 @@ def test_the_c_launcher_hands_uncommon_calls_to_the_pure_one(fk, pc):
     assert run.fallbacks == 3 and fk.launch_count() == 10
 
 
+@needs_fast
+def test_the_c_launcher_hands_a_buffer_whose_context_is_not_a_live_context_to_the_pure_one(fk, pc):
+    """The C launcher reads a DeviceBuffer's context and that context's ended from their slots: a context
+    slot that holds no Context (here a live Stream, whose ended slot reads None) or an ended Context goes
+    to the pure launcher, which launches or refuses as it always does."""
+    from cuproc.context import Context
+    fn = Module.load(IMAGE).get_function("empty")
+    run = fn.prepare(["float*", "int", "float"], 1, 32)
+    buf = DeviceBuffer(64)
+    run(buf, 1, 1.0)
+    assert run.fallbacks == 1                              # the first call claims the block
+    own, stream = buf.context, Stream()
+    run(buf, 2, 1.0)
+    assert run.fallbacks == 1                              # made in C
+    try:
+        buf.context = stream                               # not a Context: the pure launcher decides
+        run(buf, 3, 1.0)
+        assert run.fallbacks == 2 and fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 3, 1.0)
+        ended = Context.create(0)
+        ended.close()                                      # EPOCH moves: the next call is seen again once
+        buf.context = own
+        run(buf, 4, 1.0)
+        assert run.fallbacks == 3
+        buf.context = ended
+        with pytest.raises(ClosedResourceError):
+            run(buf, 5, 1.0)
+        assert run.fallbacks == 4
+    finally:
+        buf.context = own
+    run(buf, 6, 1.0)
+    assert run.fallbacks == 4 and fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 6, 1.0)
+    assert fk.launch_count() == 5
+    stream.close()
+
+
 @pytest.mark.parametrize("index,bad", [(0, 128), (1, -32769), (2, 1 << 31), (3, 1 << 63), (4, -1), (5, 65536),
                                        (6, 1 << 32), (7, -1), (7, 1 << 64), (2, 1.5), (2, "3"), (8, "x"),
                                        (10, -1), (10, 1 << 64), (10, "not a pointer"), (10, 0.5)])
@@ -403,7 +438,7 @@ def test_make_launcher_refuses_offsets_and_dimensions_it_cannot_store(fk, pc):
     address = int(ffi.cast("uintptr_t", block))
 
     from cuproc.context import Context
-    slots = (DeviceBuffer.ended, DeviceBuffer.context, DeviceBuffer.address)
+    slots = (DeviceBuffer.ended, DeviceBuffer.context, DeviceBuffer.address, Context.ended)
 
     def make(offsets=(8,), size=16, grid=(1, 1, 1), blk=(1, 1, 1), shmem=0, kind="int64_t", slots=slots,
              context=Context):
@@ -415,9 +450,9 @@ def test_make_launcher_refuses_offsets_and_dimensions_it_cannot_store(fk, pc):
                 {"offsets": (13,), "kind": "int32_t"}, {"size": -1},
                 # the buffer's slots, read in C by offset: each must be an object slot of DeviceBuffer,
                 # and ended one of the context's class too
-                {"slots": slots[:2]}, {"slots": (DeviceBuffer.ended, DeviceBuffer.context, DeviceBuffer.ptr)},
-                {"slots": (DeviceBuffer.ended, Context.handle, DeviceBuffer.address)},
-                {"context": dict}):
+                {"slots": slots[:3]}, {"slots": (*slots[:2], DeviceBuffer.ptr, slots[3])},
+                {"slots": (DeviceBuffer.ended, Context.handle, *slots[2:])},
+                {"slots": (*slots[:3], Context.handle)}, {"context": dict}):
         with pytest.raises(ValueError, match="make_launcher"):
             make(**bad)
     for bad in ({"grid": (1 << 32, 1, 1)}, {"blk": (1, 1, -1)}, {"shmem": 1 << 32}, {"grid": (1.0, 1, 1)},

@@ -704,6 +704,32 @@ def test_the_search_skips_a_stub_and_takes_the_driver_after_it(stub, fake, monke
     assert info.value.attempts[0][0] == str(stub[0]) and "stub" in info.value.attempts[0][1]
 
 
+def test_a_rejected_stub_is_unloaded_and_the_driver_stays_loaded_through_exit(stub, fake):
+    """The search dlcloses a stub it rejected; the driver it takes stays mapped after cuproc lets go of
+    it and through the interpreter's teardown (cffi would unload a library whose handle is freed, while
+    the driver may still call cuproc's callbacks): glibc's loader reports no "destroying link map" for it."""
+    stub_path, driver_path = os.path.realpath(stub[0]), os.path.realpath(fake.path)
+    code = f"""
+import gc, os, sys
+sys.path.insert(0, {str(ROOT)!r})
+import cuproc
+from cuproc import loader
+loader.DEFAULT_CANDIDATES = ({stub_path!r}, {driver_path!r})
+lib = loader.open_library()
+maps = open("/proc/self/maps").read()
+print({stub_path!r} in maps, {driver_path!r} in maps)
+pc = cuproc.use_device(0)
+del lib
+gc.collect()
+"""
+    env = {k: v for k, v in os.environ.items() if k != "CUPROC_LIBCUDA"}
+    proc = run_python(code, env={**env, "LD_DEBUG": "files"})
+    assert proc.stdout.split() == ["False", "True"]
+    destroyed = [line for line in proc.stderr.splitlines() if "destroying link map" in line]
+    assert any(stub_path in line for line in destroyed)          # the check sees unloads
+    assert not any(driver_path in line for line in destroyed)
+
+
 def test_a_stub_found_by_name_is_recognized_by_where_it_was_loaded_from(stub):
     """The unversioned name, found through LD_LIBRARY_PATH in a stubs directory (the issue's case),
     even if the stub answered cuDriverGetVersion: dladdr names the file."""

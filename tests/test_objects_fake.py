@@ -347,6 +347,37 @@ def test_not_ready_is_false_and_a_refused_host_function_is_not_kept(fk, pc):
     assert ref() is None and ran == []                    # the refused callback holds nothing
 
 
+def test_the_host_trampoline_is_made_once_kept_forever_and_a_failure_to_make_it_keeps_nothing(fk, pc, monkeypatch):
+    """The C function the driver calls for host functions is made by the first launch_host_func and never
+    freed (the driver may call it during the interpreter's teardown); when making it fails, the call
+    raises before any pending record exists, so the function and its stream are not kept."""
+    from cuproc import stream as stream_module
+    made = stream_module._host_trampoline()
+    assert stream_module._host_trampoline() is made
+    kept = weakref.ref(made)
+    saved = list(stream_module._trampoline)
+    stream_module._trampoline.clear()                     # what the module's teardown does to its globals
+    del made
+    gc.collect()
+    assert kept() is not None                             # one reference never given back
+
+    def refuse(obj):
+        raise RuntimeError("no callback today")
+    monkeypatch.setattr(stream_module, "keep_forever", refuse)
+    s, ran, pending = Stream(), [], dict(stream_module._pending)
+    try:
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="no callback today"):
+                s.launch_host_func(lambda: ran.append(1))
+        assert stream_module._pending == pending and not stream_module._trampoline
+    finally:
+        stream_module._trampoline[:] = saved
+    ref = weakref.ref(s)
+    del s
+    gc.collect()
+    assert ref() is None and ran == []
+
+
 # ----------------------------------------------------------------------------- context.py
 
 def test_context_settings(fk):

@@ -286,15 +286,15 @@ static int cuproc_dimension(PyObject *value, unsigned int *out)
 }
 
 /* make_launcher(slow, on_error, epoch, seen, owner, buffer_type, context_type,
- *               (the member descriptors of a buffer's ended, context and address), keep, ex, fn, config,
- *               handle, (gx, gy, gz), (bx, by, bz), shmem, stream, params, extra, block, block_size, kinds,
- *               offsets): every offset plus its kind's size must lie within block_size; ``ended`` must be
- *               a slot of context_type too (both are cuproc Resources). */
+ *               (the member descriptors that a buffer's ended, context and address and a context's ended
+ *               resolve to), keep, ex, fn, config, handle, (gx, gy, gz), (bx, by, bz), shmem, stream, params,
+ *               extra, block, block_size, kinds, offsets): every offset plus its kind's size must lie within
+ *               block_size; the two ``ended`` must be the one descriptor (both classes are cuproc Resources). */
 static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
 {
     PyObject *slow, *on_error, *epoch, *seen, *owner, *buffer_type, *context_type, *members, *keep, *kind_bytes;
     PyObject *offsets;
-    Py_ssize_t off_ended, off_context, off_address, off_ctx_ended;
+    Py_ssize_t off_ended, off_context, off_address, off_ctx_ended;   /* the last: checked, equal to the first */
     int ex;
     unsigned long long fn, config, handle, stream, params, extra, block;
     unsigned int g[3], b[3], shmem;
@@ -312,19 +312,16 @@ static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
                           &handle, &go[0], &go[1], &go[2], &bo[0], &bo[1], &bo[2], &shmem_obj, &stream, &params,
                           &extra, &block, &block_size, &PyBytes_Type, &kind_bytes, &PyTuple_Type, &offsets))
         return NULL;
-    if (PyTuple_GET_SIZE(members) != 3) {
-        PyErr_SetString(PyExc_ValueError, "make_launcher: three slots expected (a cuproc bug)");
+    if (PyTuple_GET_SIZE(members) != 4 || PyTuple_GET_ITEM(members, 3) != PyTuple_GET_ITEM(members, 0)) {
+        PyErr_SetString(PyExc_ValueError, "make_launcher: four slots expected, a buffer's and a context's ended "
+                                          "the same (a cuproc bug)");
         return NULL;
     }
     if (cuproc_slot_offset(PyTuple_GET_ITEM(members, 0), buffer_type, &off_ended, "make_launcher")
         || cuproc_slot_offset(PyTuple_GET_ITEM(members, 1), buffer_type, &off_context, "make_launcher")
         || cuproc_slot_offset(PyTuple_GET_ITEM(members, 2), buffer_type, &off_address, "make_launcher")
-        || cuproc_slot_offset(PyTuple_GET_ITEM(members, 0), context_type, &off_ctx_ended, "make_launcher"))
+        || cuproc_slot_offset(PyTuple_GET_ITEM(members, 3), context_type, &off_ctx_ended, "make_launcher"))
         return NULL;
-    if (off_ctx_ended != off_ended) {
-        PyErr_SetString(PyExc_ValueError, "make_launcher: a buffer and its context keep ended apart (a cuproc bug)");
-        return NULL;
-    }
     for (i = 0; i < 3; i++)
         if (cuproc_dimension(go[i], &g[i]) || cuproc_dimension(bo[i], &b[i])) return NULL;
     if (cuproc_dimension(shmem_obj, &shmem)) return NULL;

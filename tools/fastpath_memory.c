@@ -1,7 +1,8 @@
 /* Stream-ordered allocation in C: cuproc._fastpath_c.make_stream_ordered(...) returns the three
  * callables that ``cuproc.memory.alloc_async``, ``DeviceBuffer.free_async`` and ``DeviceBuffer.__del__``
  * are on the compiled fast path.  Compiled into the cffi API-mode module by tools/build_fastpath.py, after
- * fastpath_launch.c (structmember.h, cuproc_publish) and the declarations of headers/.
+ * fastpath_launch.c (structmember.h, cuproc_publish, CUPROC_SLOT, cuproc_slot_offset) and the declarations
+ * of headers/.
  *
  * Why C: the pair ``alloc_async(n, stream).free_async()`` is two ~0.3 us driver calls; in Python
  * the object around them -- a buffer, its entry in the context's table, the checks -- cost another
@@ -569,7 +570,6 @@ static PyType_Spec cuproc_so_spec = {
 };
 
 static PyTypeObject *cuproc_so_type;
-
 
 static cuproc_so *cuproc_so_new(PyObject *const *objs, const Py_ssize_t *offsets, PyObject *slow, PyObject *name,
                                 vectorcallfunc call)
