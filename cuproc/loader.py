@@ -19,7 +19,7 @@ Policy
   nothing else opens :class:`~cuproc.errors.DriverNotFoundError` says a stub
   was found where a driver was expected.
 * The library is opened with cffi's own loader (``_cffi_backend.load_library``,
-  what cffi's in-line ``ffi.dlopen`` calls: dlopen/dlsym, or LoadLibraryEx/GetProcAddress
+  what cffi's in-line ``ffi.dlopen`` calls: dlopen/dlsym, or LoadLibrary/GetProcAddress
   on Windows; ``load_function`` and ``close_lib`` exist from cffi 1.12, and cuproc
   needs 1.15), not ctypes: importing ctypes cost a fresh process about 2 ms on its
   way to a usable device (issue 9's startup goal).
@@ -185,9 +185,9 @@ class DriverLibrary:
         return name, text
 
 
-# Windows: LoadLibraryEx's LOAD_LIBRARY_SEARCH_DEFAULT_DIRS (the application's directory, System32 and
-# the directories added for DLLs, not the current directory or PATH), as ctypes loads by default.
-_OPEN_FLAGS = 0x1000 if sys.platform == "win32" else getattr(os, "RTLD_NOW", 0) | getattr(os, "RTLD_LOCAL", 0)
+# Windows: 0, cffi's default, which from cffi 1.17 searches as ctypes does (a path's own directory for its
+# dependencies, not the current directory); POSIX: resolved now, kept out of the global namespace.
+_OPEN_FLAGS = 0 if sys.platform == "win32" else getattr(os, "RTLD_NOW", 0) | getattr(os, "RTLD_LOCAL", 0)
 
 
 def dlopen(path: str) -> Any:

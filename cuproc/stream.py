@@ -173,7 +173,7 @@ def _run_host_function(user_data: Any, _handle_int: Any = handle_int, _lock: Any
     token = _handle_int(user_data)
     with _lock:
         record = _records.pop(token, None)
-    if record is None:   # launch_host_func raised after the driver took it (e.g. KeyboardInterrupt) and dropped it
+    if record is None:   # not cuproc's (a forked child's stale token): nothing to run
         return
     fn, stream = record
     try:
@@ -343,8 +343,8 @@ def launch_host_func(stream: Stream, fn: Callable[[], Any]) -> None:
         _pending[token] = (fn, stream)
     try:
         rc = stream.context.call(stream.driver.cuLaunchHostFunc, stream.handle, trampoline, ffi.cast("void *", token))
-    except BaseException:   # nothing was queued (or the driver's answer was lost): the record must not stay
-        with _pending_lock:
+    except Exception:   # refused before the driver queued it: the record must not stay.  A KeyboardInterrupt
+        with _pending_lock:   # may come after the driver queued it: the record stays, so the function runs.
             _pending.pop(token, None)
         raise
     if rc:

@@ -355,11 +355,11 @@ def test_the_host_trampoline_is_made_once_kept_forever_and_a_failure_to_make_it_
     made = stream_module._host_trampoline()
     assert stream_module._host_trampoline() is made
     kept = weakref.ref(made)
-    saved = list(stream_module._trampoline)
     stream_module._trampoline.clear()                     # what the module's teardown does to its globals
     del made
     gc.collect()
-    assert kept() is not None                             # one reference never given back
+    saved = [kept()]
+    assert saved[0] is not None                           # one reference never given back
 
     def refuse(obj):
         raise RuntimeError("no callback today")
@@ -376,6 +376,34 @@ def test_the_host_trampoline_is_made_once_kept_forever_and_a_failure_to_make_it_
     del s
     gc.collect()
     assert ref() is None and ran == []
+
+
+def test_a_host_function_is_dropped_only_when_the_driver_never_queued_it(fk, pc, monkeypatch):
+    """launch_host_func drops its pending record when the call fails before the driver queued the
+    function (an exception from the call), and keeps it when the call is interrupted after (a
+    KeyboardInterrupt): the function then still runs when the driver calls the trampoline."""
+    from cuproc import stream as stream_module
+    s, ran, queued = Stream(), [], []
+    pending = dict(stream_module._pending)
+
+    def refuses(*args):
+        raise RuntimeError("refused before queueing")
+    monkeypatch.setattr(s.driver, "cuLaunchHostFunc", refuses)
+    with pytest.raises(RuntimeError, match="before queueing"):
+        s.launch_host_func(lambda: ran.append("refused"))
+    assert stream_module._pending == pending
+
+    def queues_then_interrupted(stream, fn, data):
+        queued.append((fn, data))
+        raise KeyboardInterrupt
+    monkeypatch.setattr(s.driver, "cuLaunchHostFunc", queues_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        s.launch_host_func(lambda: ran.append("queued"))
+    (fn, data), = queued
+    fn(data)                                              # the driver runs what it queued
+    assert ran == ["queued"] and stream_module._pending == pending
+    monkeypatch.undo()
+    s.close()
 
 
 # ----------------------------------------------------------------------------- context.py

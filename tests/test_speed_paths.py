@@ -168,6 +168,18 @@ def test_the_loader_finds_what_the_dynamic_linker_finds(fake):
         loader.dlopen(str(fake.path.parent / "no-such-libcuda.so.1"))
 
 
+def test_a_driver_the_dynamic_linker_cannot_pin_is_kept_by_a_reference_never_given_back(fake, monkeypatch):
+    """Without RTLD_NODELETE (not POSIX), pin() keeps the library's own handle forever instead."""
+    import _cffi_backend
+    from cuproc import loader
+    kept: list = []
+    monkeypatch.delattr(os, "RTLD_NODELETE", raising=False)
+    monkeypatch.setattr(loader, "keep_forever", kept.append)
+    handle = loader.dlopen(str(fake.path))
+    loader.DriverLibrary(str(fake.path), handle).pin()
+    assert kept == [handle] and isinstance(handle, type(_cffi_backend.load_library(None)))
+
+
 def test_the_default_registry_reads_the_toolkit_table_on_first_use():
     """Symbols of the default registry carry each typedef's toolkits from the table it imports late."""
     from cuproc._header_toolkits import PFN_TOOLKITS
