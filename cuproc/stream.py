@@ -173,8 +173,8 @@ def _run_host_function(user_data: Any, _handle_int: Any = handle_int, _lock: Any
     token = _handle_int(user_data)
     with _lock:
         record = _records.pop(token, None)
-    if record is None:   # not cuproc's (a forked child's stale token): nothing to run
-        return
+    if record is None:   # dropped by launch_host_func, whose call raised: nothing to run (and no
+        return           # KeyError to raise inside a C callback)
     fn, stream = record
     try:
         fn()
@@ -190,10 +190,10 @@ def _host_trampoline() -> Any:
 
     Made by the first launch_host_func, not at import: the callback and keep_forever's ctypes cost a
     process that never runs a host function about 2 ms (issue 9's startup goal).  launch_host_func
-    takes it before it stores its pending record, so a failure here leaves no record behind.  The driver may call
-    it after this module's teardown (a host function still pending at exit), so its C closure is never
-    freed (one leaked reference, as cuproc._dlpack does for its callbacks), and it reads no module
-    globals (the defaults above)."""
+    takes it before it stores its pending record, so a failure here leaves no record behind.  The
+    driver may call it after this module's teardown (a host function still pending at exit), so its C
+    closure is never freed (one leaked reference, as cuproc._dlpack does for its callbacks), and it
+    reads no module globals (the defaults above)."""
     with _pending_lock:
         if not _trampoline:
             callback = ffi.callback("void(void *)", _run_host_function)

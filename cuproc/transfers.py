@@ -124,6 +124,11 @@ def _peer_contexts(d: _Placed, s: _Placed) -> tuple[Context, Context] | None:
     return (dc, sc) if dc is not None and sc is not None and dc is not sc else None
 
 
+def _both_host() -> Exception:
+    """memory.copy's refusal of host memory on both sides (the general and the lean path)."""
+    return invalid("cuMemcpy", "both sides are host memory: use memoryview slicing or numpy.copyto")
+
+
 def _run(ctx: Context | None, driver: Driver | None, call: str, *args: Any) -> None:
     drv = ctx.driver if ctx is not None else get_driver(driver)
     rc = call_in(ctx, getattr(drv, call), *args)
@@ -192,7 +197,7 @@ def copy(dst: Any, src: Any, nbytes: int | None = None, *, stream: Stream | Any 
         else:
             _run(ctx, driver, "cuMemcpyDtoD" + suffix, d.ptr, s.ptr, n, *tail)
     else:
-        raise invalid("cuMemcpy", "both sides are host memory: use memoryview slicing or numpy.copyto")
+        raise _both_host()
     _end(last, d, s)
 
 
@@ -217,7 +222,7 @@ def _copied_between_allocations(dst: Allocation, src: Allocation, nbytes: int | 
     elif from_device:
         _run(ctx, None, "cuMemcpyDtoH", ffi.cast("void *", dst.address), src.address, n)
     else:
-        raise invalid("cuMemcpy", "both sides are host memory: use memoryview slicing or numpy.copyto")
+        raise _both_host()
     for side in (dst, src):     # as _end: a synchronous call leaves nothing pending on either
         buffer = _tracked(side)
         if buffer is not None:

@@ -162,8 +162,11 @@ def test_the_loader_finds_what_the_dynamic_linker_finds(fake):
     assert lib.symbol_address("cuNoSuchFunction") is None
     assert Path(lib.loaded_from() or "").resolve() == fake.path.resolve()
     assert lib.lookup == loader.GET_PROC_ADDRESS_V2 and lib.version_int() > 0
+    address = lib.symbol_address("cuInit")
     lib.close()
-    assert ctypes.cast(reference.cuInit, ctypes.c_void_p).value   # still loaded through the other handle
+    assert lib.symbol_address("cuInit") is None                  # its own handle is gone
+    # the library stays where it was for the other handle: a fresh dlsym (ctypes' [] does not cache)
+    assert ctypes.cast(reference["cuInit"], ctypes.c_void_p).value == address
     with pytest.raises(OSError):
         loader.dlopen(str(fake.path.parent / "no-such-libcuda.so.1"))
 

@@ -49,8 +49,6 @@ typedef struct {
     Py_ssize_t *offsets;
 } cuproc_launcher;
 
-static PyObject *cuproc_s_context;
-
 /* An object slot of ``obj`` at ``off`` (a borrowed reference; NULL while unset). */
 #define CUPROC_SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
@@ -669,11 +667,10 @@ static int cuproc_install_launcher(void)
     PyGILState_STATE gil = PyGILState_Ensure();
     int rc;
     if (cuproc_launcher_type == NULL) {
-        cuproc_s_context = PyUnicode_InternFromString("context");
         cuproc_s_launch_cache = PyUnicode_InternFromString("launch_cache");
         cuproc_s_signature = PyUnicode_InternFromString("signature");
         cuproc_s_stream = PyUnicode_InternFromString("stream");
-        if (cuproc_s_context && cuproc_s_launch_cache && cuproc_s_signature && cuproc_s_stream)
+        if (cuproc_s_launch_cache && cuproc_s_signature && cuproc_s_stream)
             cuproc_launcher_type = (PyTypeObject *)PyType_FromSpec(&cuproc_launcher_spec);
         if (cuproc_launcher_type != NULL)
             cuproc_one_shot_type = (PyTypeObject *)PyType_FromSpec(&cuproc_one_shot_spec);

@@ -53,7 +53,6 @@ typedef struct {
 
 static PyObject *cuproc_s_cuMemAllocAsync, *cuproc_s_cuMemFreeAsync;
 
-
 #if PY_VERSION_HEX >= 0x030C0000
 /* Python 3.12's dict watchers: the fronts remember the function they found in a driver handle's dict
  * until any watched dict changes (a function published or replaced by a stand-in, the cache dropped
@@ -659,7 +658,7 @@ static int cuproc_install_memory(void)
         cuproc_s_cuMemAllocAsync = PyUnicode_InternFromString("cuMemAllocAsync");
         cuproc_s_cuMemFreeAsync = PyUnicode_InternFromString("cuMemFreeAsync");
         cuproc_s_del = PyUnicode_InternFromString("__del__");
-        if (cuproc_s_cuMemAllocAsync && cuproc_s_cuMemFreeAsync && cuproc_s_del && cuproc_s_context) {
+        if (cuproc_s_cuMemAllocAsync && cuproc_s_cuMemFreeAsync && cuproc_s_del) {
             cuproc_so_type = (PyTypeObject *)PyType_FromSpec(&cuproc_so_spec);
 #if PY_VERSION_HEX >= 0x030C0000
             cuproc_so_watcher = PyDict_AddWatcher(cuproc_so_dict_changed);   /* -1: none free; looked up per call */
