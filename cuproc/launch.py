@@ -687,10 +687,13 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
 # With the fast path, ``launch`` is a C front over the function above (tools/fastpath_launch.c,
 # make_one_shot): for fn.launch(grid, block, args) with plain-int grid and block and at most
 # ``signature=`` and ``stream=`` (None or a Stream), on an exact Function, it builds the same key,
-# finds a warm entry for that very stream whose epoch is current, and calls its launcher; any other
+# finds a warm entry for that very stream whose epoch is current, and calls its launcher (the entry
+# it last found, ``function.launch_last``, it takes without building the key); any other
 # call -- a miss included -- runs the function above unchanged.  It is a method descriptor, so
 # ``Function.launch = launch`` binds.
-_FRONT_TYPES: list[Any] = [None, None]   # [Function, Stream], noted by the first (cold) launch
+# [Function, Stream, Function.launch_cache, Function.launch_last (slot descriptors)], noted by the first
+# (cold) launch
+_FRONT_TYPES: list[Any] = [None, None, None, None]
 _python_launch = launch
 _make_one_shot = fastpath.one_shot_factory()
 if _make_one_shot is not None:
@@ -746,7 +749,7 @@ def _launch_uncached(function: Any, grid: Any, block: Any, args: Sequence[Any], 
     cache = function.launch_cache
     if _FRONT_TYPES[0] is None:   # the classes the C front takes (cuproc.module imports this module)
         from .module import Function
-        _FRONT_TYPES[:] = [Function, Stream]
+        _FRONT_TYPES[:] = [Function, Stream, Function.__dict__["launch_cache"], Function.__dict__["launch_last"]]
     if signature is None:
         sig: tuple = tuple(infer_type(a) for a in args)
         if key is not None and not all(_typed_class(a) for a in args):

@@ -326,12 +326,17 @@ class Function(Resource):
     (``context`` None: it launches in the current context).  Holds its owner; refuses use once the
     owner or the context ended."""
 
+    # Slots: the one-shot launch's C front reads launch_cache and launch_last at their offsets.
+    __slots__ = ("handle", "name", "owner", "kernel", "context", "launch_cache", "launch_last")
+
     def __init__(self, handle: Any, driver: Driver, name: str, *, owner: Resource, context: Context | None = None,
                  kernel: Any = None) -> None:
         self.handle, self.driver, self.name, self.owner, self.kernel = handle, driver, name, owner, kernel
         self.context = context
         self.ended = None
         self.launch_cache: dict[Any, Any] = {}   # one-shot launches by shape (cuproc.launch.launch)
+        # the C front's last hit, (key, entry) of launch_cache: taken without building the key
+        self.launch_last: tuple | None = None
 
     def parents(self) -> tuple[Resource, ...]:
         return (self.owner, self.context) if self.context is not None else (self.owner,)

@@ -163,6 +163,8 @@ static long launch_count, launch_mismatches;
 static char last_name[256];
 static unsigned char last_args[MAX_ARG_BYTES];
 static size_t last_nargs;
+static unsigned last_dims[6];   /* grid x, y, z, block x, y, z of the last launch */
+static CUstream last_stream;
 
 /* The device address window. */
 static CUdeviceptr dev_base, dev_next, dev_limit;
@@ -2353,10 +2355,19 @@ static CUresult launch(const char *call, CUfunction func, const struct launch *L
     memcpy(&b, buf + k.off[1], 8);
     if (b != a * 3 + 1) launch_mismatches++;
   }
+  if (strcmp(name, "fake_grid_pair") == 0 && k.nparams == 2 && k.size[0] == 8 && k.size[1] == 8) {
+    unsigned long long a, b;   /* as fake_pair, and the grid's x is a % 4 + 1 */
+    memcpy(&a, buf + k.off[0], 8);
+    memcpy(&b, buf + k.off[1], 8);
+    if (b != a * 3 + 1 || L->grid[0] != a % 4 + 1) launch_mismatches++;
+  }
   launch_count++;
   memcpy(last_name, name, sizeof name);
   memcpy(last_args, buf, nbytes);
   last_nargs = nbytes;
+  memcpy(last_dims, L->grid, sizeof L->grid);
+  memcpy(last_dims + 3, L->block, sizeof L->block);
+  last_stream = L->stream;
   free(buf);
   return OK;
 }
@@ -2465,6 +2476,8 @@ EXPORT void fake_reset(void) {
   reuse_count = 0;
   last_name[0] = '\0';
   last_nargs = 0;
+  memset(last_dims, 0, sizeof last_dims);
+  last_stream = NULL;
   memset(injects, 0, sizeof injects);
   __atomic_store_n(&fork_violations, 0, __ATOMIC_RELAXED);
   unlock();
@@ -2575,6 +2588,14 @@ EXPORT int fake_last_launch(char *name_buf, int name_size, unsigned char *args, 
   if (args && args_size > 0) memcpy(args, last_args, (size_t)(n < args_size ? n : args_size));
   unlock();
   return n;
+}
+
+/* The last launch's grid and block (dims: 6 unsigned) and stream handle (NULL: the default stream). */
+EXPORT void fake_last_launch_config(unsigned *dims, uintptr_t *stream) {
+  lock();
+  memcpy(dims, last_dims, sizeof last_dims);
+  *stream = (uintptr_t)last_stream;
+  unlock();
 }
 
 EXPORT long fake_fork_violations(void) { return __atomic_load_n(&fork_violations, __ATOMIC_RELAXED); }

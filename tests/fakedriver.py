@@ -10,7 +10,11 @@ turn what would be a crash on a real driver into a number a test can assert is 0
 * ``binding_errors()`` -- operations on a context-owned object while its context is not current
   (``binding_calls()``);
 * ``launch_mismatches()`` -- launches of ``fake_pair(a, b)`` with ``b != 3*a + 1``: the fake waits
-  before reading the argument block, so callers that share one between threads are caught;
+  before reading the argument block, so callers that share one between threads are caught; and of
+  ``fake_grid_pair(a, b)`` that break that rule or have a grid whose x is not ``a % 4 + 1`` (a
+  launch made with another call's grid);
+* ``last_launch()`` / ``last_launch_config()`` -- the last launch's kernel and argument bytes, and
+  its grid, block and stream;
 * ``fork_violations()`` -- calls made in a child forked after ``cuInit``.
 * ``calls()`` / ``call_count()`` -- the entry points called since ``clear_calls()``: which driver
   calls a cuproc operation makes, so that an extra query or sync shows on CPU.
@@ -243,6 +247,13 @@ class FakeDriver:
         args = ctypes.create_string_buffer(32768)
         n = self._lib.fake_last_launch(name, len(name), args, len(args))
         return name.value.decode(), args.raw[:n]
+
+    def last_launch_config(self) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+        """(grid, block, stream handle as an int, 0 for the default stream) of the last successful launch."""
+        dims = (ctypes.c_uint * 6)()
+        stream = ctypes.c_size_t()
+        self._lib.fake_last_launch_config(dims, ctypes.byref(stream))
+        return tuple(dims[:3]), tuple(dims[3:]), stream.value  # type: ignore[return-value]
 
     def fork_violations(self) -> int:
         return self._lib.fake_fork_violations()

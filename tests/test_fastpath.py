@@ -358,7 +358,8 @@ def test_the_c_launcher_hands_a_buffer_whose_context_is_not_a_live_context_to_th
 
 @pytest.mark.parametrize("index,bad", [(0, 128), (1, -32769), (2, 1 << 31), (3, 1 << 63), (4, -1), (5, 65536),
                                        (6, 1 << 32), (7, -1), (7, 1 << 64), (2, 1.5), (2, "3"), (8, "x"),
-                                       (10, -1), (10, 1 << 64), (10, "not a pointer"), (10, 0.5)])
+                                       (10, -1), (10, 1 << 64), (10, "not a pointer"), (10, 0.5), (8, 1 << 1100),
+                                       (9, -(1 << 1100))])
 def test_prepared_launch_refuses_what_cffi_refuses_before_the_driver(fk, pc, index, bad):
     fn = Module.load(IMAGE).get_function("all")
     run = fn.prepare(ALL_KINDS, 1, 1)
@@ -369,6 +370,17 @@ def test_prepared_launch_refuses_what_cffi_refuses_before_the_driver(fk, pc, ind
     assert fk.launch_count() == 1
     run(*ok)                                               # the block is whole again afterwards
     assert fk.last_launch()[1] == struct.pack(ALL_FORMAT, *[0] * 10, ok[10].ptr)
+
+
+def test_an_int_for_a_float_parameter_is_stored_as_cffi_stores_it(fk, pc):
+    fn = Module.load(IMAGE).get_function("all")
+    run = fn.prepare(ALL_KINDS, 1, 1)
+    buf = DeviceBuffer(64)
+    for v in ((1 << 24) + 1, -(1 << 53) - 1, (1 << 64) + 3, 10 ** 308, -3, 0):   # rounded, huge, plain
+        run(*[0] * 8, v, v, buf)
+        reference = (ffi.new("float *", v)[0], ffi.new("double *", v)[0])     # cffi's conversion
+        assert fk.last_launch()[1] == struct.pack(ALL_FORMAT, *[0] * 8, *reference, buf.ptr)
+    assert fk.launch_count() == 6
 
 
 class IndexOnly:

@@ -112,6 +112,113 @@ def test_warm_launches_on_a_stream_are_taken_for_that_very_stream(fk, pc):
     assert taken() - before == 10
 
 
+def _handle(stream: Stream | None) -> int:
+    """The stream handle a launch on ``stream`` passes: None is the legacy default stream, CU_STREAM_LEGACY (0x1)."""
+    return 1 if stream is None else int(cuproc.ffi.cast("uintptr_t", stream.handle))
+
+
+@needs_front
+def test_the_last_hit_is_taken_only_for_a_call_with_an_equal_key(fk, pc):
+    """The front takes the entry it last found (``function.launch_last``) without building the key,
+    so each part of the key must still select the launch: grid, block, stream, the values' classes,
+    and the signature's entries (read again on every call: a list can change in place)."""
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    s1, s2 = Stream(), Stream()
+    sig = list(SIG)
+    int_sig = ["float*", "int", "int"]
+    calls = [  # (grid, block, stream, values, signature, packed format)
+        (1, 32, None, (buf, np.int32(3), np.float32(1)), None, "<Qif"),
+        (2, 32, None, (buf, np.int32(3), np.float32(1)), None, "<Qif"),
+        (2, 64, None, (buf, np.int32(3), np.float32(1)), None, "<Qif"),
+        (2, 64, s1, (buf, np.int32(3), np.float32(1)), None, "<Qif"),
+        (2, 64, s2, (buf, np.int32(3), np.float32(1)), None, "<Qif"),
+        (2, 64, s2, (buf, np.int32(3), np.int32(1)), None, "<Qii"),
+        (2, 64, s2, (buf, 3, 1), sig, "<Qif"),
+        (2, 64, s2, (buf, 3, 1), int_sig, "<Qii"),
+        (2, 64, None, (buf, 3, 1), int_sig, "<Qii"),
+    ]
+    for grid, block, stream, values, signature, _ in calls:                   # cold: every entry made
+        fn.launch(grid, block, values, signature=signature, stream=stream)
+    assert len(fn.launch_cache) == len(calls)
+    before = taken()
+    for _ in range(2):   # each call differs from the one before it in one part of the key
+        for grid, block, stream, values, signature, fmt in calls:
+            fn.launch(grid, block, values, signature=signature, stream=stream)
+            assert fk.last_launch()[1] == struct.pack(fmt, buf.ptr, 3, 1)
+            assert fk.last_launch_config() == ((grid, 1, 1), (block, 1, 1), _handle(stream))
+    assert taken() - before == 2 * len(calls) and len(fn.launch_cache) == len(calls)
+
+    fn.launch(1, 32, (buf, 5, 7), signature=sig)                     # warm; now the last hit
+    sig[2] = "int"                                                   # the same list, another signature
+    fn.launch(1, 32, (buf, 5, 7), signature=sig)
+    assert fk.last_launch()[1] == struct.pack("<Qii", buf.ptr, 5, 7)
+    sig[2] = "float"
+    fn.launch(1, 32, (buf, 6, 7), signature=sig)
+    assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 6, 7)
+    last = fn.launch_last
+    equal = ["float*", "".join(["i", "nt"]), "".join(["flo", "at"])]      # equal strings, other objects
+    fn.launch(1, 32, (buf, 7, 0.5), signature=equal)
+    assert fn.launch_last is last and fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 7, 0.5)
+
+
+@needs_front
+def test_a_last_hit_for_another_stream_or_a_malformed_one_is_not_taken(fk, pc):
+    """``launch_last`` is an ordinary slot: whatever it holds, a launch goes where its own key says,
+    never on the stream of an entry made for another Stream, and never crashes."""
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    s1, s3 = Stream(), Stream()
+    args = (buf, np.int32(1), np.float32(1))
+    fn.launch(1, 32, args, stream=s1)
+    fn.launch(1, 32, args, stream=s1)
+    key, entry = fn.launch_last
+    assert key[4] == ("stream", id(s1)) and entry[1]() is s1
+    fn.launch_last = (key[:4] + (("stream", id(s3)),) + key[5:], entry)   # s1's entry under s3's key
+    fn.launch(1, 32, args, stream=s3)
+    assert fk.last_launch_config()[2] == _handle(s3)
+    good = fn.launch_last
+    for junk in ["junk", (), (1, 2), (key, "entry"), (("classes",) + key[1:], entry), (key[:6], entry),
+                 ((key[0], 1.0) + key[2:], entry), (key, (entry[0], entry[1], [0, 1])), (key, entry[:2])]:
+        fn.launch_last = junk
+        fn.launch(1, 32, (buf, np.int32(2), np.float32(2)), stream=s1)
+        assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 2, 2.0)
+        assert fk.last_launch_config()[2] == _handle(s1)
+    del fn.launch_last                                                    # an unset slot: the dict decides
+    fn.launch(1, 32, (buf, np.int32(3), np.float32(3)), stream=s3)
+    assert fk.last_launch_config()[2] == _handle(s3) and fn.launch_last is not good
+    # s3's launcher under a weak reference to s1, keyed for s3: the key's stream keeps s1 off it
+    s3_key, s3_entry = fn.launch_last
+    fn.launch_last = (s3_key, (s3_entry[0], entry[1], s3_entry[2]))
+    fn.launch(1, 32, (buf, np.int32(4), np.float32(4)), stream=s1)
+    assert fk.last_launch_config()[2] == _handle(s1)
+    # an entry for a raw stream handle (held: None, as the default stream's) under that handle's key:
+    # not taken by a launch on the default stream
+    fn.launch(1, 32, args, stream=s3.handle)
+    raw_key = next(k for k in fn.launch_cache if isinstance(k[4], int))
+    fn.launch_last = (raw_key, fn.launch_cache[raw_key])
+    fn.launch(1, 32, (buf, np.int32(5), np.float32(5)))
+    assert fk.last_launch_config()[2] == _handle(None)
+
+
+@needs_front
+def test_threads_sharing_a_function_launch_with_their_own_grid_and_values(fk, pc):
+    """Four threads take turns at one function's last hit, each with its own grid: fake_grid_pair
+    counts a launch whose values or grid belong to another call."""
+    from threads import run_threads
+    fn = Module.load(fake_image({"fake_grid_pair": [8, 8]})).get_function("fake_grid_pair")
+    sig = ["unsigned long long", "unsigned long long"]
+
+    def work(k: int) -> int:   # a fresh thread: the launch makes the function's context current
+        for i in range(400):
+            a = 4 * i + k
+            fn.launch(a % 4 + 1, 32, (a, 3 * a + 1), signature=sig)
+            fn.launch(a % 4 + 1, 32, (np.uint64(a), np.uint64(3 * a + 1)))
+        return 800
+    assert sum(run_threads(work, 4)) == fk.launch_count() == 3200
+    assert fk.launch_mismatches() == 0, fk.records()
+
+
 @needs_front
 def test_a_kernel_of_a_library_goes_to_the_python_launch(fk, pc):
     lib = cuproc.Library(IMAGE)

@@ -70,6 +70,21 @@ bad:
     return -1;
 }
 
+/* An int's value as PyLong_AsUnsignedLongLong gives it (an OverflowError for a negative or too large
+ * one), through PyLong_AsLongLongAndOverflow first: CPython 3.12 converts an int of more than one
+ * 30-bit digit -- every device address -- with a generic byte-array routine in
+ * PyLong_AsUnsignedLongLong, several times the cost of the other's digit loop.  ``v``: an int. */
+static unsigned long long cuproc_u64(PyObject *v)
+{
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow == 0 && x >= 0)
+        return (unsigned long long)x;
+    if (x == -1 && PyErr_Occurred())
+        return (unsigned long long)-1;
+    return PyLong_AsUnsignedLongLong(v);   /* 2**63 and above, or negative (it raises) */
+}
+
 /* The conversion helpers return 0: converted; 1: not taken here, the pure launcher decides; -1: a
  * Python error to raise.  Only the errors a refused value raises (TypeError, OverflowError,
  * ValueError) mean "not taken": anything else -- KeyboardInterrupt, MemoryError, from user
@@ -88,7 +103,7 @@ static int cuproc_live_address(cuproc_launcher *self, PyObject *a, unsigned long
 {
     PyObject *ctx, *addr;
     if (PyLong_Check(a)) {
-        *out = PyLong_AsUnsignedLongLong(a);
+        *out = cuproc_u64(a);
         return (*out == (unsigned long long)-1 && PyErr_Occurred()) ? cuproc_declined() : 0;
     }
     if ((PyObject *)Py_TYPE(a) != self->buffer_type)
@@ -105,7 +120,7 @@ static int cuproc_live_address(cuproc_launcher *self, PyObject *a, unsigned long
     addr = CUPROC_SLOT(a, self->off_address);
     if (addr == NULL || !PyLong_CheckExact(addr))
         return 1;
-    *out = PyLong_AsUnsignedLongLong(addr);
+    *out = cuproc_u64(addr);
     return (*out == (unsigned long long)-1 && PyErr_Occurred()) ? cuproc_declined() : 0;
 }
 
@@ -131,7 +146,7 @@ static int cuproc_integer(PyObject *a, int kind, char *dst)
         if (!PyLong_Check(number)) { Py_DECREF(number); return 1; }
     }
     if (kind == K_U64) {
-        u = PyLong_AsUnsignedLongLong(number);
+        u = cuproc_u64(number);
         Py_DECREF(number);
         if (u == (unsigned long long)-1 && PyErr_Occurred()) return cuproc_declined();
         memcpy(dst, &u, 8);
@@ -182,7 +197,9 @@ static PyObject *cuproc_launcher_call(PyObject *obj, PyObject *const *args, size
             taken = cuproc_live_address(self, a, &p);
             if (taken == 0) memcpy(dst, &p, 8);
         } else if (kind == K_F32 || kind == K_F64) {
-            double d = PyFloat_CheckExact(a) ? PyFloat_AS_DOUBLE(a) : PyFloat_AsDouble(a);
+            /* an exact int: PyFloat_AsDouble's own result (int.__float__ is PyLong_AsDouble) without its float object */
+            double d = PyFloat_CheckExact(a) ? PyFloat_AS_DOUBLE(a)
+                       : PyLong_CheckExact(a) ? PyLong_AsDouble(a) : PyFloat_AsDouble(a);
             if (d == -1.0 && PyErr_Occurred()) taken = cuproc_declined();
             else if (kind == K_F32) { float f = (float)d; memcpy(dst, &f, 4); }
             else memcpy(dst, &d, 8);
@@ -393,7 +410,8 @@ static PyMethodDef cuproc_make_launcher_def = {
  * -- fn.launch(grid, block, args) with at most ``signature=`` and ``stream=`` (None or a cuproc
  * Stream), plain-int grid and block, the default shared memory, convention and entry -- builds the
  * very key the Python launch builds, finds the entry in ``function.launch_cache`` and calls its
- * launcher.  Everything else (a Kernel, another stream object, a tuple grid, another keyword, a
+ * launcher.  The entry found is remembered with its key in ``function.launch_last``, and a call
+ * whose key would equal that one takes it without building the key.  Everything else (a Kernel, another stream object, a tuple grid, another keyword, a
  * miss, a moved EPOCH, an entry for another Stream at the same id) goes to ``slow`` (the Python
  * launch) with the arguments unchanged. */
 typedef struct {
@@ -401,10 +419,10 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *dict;
     PyObject *slow, *types, *epoch, *buffer;
-    Py_ssize_t taken;
+    Py_ssize_t taken, off_cache, off_last;   /* Function's launch_cache and launch_last slots (0: not read yet) */
 } cuproc_one_shot;
 
-static PyObject *cuproc_s_launch_cache, *cuproc_s_signature, *cuproc_s_stream;
+static PyObject *cuproc_s_signature, *cuproc_s_stream;
 
 /* The key of cuproc.launch.launch for these values, or NULL with no error set (not taken here). */
 static PyObject *cuproc_one_shot_key(cuproc_one_shot *self, PyObject *grid, PyObject *block, PyObject *values,
@@ -465,12 +483,97 @@ static int cuproc_weakly_refers_to(PyObject *ref, PyObject *target)
 #endif
 }
 
+/* Whether two exact ints (``a`` from a key built before, ``b`` checked by the caller) are equal;
+ * values beyond long long are not compared here (0: the dict decides). */
+static int cuproc_same_int(PyObject *a, PyObject *b)
+{
+    int overflow_a, overflow_b;
+    long long x, y;
+    if (a == b) return 1;
+    if (!PyLong_CheckExact(a)) return 0;
+    x = PyLong_AsLongLongAndOverflow(a, &overflow_a);
+    y = PyLong_AsLongLongAndOverflow(b, &overflow_b);
+    return !overflow_a && !overflow_b && x == y;
+}
+
+/* Whether the key cuproc_one_shot_key would build for these values equals ``key`` (a key built
+ * before, the function's last hit), without building it: same grid and block, the same stream key,
+ * and the same classes (each value's type, or each signature entry: the very object, or an equal
+ * exact str).  Stricter than the dict's equality, never looser; runs no Python code. */
+static int cuproc_same_key(PyObject *key, PyObject *grid, PyObject *block, PyObject *values, PyObject *signature,
+                           PyObject *stream)
+{
+    PyObject *classes = PyTuple_GET_ITEM(key, 0), *stream_key = PyTuple_GET_ITEM(key, 4), *id;
+    PyObject *const *items;
+    Py_ssize_t i, n;
+    if (!PyTuple_CheckExact(classes))
+        return 0;
+    n = PyTuple_GET_SIZE(classes);
+    if (!cuproc_same_int(PyTuple_GET_ITEM(key, 1), grid) || !cuproc_same_int(PyTuple_GET_ITEM(key, 2), block))
+        return 0;
+    if (stream == Py_None) {
+        if (stream_key != Py_None) return 0;
+    } else {
+        if (!PyTuple_CheckExact(stream_key) || PyTuple_GET_SIZE(stream_key) != 2) return 0;
+        id = PyTuple_GET_ITEM(stream_key, 1);
+        if (!PyLong_CheckExact(id)) return 0;
+        if (PyLong_AsUnsignedLongLongMask(id) != (unsigned long long)(uintptr_t)stream) return 0;
+    }
+    if (signature == NULL) {
+        if (PyTuple_GET_SIZE(values) != n) return 0;
+        for (i = 0; i < n; i++)
+            if ((PyObject *)Py_TYPE(PyTuple_GET_ITEM(values, i)) != PyTuple_GET_ITEM(classes, i)) return 0;
+        return 1;
+    }
+    if (PyTuple_CheckExact(signature)) {
+        if (PyTuple_GET_SIZE(signature) != n) return 0;
+        items = &PyTuple_GET_ITEM(signature, 0);
+    } else {   /* a list: the caller checked */
+        if (PyList_GET_SIZE(signature) != n) return 0;
+        items = (PyObject *const *)((PyListObject *)signature)->ob_item;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *a = items[i], *b = PyTuple_GET_ITEM(classes, i);
+        if (a != b && !(PyUnicode_CheckExact(a) && PyUnicode_CheckExact(b) && PyUnicode_Compare(a, b) == 0))
+            return 0;
+    }
+    return 1;
+}
+
+/* The offsets of Function's launch_cache and launch_last slots, read once from the member
+ * descriptors the Python launch lists after the classes (types[2] and types[3]). */
+static int cuproc_one_shot_offsets(cuproc_one_shot *self)
+{
+    PyObject *function_type = PyList_GET_ITEM(self->types, 0);
+    if (cuproc_slot_offset(PyList_GET_ITEM(self->types, 2), function_type, &self->off_cache, "make_one_shot") < 0
+        || cuproc_slot_offset(PyList_GET_ITEM(self->types, 3), function_type, &self->off_last, "make_one_shot") < 0) {
+        self->off_cache = self->off_last = 0;
+        return -1;
+    }
+    return 0;
+}
+
+/* 1 when a cache entry's stream is this call's: None for the default stream, else a weak reference
+ * to this very Stream (not another Stream at a dead one's id). */
+static int cuproc_entry_for_stream(PyObject *entry, PyObject *stream)
+{
+    PyObject *held = PyTuple_GET_ITEM(entry, 1);
+    return stream == Py_None ? held == Py_None : (PyWeakref_CheckRef(held) && cuproc_weakly_refers_to(held, stream));
+}
+
+/* A cache entry as the Python launch stores it: (launcher, None or a weak reference, [epoch seen]). */
+static int cuproc_is_entry(PyObject *entry)
+{
+    return PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 3 && PyList_CheckExact(PyTuple_GET_ITEM(entry, 2))
+           && PyList_GET_SIZE(PyTuple_GET_ITEM(entry, 2)) == 1;
+}
+
 static PyObject *cuproc_one_shot_call(PyObject *obj, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     cuproc_one_shot *self = (cuproc_one_shot *)obj;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *function, *values, *signature = NULL, *stream = Py_None, *cache, *key, *entry, *launcher, *seen;
-    PyObject *held, *result;
+    PyObject *function, *values, *signature = NULL, *stream = Py_None, *cache, *key, *entry = NULL, *launcher;
+    PyObject *last, *record = NULL, *result;
     Py_ssize_t k;
     if (nargs != 4 || (PyObject *)Py_TYPE(args[0]) != PyList_GET_ITEM(self->types, 0))
         goto slow;
@@ -485,53 +588,66 @@ static PyObject *cuproc_one_shot_call(PyObject *obj, PyObject *const *args, size
     }
     if (stream != Py_None && (PyObject *)Py_TYPE(stream) != PyList_GET_ITEM(self->types, 1))
         goto slow;   /* another library's stream, a handle: the Python launch resolves it */
+    if (signature != NULL && !PyTuple_CheckExact(signature) && !PyList_CheckExact(signature))
+        goto slow;
     function = args[0];
     values = args[3];
     if (!PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2]) || !PyTuple_CheckExact(values))
         goto slow;
-    key = cuproc_one_shot_key(self, args[1], args[2], values, signature, stream);
-    if (key == NULL) {
-        if (PyErr_Occurred()) return NULL;
-        goto slow;
-    }
-    cache = PyObject_GetAttr(function, cuproc_s_launch_cache);
-    if (cache == NULL || !PyDict_CheckExact(cache)) {
-        Py_DECREF(key);
-        Py_XDECREF(cache);
-        PyErr_Clear();
-        goto slow;
-    }
-    entry = PyDict_GetItemWithError(cache, key);   /* borrowed: held below before anything can run */
-    Py_DECREF(key);
-    if (entry == NULL) {
-        Py_DECREF(cache);
-        if (PyErr_Occurred()) {
-            if (!PyErr_ExceptionMatches(PyExc_TypeError) && !PyErr_ExceptionMatches(PyExc_LookupError))
-                return NULL;   /* what the Python launch raises */
-            PyErr_Clear();   /* an unhashable signature entry (or one whose hash raises a LookupError):
-                                the Python launch catches both and takes the general path */
+    if (self->off_cache == 0 && cuproc_one_shot_offsets(self) < 0)
+        return NULL;
+    /* The function's last hit, (key, entry): taken when this call's key equals its key, without
+     * building the key (its tuples, hashes and the dict lookup are most of a warm call's cost). */
+    last = CUPROC_SLOT(function, self->off_last);
+    if (last != NULL && PyTuple_CheckExact(last) && PyTuple_GET_SIZE(last) == 2
+        && PyTuple_CheckExact(PyTuple_GET_ITEM(last, 0)) && PyTuple_GET_SIZE(PyTuple_GET_ITEM(last, 0)) == 7
+        && cuproc_is_entry(PyTuple_GET_ITEM(last, 1))
+        && cuproc_same_key(PyTuple_GET_ITEM(last, 0), args[1], args[2], values, signature, stream)
+        && cuproc_entry_for_stream(PyTuple_GET_ITEM(last, 1), stream))
+        entry = PyTuple_GET_ITEM(last, 1);   /* borrowed: nothing below runs Python code before the launch */
+    if (entry == NULL) {   /* the dict, under the very key the Python launch builds */
+        cache = CUPROC_SLOT(function, self->off_cache);
+        if (cache == NULL || !PyDict_CheckExact(cache))
+            goto slow;
+        key = cuproc_one_shot_key(self, args[1], args[2], values, signature, stream);
+        if (key == NULL) {
+            if (PyErr_Occurred()) return NULL;
+            goto slow;
         }
-        goto slow;
+        Py_INCREF(cache);
+        entry = PyDict_GetItemWithError(cache, key);   /* borrowed, held by the record below */
+        if (entry == NULL) {
+            Py_DECREF(key);
+            Py_DECREF(cache);
+            if (PyErr_Occurred()) {
+                if (!PyErr_ExceptionMatches(PyExc_TypeError) && !PyErr_ExceptionMatches(PyExc_LookupError))
+                    return NULL;   /* what the Python launch raises */
+                PyErr_Clear();   /* an unhashable signature entry (or one whose hash raises a LookupError):
+                                    the Python launch catches both and takes the general path */
+            }
+            goto slow;
+        }
+        if (!cuproc_is_entry(entry) || !cuproc_entry_for_stream(entry, stream)) {
+            Py_DECREF(key);   /* e.g. an entry of a Stream that ended, at the id of this new one */
+            Py_DECREF(cache);
+            goto slow;
+        }
+        record = PyTuple_Pack(2, key, entry);
+        Py_DECREF(key);
+        Py_DECREF(cache);   /* entry stays held by record (or, if that failed, by the dict: no code ran) */
+        if (record == NULL) return NULL;
     }
-    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 3
-        || !PyList_CheckExact(PyTuple_GET_ITEM(entry, 2)) || PyList_GET_SIZE(PyTuple_GET_ITEM(entry, 2)) != 1) {
-        Py_DECREF(cache);
-        goto slow;
-    }
-    held = PyTuple_GET_ITEM(entry, 1);   /* None for the default stream, else a weak reference to the Stream */
-    if (stream == Py_None ? held != Py_None
-                          : (!PyWeakref_CheckRef(held) || !cuproc_weakly_refers_to(held, stream))) {
-        Py_DECREF(cache);   /* e.g. an entry of a Stream that ended, at the id of this new one */
-        goto slow;
-    }
-    seen = PyList_GET_ITEM(PyTuple_GET_ITEM(entry, 2), 0);
-    if (seen != PyList_GET_ITEM(self->epoch, 0)) {   /* something ended since: the Python launch rechecks */
-        Py_DECREF(cache);
+    if (PyList_GET_ITEM(PyTuple_GET_ITEM(entry, 2), 0) != PyList_GET_ITEM(self->epoch, 0)) {
+        Py_XDECREF(record);   /* something ended since: the Python launch rechecks */
         goto slow;
     }
     launcher = PyTuple_GET_ITEM(entry, 0);
-    Py_INCREF(launcher);   /* the cache may drop the entry while the launch runs (another thread) */
-    Py_DECREF(cache);
+    Py_INCREF(launcher);   /* another thread may replace the record or drop the entry while it runs */
+    if (record != NULL) {   /* the new last hit; the old record goes after the slot holds the new one */
+        last = CUPROC_SLOT(function, self->off_last);
+        CUPROC_SLOT(function, self->off_last) = record;
+        Py_XDECREF(last);
+    }
     self->taken++;
     result = PyObject_Vectorcall(launcher, &PyTuple_GET_ITEM(values, 0), PyTuple_GET_SIZE(values), NULL);
     Py_DECREF(launcher);
@@ -610,9 +726,11 @@ static PyType_Spec cuproc_one_shot_spec = {
 
 static PyTypeObject *cuproc_one_shot_type;
 
-/* make_one_shot(slow, types, epoch, buffer): types is a two-item list, the exact classes taken here
- * -- [cuproc.module.Function, cuproc.stream.Stream], None until the Python launch fills them in --;
- * epoch is EPOCH; buffer is the string "buffer" (the default convention, as the key holds it). */
+/* make_one_shot(slow, types, epoch, buffer): types is a four-item list, the exact classes taken here
+ * and the member descriptors of Function's two cache slots -- [cuproc.module.Function,
+ * cuproc.stream.Stream, Function.launch_cache, Function.launch_last], None until the Python launch
+ * fills them in --; epoch is EPOCH; buffer is the string "buffer" (the default convention, as the
+ * key holds it). */
 static PyObject *cuproc_make_one_shot(PyObject *module, PyObject *args)
 {
     PyObject *slow, *types, *epoch, *buffer;
@@ -620,7 +738,7 @@ static PyObject *cuproc_make_one_shot(PyObject *module, PyObject *args)
     (void)module;
     if (!PyArg_ParseTuple(args, "OO!O!U", &slow, &PyList_Type, &types, &PyList_Type, &epoch, &buffer))
         return NULL;
-    if (!PyCallable_Check(slow) || PyList_GET_SIZE(types) != 2 || PyList_GET_SIZE(epoch) != 1) {
+    if (!PyCallable_Check(slow) || PyList_GET_SIZE(types) != 4 || PyList_GET_SIZE(epoch) != 1) {
         PyErr_SetString(PyExc_ValueError, "make_one_shot: inconsistent arguments (a cuproc bug)");
         return NULL;
     }
@@ -632,7 +750,7 @@ static PyObject *cuproc_make_one_shot(PyObject *module, PyObject *args)
     Py_INCREF(types); self->types = types;
     Py_INCREF(epoch); self->epoch = epoch;
     Py_INCREF(buffer); self->buffer = buffer;
-    self->taken = 0;
+    self->taken = self->off_cache = self->off_last = 0;
     PyObject_GC_Track(self);
     return (PyObject *)self;
 }
@@ -667,10 +785,9 @@ static int cuproc_install_launcher(void)
     PyGILState_STATE gil = PyGILState_Ensure();
     int rc;
     if (cuproc_launcher_type == NULL) {
-        cuproc_s_launch_cache = PyUnicode_InternFromString("launch_cache");
         cuproc_s_signature = PyUnicode_InternFromString("signature");
         cuproc_s_stream = PyUnicode_InternFromString("stream");
-        if (cuproc_s_launch_cache && cuproc_s_signature && cuproc_s_stream)
+        if (cuproc_s_signature && cuproc_s_stream)
             cuproc_launcher_type = (PyTypeObject *)PyType_FromSpec(&cuproc_launcher_spec);
         if (cuproc_launcher_type != NULL)
             cuproc_one_shot_type = (PyTypeObject *)PyType_FromSpec(&cuproc_one_shot_spec);

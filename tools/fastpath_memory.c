@@ -1,7 +1,7 @@
 /* Stream-ordered allocation in C: cuproc._fastpath_c.make_stream_ordered(...) returns the three
  * callables that ``cuproc.memory.alloc_async``, ``DeviceBuffer.free_async`` and ``DeviceBuffer.__del__``
  * are on the compiled fast path.  Compiled into the cffi API-mode module by tools/build_fastpath.py, after
- * fastpath_launch.c (structmember.h, cuproc_publish, CUPROC_SLOT, cuproc_slot_offset) and the declarations
+ * fastpath_launch.c (structmember.h, cuproc_publish, CUPROC_SLOT, cuproc_slot_offset, cuproc_u64) and the declarations
  * of headers/.
  *
  * Why C: the pair ``alloc_async(n, stream).free_async()`` is two ~0.3 us driver calls; in Python
@@ -360,7 +360,7 @@ static PyObject *cuproc_so_free(PyObject *obj, PyObject *const *args, size_t nar
         goto slow;
     table = CUPROC_SLOT(bctx, self->off_table);
     if (table == NULL || !PyDict_CheckExact(table)) goto slow;
-    dptr = PyLong_AsUnsignedLongLong(address);
+    dptr = cuproc_u64(address);
     if (dptr == (unsigned long long)-1 && PyErr_Occurred()) { PyErr_Clear(); goto slow; }
     if (PyDict_GET_SIZE(self->exports) != 0) {   /* exported (EXPORTS is keyed by id): the Python method refuses */
         PyObject *id = PyLong_FromVoidPtr(buf);
