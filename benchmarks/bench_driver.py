@@ -39,6 +39,8 @@ IMPORTED = "cuproc raw, imported name (from cuproc.driver import cuCtxGetCurrent
 CHECKED = "cuproc checked (drv.checked.cuCtxGetCurrent, bound)"
 BINDINGS = "cuda.bindings (returns a tuple)"
 PRELOAD = "cuproc preload (every symbol), fresh process"
+PRELOAD_QUERIES = "bare cffi loop over preload's own queries (entry point, query version, stream flag)"
+PRELOAD_TABLE = "cuproc selection table alone (Registry.entries), fresh process"
 PRELOAD_WARM = "cuproc preload, the registry's symbol tables built before the timing"
 PRELOAD_TOUCH = "cuproc preload then drv.cuX of every symbol, fresh process (what preload defers)"
 
@@ -103,12 +105,26 @@ def resolve_all_times(runs: int) -> dict[str, float]:
         "import cuproc, time; d = cuproc.Driver(); d.open(); d.registry.newest_version; names = list(d.registry);"
         "t = time.perf_counter(); d.preload(); [getattr(d, n) for n in names];"
         "print((time.perf_counter() - t) * 1e3)", runs, env=ENV)
+    # The bare loops: a query list made untimed, then one cffi call per name through the library's own
+    # cuGetProcAddress_v2.  Every name at the driver's version, flag 0; and preload's floor, the very queries
+    # preload() makes (each available entry point at its query version, with the handle's stream flag).
+    bare_loop = ("p = cuproc.ffi.new('void **'); s = cuproc.ffi.new('CUdriverProcAddressQueryResult *');"
+                 "g = lib.get_proc_address; t = time.perf_counter()\n"
+                 "for n, q, f in qs: g(n, p, q, f, s)\n"
+                 "print((time.perf_counter() - t) * 1e3)")
     out["bare cffi loop over cuGetProcAddress_v2"] = child_ms(
-        "import cuproc, time; from cuproc.loader import open_library; lib = open_library();"
-        "names = [n.encode() for n in cuproc.default_registry()]; v = lib.version_int();"
-        "p = cuproc.ffi.new('void **'); s = cuproc.ffi.new('CUdriverProcAddressQueryResult *');"
-        "g = lib.get_proc_address; t = time.perf_counter()\n"
-        "for n in names: g(n, p, v, 0, s)\n"
+        "import cuproc, time; from cuproc.loader import open_library; lib = open_library(); v = lib.version_int();"
+        "qs = [(n.encode(), v, 0) for n in cuproc.default_registry()];" + bare_loop, runs, env=ENV)
+    out[PRELOAD_QUERIES] = child_ms(
+        "import cuproc, time; from cuproc.driver import FLAG_PER_THREAD, FLAG_LEGACY_STREAM;"
+        "d = cuproc.Driver(); d.open(); lib = d.library; pt = d.per_thread_default_stream;"
+        "f = FLAG_PER_THREAD if pt else FLAG_LEGACY_STREAM;"
+        "qs = [(e.entry_point.encode(), e.query_version, f) for e in d.registry.entries(d.version, per_thread=pt).values()"
+        " if e.availability == cuproc.registry.AVAILABLE and e.abi_version <= lib.version_int()];" + bare_loop,
+        runs, env=ENV)
+    out[PRELOAD_TABLE] = child_ms(
+        "import cuproc, time; d = cuproc.Driver(); d.open(); d.registry.newest_version;"
+        "t = time.perf_counter(); d.registry.entries(d.version, per_thread=d.per_thread_default_stream);"
         "print((time.perf_counter() - t) * 1e3)", runs, env=ENV)
     return out
 

@@ -162,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         pairs = {"cold": ("cuproc", CTYPES), "warm": (WARM_ROW, CTYPES_WARM_ROW)}
         paired: dict[str, list[float]] = {k: [] for k in pairs}
         phases: list[list[float]] = []
+        warm_phases: list[list[float]] = []   # the same, after the driver's work (the warm rows' setup)
         for rnd in range(runs):
             this_round: dict[str, float] = {}
             for name, cmd in commands.items():
@@ -175,8 +176,11 @@ def main(argv: list[str] | None = None) -> int:
             for key, (ours_row, theirs_row) in pairs.items():
                 if ours_row in this_round and theirs_row in this_round:
                     paired[key].append(this_round[ours_row] - this_round[theirs_row])
-            out = subprocess.run([sys.executable, "-c", PHASES], env=env, check=True, capture_output=True, text=True)
-            phases.append([float(x) for x in out.stdout.split()[-3:]])
+            scripts = [(PHASES, phases)] + ([] if args.smoke else [(f"{DRIVER_WORK}\n{PHASES}", warm_phases)])
+            for script, into in scripts:
+                out = subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True,
+                                     text=True)
+                into.append([float(x) for x in out.stdout.split()[-3:]])
         modules = subprocess.run([sys.executable, "-c", MODULES], env=env, check=True, capture_output=True,
                                  text=True).stdout.split()
     ms = {name: statistics.median(v) for name, v in times.items()}
@@ -207,11 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     goals.check("... and what each adds to the driver's own work (in-process, after ctypes did dlopen, cuInit and "
                 f"the first primary-context retain, untimed, in both; median of paired same-round differences{spread})",
                 value, 15.0, unit=" ms", why_not=smoke_why)
-    phase_ms = {k: statistics.median(p[i] for p in phases) for i, k in
-                enumerate(("import cuproc", "use_device(0)", "first DeviceBuffer(256)"))}
+    phase_names = ("import cuproc", "use_device(0)", "first DeviceBuffer(256)")
+    phase_ms = {k: statistics.median(p[i] for p in phases) for i, k in enumerate(phase_names)}
+    warm_phase_ms = {k: statistics.median(p[i] for p in warm_phases) for i, k in enumerate(phase_names)
+                     if warm_phases}
     data = {"machine": machine(), "smoke": args.smoke, "startup_ms": ms, "in_process_ms": own_ms,
             "runs_ms": times, "in_process_runs_ms": inner, "paired_cuproc_minus_ctypes_ms": paired,
-            "cuproc_phases_ms": phase_ms, "errors": errors, "cuproc_modules_imported": modules}
+            "cuproc_phases_ms": phase_ms, "cuproc_phases_after_driver_work_ms": warm_phase_ms, "errors": errors, "cuproc_modules_imported": modules}
     exits = {name: ms[name] - ms[quick] for name, quick in (("cuproc", EXIT_ROW), (CTYPES, CTYPES_EXIT_ROW))
              if name in ms and quick in ms}
 
@@ -236,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
              "primary retains: the ownership rule), and the driver destroys the context then, while ctypes "
              "leaves it to the process exit; a few ms of cuproc's is its modules' own teardown",
              "cuproc in-process phases (median, separate processes): " +
-             ", ".join(f"{k} {v:.2f} ms" for k, v in phase_ms.items()),
+             ", ".join(f"{k} {v:.2f} ms" for k, v in phase_ms.items()) +
+             ("; after the driver's work: " + ", ".join(f"{k} {v:.2f} ms" for k, v in warm_phase_ms.items())
+              if warm_phase_ms else ""),
              f"cuproc modules imported by use_device(0) + DeviceBuffer(256) ({len(modules)}): {' '.join(modules)}"]
     args.out.mkdir(parents=True, exist_ok=True)
     plot = plot_bars(args.out / "bench_startup.png", f"Fresh process to device usable, {data['machine'].get('gpu')}, "

@@ -8,8 +8,6 @@ Layers, bottom up: ``headers/`` -> ``cuproc._ffi`` (the ABI module, or the compi
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ._ffi import ffi
 from .driver import Driver, default_driver, is_driver_available, set_default_driver
 from .errors import (
@@ -29,6 +27,7 @@ from .errors import (
 from .registry import default_registry
 from .version import CudaVersion
 
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
     # The object layer, loaded lazily by __getattr__ below; imported here so that type checkers
     # see the real classes.  tests/test_typing.py checks that these are exactly the ``__all__``
@@ -87,10 +86,13 @@ __all__ = [
 
 
 def _lazy(name: str) -> object:
-    """The object layer loads on first use, so ``import cuproc`` stays cheap (``__getattr__``)."""
-    import importlib
+    """The object layer loads on first use, so ``import cuproc`` stays cheap (``__getattr__``).
+    ``__import__`` rather than importlib.import_module: the importlib package is another import."""
+    import sys
     for module in _LAZY_MODULES:
-        mod = importlib.import_module(f".{module}", __name__)
+        qualified = f"{__name__}.{module}"
+        __import__(qualified)
+        mod = sys.modules[qualified]
         if name in getattr(mod, "__all__", ()):
             value = getattr(mod, name)
             globals()[name] = value

@@ -22,9 +22,12 @@ Policy
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from ._env import flag
+
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
+if TYPE_CHECKING:
+    from typing import Any
 
 ENV_PURE = "CUPROC_PURE_PYTHON"
 

@@ -16,8 +16,7 @@ the annotations lazy, out of the class body's namespace, and the class refuses t
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
     from typing import NamedTuple as NamedTuple
 else:

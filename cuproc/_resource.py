@@ -42,11 +42,14 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any, Iterator
 
 from . import _fork
 from .driver import Driver, forked_error
 from .errors import ClosedResourceError, CudaWarning
+
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
+if TYPE_CHECKING:
+    from typing import Any, Iterator
 
 # EPOCH[0] changes whenever a resource ends and in a forked child: hot paths cache the epoch at
 # which they last verified their parents and re-verify only when it moved.

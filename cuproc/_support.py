@@ -8,12 +8,14 @@ raw version numbers.
 """
 from __future__ import annotations
 
-from typing import Any
-
 from . import _fork
 from ._ffi import ffi
 from .driver import Driver, default_driver
 from .errors import CudaError, InvalidValueError, refusal, result_code
+
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
+if TYPE_CHECKING:
+    from typing import Any
 
 _init_lock = _fork.lock()
 _initialized: set[int] = set()

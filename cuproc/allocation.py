@@ -18,10 +18,12 @@ lifetime protocol: a CAI consumer must keep the cuproc object alive itself.
 """
 from __future__ import annotations
 
-from typing import Any
-
 from ._resource import FORKED, Resource
 from .context import Context
+
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
+if TYPE_CHECKING:
+    from typing import Any
 
 #: id(allocation) -> number of its live DLPack tensors.  Kept here, not in _dlpack, so that
 #: checking for exports costs an allocation no import of the DLPack machinery; _dlpack counts in it

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Callable
 
 from . import _fork
 from ._ffi import ffi
@@ -38,6 +37,10 @@ from ._support import arity, get_driver, handle_int, invalid
 from .device import Device
 from .driver import Driver
 from .errors import InvalidContextError, refusal, result_code
+
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 _CTX_ERROR = result_code("CUDA_ERROR_INVALID_CONTEXT")
 _HANDLE_ERROR = result_code("CUDA_ERROR_INVALID_HANDLE")

@@ -6,13 +6,14 @@ uses this device's primary context, which it retains for the duration of the cal
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from ._ffi import ffi
 from ._support import get_driver
 from .driver import Driver
 
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
+    from typing import Any
+
     from .context import PrimaryContext
 
 _ATTR_PREFIX = "CU_DEVICE_ATTRIBUTE_"

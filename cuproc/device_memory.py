@@ -37,7 +37,6 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
 
 from . import fastpath
 from ._ffi import ffi
@@ -49,7 +48,10 @@ from .driver import Driver
 from .interop import KDL_CUDA, DeviceArrayExports, cai, default_marker, typestr_of
 from .stream import Stream, as_stream, default_stream, stream_handle
 
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
+    from typing import Any, Callable
+
     from .pools import MemoryPool
 
 _DEVICE_POINTER = ffi.typeof("CUdeviceptr *")   # parsed once: ffi.new of a string parses it per call

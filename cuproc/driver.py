@@ -58,10 +58,8 @@ Policy
 from __future__ import annotations
 
 import os
-import re
 import weakref
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Callable
 
 from . import _fork, errors, fastpath
 from ._namedtuple import NamedTuple
@@ -72,7 +70,10 @@ from .registry import (AVAILABLE, NOT_ON_THIS_PLATFORM, NOT_YET_INTRODUCED, PER_
                        Registry, Selection, default_registry, interned_version)
 from .version import CudaVersion
 
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
+    from typing import Any, Callable
+
     # The C names as type checkers see them: generated from headers/ by tools/build_stubs.py.
     from ._cnames import *  # noqa: F403
     from ._cnames import CFunctions
@@ -515,7 +516,7 @@ class Driver(_DriverFunctions):
         DriverTooOldError when ``version`` is above the driver's, SymbolNotFoundError when the
         driver has no such function at ``version``.
         """
-        if not _DRIVER_NAME.fullmatch(name):
+        if not _is_driver_name(name):
             raise ValueError(f"declare({name!r}): not a driver function name (cu followed by letters, digits, _)")
         if name.startswith("cuda"):
             raise ValueError(f"declare({name!r}): a CUDA runtime API name (libcudart); declare() resolves driver "
@@ -753,14 +754,22 @@ def _public(name: str, res: Resolution) -> Callable[..., int]:
     return call
 
 
-_DRIVER_NAME = re.compile(r"cu[A-Za-z0-9_]+")
-_TYPEDEF_STATEMENT = re.compile(r"^\s*typedef\s+(.+?)\(\s*(?:CUDAAPI\s*)?\*\s*\w*\s*\)\s*(\(.*\))\s*;?\s*$", re.S)
+# A typedef statement as the headers write one: its return type and parameter list.  A pattern, compiled
+# by re on first use: cuproc imports no re (with enum, ~1.5 ms) on the way to a first allocation.
+_TYPEDEF_STATEMENT = r"^\s*typedef\s+(.+?)\(\s*(?:CUDAAPI\s*)?\*\s*\w*\s*\)\s*(\(.*\))\s*;?\s*$"
+
+
+def _is_driver_name(name: object) -> bool:
+    """``cu`` followed by one or more ASCII letters, digits and underscores."""
+    return (isinstance(name, str) and len(name) > 2 and name.startswith("cu") and name.isascii()
+            and name[2:].replace("_", "a").isalnum())
 
 
 def _declared_type(name: str, signature: Any) -> Any:
     """The pointer-to-function cffi type of a user's signature (C text or a cffi type)."""
     if isinstance(signature, str):
-        m = _TYPEDEF_STATEMENT.match(signature)
+        import re
+        m = re.match(_TYPEDEF_STATEMENT, signature, re.S)
         text = f"{m.group(1).replace('CUDAAPI', '')}(*){m.group(2)}" if m else signature
         try:
             ctype = ffi.typeof(text)
@@ -876,6 +885,19 @@ class Checked(_CheckedFunctions):
         return dir(self._driver)
 
 
+def _identifier(text: str) -> str:
+    r"""``text`` with each run of characters other than letters, digits and ``_`` made one ``_`` (what
+    re.sub(r"\W+", "_", text) gives, without importing re on a first checked call)."""
+    out: list[str] = []
+    in_run = False
+    for ch in text:
+        word = ch.isalnum() or ch == "_"
+        if word or not in_run:
+            out.append(ch if word else "_")
+        in_run = not word
+    return "".join(out)
+
+
 def _make_checked(function: Callable[..., int], name: str, error: Callable[[int, str], errors.CudaError],
                   arity: int | None = None) -> Callable[..., None]:
     """``name`` raising on failure: fork check, call ``function``, ``raise error(rc, name)`` when the
@@ -896,8 +918,7 @@ def _make_checked(function: Callable[..., int], name: str, error: Callable[[int,
         types = [t.cname for t in ffi.typeof(bare).args] if isinstance(bare, ffi.CData) else []
         if len(types) != arity:
             types = ["value"] * arity
-        params = tuple(f"arg{i}_" + re.sub(r"\W+", "_", t.replace("*", " ptr")).strip("_")
-                       for i, t in enumerate(types))
+        params = tuple(f"arg{i}_" + _identifier(t.replace("*", " ptr")).strip("_") for i, t in enumerate(types))
     doc = f"{name}, raising cuproc.CudaError on failure (returns None)."
     make = fastpath.checked_factory()
     if make is not None:

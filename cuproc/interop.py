@@ -35,8 +35,6 @@ Policy
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from ._ffi import ffi
 from ._resource import Resource
 from ._support import get_driver, handle_int, invalid
@@ -44,7 +42,10 @@ from .context import Context, call_in
 from .driver import Driver
 from .stream import Stream, as_stream, default_stream, foreign_context, order_after, stream_handle
 
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
+    from typing import Any
+
     from ._dlpack import Imported
 
 # _dlpack (ctypes structures) loads on first export or import, not with every DeviceBuffer.

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
 
 import _cffi_backend  # type: ignore[import-untyped, unused-ignore]  # cffi ships no stubs
 
@@ -41,6 +40,10 @@ from . import _fork
 from ._ffi import ffi
 from ._immortal import keep_forever
 from .errors import DriverNotFoundError, result_code
+
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
+if TYPE_CHECKING:
+    from typing import Any
 
 ENV_LIBRARY = "CUPROC_LIBCUDA"
 

@@ -34,15 +34,14 @@ were checked against a real 580 driver for the 485 symbols of cudaTypedefs.h (CU
 """
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
-from typing import TYPE_CHECKING
 
 from ._namedtuple import NamedTuple
 from .version import CudaVersion
 
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
     from .version import VersionLike
 
@@ -55,7 +54,8 @@ _new = tuple.__new__
 #: The platform whose driver has the Windows-only symbols (``sys.platform`` spelling).
 WINDOWS = "win32"
 
-_PFN = re.compile(r"^PFN_(\w+?)_v(\d+)(_ptds|_ptsz)?$")
+# A versioned PFN typedef name (Registry.from_typedefs; compiled by re there: no re at startup, see driver.py)
+_PFN = r"^PFN_(\w+?)_v(\d+)(_ptds|_ptsz)?$"
 
 
 class Variant(NamedTuple):
@@ -268,8 +268,9 @@ class Registry(Mapping[str, Symbol]):
         keywords are the constructor's (without them no name is Windows-only or aliased)."""
         toolkits = dict(typedefs) if isinstance(typedefs, Mapping) else {n: () for n in typedefs}
         grouped: dict[str, list[str]] = {}
+        import re
         for name in toolkits:
-            m = _PFN.match(name)
+            m = re.match(_PFN, name)
             if m is None:
                 raise ValueError(f"not a versioned PFN typedef: {name}")
             grouped.setdefault(m.group(1), []).append(name)

@@ -23,7 +23,6 @@ Policy
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable
 
 from . import _fork
 from ._ffi import ffi
@@ -32,6 +31,10 @@ from ._immortal import keep_forever
 from ._support import CUDA_ERROR_NOT_READY, arity, get_driver, handle_int, invalid
 from .context import Context
 from .driver import Driver
+
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 CU_STREAM_LEGACY = ffi.cast("CUstream", 1)
 CU_STREAM_PER_THREAD = ffi.cast("CUstream", 2)

@@ -8,8 +8,7 @@ speak strings ("12.4").  Everything in cuproc converts at the edge with
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
     from typing import Union
 

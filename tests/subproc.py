@@ -11,8 +11,10 @@ from pathlib import Path
 
 
 def run_python(code: str | Path, *argv: str, env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
-               timeout: float = 60, returncode: int | None = 0) -> subprocess.CompletedProcess[str]:
+               timeout: float = 60, returncode: int | None = 0,
+               flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     """Run ``code`` with arguments ``argv`` in a new process of this interpreter, output captured as text.
+    ``flags``: the interpreter's own options, before the code (``("-S",)``: no site module).
 
     ``code``: the text of a script (dedented, run with ``-c``) or the Path of a script file.
     ``env``: the child's whole environment; None gives it this process's, as ``subprocess`` does.
@@ -23,7 +25,7 @@ def run_python(code: str | Path, *argv: str, env: Mapping[str, str] | None = Non
     Asserts that the child exited with ``returncode`` (None: any), its output the message; returns the
     finished process for the checks of its output."""
     source = [str(code)] if isinstance(code, Path) else ["-c", textwrap.dedent(code)]
-    proc = subprocess.run([sys.executable, *source, *argv], capture_output=True, text=True, env=env, cwd=cwd,
+    proc = subprocess.run([sys.executable, *flags, *source, *argv], capture_output=True, text=True, env=env, cwd=cwd,
                           timeout=timeout)
     if returncode is not None and proc.returncode != returncode:
         raise AssertionError(f"the child exited with {proc.returncode}, not {returncode}\n"

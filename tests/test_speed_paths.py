@@ -150,6 +150,22 @@ def test_a_first_allocation_imports_only_what_it_needs(fake):
                           "ctypes", "_ctypes"}
 
 
+def test_a_first_allocation_imports_no_typing_re_or_enum(fake):
+    """typing, re and enum together are a few ms of a fresh process's startup (issue 9): cuproc names
+    types for checkers only and compiles its few patterns where they are used.  Without the site
+    module, whose .pth files may import them first, and with only cuproc's and cffi's directories."""
+    import cffi
+    dirs = [str(Path(cuproc.__file__).parent.parent), str(Path(cffi.__file__).parent.parent)]
+    code = (f"import sys; sys.path[:0] = {dirs!r}\n"
+            "import cuproc; pc = cuproc.use_device(0); b = cuproc.DeviceBuffer(256); b.free(); "
+            "print(cuproc.__file__); print(' '.join(sorted(sys.modules)))")
+    out = run_python(code, env={**os.environ, "CUPROC_LIBCUDA": str(fake.path)}, flags=("-S",))
+    where, modules = out.stdout.splitlines()
+    assert Path(where).resolve() == Path(cuproc.__file__).resolve()      # the cuproc under test
+    assert "cuproc.device_memory" in modules.split()
+    assert not set(modules.split()) & {"typing", "re", "enum"}
+
+
 def test_the_loader_finds_what_the_dynamic_linker_finds(fake):
     """symbol_address is dlsym (ctypes, an independent loader, is the reference); loaded_from is the
     file dladdr names; a missing name is None; close() unloads only the handle it was given."""
