@@ -39,7 +39,7 @@ IMPORTED = "cuproc raw, imported name (from cuproc.driver import cuCtxGetCurrent
 CHECKED = "cuproc checked (drv.checked.cuCtxGetCurrent, bound)"
 BINDINGS = "cuda.bindings (returns a tuple)"
 PRELOAD = "cuproc preload (every symbol), fresh process"
-PRELOAD_QUERIES = "bare cffi loop over preload's own queries (entry point, query version, stream flag)"
+PRELOAD_QUERIES = "bare cffi loop over preload's own queries (symbol, query version, stream flag)"
 PRELOAD_TABLE = "cuproc selection table alone (Registry.entries), fresh process"
 PRELOAD_WARM = "cuproc preload, the registry's symbol tables built before the timing"
 PRELOAD_TOUCH = "cuproc preload then drv.cuX of every symbol, fresh process (what preload defers)"
@@ -107,7 +107,7 @@ def resolve_all_times(runs: int) -> dict[str, float]:
         "print((time.perf_counter() - t) * 1e3)", runs, env=ENV)
     # The bare loops: a query list made untimed, then one cffi call per name through the library's own
     # cuGetProcAddress_v2.  Every name at the driver's version, flag 0; and preload's floor, the very queries
-    # preload() makes (each available entry point at its query version, with the handle's stream flag).
+    # preload() makes (each available symbol at its selected ABI's query version, with the handle's stream flag).
     bare_loop = ("p = cuproc.ffi.new('void **'); s = cuproc.ffi.new('CUdriverProcAddressQueryResult *');"
                  "g = lib.get_proc_address; t = time.perf_counter()\n"
                  "for n, q, f in qs: g(n, p, q, f, s)\n"
@@ -119,7 +119,7 @@ def resolve_all_times(runs: int) -> dict[str, float]:
         "import cuproc, time; from cuproc.driver import FLAG_PER_THREAD, FLAG_LEGACY_STREAM;"
         "d = cuproc.Driver(); d.open(); lib = d.library; pt = d.per_thread_default_stream;"
         "f = FLAG_PER_THREAD if pt else FLAG_LEGACY_STREAM;"
-        "qs = [(e.entry_point.encode(), e.query_version, f) for e in d.registry.entries(d.version, per_thread=pt).values()"
+        "qs = [(n.encode(), e.query_version, f) for n, e in d.registry.entries(d.version, per_thread=pt).items()"
         " if e.availability == cuproc.registry.AVAILABLE and e.abi_version <= lib.version_int()];" + bare_loop,
         runs, env=ENV)
     out[PRELOAD_TABLE] = child_ms(

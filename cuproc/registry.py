@@ -34,6 +34,7 @@ were checked against a real 580 driver for the 485 symbols of cudaTypedefs.h (CU
 """
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
@@ -245,8 +246,16 @@ class Registry(Mapping[str, Symbol]):
                  toolkits: Mapping[str, Iterable[str]] | None = None, *,
                  windows_only: Iterable[str] = (), symbol_headers: Mapping[str, str] | None = None,
                  header_aliases: Mapping[str, Iterable[tuple[VersionLike, str | None]]] | None = None,
-                 platform: str = sys.platform) -> None:
+                 platform: str = sys.platform,
+                 abi_keys: tuple[int | tuple[int, ...], ...] | None = None) -> None:
         self._typedefs = {name: tuple(symbol_typedefs[name]) for name in sorted(symbol_typedefs)}
+        # ``abi_keys``: each symbol's versions as parsed_typedefs reads its names, in the order of the sorted
+        # symbol names (tools/build_ffi.py's SYMBOL_ABI_KEYS): an int for one name, else (n, n versions,
+        # per-thread versions) of names listed in the one-pass order; selection tables take them instead
+        # of the names.  Flat tuples, no dict: the header data is imported on the way to a first call
+        if abi_keys is not None and len(abi_keys) != len(self._typedefs):
+            raise ValueError(f"abi_keys has {len(abi_keys)} entries for {len(self._typedefs)} symbols")
+        self._abi_keys = abi_keys
         self._toolkits = {} if toolkits is None else toolkits   # not "or": a table read late stays unread
         self._windows_only = frozenset(windows_only)
         self._headers = dict(symbol_headers or {})
@@ -374,28 +383,40 @@ class Registry(Mapping[str, Symbol]):
         per-thread entry, so its row comes straight from that name, with no _Abis made: :func:`_row`
         with one key and no suffix (not yet introduced above R, else off-platform or available, its own
         name the entry).  Every other symbol, or a name not spelt so, is parsed (which raises for a
-        malformed one) and takes :func:`_row`.  Those parses are not kept: ~800 more long-lived tuples
-        would cost a fresh process a second young-generation garbage collection inside preload()
-        (~0.1 ms), and a Symbol or select() parses its name again in ~1 us."""
+        malformed one) and takes :func:`_row`.  The default registry reads neither: ``abi_keys`` has
+        every symbol's versions, read when headers/ were compiled (the names' parse was ~0.3 ms of a
+        fresh preload()).  Parses are not kept: ~800 more long-lived tuples would cost a fresh
+        process a second young-generation garbage collection inside preload() (~0.1 ms), and a
+        Symbol or select() parses its name again in ~1 us."""
         table: dict[str, Entry] = {}
         platform, windows_only, cache, known_key = self._platform, self._windows_only, self._abis, _version_keys.get
         off_platform = windows_only if platform != WINDOWS else frozenset()
-        for sym, typedefs in self._typedefs.items():
-            if len(typedefs) == 1:
+        abi_keys = self._abi_keys
+        for (sym, typedefs), known in zip(self._typedefs.items(), abi_keys if abi_keys is not None else _NONE):
+            if known is None and len(typedefs) == 1:
                 name = typedefs[0]
                 digits = name[len(sym) + 6:]
-                abi = known_key(digits)
-                if abi is None:
-                    abi = _version_key(digits)
-                if abi is not None and name == f"PFN_{sym}_v{digits}":
-                    table[sym] = _new(Entry, (
-                        (NOT_YET_INTRODUCED, None, None, None, None, abi) if abi > requested else
-                        (NOT_ON_THIS_PLATFORM, None, None, None, abi, abi) if sym in off_platform else
-                        (AVAILABLE, sym, name, abi, abi, abi)))
-                    continue
+                known = known_key(digits)
+                if known is None:
+                    known = _version_key(digits)
+                if known is None or name != f"PFN_{sym}_v{digits}":
+                    known = None   # not spelt so: parsed below, which says what is wrong
+            if known.__class__ is int:   # one ABI, no per-thread entry
+                abi = known
+                table[sym] = _new(Entry, (
+                    (NOT_YET_INTRODUCED, None, None, None, None, abi) if abi > requested else   # type: ignore[operator]
+                    (NOT_ON_THIS_PLATFORM, None, None, None, abi, abi) if sym in off_platform else
+                    (AVAILABLE, sym, typedefs[0], abi, abi, abi)))
+                continue
             abis = cache.get(sym)
             if abis is None:
-                abis = _parse_typedefs(sym, typedefs, sym in windows_only)
+                if known is None:
+                    abis = _parse_typedefs(sym, typedefs, sym in windows_only)
+                else:   # the versions read when headers/ were compiled: the names need no parse
+                    n = known[0]   # type: ignore[index]
+                    per_thread_keys = known[n + 1:]   # type: ignore[index]
+                    abis = _new(_Abis, (known[1:n + 1], typedefs[:n], tuple(zip(per_thread_keys, typedefs[n:])),  # type: ignore[index]
+                                        typedefs[-1][-5:] if per_thread_keys else None, sym in windows_only))
             table[sym] = _row(sym, abis, requested, per_thread, platform)
         return table
 
@@ -435,6 +456,16 @@ class Registry(Mapping[str, Symbol]):
             kind = "added" if a.entry_point is None else "removed" if b.entry_point is None else "changed"
             changes.append(Change(sym.name, kind, a, b))
         return changes
+
+
+def parsed_typedefs(sym: str, typedefs: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[str, ...],
+                                                                   tuple[tuple[int, str], ...], str | None]:
+    """``sym``'s typedef names parsed, as plain tuples: (default-stream ABI versions oldest first, their
+    typedefs, ((version, per-thread typedef), ...) newest first, the per-thread suffix or None); a malformed
+    name raises ValueError naming it.  tools/build_ffi.py stores the versions it gives for the default
+    registry (``_header_data.SYMBOL_ABI_KEYS``), which selection tables read instead of parsing."""
+    keys, names, per_thread, suffix, _ = _parse_typedefs(sym, typedefs, False)
+    return keys, names, per_thread, suffix
 
 
 def _parse_typedefs(sym: str, typedefs: tuple[str, ...], windows_only: bool) -> _Abis:
@@ -485,6 +516,8 @@ def _parse_typedefs(sym: str, typedefs: tuple[str, ...], windows_only: bool) -> 
         per_thread = sorted(dict(per_thread).items(), reverse=True)
     return _new(_Abis, (tuple(keys), tuple(base), tuple(per_thread), suffix, windows_only))
 
+
+_NONE = itertools.repeat(None)   # no versions given: every symbol's names are read
 
 #: The driver integer of each version spelling a typedef name has had ("12050" -> 12050): a few dozen,
 #: looked up instead of checked and converted again for each of ~960 names in a selection table.
@@ -541,8 +574,9 @@ class _ToolkitsOnFirstRead(Mapping[str, tuple[str, ...]]):
 @cache
 def default_registry() -> Registry:
     """The registry of every toolkit merged into headers/ (built on first use, ~5 ms)."""
-    from ._header_data import HEADER_ALIASES, NEWEST_VERSION, SYMBOL_HEADERS, SYMBOL_TYPEDEFS, WINDOWS_ONLY
+    from ._header_data import (HEADER_ALIASES, NEWEST_VERSION, SYMBOL_ABI_KEYS, SYMBOL_HEADERS, SYMBOL_TYPEDEFS,
+                               WINDOWS_ONLY)
     registry = Registry(SYMBOL_TYPEDEFS, _ToolkitsOnFirstRead(), windows_only=WINDOWS_ONLY,
-                        symbol_headers=SYMBOL_HEADERS, header_aliases=HEADER_ALIASES)
+                        symbol_headers=SYMBOL_HEADERS, header_aliases=HEADER_ALIASES, abi_keys=SYMBOL_ABI_KEYS)
     registry._newest = interned_version(NEWEST_VERSION)
     return registry

@@ -86,6 +86,32 @@ def test_the_order_of_a_symbols_typedef_names_does_not_matter():
     assert tuple(twice.entries("2.0")["cuFoo"]) == ("available", "cuFoo", "PFN_cuFoo_v02000", 2000, 2000, 2000)
 
 
+def test_the_default_registrys_tables_take_the_generated_versions_and_agree_with_parsing():
+    """default_registry's selection tables take _header_data.SYMBOL_ABI_KEYS (every symbol's versions,
+    read when headers/ were compiled) instead of parsing the names: the versions are what the registry's
+    parser reads, and each table equals a parsing registry's, on both platforms, at versions around
+    every ABI boundary, with both stream flags."""
+    from cuproc._header_data import SYMBOL_ABI_KEYS, SYMBOL_TYPEDEFS
+    from cuproc.registry import parsed_typedefs
+    expected = []
+    for sym in sorted(SYMBOL_TYPEDEFS):
+        keys, _, per_thread, _ = parsed_typedefs(sym, SYMBOL_TYPEDEFS[sym])
+        expected.append(keys[0] if len(SYMBOL_TYPEDEFS[sym]) == 1 else (len(keys), *keys, *(k for k, _ in per_thread)))
+    assert SYMBOL_ABI_KEYS == tuple(expected) and sum(isinstance(v, tuple) for v in expected) == 161
+    every = sorted({k for v in SYMBOL_ABI_KEYS for k in ((v,) if isinstance(v, int) else v[1:])})
+    versions = sorted({v for k in every for v in (k - 10, k)} | {every[-1] + 10})
+    for platform in ("linux", "win32"):
+        taking, parsing = (Registry(SYMBOL_TYPEDEFS, windows_only=WINDOWS_ONLY, platform=platform, abi_keys=keys)
+                           for keys in (SYMBOL_ABI_KEYS, None))
+        for requested in versions:
+            for per_thread in (False, True):
+                v = CudaVersion.from_int(requested)
+                assert dict(taking.entries(v, per_thread=per_thread)) == dict(parsing.entries(v, per_thread=per_thread))
+    assert default_registry().entries("12.0") == Registry(SYMBOL_TYPEDEFS, windows_only=WINDOWS_ONLY).entries("12.0")
+    with pytest.raises(ValueError, match="560 entries for 561 symbols"):
+        Registry(SYMBOL_TYPEDEFS, abi_keys=SYMBOL_ABI_KEYS[1:])
+
+
 def test_generated_data_lists_typedefs_in_the_one_pass_order():
     from cuproc._header_data import SYMBOL_TYPEDEFS
     for name, typedefs in SYMBOL_TYPEDEFS.items():

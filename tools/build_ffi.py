@@ -80,6 +80,23 @@ def build_abi_module(headers: Path, out_dir: Path) -> Path:
     return target
 
 
+def _abi_keys(provenance: dict) -> tuple[int | tuple[int, ...], ...]:
+    """Each function's ABI versions as the registry's own parser reads its typedef names
+    (cuproc.registry.parsed_typedefs), which must find them in the order SYMBOL_TYPEDEFS lists: an int
+    for a single name, else (count of default-stream versions, those versions, per-thread versions)."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from cuproc.registry import parsed_typedefs
+    finally:
+        sys.path.remove(str(ROOT))
+    out: dict[str, int | tuple[int, ...]] = {}
+    for sym, names in _group(provenance["pfn_typedefs"]).items():
+        keys, base, per_thread, _ = parsed_typedefs(sym, tuple(names))
+        assert base + tuple(name for _, name in per_thread) == tuple(names), sym
+        out[sym] = keys[0] if len(names) == 1 else (len(keys), *keys, *(key for key, _ in per_thread))
+    return tuple(out[sym] for sym in sorted(out))
+
+
 def build_header_data(headers: Path, out_dir: Path) -> list[Path]:
     provenance = json.loads((headers / "provenance.json").read_text())
     defines = {m.group(1): int(m.group(2)) for m in _DEFINE.finditer((headers / "cuda_types.h").read_text())}
@@ -99,6 +116,12 @@ def build_header_data(headers: Path, out_dir: Path) -> list[Path]:
         "SYMBOL_TYPEDEFS: dict[str, tuple[str, ...]] = {",
         *(f"    {sym!r}: {tuple(names)!r}," for sym, names in _group(provenance["pfn_typedefs"]).items()),
         "}",
+        "",
+        "#: The ABI versions of each function, in the order of sorted(SYMBOL_TYPEDEFS): the one version of a",
+        "#: single typedef name, else (n, n default-stream versions oldest first, the per-thread ones newest",
+        "#: first), the order SYMBOL_TYPEDEFS lists the names in; flat, as few objects as a fresh process",
+        "#: can load.  cuproc.registry's selection tables take them instead of parsing the names.",
+        f"SYMBOL_ABI_KEYS: tuple[int | tuple[int, ...], ...] = {_abi_keys(provenance)!r}",
         "",
         "#: The newest ABI version any typedef has (driver encoding).",
         f"NEWEST_VERSION: int = {max(int(_PFN.match(n).group(2)) for n in provenance['pfn_typedefs'])}",
