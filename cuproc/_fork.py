@@ -19,10 +19,11 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Callable
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Any
 
 # FORKED[0] is True in a child forked after cuInit.  A one-element list so that hot paths can
 # bind it once (a local or default argument) and test it for the cost of an index.

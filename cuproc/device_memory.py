@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
+from collections.abc import Callable
 
 from . import fastpath
 from ._ffi import ffi
@@ -50,7 +51,7 @@ from .stream import Stream, as_stream, default_stream, stream_handle
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Any
 
     from .pools import MemoryPool
 

@@ -7,11 +7,9 @@ failure while building the message never hides the original error.
 """
 from __future__ import annotations
 
-from ._ffi import ffi
+from collections.abc import Callable
 
-TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
-if TYPE_CHECKING:
-    from typing import Callable
+from ._ffi import ffi
 
 _RESULT_NAMES: dict[int, str] | None = None
 

@@ -777,6 +777,7 @@ def _launch_uncached(function: Any, grid: Any, block: Any, args: Sequence[Any], 
     if key is not None:
         if len(cache) >= _PREPARED_PER_FUNCTION:
             cache.clear()
+            function.launch_last = None   # the C front's last hit: not an entry the cache dropped
         cache[key] = (prepared, weakref.ref(stream) if isinstance(stream, Stream) else None, [epoch])
     prepared(*args)
 

@@ -326,8 +326,9 @@ class Function(Resource):
     (``context`` None: it launches in the current context).  Holds its owner; refuses use once the
     owner or the context ended."""
 
-    # Slots: the one-shot launch's C front reads launch_cache and launch_last at their offsets.
-    __slots__ = ("handle", "name", "owner", "kernel", "context", "launch_cache", "launch_last")
+    # Slots: the one-shot launch's C front reads launch_cache and launch_last at their offsets; a
+    # __dict__ as before for everything else (a user's own attributes, vars(), mock.patch.object).
+    __slots__ = ("handle", "name", "owner", "kernel", "context", "launch_cache", "launch_last", "__dict__")
 
     def __init__(self, handle: Any, driver: Driver, name: str, *, owner: Resource, context: Context | None = None,
                  kernel: Any = None) -> None:

@@ -246,16 +246,14 @@ class Registry(Mapping[str, Symbol]):
                  toolkits: Mapping[str, Iterable[str]] | None = None, *,
                  windows_only: Iterable[str] = (), symbol_headers: Mapping[str, str] | None = None,
                  header_aliases: Mapping[str, Iterable[tuple[VersionLike, str | None]]] | None = None,
-                 platform: str = sys.platform,
-                 abi_keys: tuple[int | tuple[int, ...], ...] | None = None) -> None:
+                 platform: str = sys.platform) -> None:
         self._typedefs = {name: tuple(symbol_typedefs[name]) for name in sorted(symbol_typedefs)}
-        # ``abi_keys``: each symbol's versions as parsed_typedefs reads its names, in the order of the sorted
-        # symbol names (tools/build_ffi.py's SYMBOL_ABI_KEYS): an int for one name, else (n, n versions,
-        # per-thread versions) of names listed in the one-pass order; selection tables take them instead
-        # of the names.  Flat tuples, no dict: the header data is imported on the way to a first call
-        if abi_keys is not None and len(abi_keys) != len(self._typedefs):
-            raise ValueError(f"abi_keys has {len(abi_keys)} entries for {len(self._typedefs)} symbols")
-        self._abi_keys = abi_keys
+        # Each symbol's versions as parsed_typedefs reads its names, in the order of the sorted names: an
+        # int for one name, else (n, n versions, per-thread versions).  Only default_registry() sets it,
+        # from the generated SYMBOL_ABI_KEYS (tests/test_registry.py checks them against the names);
+        # selection tables take them instead of the names.  Flat tuples, no dict: the header data is
+        # imported on the way to a first call.
+        self._abi_keys: tuple[int | tuple[int, ...], ...] | None = None
         self._toolkits = {} if toolkits is None else toolkits   # not "or": a table read late stays unread
         self._windows_only = frozenset(windows_only)
         self._headers = dict(symbol_headers or {})
@@ -383,7 +381,7 @@ class Registry(Mapping[str, Symbol]):
         per-thread entry, so its row comes straight from that name, with no _Abis made: :func:`_row`
         with one key and no suffix (not yet introduced above R, else off-platform or available, its own
         name the entry).  Every other symbol, or a name not spelt so, is parsed (which raises for a
-        malformed one) and takes :func:`_row`.  The default registry reads neither: ``abi_keys`` has
+        malformed one) and takes :func:`_row`.  The default registry reads neither: ``_abi_keys`` has
         every symbol's versions, read when headers/ were compiled (the names' parse was ~0.3 ms of a
         fresh preload()).  Parses are not kept: ~800 more long-lived tuples would cost a fresh
         process a second young-generation garbage collection inside preload() (~0.1 ms), and a
@@ -577,6 +575,8 @@ def default_registry() -> Registry:
     from ._header_data import (HEADER_ALIASES, NEWEST_VERSION, SYMBOL_ABI_KEYS, SYMBOL_HEADERS, SYMBOL_TYPEDEFS,
                                WINDOWS_ONLY)
     registry = Registry(SYMBOL_TYPEDEFS, _ToolkitsOnFirstRead(), windows_only=WINDOWS_ONLY,
-                        symbol_headers=SYMBOL_HEADERS, header_aliases=HEADER_ALIASES, abi_keys=SYMBOL_ABI_KEYS)
+                        symbol_headers=SYMBOL_HEADERS, header_aliases=HEADER_ALIASES)
+    if len(SYMBOL_ABI_KEYS) == len(SYMBOL_TYPEDEFS):   # else a half-regenerated checkout: the names decide
+        registry._abi_keys = SYMBOL_ABI_KEYS
     registry._newest = interned_version(NEWEST_VERSION)
     return registry

@@ -23,6 +23,7 @@ Policy
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 from . import _fork
 from ._ffi import ffi
@@ -34,7 +35,7 @@ from .driver import Driver
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Any
 
 CU_STREAM_LEGACY = ffi.cast("CUstream", 1)
 CU_STREAM_PER_THREAD = ffi.cast("CUstream", 2)

@@ -381,6 +381,8 @@ def test_an_int_for_a_float_parameter_is_stored_as_cffi_stores_it(fk, pc):
         reference = (ffi.new("float *", v)[0], ffi.new("double *", v)[0])     # cffi's conversion
         assert fk.last_launch()[1] == struct.pack(ALL_FORMAT, *[0] * 8, *reference, buf.ptr)
     assert fk.launch_count() == 6
+    if fastpath.active():
+        assert run.fallbacks == 1           # the C launcher stored them (only the first call claims the block)
 
 
 class IndexOnly:

@@ -86,13 +86,16 @@ def _abi_keys(provenance: dict) -> tuple[int | tuple[int, ...], ...]:
     for a single name, else (count of default-stream versions, those versions, per-thread versions)."""
     sys.path.insert(0, str(ROOT))
     try:
-        from cuproc.registry import parsed_typedefs
+        import cuproc.registry as registry
     finally:
         sys.path.remove(str(ROOT))
+    if Path(registry.__file__).resolve().parent != ROOT / "cuproc":
+        raise RuntimeError(f"build_ffi: the registry imported is {registry.__file__}, not this checkout's")
     out: dict[str, int | tuple[int, ...]] = {}
     for sym, names in _group(provenance["pfn_typedefs"]).items():
-        keys, base, per_thread, _ = parsed_typedefs(sym, tuple(names))
-        assert base + tuple(name for _, name in per_thread) == tuple(names), sym
+        keys, base, per_thread, _ = registry.parsed_typedefs(sym, tuple(names))
+        if base + tuple(name for _, name in per_thread) != tuple(names):
+            raise RuntimeError(f"build_ffi: {sym}'s typedef names are not in the one-pass order: {names}")
         out[sym] = keys[0] if len(names) == 1 else (len(keys), *keys, *(key for key, _ in per_thread))
     return tuple(out[sym] for sym in sorted(out))
 

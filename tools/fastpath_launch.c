@@ -603,19 +603,28 @@ static PyObject *cuproc_one_shot_call(PyObject *obj, PyObject *const *args, size
         && PyTuple_CheckExact(PyTuple_GET_ITEM(last, 0)) && PyTuple_GET_SIZE(PyTuple_GET_ITEM(last, 0)) == 7
         && cuproc_is_entry(PyTuple_GET_ITEM(last, 1))
         && cuproc_same_key(PyTuple_GET_ITEM(last, 0), args[1], args[2], values, signature, stream)
-        && cuproc_entry_for_stream(PyTuple_GET_ITEM(last, 1), stream))
-        entry = PyTuple_GET_ITEM(last, 1);   /* borrowed: nothing below runs Python code before the launch */
+        && cuproc_entry_for_stream(PyTuple_GET_ITEM(last, 1), stream)
+        && PyList_GET_ITEM(PyTuple_GET_ITEM(PyTuple_GET_ITEM(last, 1), 2), 0) == PyList_GET_ITEM(self->epoch, 0))
+        entry = PyTuple_GET_ITEM(last, 1);   /* borrowed: nothing below allocates or runs Python code before
+                                                the launcher is held.  A record whose epoch moved (perhaps of
+                                                an entry the cache dropped since) goes to the dict: the entry
+                                                there is the one the Python launch rechecks and refreshes. */
     if (entry == NULL) {   /* the dict, under the very key the Python launch builds */
-        cache = CUPROC_SLOT(function, self->off_cache);
-        if (cache == NULL || !PyDict_CheckExact(cache))
-            goto slow;
+        /* The key first: allocating may run a collection, hence Python code (3.10 and 3.11: any
+         * allocation of a tracked object), which may replace or clear the cache; so the cache is read
+         * after it and held, and the entry found is held across the record's allocation. */
         key = cuproc_one_shot_key(self, args[1], args[2], values, signature, stream);
         if (key == NULL) {
             if (PyErr_Occurred()) return NULL;
             goto slow;
         }
+        cache = CUPROC_SLOT(function, self->off_cache);
+        if (cache == NULL || !PyDict_CheckExact(cache)) {
+            Py_DECREF(key);
+            goto slow;
+        }
         Py_INCREF(cache);
-        entry = PyDict_GetItemWithError(cache, key);   /* borrowed, held by the record below */
+        entry = PyDict_GetItemWithError(cache, key);
         if (entry == NULL) {
             Py_DECREF(key);
             Py_DECREF(cache);
@@ -627,14 +636,16 @@ static PyObject *cuproc_one_shot_call(PyObject *obj, PyObject *const *args, size
             }
             goto slow;
         }
+        Py_INCREF(entry);
+        Py_DECREF(cache);
         if (!cuproc_is_entry(entry) || !cuproc_entry_for_stream(entry, stream)) {
-            Py_DECREF(key);   /* e.g. an entry of a Stream that ended, at the id of this new one */
-            Py_DECREF(cache);
+            Py_DECREF(entry);   /* e.g. an entry of a Stream that ended, at the id of this new one */
+            Py_DECREF(key);
             goto slow;
         }
         record = PyTuple_Pack(2, key, entry);
         Py_DECREF(key);
-        Py_DECREF(cache);   /* entry stays held by record (or, if that failed, by the dict: no code ran) */
+        Py_DECREF(entry);   /* held by the record from here on (when it failed, entry is not used again) */
         if (record == NULL) return NULL;
     }
     if (PyList_GET_ITEM(PyTuple_GET_ITEM(entry, 2), 0) != PyList_GET_ITEM(self->epoch, 0)) {
