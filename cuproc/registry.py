@@ -411,10 +411,7 @@ class Registry(Mapping[str, Symbol]):
                 if known is None:
                     abis = _parse_typedefs(sym, typedefs, sym in windows_only)
                 else:   # the versions read when headers/ were compiled: the names need no parse
-                    n = known[0]   # type: ignore[index]
-                    per_thread_keys = known[n + 1:]   # type: ignore[index]
-                    abis = _new(_Abis, (known[1:n + 1], typedefs[:n], tuple(zip(per_thread_keys, typedefs[n:])),  # type: ignore[index]
-                                        typedefs[-1][-5:] if per_thread_keys else None, sym in windows_only))
+                    abis = _abis_of_keys(known, typedefs, sym in windows_only)   # type: ignore[arg-type]
             table[sym] = _row(sym, abis, requested, per_thread, platform)
         return table
 
@@ -464,6 +461,15 @@ def parsed_typedefs(sym: str, typedefs: tuple[str, ...]) -> tuple[tuple[int, ...
     registry (``_header_data.SYMBOL_ABI_KEYS``), which selection tables read instead of parsing."""
     keys, names, per_thread, suffix, _ = _parse_typedefs(sym, typedefs, False)
     return keys, names, per_thread, suffix
+
+
+def _abis_of_keys(known: tuple[int, ...], typedefs: tuple[str, ...], windows_only: bool) -> _Abis:
+    """What :func:`_parse_typedefs` gives for names listed in the one-pass order, from their versions as
+    the generated SYMBOL_ABI_KEYS holds them: (n, n default-stream versions, the per-thread ones)."""
+    n = known[0]
+    per_thread = known[n + 1:]
+    return _new(_Abis, (known[1:n + 1], typedefs[:n], tuple(zip(per_thread, typedefs[n:])),
+                        typedefs[-1][-5:] if per_thread else None, windows_only))
 
 
 def _parse_typedefs(sym: str, typedefs: tuple[str, ...], windows_only: bool) -> _Abis:

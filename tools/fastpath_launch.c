@@ -568,6 +568,13 @@ static int cuproc_is_entry(PyObject *entry)
            && PyList_GET_SIZE(PyTuple_GET_ITEM(entry, 2)) == 1;
 }
 
+/* 1 when nothing has ended since the entry's function and stream were last checked (its epoch is
+ * EPOCH's); else the Python launch checks them again. */
+static int cuproc_entry_current(cuproc_one_shot *self, PyObject *entry)
+{
+    return PyList_GET_ITEM(PyTuple_GET_ITEM(entry, 2), 0) == PyList_GET_ITEM(self->epoch, 0);
+}
+
 static PyObject *cuproc_one_shot_call(PyObject *obj, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     cuproc_one_shot *self = (cuproc_one_shot *)obj;
@@ -604,7 +611,7 @@ static PyObject *cuproc_one_shot_call(PyObject *obj, PyObject *const *args, size
         && cuproc_is_entry(PyTuple_GET_ITEM(last, 1))
         && cuproc_same_key(PyTuple_GET_ITEM(last, 0), args[1], args[2], values, signature, stream)
         && cuproc_entry_for_stream(PyTuple_GET_ITEM(last, 1), stream)
-        && PyList_GET_ITEM(PyTuple_GET_ITEM(PyTuple_GET_ITEM(last, 1), 2), 0) == PyList_GET_ITEM(self->epoch, 0))
+        && cuproc_entry_current(self, PyTuple_GET_ITEM(last, 1)))
         entry = PyTuple_GET_ITEM(last, 1);   /* borrowed: nothing below allocates or runs Python code before
                                                 the launcher is held.  A record whose epoch moved (perhaps of
                                                 an entry the cache dropped since) goes to the dict: the entry
@@ -638,8 +645,10 @@ static PyObject *cuproc_one_shot_call(PyObject *obj, PyObject *const *args, size
         }
         Py_INCREF(entry);
         Py_DECREF(cache);
-        if (!cuproc_is_entry(entry) || !cuproc_entry_for_stream(entry, stream)) {
-            Py_DECREF(entry);   /* e.g. an entry of a Stream that ended, at the id of this new one */
+        /* not for this very stream (e.g. an entry of a Stream that ended, at the id of this new one), or
+         * something ended since: the Python launch decides, and rechecks */
+        if (!cuproc_is_entry(entry) || !cuproc_entry_for_stream(entry, stream) || !cuproc_entry_current(self, entry)) {
+            Py_DECREF(entry);
             Py_DECREF(key);
             goto slow;
         }
@@ -647,10 +656,6 @@ static PyObject *cuproc_one_shot_call(PyObject *obj, PyObject *const *args, size
         Py_DECREF(key);
         Py_DECREF(entry);   /* held by the record from here on (when it failed, entry is not used again) */
         if (record == NULL) return NULL;
-    }
-    if (PyList_GET_ITEM(PyTuple_GET_ITEM(entry, 2), 0) != PyList_GET_ITEM(self->epoch, 0)) {
-        Py_XDECREF(record);   /* something ended since: the Python launch rechecks */
-        goto slow;
     }
     launcher = PyTuple_GET_ITEM(entry, 0);
     Py_INCREF(launcher);   /* another thread may replace the record or drop the entry while it runs */
