@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,8 @@ from harness import (  # noqa: E402
     child_ms,
     fast_path_active,
     machine,
+    one_cpu,
+    paired_ratio,
     per_call_us,
     smoke_driver,
     write_results,
@@ -164,11 +165,7 @@ def _interleaved(rows: dict[str, tuple[str, dict]], number: int, rounds: int,
     taken within a round and the median over the rounds, what moves both rows of a pair cancels,
     and the rotation gives no row a fixed place after any other; each row's best round is kept for
     the table."""
-    pin = getattr(os, "sched_setaffinity", None)
-    before = os.sched_getaffinity(0) if pin is not None else None
-    if pin is not None and before:
-        pin(0, {max(before)})
-    try:
+    with one_cpu():
         for stmt, g in rows.values():
             per_call_us(stmt, max(number // 10, 1), repeat=1, globals=g)
         times: dict[str, list[float]] = {name: [] for name in rows}
@@ -177,11 +174,8 @@ def _interleaved(rows: dict[str, tuple[str, dict]], number: int, rounds: int,
             for name in names[r % len(names):] + names[:r % len(names)]:
                 stmt, g = rows[name]
                 times[name].append(per_call_us(stmt, number, repeat=3, globals=g))
-    finally:
-        if pin is not None and before:
-            pin(0, before)
-    paired = {(a, b): statistics.median(x / y for x, y in zip(times[a], times[b]))
-              for a, b in pairs if a in times and b in times}
+    paired = {(a, b): r for a, b in pairs if a in times and b in times
+              and (r := paired_ratio(times[a], times[b])) is not None}
     return Interleaved({name: min(v) for name, v in times.items()}, paired, rounds)
 
 

@@ -3,11 +3,15 @@
 Everything in one process on the GPU machine, on the primary context of device 0: the C floor
 (``c_floor_memory.c``, a shared library called through ctypes on the same context and the same
 buffers), cuproc, and the peers (cuda.bindings' raw pairs, cuda.core, CuPy).  Allocation loops are
-not interleaved with other work: each runs alone, several times, and its best repetition counts.
+not interleaved with other work: each loop runs alone, and the loops take turns for fifteen rounds
+(the order rotating by one each round), on a timing thread pinned to one CPU.  The table shows
+each loop's best round; each goal's ratio is the median over the rounds of the ratio within a round,
+so that a slow spell of the machine cancels instead of landing on one row (one run read the
+DeviceBuffer loop 1.34x the C floor when each loop ran its repetitions in one block).
 Copies: the same device buffer and the same host buffer for every row; every row, the C floor's
 included, is timed the same way from Python, to completion (the copy, then cuCtxSynchronize), and
 each round runs the rows in a new random order (a fixed seed), so that no row always follows the
-same other copy.  Pageable host memory is one NumPy array used by both sides (so it is allocated
+same other copy; a copy goal's ratio is the median over the rounds of the ratio within a round.  Pageable host memory is one NumPy array used by both sides (so it is allocated
 the same way for both).  ``COPY_CALLS`` states the driver calls memory.copy makes per row; the
 tests (tests/test_memory_paths.py) and ``--smoke`` count them on the fake driver.
 """
@@ -24,7 +28,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import ROOT, Goals, build_c, machine, peer, plot_bars, smoke_driver, write_results  # noqa: E402, I001
+from harness import (  # noqa: E402, I001
+    ROOT, Goals, build_c, machine, one_cpu, paired_ratio, peer, plot_bars, smoke_driver, write_results)
 
 SMALL = 256                    # bytes per allocation (the issue's size)
 COPY_SIZES = (64 << 20, 256 << 20)
@@ -37,17 +42,40 @@ COPY_CALLS = {"pinned H2D": ["cuMemcpyHtoD"], "pinned D2H": ["cuMemcpyDtoH"],
               "pageable H2D": ["cuMemcpyHtoD"], "pageable D2H": ["cuMemcpyDtoH"]}
 
 
-def best_us(fn: Callable[[int], Any], n: int, repeat: int) -> float:
-    """Best of ``repeat`` runs of ``fn(n)`` (n operations), µs per operation."""
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn(n)
-        best = min(best, (time.perf_counter() - t) / n)
-    return best * 1e6
+ALLOC_ROUNDS = 15    # allocation loops take turns this many times
+SYNC_OPS, ASYNC_OPS = 5_000, 20_000   # operations per timed loop: cuMemAlloc+cuMemFree is ~70 us on an H100
+COPY_ROUNDS = 100    # copy rounds (each row once per round, shuffled): 40 left medians 2% apart for one call
 
 
-def allocations(c_lib: Any, smoke: bool, n: int, repeat: int, errors: dict) -> dict[str, dict[str, float]]:
+def c_floor_loop(fn: Callable[..., float], *args: Any) -> Callable[[int], float]:
+    """A C floor loop as the other rows' ``loop(k)``: it refuses, naming the driver's failure, when the
+    C code says a call failed (a negative return) -- else a failed floor would time as the fastest row."""
+    def loop(k: int) -> float:
+        got = fn(k, *args)
+        if got < 0:
+            raise RuntimeError(f"the C floor's driver calls failed ({'no driver' if got == -1 else 'a call failed'})")
+        return got
+    return loop
+
+
+def take_turns(loops: dict[str, tuple[Callable[[int], Any], int]], rounds: int) -> dict[str, list[float]]:
+    """Each loop ``fn(n)`` timed alone (µs per operation), the loops taking turns for ``rounds`` rounds,
+    the order rotating by one loop each round, on one CPU."""
+    names = list(loops)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    with one_cpu():
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                fn, n = loops[name]
+                t = time.perf_counter()
+                fn(n)
+                times[name].append((time.perf_counter() - t) / n * 1e6)
+    return times
+
+
+def allocations(c_lib: Any, smoke: bool, ops: tuple[int, int], rounds: int, errors: dict
+                ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, list[float]]]]:
+    """Each loop's best round (µs per alloc+free) per group, and every round's time (for paired ratios)."""
     import cuproc
     from cuproc import memory
     drv = cuproc.driver.default_driver()
@@ -57,8 +85,8 @@ def allocations(c_lib: Any, smoke: bool, n: int, repeat: int, errors: dict) -> d
     stream_ordered: dict[str, Callable[[int], Any]] = {}
     if c_lib is not None:
         h = int(ffi.cast("uintptr_t", stream.handle))
-        sync[C_SYNC] = lambda k: c_lib.c_alloc_free(k, SMALL)
-        stream_ordered[C_ASYNC] = lambda k: c_lib.c_alloc_free_async(k, SMALL, h)
+        sync[C_SYNC] = c_floor_loop(c_lib.c_alloc_free, SMALL)
+        stream_ordered[C_ASYNC] = c_floor_loop(c_lib.c_alloc_free_async, SMALL, h)
 
     def objects(k):
         for _ in range(k):
@@ -94,22 +122,23 @@ def allocations(c_lib: Any, smoke: bool, n: int, repeat: int, errors: dict) -> d
         made = peer(errors, "CuPy", cupy_allocs)
         if made:
             stream_ordered["CuPy malloc_async, freed on drop"] = made
-    out = {"sync_us": {}, "stream_ordered_us": {}}
-    for group, loops in (("sync_us", sync), ("stream_ordered_us", stream_ordered)):
+    best: dict[str, dict[str, float]] = {}
+    every: dict[str, dict[str, list[float]]] = {}
+    for group, loops, n in (("sync_us", sync, ops[0]), ("stream_ordered_us", stream_ordered, ops[1])):
+        timed: dict[str, tuple[Callable[[int], Any], int]] = {}
         for name, fn in loops.items():
             try:
-                fn(max(n // 10, 1))                    # warm up (pools, caches)
-                out[group][name] = best_us(fn, n, repeat)
+                fn(max(n // 10, 1))                    # warm up (pools, caches); a failing peer is dropped
             except Exception as exc:  # noqa: BLE001 - a peer that fails is reported, never ends the run
                 if name.startswith(("cuproc", "C floor")):
                     raise
                 errors[name] = f"{type(exc).__name__}: {exc}"
                 continue
-            if name.startswith("C floor") and out[group][name] < 0:
-                errors[name] = "the C floor's driver call failed"
-                del out[group][name]
+            timed[name] = (fn, n)
+        every[group] = take_turns(timed, rounds)
+        best[group] = {name: min(v) for name, v in every[group].items()}
     stream.close()
-    return out
+    return best, every
 
 
 def bindings_allocs(stream_handle: Any) -> tuple[Callable, Callable]:
@@ -161,12 +190,12 @@ def cupy_allocs() -> Callable:
     return allocs
 
 
-def copies(c_lib: Any, fake: Any, rounds: int, best: dict[str, dict[str, float]]
-           ) -> tuple[dict[str, dict[str, float]], dict[str, list[str]]]:
+def copies(c_lib: Any, fake: Any, rounds: int, best: dict[str, dict[str, float]],
+           every: dict[str, dict[str, list[float]]]) -> tuple[dict[str, dict[str, float]], dict[str, list[str]]]:
     """GB/s, median over ``rounds`` of copies by cuproc, the raw C name (through cuproc's pointer) and
     the C floor, each timed to completion, on the same buffers, in a new random order each round (the
-    best copy of each row goes to ``best``); and, on the fake driver (``fake``), the driver calls each
-    memory.copy row made."""
+    best copy of each row goes to ``best``, every round's seconds to ``every``); and, on the fake driver
+    (``fake``), the driver calls each memory.copy row made."""
     import numpy as np
 
     import cuproc
@@ -221,27 +250,31 @@ def copies(c_lib: Any, fake: Any, rounds: int, best: dict[str, dict[str, float]]
         d.close()
         pinned.close()
         best[f"{size >> 20} MiB"] = {name: size / min(v) / 1e9 for name, v in times.items() if min(v) > 0}
+        every[f"{size >> 20} MiB"] = times
         return {name: size / statistics.median(times[name]) / 1e9 for name in copies_by_row if min(times[name]) > 0}
 
     bw = {f"{size >> 20} MiB": one_size(size) for size in (COPY_SIZES if fake is None else (1 << 20,))}
     return bw, calls
 
 
-def evaluate(alloc: dict, bw: dict, smoke: bool, errors: dict) -> Goals:
+def evaluate(alloc_rounds: dict[str, dict[str, list[float]]], copy_rounds: dict[str, dict[str, list[float]]],
+             smoke: bool, errors: dict) -> Goals:
+    """Every goal, each ratio paired within the rounds (:func:`harness.paired_ratio`)."""
     goals = Goals()
     why = "smoke run" if smoke else None
-    s, a = alloc["sync_us"], alloc["stream_ordered_us"]
+    s, a = alloc_rounds["sync_us"], alloc_rounds["stream_ordered_us"]
     goals.check(f"DeviceBuffer alloc+free of {SMALL} B <= 1.3x the C floor",
-                s[OURS_SYNC] / s[C_SYNC] if C_SYNC in s else None, 1.3, why_not=why)
+                paired_ratio(s[OURS_SYNC], s[C_SYNC]) if C_SYNC in s else None, 1.3, why_not=why)
     goals.check("stream-ordered alloc+free through the object layer <= cuda.bindings' raw pair (ours / theirs)",
-                a[OURS_ASYNC] / a[BIND_ASYNC] if BIND_ASYNC in a else None, 1.0,
+                paired_ratio(a[OURS_ASYNC], a[BIND_ASYNC]) if BIND_ASYNC in a else None, 1.0,
                 why_not=why or (None if BIND_ASYNC in a else f"cuda.bindings: {errors.get('cuda.bindings', 'missing')}"))
     for size in (f"{n >> 20} MiB" for n in COPY_SIZES):
-        rows = bw.get(size, {})
+        rows = copy_rounds.get(size, {})
         for direction in ("H2D", "D2H"):
             ours, raw = rows.get(f"pinned {direction}, cuproc memory.copy"), rows.get(f"pinned {direction}, C floor")
+            # bandwidth over the floor's = the floor's time over ours, round by round
             goals.check(f"memory.copy pinned {direction} {size} >= 0.98x the driver's own call (C, same buffers)",
-                        ours / raw if ours and raw else None, 0.98, at_most=False, why_not=why)
+                        paired_ratio(raw, ours) if ours and raw else None, 0.98, at_most=False, why_not=why)
     return goals
 
 
@@ -266,15 +299,19 @@ def main(argv: list[str] | None = None) -> int:
                 c_lib.c_alloc_free_async.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_void_p]
                 c_lib.c_copy.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_void_p, ctypes.c_ulonglong]
         pc = cuproc.use_device(0)
-        alloc = allocations(c_lib, args.smoke, *((200, 2) if args.smoke else (20_000, 7)), errors)
+        turns, copy_turns = (2, 3) if args.smoke else (ALLOC_ROUNDS, COPY_ROUNDS)
+        alloc, alloc_rounds = allocations(c_lib, args.smoke, (200, 200) if args.smoke else (SYNC_OPS, ASYNC_OPS),
+                                          turns, errors)
         best: dict[str, dict[str, float]] = {}
-        bw, calls = copies(c_lib, fake, 3 if args.smoke else 40, best)
+        copy_rounds: dict[str, dict[str, list[float]]] = {}
+        bw, calls = copies(c_lib, fake, copy_turns, best, copy_rounds)
         cuproc.driver.default_driver().cuCtxSetCurrent(cuproc.ffi.NULL)
         pc.release()
-    goals = evaluate(alloc, bw, args.smoke, errors)
+    goals = evaluate(alloc_rounds, copy_rounds, args.smoke, errors)
     if calls and calls != COPY_CALLS:
         raise SystemExit(f"memory.copy made other driver calls than COPY_CALLS states: {calls}")
-    data = {"machine": machine(), "smoke": args.smoke, "allocation_us": alloc, "copy_GBps": bw, "copy_GBps_best": best, "errors": errors,
+    data = {"machine": machine(), "smoke": args.smoke, "allocation_us": alloc, "allocation_rounds_us": alloc_rounds,
+            "copy_GBps": bw, "copy_GBps_best": best, "copy_rounds_s": copy_rounds, "errors": errors,
             "copy_calls": COPY_CALLS}
     table = []
     for group, floor_name, label in (("sync_us", C_SYNC, f"alloc+free {SMALL} B"),
@@ -290,9 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, why in errors.items():
         table.append(["", name, "missing", why[:70]])
     notes = ["ratio column: against the C floor of the same group, same process and run (copies: bandwidth ratio)",
-             ("statistics differ by group: allocation rows are the BEST of their repetitions (each loop runs "
-              "alone; the minimum is the least disturbed run), copy rows the MEDIAN over rounds (rows shuffled each round); "
-              "bench_launch reports medians (bursts) and steady runs"),
+             ("statistics differ by group: allocation rows are the BEST of their rounds (each loop runs alone, "
+              f"the loops taking turns for {turns} rounds, pinned to one CPU; the minimum is the least disturbed "
+              f"run), copy rows the MEDIAN over {copy_turns} rounds (rows shuffled each round); every goal's ratio is "
+              "the median over the rounds of the ratio within a round, so it is not the quotient of two table rows"),
              "stream-ordered loops synchronize their stream once at the end, inside the timing, on every side",
              ("copies: every row (C floor included) timed from Python to completion (copy + cuCtxSynchronize), rows "
               "in a new random order each round; one memory.copy makes one driver call, the raw row's entry: "

@@ -24,6 +24,8 @@ import sys
 import tempfile
 import timeit
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,6 +38,32 @@ def per_call_us(stmt: Callable[[], Any] | str, number: int = 200_000, repeat: in
     """Best-of-``repeat`` time per call in microseconds (best: least disturbed by the machine)."""
     timer = timeit.Timer(stmt, globals=globals)
     return min(timer.repeat(repeat=repeat, number=number)) / number * 1e6
+
+
+@contextmanager
+def one_cpu() -> Iterator[None]:
+    """Pin the calling thread to one CPU for the block (the highest allowed: CPU 0 takes most
+    interrupts), then give it back its CPUs.
+
+    Why: rows that make the very same calls differed by a fifth in one run when a slow spell, or a
+    move to another core, landed on one of them.  Linux pins only the calling thread (pid 0), so
+    the driver's own threads, made before, keep every CPU.  Elsewhere it does nothing."""
+    pin = getattr(os, "sched_setaffinity", None)
+    before = os.sched_getaffinity(0) if pin is not None else None
+    if pin is not None and before:
+        pin(0, {max(before)})
+    try:
+        yield
+    finally:
+        if pin is not None and before:
+            pin(0, before)
+
+
+def paired_ratio(rows: list[float], references: list[float]) -> float | None:
+    """The median over rounds of ``rows[i] / references[i]``: each ratio taken within one round (the
+    rows took turns), so what moves both rows of a round -- clocks, load, a slow spell -- cancels."""
+    ratios = [a / b for a, b in zip(rows, references) if b]
+    return statistics.median(ratios) if ratios else None
 
 
 def child_ms(code: str, runs: int = 15, env: dict | None = None) -> float:

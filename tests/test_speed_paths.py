@@ -334,13 +334,76 @@ def test_benchmark_ratios_use_the_c_loop_over_the_rows_own_entry_point():
     assert {b.floor_of(e, *ex) for e in (b.DEFAULT, b.BINDINGS, b.BINDINGS_EX)} <= set(b.C_LOOPS)
     measured = (("C loop over cuLaunchKernelEx (packed buffer)", 3.36), ("C loop over cuLaunchKernel", 3.42),
                 (b.DEFAULT, 4.24))
-    loops = {name: {"burst_us": us, "steady_us": 2 * us, "steady_range_us": [2 * us, 2 * us], "block_us": [us]}
-             for name, us in measured}
+    loops = {name: {"burst_us": us, "steady_us": 2 * us, "steady_range_us": [2 * us, 2 * us],
+                    "burst_rounds_us": [us] * 5, "steady_rounds_us": [2 * us] * 3} for name, us in measured}
     goals, _ = b.evaluate(loops, {}, False, ex)
     row = next(r for r in goals.rows if r["goal"].startswith("burst: prepared launch <= 1.25x"))
     assert row["value"] == pytest.approx(4.24 / 3.36)             # the Ex loop, not the cheaper-looking one
     assert any(r["goal"].startswith("steady: prepared launch <= 1.25x") and r["value"] == pytest.approx(4.24 / 3.36)
                for r in goals.rows)
+
+
+def _rows(**rounds: list[float]) -> dict:
+    """bench_launch results from each row's rounds (the same values for bursts and steady rounds)."""
+    import statistics
+    return {name: {"burst_us": statistics.median(v), "steady_us": statistics.median(v),
+                   "steady_range_us": [min(v), max(v)], "burst_rounds_us": v, "steady_rounds_us": v}
+            for name, v in rounds.items()}
+
+
+def _goal(goals, start: str) -> dict:
+    return next(r for r in goals.rows if r["goal"].startswith(start))
+
+
+def test_benchmark_ratios_are_taken_within_each_round():
+    """A slow spell that hits both rows of a round cancels: the ratio is the median of the per-round
+    ratios (1.1 here), not the quotient of the medians (5.5 / 4 = 1.375)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_launch as b
+    ex = ("cuLaunchKernelEx", "buffer")
+    c = [3.0, 4.0, 5.0]
+    goals, _ = b.evaluate(_rows(**{"C loop over cuLaunchKernelEx (packed buffer)": c,
+                                   b.DEFAULT: [3.3, 6.0, 5.5]}), {}, False, ex)
+    for col in ("burst", "steady"):
+        assert _goal(goals, f"{col}: prepared launch <= 1.20x")["value"] == pytest.approx(1.1)
+        assert _goal(goals, f"{col}: prepared launch <= 1.20x")["status"] == "met"
+
+
+@pytest.mark.parametrize(("theirs", "met", "smallest"), [
+    ([4.4, 7.6, 4.2, 4.4, 4.4], True, 0.05),    # one slow round of theirs: a wide range, but ahead in every round
+    ([4.4, 4.4, 3.9, 4.4, 4.4], False, -0.025),  # behind in one round: missed, however large the median lead
+])
+def test_the_lead_over_cuda_bindings_must_hold_in_every_round(theirs, met, smallest):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_launch as b
+    ex = ("cuLaunchKernelEx", "buffer")
+    ours = [4.0] * 5
+    results = _rows(**{"C loop over cuLaunchKernelEx (packed buffer)": [3.9] * 5, b.DEFAULT: ours,
+                       b.BINDINGS_EX: theirs})
+    goals, spread = b.evaluate(results, {}, False, ex)
+    for col in ("burst", "steady"):
+        row = _goal(goals, f"{col}: prepared launch (default) ahead of cuda.bindings")
+        assert row["value"] == pytest.approx(smallest) and row["status"] == ("met" if met else "MISSED")
+    assert spread["steady_spread"] == pytest.approx(max(theirs) / 4 - min(theirs) / 4)   # the range is reported
+
+
+def test_memory_goals_are_paired_within_rounds_and_a_failed_c_floor_refuses():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_memory as m
+    c, ours = [70.0, 90.0, 72.0], [75.0, 96.0, 77.0]             # one slow round hit both loops
+    alloc = {"sync_us": {m.C_SYNC: c, m.OURS_SYNC: ours}, "stream_ordered_us": {}}
+    copies = {"64 MiB": {"pinned H2D, C floor": [1.00, 1.30, 1.00], "pinned H2D, cuproc memory.copy": [1.01, 1.31, 1.50]}}
+    goals = m.evaluate(alloc, copies, False, {})
+    sync = _goal(goals, "DeviceBuffer alloc+free")
+    assert sync["value"] == pytest.approx(ours[2] / c[2]) and sync["status"] == "met"   # median of 1.071, 1.067, 1.069
+    h2d = _goal(goals, "memory.copy pinned H2D 64 MiB")
+    assert h2d["value"] == pytest.approx(1 / 1.01) and h2d["status"] == "met"          # bandwidth: floor's time / ours
+    assert _goal(goals, "memory.copy pinned D2H 64 MiB")["status"].startswith("not evaluated")
+    with pytest.raises(RuntimeError, match="a call failed"):
+        m.c_floor_loop(lambda k, size: -2.0, 256)(10)
+    assert m.c_floor_loop(lambda k, size: 1e-6 * k, 256)(10) == pytest.approx(1e-5)
+    timed = m.take_turns({"a": (lambda n: None, 4), "b": (lambda n: None, 2)}, 3)
+    assert {k: len(v) for k, v in timed.items()} == {"a": 3, "b": 3} and min(timed["a"] + timed["b"]) >= 0
 
 
 def test_another_thread_launches_a_shared_one_shot_entry_with_one_block_of_its_own(fk, pc, monkeypatch):
