@@ -223,7 +223,12 @@ def open_library(path: str | os.PathLike[str] | None = None) -> DriverLibrary:
                 reason = str(exc).removeprefix(f"cannot load library '{candidate}': ")
                 attempts.append((candidate, reason or type(exc).__name__))
                 continue
-            lib = DriverLibrary(candidate, handle)
+            try:
+                lib = DriverLibrary(candidate, handle)
+            except DriverNotFoundError as exc:   # it opened, but it is no driver: the next candidate may be
+                attempts.extend(exc.attempts)
+                handle.close_lib()
+                continue
             if lib.is_stub():
                 attempts.append((candidate, STUB_MESSAGE))
                 lib.close()

@@ -704,6 +704,20 @@ def test_the_search_skips_a_stub_and_takes_the_driver_after_it(stub, fake, monke
     assert info.value.attempts[0][0] == str(stub[0]) and "stub" in info.value.attempts[0][1]
 
 
+def test_the_search_skips_a_library_that_is_no_driver_and_takes_the_driver_after_it(fake, monkeypatch):
+    """A candidate that opens but exports no cuDriverGetVersion (here libm) is one failed attempt, not
+    the end of the search: the driver after it is taken, and a search that finds none lists both."""
+    from cuproc import loader
+    monkeypatch.delenv(loader.ENV_LIBRARY, raising=False)
+    monkeypatch.setattr(loader, "DEFAULT_CANDIDATES", ("libm.so.6", str(fake.path)))
+    assert loader.open_library().path == str(fake.path)
+    monkeypatch.setattr(loader, "DEFAULT_CANDIDATES", ("libm.so.6", "libcuproc-no-such-library.so"))
+    with pytest.raises(cuproc.DriverNotFoundError) as info:
+        loader.open_library()
+    assert [path for path, _ in info.value.attempts] == ["libm.so.6", "libcuproc-no-such-library.so"]
+    assert "does not export cuDriverGetVersion" in info.value.attempts[0][1]
+
+
 def test_a_rejected_stub_is_unloaded_and_the_driver_stays_loaded_through_exit(stub, fake):
     """The search dlcloses a stub it rejected; the driver it takes stays mapped after cuproc lets go of
     it and through the interpreter's teardown (cffi would unload a library whose handle is freed, while
