@@ -73,10 +73,13 @@ static int cuproc_so_dict_changed(PyDict_WatchEvent event, PyObject *dict, PyObj
 
 /* The raw pointer behind ``drv.<name>`` (the function it was last seen to be is kept in self->fn), or
  * NULL with no error set when the fast path cannot call it (an Unavailable, a stand-in a test put there).
- * May run Python (a __getattr__ hook, pointer_of): the caller holds what it reads afterwards. */
+ * May run Python (a __getattr__ hook, pointer_of; on 3.10/3.11 any allocation, through a collection):
+ * the caller holds what it reads afterwards.  That Python may call this front again, which then
+ * replaces self->fn and its address: this call reads them only after its own Python ran, stores its
+ * result whole, releases the one it replaced last, and returns its own address, not self->fnptr. */
 static void *cuproc_so_function(cuproc_so *self, PyObject *drv)
 {
-    PyObject *fn = NULL, *value, *dict;
+    PyObject *fn = NULL, *value, *dict, *old = NULL;
     void *address;
     int watched = 0;
 #if PY_VERSION_HEX >= 0x030C0000
@@ -109,28 +112,37 @@ static void *cuproc_so_function(cuproc_so *self, PyObject *drv)
     }
     if (fn == NULL) { PyErr_Clear(); Py_XDECREF(dict); return NULL; }
     if (fn != self->fn) {
-        PyObject *old = self->fn;
         value = PyObject_CallOneArg(self->pointer_of, fn);   /* None: not a driver pointer */
         address = value == NULL || value == Py_None ? NULL : PyLong_AsVoidPtr(value);
         Py_XDECREF(value);
         PyErr_Clear();
+        /* The one to replace is read now, not before the call: a call of this front inside pointer_of
+         * replaced and released the one there was then (read before, it was released twice: a use
+         * after free, reproduced; and the reentrant call's reference leaked). */
+        old = self->fn;
         self->fn = fn;              /* kept: the identity test above never meets a reused id */
-        self->fnptr = address;      /* both set before the old one goes (its release may run Python) */
-        Py_XDECREF(old);
+        self->fnptr = address;
     }
-    else
-        Py_DECREF(fn);              /* NULL fnptr: known not to be a driver pointer */
+    else {
+        address = self->fnptr;      /* NULL: known not to be a driver pointer */
+        Py_DECREF(fn);              /* (self->fn holds it: nothing is freed) */
+    }
 #if PY_VERSION_HEX >= 0x030C0000
     if (watched) {                  /* found in the dict, now watched: valid until a watched dict changes */
         self->fn_driver = drv;
         self->fn_dict = dict;
         self->fn_generation = generation;
     }
+    else                            /* what a reentrant call remembered is not what self->fn now is */
+        self->fn_driver = self->fn_dict = NULL;
 #else
     (void)watched;
 #endif
+    /* Released only now that fn, its address and what is remembered agree: a release may run Python
+     * (a finalizer), hence this front again. */
+    Py_XDECREF(old);
     Py_XDECREF(dict);
-    return self->fnptr;
+    return address;
 }
 
 /* The CUstream of a Stream (its ``handle`` slot, a cffi cdata), or NULL with no error set. */
@@ -346,6 +358,15 @@ static PyObject *cuproc_so_free(PyObject *obj, PyObject *const *args, size_t nar
     fn = cuproc_so_function(self, drv);
     if (fn == NULL || CUPROC_SLOT(buf, self->off_driver) != drv) { Py_DECREF(drv); goto slow; }
     Py_DECREF(drv);   /* the buffer holds it (drv is not used below) */
+    if (PyDict_GET_SIZE(self->exports) != 0) {   /* exported (EXPORTS is keyed by id): the Python method refuses */
+        /* before the reads below, as the lookup is: an allocation and a dict lookup have no place
+         * between them and the claim (neither runs Python today -- an int is not tracked by the
+         * collector, EXPORTS holds ints -- but a failure would raise, and a change could make it so) */
+        PyObject *id = PyLong_FromVoidPtr(buf);
+        int exported = id == NULL ? -1 : PyDict_Contains(self->exports, id);
+        Py_XDECREF(id);
+        if (exported != 0) { if (exported < 0) return NULL; goto slow; }
+    }
     if (CUPROC_SLOT(buf, self->off_ended) != Py_None) goto slow;   /* ended meanwhile: Python says how */
     own = CUPROC_SLOT(buf, self->off_stream);
     bctx = CUPROC_SLOT(buf, self->off_context);
@@ -362,13 +383,7 @@ static PyObject *cuproc_so_free(PyObject *obj, PyObject *const *args, size_t nar
     if (table == NULL || !PyDict_CheckExact(table)) goto slow;
     dptr = cuproc_u64(address);
     if (dptr == (unsigned long long)-1 && PyErr_Occurred()) { PyErr_Clear(); goto slow; }
-    if (PyDict_GET_SIZE(self->exports) != 0) {   /* exported (EXPORTS is keyed by id): the Python method refuses */
-        PyObject *id = PyLong_FromVoidPtr(buf);
-        int exported = id == NULL ? -1 : PyDict_Contains(self->exports, id);
-        Py_XDECREF(id);
-        if (exported != 0) { if (exported < 0) return NULL; goto slow; }
-    }
-    h = cuproc_so_handle(self, own);
+    h = cuproc_so_handle(self, own);   /* runs no Python but to refuse (then nothing read here is used) */
     key = CUPROC_SLOT(buf, self->off_key);
     if (h == NULL || key == NULL || !PyWeakref_CheckRefExact(key)) goto slow;
     /* The claim: removing the entry.  No Python code has run since the reads above, nor runs between the
@@ -627,6 +642,12 @@ static PyObject *cuproc_make_stream_ordered(PyObject *module, PyObject *args)
         if (cuproc_slot_offset(PyTuple_GET_ITEM(members, i), owner, &offsets[i], "make_stream_ordered") < 0)
             return NULL;
     }
+    /* ended is read from Streams and Contexts too, and driver from Contexts: checked to be slots of theirs
+     * as well (the same descriptor, the same offset), or a read would fall outside a smaller object */
+    if (cuproc_slot_offset(PyTuple_GET_ITEM(members, 1), stream_type, &i, "make_stream_ordered") < 0
+        || cuproc_slot_offset(PyTuple_GET_ITEM(members, 1), context_type, &i, "make_stream_ordered") < 0
+        || cuproc_slot_offset(PyTuple_GET_ITEM(members, 0), context_type, &i, "make_stream_ordered") < 0)
+        return NULL;
     objs[0] = alloc_failed; objs[1] = alloc_pointer_of; objs[2] = stream_type; objs[3] = buffer_type;
     objs[4] = context_type; objs[5] = cstream_type; objs[6] = forked; objs[7] = exports; objs[8] = freed;
     alloc = cuproc_so_new(objs, offsets, alloc_slow, cuproc_s_cuMemAllocAsync, cuproc_so_alloc);
