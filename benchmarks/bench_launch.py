@@ -414,11 +414,11 @@ def evaluate(results: dict, errors: dict, smoke: bool, default: tuple[str, str] 
                         over(theirs, prepared(entry, "params"), col), 1.0, at_most=False,
                         why_not=why or (None if theirs in results else errors.get(theirs, "missing")))
         if col == "burst_us":
-            leads, where, lead = spread.get("block_leads"), f"{BLOCKS} blocks of bursts", spread.get("lead")
+            leads, where, lead = spread.get("block_leads"), "blocks of bursts", spread.get("lead")
         else:
             leads, where, lead = spread.get("steady_round_leads"), "steady rounds", spread.get("steady_lead")
-        said = (f" (median lead {lead * 100:.1f}%, range {(max(leads) - min(leads)) * 100:.1f}% over {len(leads)} "
-                f"{where})" if leads and lead is not None else "")
+        said = (f" (median lead {lead * 100:.1f}%, range {(max(leads) - min(leads)) * 100:.1f}%, behind in "
+                f"{sum(x <= 0 for x in leads)} of {len(leads)})" if leads and lead is not None else "")
         goals.check(f"{tag}: prepared launch (default) ahead of cuda.bindings' fastest row by more than the "
                     f"run-to-run spread, i.e. in every one of its {where}{said}: smallest lead",
                     min(leads) if leads else None, 0.0, at_most=False,
