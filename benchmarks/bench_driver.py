@@ -165,9 +165,9 @@ def _interleaved(rows: dict[str, tuple[str, dict]], number: int, rounds: int,
     taken within a round and the median over the rounds, what moves both rows of a pair cancels,
     and the rotation gives no row a fixed place after any other; each row's best round is kept for
     the table."""
+    for stmt, g in rows.values():     # warm-up, before pinning (harness.one_cpu)
+        per_call_us(stmt, max(number // 10, 1), repeat=1, globals=g)
     with one_cpu():
-        for stmt, g in rows.values():
-            per_call_us(stmt, max(number // 10, 1), repeat=1, globals=g)
         times: dict[str, list[float]] = {name: [] for name in rows}
         names = list(rows)
         for r in range(rounds):

@@ -5,14 +5,15 @@ Everything in one process on the GPU machine, on the primary context of device 0
 buffers), cuproc, and the peers (cuda.bindings' raw pairs, cuda.core, CuPy).  Allocation loops are
 not interleaved with other work: each loop runs alone, and the loops take turns for fifteen rounds
 (the order rotating by one each round), on a timing thread pinned to one CPU.  The table shows
-each loop's best round; each goal's ratio is the median over the rounds of the ratio within a round,
-so that a slow spell of the machine cancels instead of landing on one row (one run read the
-DeviceBuffer loop 1.34x the C floor when each loop ran its repetitions in one block).
+each loop's best round; each goal's ratio is the median over the rounds of the ratio within a
+round, so that a slow spell of the machine cancels instead of landing on one row (one run read
+the DeviceBuffer loop 1.34x the C floor when each loop ran its repetitions in one block).
 Copies: the same device buffer and the same host buffer for every row; every row, the C floor's
 included, is timed the same way from Python, to completion (the copy, then cuCtxSynchronize), and
 each round runs the rows in a new random order (a fixed seed), so that no row always follows the
-same other copy; a copy goal's ratio is the median over the rounds of the ratio within a round.  Pageable host memory is one NumPy array used by both sides (so it is allocated
-the same way for both).  ``COPY_CALLS`` states the driver calls memory.copy makes per row; the
+same other copy, on the pinned thread; a copy goal's ratio is the median over the rounds of the
+ratio within a round.  Pageable host memory is one NumPy array used by both sides (so it is
+allocated the same way for both).  ``COPY_CALLS`` states the driver calls memory.copy makes per row; the
 tests (tests/test_memory_paths.py) and ``--smoke`` count them on the fake driver.
 """
 from __future__ import annotations
@@ -58,17 +59,28 @@ def c_floor_loop(fn: Callable[..., float], *args: Any) -> Callable[[int], float]
     return loop
 
 
-def take_turns(loops: dict[str, tuple[Callable[[int], Any], int]], rounds: int) -> dict[str, list[float]]:
+def take_turns(loops: dict[str, tuple[Callable[[int], Any], int]], rounds: int, errors: dict[str, str]
+               ) -> dict[str, list[float]]:
     """Each loop ``fn(n)`` timed alone (µs per operation), the loops taking turns for ``rounds`` rounds,
-    the order rotating by one loop each round, on one CPU."""
+    the order rotating by one loop each round, on one CPU.  A peer's loop that fails in a round is
+    dropped, all its rounds with it, and its error noted (cuproc's and the C floor's failures raise)."""
     names = list(loops)
     times: dict[str, list[float]] = {name: [] for name in names}
     with one_cpu():
         for r in range(rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
+                if name not in times:
+                    continue
                 fn, n = loops[name]
                 t = time.perf_counter()
-                fn(n)
+                try:
+                    fn(n)
+                except Exception as exc:  # noqa: BLE001 - a peer that fails is reported, never ends the run
+                    if name.startswith(("cuproc", "C floor")):
+                        raise
+                    errors[name] = f"failed in round {r + 1}: {type(exc).__name__}: {exc}"[:300]
+                    del times[name]
+                    continue
                 times[name].append((time.perf_counter() - t) / n * 1e6)
     return times
 
@@ -135,7 +147,7 @@ def allocations(c_lib: Any, smoke: bool, ops: tuple[int, int], rounds: int, erro
                 errors[name] = f"{type(exc).__name__}: {exc}"
                 continue
             timed[name] = (fn, n)
-        every[group] = take_turns(timed, rounds)
+        every[group] = take_turns(timed, rounds, errors)
         best[group] = {name: min(v) for name, v in every[group].items()}
     stream.close()
     return best, every
@@ -241,12 +253,13 @@ def copies(c_lib: Any, fake: Any, rounds: int, best: dict[str, dict[str, float]]
                 calls[kind] = fake.calls()
         names = list(copies_by_row)
         times: dict[str, list[float]] = {name: [] for name in names}
-        for name in names:          # warm up
+        for name in names:          # warm up, before pinning (harness.one_cpu)
             timed(copies_by_row[name])
-        for _ in range(rounds):
-            order.shuffle(names)
-            for name in names:
-                times[name].append(timed(copies_by_row[name]))
+        with one_cpu():
+            for _ in range(rounds):
+                order.shuffle(names)
+                for name in names:
+                    times[name].append(timed(copies_by_row[name]))
         d.close()
         pinned.close()
         best[f"{size >> 20} MiB"] = {name: size / min(v) / 1e9 for name, v in times.items() if min(v) > 0}

@@ -47,7 +47,9 @@ def one_cpu() -> Iterator[None]:
 
     Why: rows that make the very same calls differed by a fifth in one run when a slow spell, or a
     move to another core, landed on one of them.  Linux pins only the calling thread (pid 0), so
-    the driver's own threads, made before, keep every CPU.  Elsewhere it does nothing."""
+    the driver's own threads, made before, keep every CPU; a thread made inside the block inherits
+    the one CPU, so warm-ups (where drivers and peers start their threads) belong before it.
+    Elsewhere it does nothing."""
     pin = getattr(os, "sched_setaffinity", None)
     before = os.sched_getaffinity(0) if pin is not None else None
     if pin is not None and before:
@@ -61,7 +63,10 @@ def one_cpu() -> Iterator[None]:
 
 def paired_ratio(rows: list[float], references: list[float]) -> float | None:
     """The median over rounds of ``rows[i] / references[i]``: each ratio taken within one round (the
-    rows took turns), so what moves both rows of a round -- clocks, load, a slow spell -- cancels."""
+    rows took turns), so what moves both rows of a round -- clocks, load, a slow spell -- cancels.
+    Lists of different lengths are refused: their rounds would not pair."""
+    if len(rows) != len(references):
+        raise ValueError(f"paired_ratio: {len(rows)} rounds against {len(references)}: they do not pair")
     ratios = [a / b for a, b in zip(rows, references) if b]
     return statistics.median(ratios) if ratios else None
 

@@ -229,6 +229,9 @@ def open_library(path: str | os.PathLike[str] | None = None) -> DriverLibrary:
                 attempts.extend(exc.attempts)
                 handle.close_lib()
                 continue
+            except BaseException:
+                handle.close_lib()                # nothing holds it: a library taken by no one is unloaded
+                raise
             if lib.is_stub():
                 attempts.append((candidate, STUB_MESSAGE))
                 lib.close()

@@ -263,6 +263,12 @@ class _BareStream:
     __slots__ = ("context", "handle")
 
 
+class _BareContext:
+    """A class with a Context's table slot but not a Resource's driver and ended."""
+
+    __slots__ = ("stream_ordered",)
+
+
 @needs_front
 def test_make_stream_ordered_refuses_a_class_without_the_slots_it_reads():
     """The front reads ``ended`` from Streams and Contexts and ``driver`` from Contexts at the offsets of
@@ -271,13 +277,64 @@ def test_make_stream_ordered_refuses_a_class_without_the_slots_it_reads():
     make = cuproc.fastpath.stream_ordered_factory()
     ffi = cuproc.ffi
 
-    def build(stream_type, slots):
+    def build(stream_type, context_type, slots):
         return make(dm._python_alloc_async, dm._c_alloc_failed, lambda f: None, dm.DeviceBuffer.free_async,
                     dm._c_free_failed, lambda f: None, cuproc._resource.Resource.__del__, stream_type,
-                    dm.DeviceBuffer, cuproc.Context, ffi.typeof("CUstream"), cuproc._resource.FORKED,
+                    dm.DeviceBuffer, context_type, ffi.typeof("CUstream"), cuproc._resource.FORKED,
                     cuproc.allocation.EXPORTS, "freed", slots)
 
-    assert len(build(Stream, dm._slots)) == 3                  # cuproc's own classes: accepted
+    assert len(build(Stream, cuproc.Context, dm._slots)) == 3        # cuproc's own classes: accepted
     bare = dm._slots[:9] + (_BareStream.context, _BareStream.handle) + dm._slots[11:]
     with pytest.raises(ValueError):
-        build(_BareStream, bare)
+        build(_BareStream, cuproc.Context, bare)
+    bare = dm._slots[:8] + (_BareContext.stream_ordered,) + dm._slots[9:]
+    with pytest.raises(ValueError):
+        build(Stream, _BareContext, bare)
+
+
+@needs_front
+def test_a_finalizer_run_by_the_release_calls_the_front_on_another_handle_and_each_call_keeps_its_pointer(fake):
+    """Releasing the function the front replaced runs its finalizer, which calls the front on another
+    Driver handle's stream (replacing what the front keeps).  The outer call still calls the pointer
+    it looked up for its own handle, and the next call on the first handle looks its function up
+    again instead of calling the other handle's (the release comes last, and each call returns its
+    own address; 3.12 also keeps no stale memo)."""
+    out = child(fake, """
+ffi = cuproc.ffi
+real = fastpath.pointer(vars(drv)["cuMemAllocAsync"])
+seen = []
+
+def recording(tag):        # the driver's own function, as a distinct pointer whose calls are seen
+    def call(out, n, h):
+        seen.append(tag)
+        return real(out, n, h)
+    return ffi.callback(ffi.typeof(real), call)
+first, second = recording("first"), recording("second")
+drv2 = cuproc.Driver(library=drv.library.path)
+cuproc.set_default_driver(drv2)
+pc2 = cuproc.use_device(0)
+s2 = cuproc.Stream()
+cuproc.set_default_driver(drv)
+inner = []
+
+class StandIn:             # not a driver pointer: the front calls it through Python
+    def __call__(self, *args):
+        return real(*args)
+
+    def __del__(self):     # run by the outer call's release of it: the front again, on drv2
+        vars(drv2)["cuMemAllocAsync"] = second
+        inner.append(alloc_async(64, s2))
+vars(drv)["cuMemAllocAsync"] = StandIn()
+kept = alloc_async(64, s)  # the front keeps the stand-in: the last reference once replaced
+vars(drv)["cuMemAllocAsync"] = first
+taken = alloc_async.taken
+outer = alloc_async(64, s)
+outer_calls = list(seen)
+seen.clear()
+after = alloc_async(64, s)
+assert alloc_async.taken == taken + 3, "the front did not take all three calls"
+for b in (kept, outer, after, *inner):
+    b.free_async()
+print(len(inner), ",".join(outer_calls), ",".join(seen))
+""")
+    assert out == ["1", "second,first", "first"]   # inner on drv2, then the outer's own; then drv's again
