@@ -280,7 +280,8 @@ def evaluate(alloc_rounds: dict[str, dict[str, list[float]]], copy_rounds: dict[
                 paired_ratio(s[OURS_SYNC], s[C_SYNC]) if C_SYNC in s else None, 1.3, why_not=why)
     goals.check("stream-ordered alloc+free through the object layer <= cuda.bindings' raw pair (ours / theirs)",
                 paired_ratio(a[OURS_ASYNC], a[BIND_ASYNC]) if BIND_ASYNC in a else None, 1.0,
-                why_not=why or (None if BIND_ASYNC in a else f"cuda.bindings: {errors.get('cuda.bindings', 'missing')}"))
+                why_not=why or (None if BIND_ASYNC in a else
+                                 f"cuda.bindings: {errors.get(BIND_ASYNC) or errors.get('cuda.bindings', 'missing')}"))
     for size in (f"{n >> 20} MiB" for n in COPY_SIZES):
         rows = copy_rounds.get(size, {})
         for direction in ("H2D", "D2H"):

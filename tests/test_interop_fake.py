@@ -718,6 +718,28 @@ def test_the_search_skips_a_library_that_is_no_driver_and_takes_the_driver_after
     assert all(reason for _, reason in info.value.attempts)
 
 
+def test_a_library_whose_probe_fails_otherwise_is_closed_before_the_error_propagates(fake, monkeypatch):
+    from cuproc import loader
+    closed: list[str] = []
+
+    class Handle:          # the opened library, as dlopen returns it: only its close is watched
+        def __init__(self, path: str) -> None:
+            self.path = path
+
+        def close_lib(self) -> None:
+            closed.append(self.path)
+
+    def failing(self, path, handle):
+        raise MemoryError("the probe ran out of memory")
+    monkeypatch.delenv(loader.ENV_LIBRARY, raising=False)
+    monkeypatch.setattr(loader, "DEFAULT_CANDIDATES", ("libcuproc-probe-fails.so",))
+    monkeypatch.setattr(loader, "dlopen", Handle)
+    monkeypatch.setattr(loader.DriverLibrary, "__init__", failing)
+    with pytest.raises(MemoryError):
+        loader.open_library()
+    assert closed == ["libcuproc-probe-fails.so"]
+
+
 def test_a_rejected_stub_is_unloaded_and_the_driver_stays_loaded_through_exit(stub, fake):
     """The search dlcloses a stub it rejected; the driver it takes stays mapped after cuproc lets go of
     it and through the interpreter's teardown (cffi would unload a library whose handle is freed, while

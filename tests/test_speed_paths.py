@@ -418,6 +418,11 @@ def test_memory_goals_are_paired_within_rounds_and_a_failed_c_floor_refuses():
     assert "round 2" in errors["b"] and calls.count("peer") == 2      # dropped when it failed, rounds and all
     with pytest.raises(ValueError):
         m.paired_ratio([1.0, 2.0], [1.0])
+    with pytest.raises(TypeError):                              # cuproc's own loop failing ends the run
+        m.take_turns({"cuproc a": (peer, 1)}, 2, {})
+    goals = m.evaluate({"sync_us": {}, "stream_ordered_us": {m.OURS_ASYNC: [1.0]}}, {}, False,
+                       {m.BIND_ASYNC: "failed in round 2: TypeError: the peer's API changed"})
+    assert "round 2" in _goal(goals, "stream-ordered alloc+free")["status"]   # the reason it dropped out
 
 
 def test_another_thread_launches_a_shared_one_shot_entry_with_one_block_of_its_own(fk, pc, monkeypatch):
