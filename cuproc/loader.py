@@ -225,6 +225,7 @@ def open_library(path: str | os.PathLike[str] | None = None) -> DriverLibrary:
                 continue
             try:
                 lib = DriverLibrary(candidate, handle)
+                stub = lib.is_stub()
             except DriverNotFoundError as exc:   # it opened, but it is no driver: the next candidate may be
                 attempts.extend(exc.attempts)
                 handle.close_lib()
@@ -232,7 +233,7 @@ def open_library(path: str | os.PathLike[str] | None = None) -> DriverLibrary:
             except BaseException:
                 handle.close_lib()                # nothing holds it: a library taken by no one is unloaded
                 raise
-            if lib.is_stub():
+            if stub:
                 attempts.append((candidate, STUB_MESSAGE))
                 lib.close()
                 continue

@@ -738,6 +738,26 @@ def test_a_library_whose_probe_fails_otherwise_is_closed_before_the_error_propag
     with pytest.raises(MemoryError):
         loader.open_library()
     assert closed == ["libcuproc-probe-fails.so"]
+    monkeypatch.undo()                       # the library probes fine, but the stub test fails
+    monkeypatch.delenv(loader.ENV_LIBRARY, raising=False)
+    monkeypatch.setattr(loader, "DEFAULT_CANDIDATES", (str(fake.path),))
+    monkeypatch.setattr(loader, "_libraries", {})
+    real_dlopen = loader.dlopen
+    opened: list = []
+
+    def watched(path: str):
+        handle = real_dlopen(path)
+        opened.append(handle)
+        return handle
+
+    def stub_fails(self):
+        raise MemoryError("the stub test ran out of memory")
+    monkeypatch.setattr(loader, "dlopen", watched)
+    monkeypatch.setattr(loader.DriverLibrary, "is_stub", stub_fails)
+    with pytest.raises(MemoryError):
+        loader.open_library()
+    with pytest.raises(ValueError):           # cffi refuses a library that was closed
+        opened[0].load_function(cuproc.ffi.typeof("void *"), "cuDriverGetVersion")
 
 
 def test_a_rejected_stub_is_unloaded_and_the_driver_stays_loaded_through_exit(stub, fake):
