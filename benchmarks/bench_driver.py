@@ -27,6 +27,7 @@ from harness import (  # noqa: E402
     one_cpu,
     paired_ratio,
     per_call_us,
+    rotation,
     smoke_driver,
     write_results,
 )
@@ -171,7 +172,7 @@ def _interleaved(rows: dict[str, tuple[str, dict]], number: int, rounds: int,
         times: dict[str, list[float]] = {name: [] for name in rows}
         names = list(rows)
         for r in range(rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:
+            for name in rotation(names, r):
                 stmt, g = rows[name]
                 times[name].append(per_call_us(stmt, number, repeat=3, globals=g))
     paired = {(a, b): r for a, b in pairs if a in times and b in times

@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # noqa: E402, I001
-    ROOT, Goals, build_c, machine, one_cpu, paired_ratio, peer, plot_bars, smoke_driver, write_results)
+    ROOT, Goals, build_c, machine, one_cpu, paired_ratio, peer, plot_bars, rotation, smoke_driver, write_results)
 
 CUBIN = ROOT / "kernels" / "kernels.cubin"
 DEFAULT = "cuproc prepared (default)"   # what Function.prepare gives without options
@@ -113,21 +113,16 @@ def measure_interleaved(loops: dict[str, Callable[[int], object]], natives: set[
             del loops[name]
             sync()
     names = list(loops)
-
-    def turn(r: int) -> list[str]:
-        """Round ``r``'s order: rotated by one row each round, so no row always follows the same one."""
-        k = r % len(names) if names else 0
-        return names[k:] + names[:k]
     bursts: dict[str, list[float]] = {name: [] for name in loops}
     walls: dict[str, list[float]] = {name: [] for name in loops}
     cpus: dict[str, list[float]] = {name: [] for name in loops}
     with one_cpu():
         for r in range(reps):
-            for name in turn(r):
+            for name in rotation(names, r):
                 sync()
                 bursts[name].append(burst(name, burst_size))
         for r in range(STEADY_ROUNDS):
-            for name in turn(r):
+            for name in rotation(names, r):
                 sync()
                 t, c = time.perf_counter(), time.thread_time()
                 loops[name](steady)
@@ -376,18 +371,16 @@ def evaluate(results: dict, errors: dict, smoke: bool, default: tuple[str, str] 
     def rounds(name: str, col: str) -> list[float] | None:
         return results.get(name, {}).get(ROUNDS_OF[col])
 
-    def paired(name: str, reference: str, col: str) -> float | None:
+    def over(name: str, reference: str, col: str) -> float | None:
+        """``name``'s time over ``reference``'s, paired within the column's rounds."""
         a, b = rounds(name, col), rounds(reference, col)
         return paired_ratio(a, b) if a and b else None
 
     def ratio(name: str, col: str) -> float | None:
-        return paired(name, floor_of(name, *default), col)
+        return over(name, floor_of(name, *default), col)
 
     def prepared(entry: str, convention: str) -> str:
         return DEFAULT if (entry, convention) == default else f"cuproc prepared ({entry}, {convention})"
-
-    def over(theirs: str, ours: str, col: str) -> float | None:
-        return paired(theirs, ours, col)
 
     spread: dict[str, Any] = {}
     bindings_rows = [b for b in (BINDINGS, BINDINGS_EX) if b in results]
@@ -416,17 +409,19 @@ def evaluate(results: dict, errors: dict, smoke: bool, default: tuple[str, str] 
                         over(theirs, prepared(entry, "params"), col), 1.0, at_most=False,
                         why_not=why or (None if theirs in results else errors.get(theirs, "missing")))
         if col == "burst_us":
-            leads, where, lead = spread.get("block_leads"), "blocks of bursts", spread.get("lead")
+            leads, where, lead, width = (spread.get("block_leads"), "blocks of bursts", spread.get("lead"),
+                                         spread.get("spread"))
         else:
-            leads, where, lead = spread.get("steady_round_leads"), "steady rounds", spread.get("steady_lead")
+            leads, where, lead, width = (spread.get("steady_round_leads"), "steady rounds", spread.get("steady_lead"),
+                                         spread.get("steady_spread"))
         why_lead = why or (None if spread else f"cuda.bindings: {errors.get(BINDINGS, 'missing')}")
-        said = (f"median lead {lead * 100:.1f}%, range {(max(leads) - min(leads)) * 100:.1f}% over {len(leads)} "
-                f"{where}, behind in {sum(x <= 0 for x in leads)}" if leads and lead is not None else where)
+        said = (f"median lead {lead * 100:.1f}%, range {width * 100:.1f}% over {len(leads)} {where}, behind in "
+                f"{sum(x <= 0 for x in leads)}" if leads and lead is not None and width is not None else where)
         # The issue's reading: the lead less the whole range of the lead over the rounds (a round in which
         # cuda.bindings was slow widens it too) ...
         goals.check(f"{tag}: prepared launch (default) ahead of cuda.bindings' fastest row by more than the "
                     f"run-to-run spread ({said}): median lead minus range",
-                    lead - (max(leads) - min(leads)) if leads and lead is not None else None, 0.0, at_most=False,
+                    lead - width if lead is not None and width is not None else None, 0.0, at_most=False,
                     why_not=why_lead)
         # ... and one that no slow round of theirs can fail: ahead in every round (the smallest lead)
         goals.check(f"{tag}: prepared launch (default) ahead of cuda.bindings' fastest row in every one of the "

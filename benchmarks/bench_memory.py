@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # noqa: E402, I001
-    ROOT, Goals, build_c, machine, one_cpu, paired_ratio, peer, plot_bars, smoke_driver, write_results)
+    ROOT, Goals, build_c, machine, one_cpu, paired_ratio, peer, plot_bars, rotation, smoke_driver, write_results)
 
 SMALL = 256                    # bytes per allocation (the issue's size)
 COPY_SIZES = (64 << 20, 256 << 20)
@@ -59,6 +59,14 @@ def c_floor_loop(fn: Callable[..., float], *args: Any) -> Callable[[int], float]
     return loop
 
 
+def drop_peer(name: str, exc: Exception, errors: dict[str, str], when: str) -> None:
+    """A loop failed: a peer's is dropped with its error noted (a peer that fails is reported, never
+    ends the run); cuproc's own or the C floor's failure is raised."""
+    if name.startswith(("cuproc", "C floor")):
+        raise exc
+    errors[name] = f"failed {when}: {type(exc).__name__}: {exc}"[:300]
+
+
 def take_turns(loops: dict[str, tuple[Callable[[int], Any], int]], rounds: int, errors: dict[str, str]
                ) -> dict[str, list[float]]:
     """Each loop ``fn(n)`` timed alone (µs per operation), the loops taking turns for ``rounds`` rounds,
@@ -68,17 +76,15 @@ def take_turns(loops: dict[str, tuple[Callable[[int], Any], int]], rounds: int, 
     times: dict[str, list[float]] = {name: [] for name in names}
     with one_cpu():
         for r in range(rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:
+            for name in rotation(names, r):
                 if name not in times:
                     continue
                 fn, n = loops[name]
                 t = time.perf_counter()
                 try:
                     fn(n)
-                except Exception as exc:  # noqa: BLE001 - a peer that fails is reported, never ends the run
-                    if name.startswith(("cuproc", "C floor")):
-                        raise
-                    errors[name] = f"failed in round {r + 1}: {type(exc).__name__}: {exc}"[:300]
+                except Exception as exc:  # noqa: BLE001 - see drop_peer
+                    drop_peer(name, exc, errors, f"in round {r + 1}")
                     del times[name]
                     continue
                 times[name].append((time.perf_counter() - t) / n * 1e6)
@@ -141,10 +147,8 @@ def allocations(c_lib: Any, smoke: bool, ops: tuple[int, int], rounds: int, erro
         for name, fn in loops.items():
             try:
                 fn(max(n // 10, 1))                    # warm up (pools, caches); a failing peer is dropped
-            except Exception as exc:  # noqa: BLE001 - a peer that fails is reported, never ends the run
-                if name.startswith(("cuproc", "C floor")):
-                    raise
-                errors[name] = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:  # noqa: BLE001 - see drop_peer
+                drop_peer(name, exc, errors, "in its warm-up")
                 continue
             timed[name] = (fn, n)
         every[group] = take_turns(timed, rounds, errors)

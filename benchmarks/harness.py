@@ -61,6 +61,13 @@ def one_cpu() -> Iterator[None]:
             pin(0, before)
 
 
+def rotation(names: list[str], r: int) -> list[str]:
+    """Round ``r``'s order of rows that take turns: ``names`` rotated by ``r``, so that no row always
+    follows the same other one."""
+    k = r % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
 def paired_ratio(rows: list[float], references: list[float]) -> float | None:
     """The median over rounds of ``rows[i] / references[i]``: each ratio taken within one round (the
     rows took turns), so what moves both rows of a round -- clocks, load, a slow spell -- cancels.
