@@ -3,6 +3,7 @@ generated launchers, the per-thread current-context memo, checked calls of exact
 what a first allocation imports, and the benchmarks' smoke runs (all on the fake driver)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import struct
@@ -448,3 +449,57 @@ def test_another_thread_launches_a_shared_one_shot_entry_with_one_block_of_its_o
     assert len(made) == 1 and len(fn.launch_cache) == 1        # one block for the thread, not one per launch
     fn.launch(1, 32, (buf, np.int32(7), np.float32(1)))         # the owner's block is untouched by the other
     assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 7, 1.0) and made == made[:1]
+
+
+@contextlib.contextmanager
+def _pinning_logged(log: list):
+    """Stands in for harness.one_cpu: marks where the timed, pinned block begins and ends in ``log``."""
+    log.append("pin")
+    yield
+    log.append("unpin")
+
+
+def test_launch_rounds_warm_up_before_pinning_and_rotate_the_rows(monkeypatch):
+    """Every launcher warms up before the thread is pinned (a thread a driver or peer starts inside
+    the pinned block would inherit the one CPU), and each round's order is the last one's rotated by
+    one row, bursts and steady rounds alike (no row always follows the same other one)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_launch
+    log: list = []
+    monkeypatch.setattr(bench_launch, "one_cpu", lambda: _pinning_logged(log))
+    names = ["a", "b", "c"]
+    loops = {n: (lambda count, n=n: log.append((n, count))) for n in names}
+    bench_launch.measure_interleaved(loops, set(), lambda: None, 4, 3, 8)
+    pin = log.index("pin")
+    assert sorted(log[:pin]) == [(n, 4) for n in names] and log[-1] == "unpin"
+    timed = log[pin + 1:-1]
+    bursts = [n for n, count in timed if count == 4]
+    steady = [n for n, count in timed if count == 8]
+    assert len(timed) == len(bursts) + len(steady)
+    assert bursts == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert steady[:6] == ["a", "b", "c", "b", "c", "a"] and len(steady) == 3 * bench_launch.STEADY_ROUNDS
+
+
+def test_memory_loops_take_turns_pinned_in_rotated_order(monkeypatch):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_memory
+    log: list = []
+    monkeypatch.setattr(bench_memory, "one_cpu", lambda: _pinning_logged(log))
+    loops = {n: (lambda count, n=n: log.append(n), 1) for n in ("x", "y")}
+    times = bench_memory.take_turns(loops, 3, {})
+    assert log == ["pin", "x", "y", "y", "x", "x", "y", "unpin"]
+    assert {n: len(v) for n, v in times.items()} == {"x": 3, "y": 3}
+
+
+def test_trivial_call_rows_warm_up_before_pinning_and_rotate(monkeypatch):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_driver
+    log: list = []
+    monkeypatch.setattr(bench_driver, "one_cpu", lambda: _pinning_logged(log))
+    rows = {n: (f"log.append({n!r})", {"log": log}) for n in ("p", "q")}
+    bench_driver._interleaved(rows, 1, 2, [("p", "q")])
+    pin = log.index("pin")
+    assert set(log[:pin]) == {"p", "q"} and log[-1] == "unpin"
+    timed = log[pin + 1:-1]
+    assert len(timed) == 4 * 3                   # two rounds of two rows, each timed best of three
+    assert timed[::3] == ["p", "q", "q", "p"] and all(timed[i:i + 3] == [timed[i]] * 3 for i in range(0, 12, 3))

@@ -621,7 +621,7 @@ static PyObject *cuproc_make_stream_ordered(PyObject *module, PyObject *args)
     PyObject *alloc_slow, *alloc_failed, *alloc_pointer_of, *free_slow, *free_failed, *free_pointer_of, *finalizer;
     PyObject *stream_type, *buffer_type, *context_type, *cstream_type, *forked, *exports, *freed;
     PyObject *members, *objs[9];
-    Py_ssize_t offsets[12], i;
+    Py_ssize_t offsets[12], i, shared;   /* shared: a slot's offset in Stream or Context, only checked */
     cuproc_so *alloc, *free_, *fin;
     PyObject *result;
     (void)module;
@@ -643,10 +643,10 @@ static PyObject *cuproc_make_stream_ordered(PyObject *module, PyObject *args)
             return NULL;
     }
     /* ended is read from Streams and Contexts too, and driver from Contexts: checked to be slots of theirs
-     * as well (the same descriptor, the same offset), or a read would fall outside a smaller object */
-    if (cuproc_slot_offset(PyTuple_GET_ITEM(members, 1), stream_type, &i, "make_stream_ordered") < 0
-        || cuproc_slot_offset(PyTuple_GET_ITEM(members, 1), context_type, &i, "make_stream_ordered") < 0
-        || cuproc_slot_offset(PyTuple_GET_ITEM(members, 0), context_type, &i, "make_stream_ordered") < 0)
+     * as well (the same descriptor, so the same offset), or a read would fall outside a smaller object */
+    if (cuproc_slot_offset(PyTuple_GET_ITEM(members, 1), stream_type, &shared, "make_stream_ordered") < 0
+        || cuproc_slot_offset(PyTuple_GET_ITEM(members, 1), context_type, &shared, "make_stream_ordered") < 0
+        || cuproc_slot_offset(PyTuple_GET_ITEM(members, 0), context_type, &shared, "make_stream_ordered") < 0)
         return NULL;
     objs[0] = alloc_failed; objs[1] = alloc_pointer_of; objs[2] = stream_type; objs[3] = buffer_type;
     objs[4] = context_type; objs[5] = cstream_type; objs[6] = forked; objs[7] = exports; objs[8] = freed;
