@@ -3,10 +3,13 @@
 # and the benchmarks, and print a short summary last.
 #
 # On the device:  bash tools/gpu_check.sh [STAGE...]   (carry .whl; results land in $OUT, else ./.device-out)
-#   STAGE: tests (the whole suite, fast path), pure (the GPU files on the pure path), bench (every
-#   benchmark), summary; none given: all four.  The stages keep their logs in $GPU_CHECK_STATE
-#   (default /tmp/cuproc-gpu-check), so that a device call with a time limit can run one or two of
-#   them and a later call on the same machine the rest; "summary" reads what the earlier ones left.
+#   STAGE: tests (the whole suite, fast path), tests1 and tests2 (its first and second half of the
+#   test files, for a device call too short for the whole suite: on a slow machine it took 8 of the
+#   10 minutes one call may run), pure (the GPU files on the pure path), bench (every benchmark),
+#   summary; none given: tests, pure, bench, summary.  The stages keep their logs in
+#   $GPU_CHECK_STATE (default /tmp/cuproc-gpu-check), so that a device call with a time limit can run
+#   one or two of them and a later call on the same machine the rest; "summary" reads what the
+#   earlier ones left (the two halves' counts added up, when the whole suite did not run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/.device-out}
@@ -22,7 +25,7 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$STATE/gpu.txt"
 # The optional compiled fast path, built in place (what pip install does); a failure leaves the pure path.
-if [ ! -f "$STATE/fastpath.txt" ] || [ "${stages[0]}" = tests ]; then
+if [ ! -f "$STATE/fastpath.txt" ] || [ "${stages[0]}" = tests ] || [ "${stages[0]}" = tests1 ]; then
   python3 tools/build_fastpath.py > "$STATE/build_fastpath.log" 2>&1 || echo "fast path not built: see build_fastpath.log"
   python3 -c "import cuproc.fastpath as f; print(f.status())" 2>&1 | tail -1 > "$STATE/fastpath.txt"
 fi
@@ -32,6 +35,11 @@ for stage in "${stages[@]}"; do
     tests)
       CUPROC_MATRIX_REPORT=$STATE/matrix_mismatches.jsonl timeout 540 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$STATE/pytest.log"
       echo "${PIPESTATUS[0]}" > "$STATE/pytest.rc" ;;
+    tests1|tests2)   # half of the test files each (sorted; the first half has the extra one)
+      files=(tests/test_*.py); half=$(( (${#files[@]} + 1) / 2 ))
+      if [ "$stage" = tests1 ]; then part=("${files[@]:0:$half}"); else part=("${files[@]:$half}"); fi
+      CUPROC_MATRIX_REPORT=$STATE/matrix_mismatches.jsonl timeout 540 python3 -m pytest -q -p no:cacheprovider "${part[@]}" 2>&1 | tee "$STATE/pytest_$stage.log"
+      echo "${PIPESTATUS[0]}" > "$STATE/pytest_$stage.rc" ;;
     pure)   # the GPU files once more on the pure path (the CPU suite reruns its driver/launch/ownership tests itself)
       CUPROC_PURE_PYTHON=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_*.py 2>&1 | tee "$STATE/pytest_pure.log"
       echo "${PIPESTATUS[0]}" > "$STATE/pytest_pure.rc" ;;
@@ -47,7 +55,12 @@ for stage in "${stages[@]}"; do
       # pytest's own result line (other libraries may print at interpreter exit after it)
       result() { [ -f "$1" ] && grep -E '[0-9]+ (passed|failed|errors?)' "$1" | tail -1 || echo "not run"; }
       rc() { cat "$1" 2>/dev/null || echo "none"; }
-      summary="SUMMARY: $(result "$STATE/pytest.log") on $(head -1 "$STATE/gpu.txt") (pytest rc=$(rc "$STATE/pytest.rc")); pure-path GPU pass: $(result "$STATE/pytest_pure.log") (rc=$(rc "$STATE/pytest_pure.rc")); fast path $(cat "$STATE/fastpath.txt")"
+      suite=$(result "$STATE/pytest.log"); suite_rc=$(rc "$STATE/pytest.rc")
+      if [ "$suite" = "not run" ] && [ -f "$STATE/pytest_tests1.log" ]; then   # the two halves, added up
+        suite=$(python3 tools/add_pytest_counts.py "$(result "$STATE/pytest_tests1.log")" "$(result "$STATE/pytest_tests2.log")")
+        suite_rc="$(rc "$STATE/pytest_tests1.rc")/$(rc "$STATE/pytest_tests2.rc")"
+      fi
+      summary="SUMMARY: $suite on $(head -1 "$STATE/gpu.txt") (pytest rc=$suite_rc); pure-path GPU pass: $(result "$STATE/pytest_pure.log") (rc=$(rc "$STATE/pytest_pure.rc")); fast path $(cat "$STATE/fastpath.txt")"
       echo "$summary" > "$STATE/summary.txt"
       echo "$summary" ;;
     *) echo "gpu_check: unknown stage '$stage' (tests, pure, bench, summary)"; exit 2 ;;

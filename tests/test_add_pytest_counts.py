@@ -1,0 +1,35 @@
+"""tools/add_pytest_counts.py: the one summary line of a GPU suite run in two halves (tools/gpu_check.sh)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from add_pytest_counts import add
+
+
+def test_two_halves_add_up_every_count_and_the_seconds():
+    line = add(["483 passed, 8 skipped, 1 warning in 386.31s (0:06:26)", "295 passed, 8 skipped in 89.43s (0:01:29)"])
+    assert line == "778 passed, 16 skipped, 1 warning in 475.74s (2 parts)"
+
+
+def test_failures_and_errors_are_kept_and_come_first():
+    line = add(["2 failed, 10 passed, 1 error in 3.00s", "1 failed, 4 passed, 2 errors in 1.50s"])
+    assert line == "3 failed, 14 passed, 3 errors in 4.50s (2 parts)"
+
+
+def test_a_half_that_did_not_run_is_named():
+    line = add(["483 passed, 8 skipped in 386.31s", "not run"])
+    assert line == "483 passed, 8 skipped in 386.31s (2 parts; part 2 not run)"
+    assert add(["not run", "not run"]) == "nothing ran in 0.00s (2 parts; part 1 not run, part 2 not run)"
+
+
+def test_the_command_line_prints_the_sum_and_refuses_no_arguments():
+    script = str(ROOT / "tools" / "add_pytest_counts.py")
+    out = subprocess.run([sys.executable, script, "1 passed in 1.0s", "2 passed in 2.0s"], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == "3 passed in 3.00s (2 parts)"
+    refused = subprocess.run([sys.executable, script], check=False, capture_output=True, text=True)
+    assert refused.returncode == 2 and "Usage" in refused.stderr
