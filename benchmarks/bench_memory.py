@@ -70,9 +70,18 @@ def drop_peer(name: str, exc: Exception, errors: dict[str, str], when: str) -> N
 def take_turns(loops: dict[str, tuple[Callable[[int], Any], int]], rounds: int, errors: dict[str, str]
                ) -> dict[str, list[float]]:
     """Each loop ``fn(n)`` timed alone (µs per operation), the loops taking turns for ``rounds`` rounds,
-    the order rotating by one loop each round, on one CPU.  A peer's loop that fails in a round is
+    the order rotating by one loop each round, on one CPU.  Each loop is warmed up first with a tenth
+    of ``n`` (pools, caches), before the thread is pinned: a thread a driver or peer starts inside the
+    pinned block would inherit the one CPU.  A peer's loop that fails in its warm-up or in a round is
     dropped, all its rounds with it, and its error noted (cuproc's and the C floor's failures raise)."""
-    names = list(loops)
+    names = []
+    for name, (fn, n) in loops.items():
+        try:
+            fn(max(n // 10, 1))
+        except Exception as exc:  # noqa: BLE001 - see drop_peer
+            drop_peer(name, exc, errors, "in its warm-up")
+            continue
+        names.append(name)
     times: dict[str, list[float]] = {name: [] for name in names}
     with one_cpu():
         for r in range(rounds):
@@ -143,15 +152,7 @@ def allocations(c_lib: Any, smoke: bool, ops: tuple[int, int], rounds: int, erro
     best: dict[str, dict[str, float]] = {}
     every: dict[str, dict[str, list[float]]] = {}
     for group, loops, n in (("sync_us", sync, ops[0]), ("stream_ordered_us", stream_ordered, ops[1])):
-        timed: dict[str, tuple[Callable[[int], Any], int]] = {}
-        for name, fn in loops.items():
-            try:
-                fn(max(n // 10, 1))                    # warm up (pools, caches); a failing peer is dropped
-            except Exception as exc:  # noqa: BLE001 - see drop_peer
-                drop_peer(name, exc, errors, "in its warm-up")
-                continue
-            timed[name] = (fn, n)
-        every[group] = take_turns(timed, rounds, errors)
+        every[group] = take_turns({name: (fn, n) for name, fn in loops.items()}, rounds, errors)
         best[group] = {name: min(v) for name, v in every[group].items()}
     stream.close()
     return best, every

@@ -13,6 +13,7 @@ from add_pytest_counts import add
 def test_two_halves_add_up_every_count_and_the_seconds():
     line = add(["483 passed, 8 skipped, 1 warning in 386.31s (0:06:26)", "295 passed, 8 skipped in 89.43s (0:01:29)"])
     assert line == "778 passed, 16 skipped, 1 warning in 475.74s (2 parts)"
+    assert add(["1 passed, 1 warning in 1.0s", "1 passed, 1 warning in 1.0s"]) == "2 passed, 2 warnings in 2.00s (2 parts)"
 
 
 def test_failures_and_errors_are_kept_and_come_first():
@@ -20,10 +21,17 @@ def test_failures_and_errors_are_kept_and_come_first():
     assert line == "3 failed, 14 passed, 3 errors in 4.50s (2 parts)"
 
 
-def test_a_half_that_did_not_run_is_named():
+def test_every_kind_of_count_is_kept_unknown_ones_after_pytests_own():
+    line = add(["1 failed, 3 passed, 2 deselected, 1 xfailed, 1 rerun in 2.0s", "1 xpassed, 4 passed in 1.0s"])
+    assert line == "1 failed, 7 passed, 2 deselected, 1 xfailed, 1 xpassed, 1 rerun in 3.00s (2 parts)"
+
+
+def test_a_half_without_a_result_line_is_named():
     line = add(["483 passed, 8 skipped in 386.31s", "not run"])
-    assert line == "483 passed, 8 skipped in 386.31s (2 parts; part 2 not run)"
-    assert add(["not run", "not run"]) == "nothing ran in 0.00s (2 parts; part 1 not run, part 2 not run)"
+    assert line == "483 passed, 8 skipped in 386.31s (2 parts; part 2: no result line)"
+    killed = "........................................................................ [ 72%]"   # a timeout's log tail
+    assert add([killed, "no tests ran in 0.01s"]) == \
+        "nothing ran in 0.00s (2 parts; part 1: no result line, part 2: no result line)"
 
 
 def test_the_command_line_prints_the_sum_and_refuses_no_arguments():
@@ -32,4 +40,4 @@ def test_the_command_line_prints_the_sum_and_refuses_no_arguments():
                          text=True, check=True)
     assert out.stdout.strip() == "3 passed in 3.00s (2 parts)"
     refused = subprocess.run([sys.executable, script], check=False, capture_output=True, text=True)
-    assert refused.returncode == 2 and "Usage" in refused.stderr
+    assert refused.returncode == 2 and refused.stdout == ""

@@ -411,12 +411,12 @@ def test_memory_goals_are_paired_within_rounds_and_a_failed_c_floor_refuses():
 
     def peer(n):
         calls.append("peer")
-        if calls.count("peer") > 1:
+        if calls.count("peer") > 2:                            # its warm-up and round 1 pass
             raise TypeError("the peer's API changed")
     errors: dict[str, str] = {}
     timed = m.take_turns({"cuproc a": (lambda n: calls.append("a"), 4), "b": (peer, 2)}, 3, errors)
     assert list(timed) == ["cuproc a"] and len(timed["cuproc a"]) == 3 and min(timed["cuproc a"]) >= 0
-    assert "round 2" in errors["b"] and calls.count("peer") == 2      # dropped when it failed, rounds and all
+    assert "round 2" in errors["b"] and calls.count("peer") == 3      # dropped when it failed, rounds and all
     with pytest.raises(ValueError):
         m.paired_ratio([1.0, 2.0], [1.0])
     with pytest.raises(TypeError):                              # cuproc's own loop failing ends the run
@@ -463,7 +463,7 @@ def test_launch_rounds_warm_up_before_pinning_and_rotate_the_rows(monkeypatch):
     """Every launcher warms up before the thread is pinned (a thread a driver or peer starts inside
     the pinned block would inherit the one CPU), and each round's order is the last one's rotated by
     one row, bursts and steady rounds alike (no row always follows the same other one)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import bench_launch
     log: list = []
     monkeypatch.setattr(bench_launch, "one_cpu", lambda: _pinning_logged(log))
@@ -471,35 +471,37 @@ def test_launch_rounds_warm_up_before_pinning_and_rotate_the_rows(monkeypatch):
     loops = {n: (lambda count, n=n: log.append((n, count))) for n in names}
     bench_launch.measure_interleaved(loops, set(), lambda: None, 4, 3, 8)
     pin = log.index("pin")
-    assert sorted(log[:pin]) == [(n, 4) for n in names] and log[-1] == "unpin"
+    assert log[:pin] == [(n, 4) for n in names] and log[-1] == "unpin"
     timed = log[pin + 1:-1]
     bursts = [n for n, count in timed if count == 4]
     steady = [n for n, count in timed if count == 8]
     assert len(timed) == len(bursts) + len(steady)
     assert bursts == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
-    assert steady[:6] == ["a", "b", "c", "b", "c", "a"] and len(steady) == 3 * bench_launch.STEADY_ROUNDS
+    assert steady[:9] == bursts and len(steady) == 3 * bench_launch.STEADY_ROUNDS
 
 
-def test_memory_loops_take_turns_pinned_in_rotated_order(monkeypatch):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+def test_memory_loops_warm_up_before_pinning_then_take_turns_in_rotated_order(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import bench_memory
     log: list = []
     monkeypatch.setattr(bench_memory, "one_cpu", lambda: _pinning_logged(log))
-    loops = {n: (lambda count, n=n: log.append(n), 1) for n in ("x", "y")}
+    loops = {n: (lambda count, n=n: log.append((n, count)), 20) for n in ("x", "y", "z")}
     times = bench_memory.take_turns(loops, 3, {})
-    assert log == ["pin", "x", "y", "y", "x", "x", "y", "unpin"]
-    assert {n: len(v) for n, v in times.items()} == {"x": 3, "y": 3}
+    assert log[:4] == [("x", 2), ("y", 2), ("z", 2), "pin"] and log[-1] == "unpin"   # a tenth of n, first
+    assert [n for n, _ in log[4:-1]] == ["x", "y", "z", "y", "z", "x", "z", "x", "y"]
+    assert {n: len(v) for n, v in times.items()} == {"x": 3, "y": 3, "z": 3}
 
 
 def test_trivial_call_rows_warm_up_before_pinning_and_rotate(monkeypatch):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import bench_driver
     log: list = []
     monkeypatch.setattr(bench_driver, "one_cpu", lambda: _pinning_logged(log))
-    rows = {n: (f"log.append({n!r})", {"log": log}) for n in ("p", "q")}
-    bench_driver._interleaved(rows, 1, 2, [("p", "q")])
+    rows = {n: (f"log.append({n!r})", {"log": log}) for n in ("p", "q", "r")}
+    bench_driver._interleaved(rows, 1, 3, [("p", "q")])
     pin = log.index("pin")
-    assert set(log[:pin]) == {"p", "q"} and log[-1] == "unpin"
+    assert log[:pin] == ["p", "q", "r"] and log[-1] == "unpin"
     timed = log[pin + 1:-1]
-    assert len(timed) == 4 * 3                   # two rounds of two rows, each timed best of three
-    assert timed[::3] == ["p", "q", "q", "p"] and all(timed[i:i + 3] == [timed[i]] * 3 for i in range(0, 12, 3))
+    assert len(timed) == 9 * 3                   # three rounds of three rows, each timed best of three
+    assert timed[::3] == ["p", "q", "r", "q", "r", "p", "r", "p", "q"]
+    assert all(timed[i:i + 3] == [timed[i]] * 3 for i in range(0, len(timed), 3))

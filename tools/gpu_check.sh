@@ -3,9 +3,9 @@
 # and the benchmarks, and print a short summary last.
 #
 # On the device:  bash tools/gpu_check.sh [STAGE...]   (carry .whl; results land in $OUT, else ./.device-out)
-#   STAGE: tests (the whole suite, fast path), tests1 and tests2 (its first and second half of the
-#   test files, for a device call too short for the whole suite: on a slow machine it took 8 of the
-#   10 minutes one call may run), pure (the GPU files on the pure path), bench (every benchmark),
+#   STAGE: tests (the whole suite, fast path), tests1 and tests2 (every other test file each, for
+#   a device call too short for the whole suite: on a slow machine it took 8 of the 10 minutes one
+#   call may run), pure (the GPU files on the pure path), bench (every benchmark),
 #   summary; none given: tests, pure, bench, summary.  The stages keep their logs in
 #   $GPU_CHECK_STATE (default /tmp/cuproc-gpu-check), so that a device call with a time limit can run
 #   one or two of them and a later call on the same machine the rest; "summary" reads what the
@@ -33,11 +33,15 @@ echo "fast path: $(cat "$STATE/fastpath.txt")"
 for stage in "${stages[@]}"; do
   case $stage in
     tests)
+      rm -f "$STATE"/pytest_tests[12].*   # this run's counts, never an earlier run's halves
       CUPROC_MATRIX_REPORT=$STATE/matrix_mismatches.jsonl timeout 540 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$STATE/pytest.log"
       echo "${PIPESTATUS[0]}" > "$STATE/pytest.rc" ;;
-    tests1|tests2)   # half of the test files each (sorted; the first half has the extra one)
-      files=(tests/test_*.py); half=$(( (${#files[@]} + 1) / 2 ))
-      if [ "$stage" = tests1 ]; then part=("${files[@]:0:$half}"); else part=("${files[@]:$half}"); fi
+    tests1|tests2)   # every other test file each (the GPU files, sorted together, are split between them)
+      # never an earlier run's counts: tests1 (run it first) clears the whole suite's and both halves'
+      rm -f "$STATE/pytest.log" "$STATE/pytest.rc" "$STATE/pytest_$stage".*
+      [ "$stage" = tests1 ] && rm -f "$STATE"/pytest_tests2.*
+      files=(tests/test_*.py); part=(); first=$([ "$stage" = tests1 ] && echo 0 || echo 1)
+      for ((k = first; k < ${#files[@]}; k += 2)); do part+=("${files[$k]}"); done
       CUPROC_MATRIX_REPORT=$STATE/matrix_mismatches.jsonl timeout 540 python3 -m pytest -q -p no:cacheprovider "${part[@]}" 2>&1 | tee "$STATE/pytest_$stage.log"
       echo "${PIPESTATUS[0]}" > "$STATE/pytest_$stage.rc" ;;
     pure)   # the GPU files once more on the pure path (the CPU suite reruns its driver/launch/ownership tests itself)
@@ -56,14 +60,15 @@ for stage in "${stages[@]}"; do
       result() { [ -f "$1" ] && grep -E '[0-9]+ (passed|failed|errors?)' "$1" | tail -1 || echo "not run"; }
       rc() { cat "$1" 2>/dev/null || echo "none"; }
       suite=$(result "$STATE/pytest.log"); suite_rc=$(rc "$STATE/pytest.rc")
-      if [ "$suite" = "not run" ] && [ -f "$STATE/pytest_tests1.log" ]; then   # the two halves, added up
+      if [ "$suite" = "not run" ] && { [ -f "$STATE/pytest_tests1.log" ] || [ -f "$STATE/pytest_tests2.log" ]; }; then
+        # the two halves, added up (a half without a result line is named in the line)
         suite=$(python3 tools/add_pytest_counts.py "$(result "$STATE/pytest_tests1.log")" "$(result "$STATE/pytest_tests2.log")")
         suite_rc="$(rc "$STATE/pytest_tests1.rc")/$(rc "$STATE/pytest_tests2.rc")"
       fi
       summary="SUMMARY: $suite on $(head -1 "$STATE/gpu.txt") (pytest rc=$suite_rc); pure-path GPU pass: $(result "$STATE/pytest_pure.log") (rc=$(rc "$STATE/pytest_pure.rc")); fast path $(cat "$STATE/fastpath.txt")"
       echo "$summary" > "$STATE/summary.txt"
       echo "$summary" ;;
-    *) echo "gpu_check: unknown stage '$stage' (tests, pure, bench, summary)"; exit 2 ;;
+    *) echo "gpu_check: unknown stage '$stage' (tests, tests1, tests2, pure, bench, summary)"; exit 2 ;;
   esac
   pack
 done
