@@ -219,6 +219,12 @@ def test_benchmarks_run_end_to_end_in_smoke_mode(bench, tmp_path):
     lines = [line for line in goals.splitlines() if line.startswith("- [")]
     assert lines and all(line.startswith(("- [met]", "- [MISSED]", "- [not evaluated")) for line in lines)
     assert "cuproc path:" in text and "SMOKE RUN" in text
+    if bench == "bench_driver.py":   # the block after preload() shows its own bare-call rounds beside its row
+        import json
+        data = json.loads((tmp_path / "bench_driver.json").read_text())["trivial_call_us"]
+        ours = [k for k in data if "after cu.preload()" in k]
+        theirs = [k for k in data if k.startswith("bare cffi (function pointer") and "after preload()" in k]
+        assert len(ours) == 1 and len(theirs) == 1 and data[theirs[0]] > 0
     if bench == "bench_launch.py":   # the one-shot rows went through the C front where there is one
         made = re.search(r"one-shot launches made by the C front \([^)]*\): ([\d,]+)", text)
         assert (made is not None and int(made.group(1).replace(",", "")) > 0) if fastpath.active() else \
