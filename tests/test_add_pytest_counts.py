@@ -30,8 +30,14 @@ def test_a_half_without_a_result_line_is_named():
     line = add(["483 passed, 8 skipped in 386.31s", "not run"])
     assert line == "483 passed, 8 skipped in 386.31s (2 parts; part 2: no result line)"
     killed = "........................................................................ [ 72%]"   # a timeout's log tail
-    assert add([killed, "no tests ran in 0.01s"]) == \
-        "nothing ran in 0.00s (2 parts; part 1: no result line, part 2: no result line)"
+    assert add([killed, "no tests ran in 0.01s"]) == "no tests ran in 0.01s (2 parts; part 1: no result line)"
+
+
+def test_only_pytests_own_result_line_counts():
+    assert add(["===== 3 passed, 1 skipped in 1.50s =====", "8 skipped in 1.0s"]) == \
+        "3 passed, 9 skipped in 2.50s (2 parts)"
+    for other in ("fp16 passed in 1s", "cu12 driver: 3 failed to load", "1 passed in 1.5s, 2 failed"):
+        assert add([other]).endswith("(1 parts; part 1: no result line)"), other
 
 
 def test_the_command_line_prints_the_sum_and_refuses_no_arguments():

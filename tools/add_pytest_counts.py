@@ -1,10 +1,12 @@
 """Add up pytest result lines: what ``tools/gpu_check.sh summary`` prints for a suite run in halves.
 
 Prints one line of the same form as pytest's ("483 passed, 8 skipped, 1 warning in 386.31s") with
-every count and the seconds added up, and "(N parts)".  A part whose log has no result line (it
-did not run, or was killed by a time limit before pytest printed one) is named, so that a summary
-never reads as complete when part of the suite is missing.  Counts of words this script does not
-know (a plugin's "rerun") are added up and kept too, after pytest's own.
+every count and the seconds added up, and "(N parts)".  Only pytest's own result line counts
+("N word, N word ... in S s" or "no tests ran in S s", with or without its "=" rule): a part whose
+argument is anything else (the log had none: the part did not run, or a time limit killed it before
+pytest printed one) is named, so that a summary never reads as complete when part of the suite is
+missing.  Counts of words this script does not know (a plugin's "rerun") are added up and kept too,
+after pytest's own.
 
 Why a script: the device allows ten minutes a call, and on a slow machine the whole suite took
 eight of them; ``gpu_check.sh`` can run it as two stages, and the closing note needs one line.
@@ -20,8 +22,10 @@ USAGE = "usage: python3 tools/add_pytest_counts.py LINE [LINE...]   (each pytest
 # pytest's words, in the order it prints them
 _ORDER = ("failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "warnings", "errors")
 _PLURAL = {"warning": "warnings", "error": "errors"}
+# pytest's result line: its counts (or "no tests ran"), " in <seconds>s", perhaps " (h:mm:ss)", nothing after
+RESULT_LINE = re.compile(r"^=*\s*(?P<counts>\d+ [a-z]+(?:, \d+ [a-z]+)*|no tests ran) in (?P<seconds>[0-9.]+)s"
+                         r"(?: \(\d+:\d\d:\d\d\))?\s*=*$")
 _COUNT = re.compile(r"(\d+) ([a-z]+)")
-_SECONDS = re.compile(r" in ([0-9.]+)s\b")
 
 
 def add(lines: list[str]) -> str:
@@ -30,19 +34,17 @@ def add(lines: list[str]) -> str:
     seconds = 0.0
     missing = []
     for k, line in enumerate(lines, 1):
-        took = _SECONDS.search(line)
-        counts = _COUNT.findall(line[:took.start()] if took else line)
-        if not counts:
+        found = RESULT_LINE.match(line.strip())
+        if found is None:
             missing.append(f"part {k}: no result line")
             continue
-        for number, word in counts:
+        for number, word in _COUNT.findall(found["counts"]):
             word = _PLURAL.get(word, word)
             totals[word] = totals.get(word, 0) + int(number)
-        if took:
-            seconds += float(took.group(1))
+        seconds += float(found["seconds"])
     order = [w for w in _ORDER if w in totals] + [w for w in totals if w not in _ORDER]
     words = [f"{totals[w]} {w[:-1] if w in _PLURAL.values() and totals[w] == 1 else w}" for w in order]
-    text = ", ".join(words) if words else "nothing ran"
+    text = ", ".join(words) if words else "no tests ran"
     return f"{text} in {seconds:.2f}s ({len(lines)} parts{'; ' + ', '.join(missing) if missing else ''})"
 
 

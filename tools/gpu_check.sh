@@ -18,6 +18,9 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(tests pure bench summary)
 mkdir -p "$FINAL" "$STATE"
 pack() { tar -C "$STATE" -czf "$FINAL/gpu_check.tar.gz" .; }   # after each stage: a timeout keeps what ran
+# What the test stages ran: the sources' digest (not the built module, caches or results)
+tree_digest() { find cuproc tests tools -type f \( -name '*.py' -o -name '*.c' -o -name '*.sh' \) -print0 | sort -z \
+                  | xargs -0 cat | md5sum | cut -c1-12; }
 if ! python3 -c "import cffi" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site
@@ -37,9 +40,11 @@ for stage in "${stages[@]}"; do
       CUPROC_MATRIX_REPORT=$STATE/matrix_mismatches.jsonl timeout 540 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$STATE/pytest.log"
       echo "${PIPESTATUS[0]}" > "$STATE/pytest.rc" ;;
     tests1|tests2)   # every other test file each (the GPU files, sorted together, are split between them)
-      # never an earlier run's counts: tests1 (run it first) clears the whole suite's and both halves'
+      # never an earlier run's counts: tests1 (run it first) clears the whole suite's and both halves';
+      # each half notes the tree it ran on, and summary says when the two differ
       rm -f "$STATE/pytest.log" "$STATE/pytest.rc" "$STATE/pytest_$stage".*
       [ "$stage" = tests1 ] && rm -f "$STATE"/pytest_tests2.*
+      tree_digest > "$STATE/pytest_$stage.tree"
       files=(tests/test_*.py); part=(); first=$([ "$stage" = tests1 ] && echo 0 || echo 1)
       for ((k = first; k < ${#files[@]}; k += 2)); do part+=("${files[$k]}"); done
       CUPROC_MATRIX_REPORT=$STATE/matrix_mismatches.jsonl timeout 540 python3 -m pytest -q -p no:cacheprovider "${part[@]}" 2>&1 | tee "$STATE/pytest_$stage.log"
@@ -56,14 +61,22 @@ for stage in "${stages[@]}"; do
       done
       cat "$STATE"/bench_*.md 2>/dev/null ;;
     summary)
-      # pytest's own result line (other libraries may print at interpreter exit after it)
-      result() { [ -f "$1" ] && grep -E '[0-9]+ (passed|failed|errors?)' "$1" | tail -1 || echo "not run"; }
+      # pytest's own result line (other libraries may print at interpreter exit after it): "not run"
+      # without a log, "no result line" with one that has none (killed by a time limit, or crashed)
+      result() {
+        [ -f "$1" ] || { echo "not run"; return; }
+        grep -E '^=* *([0-9]+ [a-z]+(, [0-9]+ [a-z]+)*|no tests ran) in [0-9.]+s( \([0-9]+:[0-9]{2}:[0-9]{2}\))? *=*$' "$1" \
+          | tail -1 | grep . || echo "no result line"; }
       rc() { cat "$1" 2>/dev/null || echo "none"; }
       suite=$(result "$STATE/pytest.log"); suite_rc=$(rc "$STATE/pytest.rc")
       if [ "$suite" = "not run" ] && { [ -f "$STATE/pytest_tests1.log" ] || [ -f "$STATE/pytest_tests2.log" ]; }; then
         # the two halves, added up (a half without a result line is named in the line)
         suite=$(python3 tools/add_pytest_counts.py "$(result "$STATE/pytest_tests1.log")" "$(result "$STATE/pytest_tests2.log")")
         suite_rc="$(rc "$STATE/pytest_tests1.rc")/$(rc "$STATE/pytest_tests2.rc")"
+        if [ -f "$STATE/pytest_tests1.tree" ] && [ -f "$STATE/pytest_tests2.tree" ] \
+           && ! cmp -s "$STATE/pytest_tests1.tree" "$STATE/pytest_tests2.tree"; then
+          suite="$suite [the halves ran on different source trees]"
+        fi
       fi
       summary="SUMMARY: $suite on $(head -1 "$STATE/gpu.txt") (pytest rc=$suite_rc); pure-path GPU pass: $(result "$STATE/pytest_pure.log") (rc=$(rc "$STATE/pytest_pure.rc")); fast path $(cat "$STATE/fastpath.txt")"
       echo "$summary" > "$STATE/summary.txt"
