@@ -9,7 +9,8 @@
 #   summary; none given: tests, pure, bench, summary.  The stages keep their logs in
 #   $GPU_CHECK_STATE (default /tmp/cuproc-gpu-check), so that a device call with a time limit can run
 #   one or two of them and a later call on the same machine the rest; "summary" reads what the
-#   earlier ones left (the two halves' counts added up, when the whole suite did not run).
+#   earlier ones left (the two halves' counts added up, when the whole suite did not run).  A test
+#   stage (tests, or tests1) begins a check: it clears what pure, bench and summary left before.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/.device-out}
@@ -33,17 +34,21 @@ if [ ! -f "$STATE/fastpath.txt" ] || [ "${stages[0]}" = tests ] || [ "${stages[0
   python3 -c "import cuproc.fastpath as f; print(f.status())" 2>&1 | tail -1 > "$STATE/fastpath.txt"
 fi
 echo "fast path: $(cat "$STATE/fastpath.txt")"
+# A check begins with its test stage (tests, or tests1): what later stages left from an earlier check on
+# this machine goes, so that summary and bench never print an old run's results as this one's.
+later_stages_outputs() { rm -f "$STATE"/pytest_pure.* "$STATE"/bench_* "$STATE"/summary.txt; }
 for stage in "${stages[@]}"; do
   case $stage in
     tests)
       rm -f "$STATE"/pytest_tests[12].*   # this run's counts, never an earlier run's halves
+      later_stages_outputs
       CUPROC_MATRIX_REPORT=$STATE/matrix_mismatches.jsonl timeout 540 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$STATE/pytest.log"
       echo "${PIPESTATUS[0]}" > "$STATE/pytest.rc" ;;
     tests1|tests2)   # every other test file each (the GPU files, sorted together, are split between them)
       # never an earlier run's counts: tests1 (run it first) clears the whole suite's and both halves';
       # each half notes the tree it ran on, and summary says when the two differ
       rm -f "$STATE/pytest.log" "$STATE/pytest.rc" "$STATE/pytest_$stage".*
-      [ "$stage" = tests1 ] && rm -f "$STATE"/pytest_tests2.*
+      [ "$stage" = tests1 ] && { rm -f "$STATE"/pytest_tests2.*; later_stages_outputs; }
       tree_digest > "$STATE/pytest_$stage.tree"
       files=(tests/test_*.py); part=(); first=$([ "$stage" = tests1 ] && echo 0 || echo 1)
       for ((k = first; k < ${#files[@]}; k += 2)); do part+=("${files[$k]}"); done
@@ -53,6 +58,7 @@ for stage in "${stages[@]}"; do
       CUPROC_PURE_PYTHON=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_*.py 2>&1 | tee "$STATE/pytest_pure.log"
       echo "${PIPESTATUS[0]}" > "$STATE/pytest_pure.rc" ;;
     bench)
+      rm -f "$STATE"/bench_*   # a benchmark that fails leaves no earlier run's table to be printed
       python3 -m cuproc.tools.dump_symbols --json > "$STATE/dump_symbols.json" 2> "$STATE/dump_symbols.err"
       python3 -m cuproc.tools.dump_symbols 'cuCtxCreate*' 'cuMemcpyHtoD*' 'cuLaunchKernel*' | head -8
       for b in benchmarks/bench_*.py; do
