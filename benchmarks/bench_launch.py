@@ -362,19 +362,21 @@ def lead_of(theirs: list[float], ours: list[float]) -> float:
     return got - 1 if got is not None else float("nan")
 
 
+def paired_over(results: dict, name: str, reference: str, col: str) -> float | None:
+    """``name``'s time over ``reference``'s in column ``col``, paired within the column's rounds (None
+    when either row is missing)."""
+    a, b = results.get(name, {}).get(ROUNDS_OF[col]), results.get(reference, {}).get(ROUNDS_OF[col])
+    return paired_ratio(a, b) if a and b else None
+
+
 def evaluate(results: dict, errors: dict, smoke: bool, default: tuple[str, str] = ("cuLaunchKernelEx", "buffer")
              ) -> tuple[Goals, dict]:
     """Every goal on both columns (burst and steady), each ratio against the row's same-entry C loop."""
     goals = Goals()
     why = "smoke run" if smoke else None
 
-    def rounds(name: str, col: str) -> list[float] | None:
-        return results.get(name, {}).get(ROUNDS_OF[col])
-
     def over(name: str, reference: str, col: str) -> float | None:
-        """``name``'s time over ``reference``'s, paired within the column's rounds."""
-        a, b = rounds(name, col), rounds(reference, col)
-        return paired_ratio(a, b) if a and b else None
+        return paired_over(results, name, reference, col)
 
     def ratio(name: str, col: str) -> float | None:
         return over(name, floor_of(name, *default), col)
@@ -473,9 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     base = results.get(FLOOR, {}).get("burst_us")
     rows = []
 
-    def versus(name: str, col: str) -> str:
-        floor = results.get(floor_of(name, default.entry, default.convention), {}).get(ROUNDS_OF[col])
-        got = paired_ratio(results[name][ROUNDS_OF[col]], floor) if floor else None
+    def versus(name: str, col: str) -> str:   # the same paired ratio the goals read
+        got = paired_over(results, name, floor_of(name, default.entry, default.convention), col)
         return f"{got:.2f}" if got is not None else ""
     for name, v in sorted(results.items(), key=lambda kv: kv[1]["burst_us"]):
         low, high = v["steady_range_us"]

@@ -47,3 +47,20 @@ def test_the_command_line_prints_the_sum_and_refuses_no_arguments():
     assert out.stdout.strip() == "3 passed in 3.00s (2 parts)"
     refused = subprocess.run([sys.executable, script], check=False, capture_output=True, text=True)
     assert refused.returncode == 2 and refused.stdout == ""
+
+
+def test_a_logs_last_result_line_is_what_the_sum_takes(tmp_path):
+    """--line picks what gpu_check.sh passes on: the log's last pytest result line, by the same pattern."""
+    script = str(ROOT / "tools" / "add_pytest_counts.py")
+    log = tmp_path / "pytest.log"
+    log.write_text("....\n3 passed in 1.00s\nexit noise: 12 failed to load\n")
+
+    def line(path: Path) -> str:
+        return subprocess.run([sys.executable, script, "--line", str(path)], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    assert line(log) == "3 passed in 1.00s"
+    log.write_text("........ [ 72%]\n")                                   # a time limit cut it short
+    assert line(log) == "no result line"
+    assert line(tmp_path / "absent.log") == "not run"
+    refused = subprocess.run([sys.executable, script, "--line"], check=False, capture_output=True, text=True)
+    assert refused.returncode == 2 and refused.stdout == ""

@@ -8,6 +8,9 @@ pytest printed one) is named, so that a summary never reads as complete when par
 missing.  Counts of words this script does not know (a plugin's "rerun") are added up and kept too,
 after pytest's own.
 
+``--line LOG`` prints a log's last such line ("not run" without the file), which is what
+``gpu_check.sh`` passes on: one pattern for both.
+
 Why a script: the device allows ten minutes a call, and on a slow machine the whole suite took
 eight of them; ``gpu_check.sh`` can run it as two stages, and the closing note needs one line.
 Standard library only (it runs before anything is installed).
@@ -17,7 +20,8 @@ from __future__ import annotations
 import re
 import sys
 
-USAGE = "usage: python3 tools/add_pytest_counts.py LINE [LINE...]   (each pytest's last result line, or 'not run')"
+USAGE = ("usage: python3 tools/add_pytest_counts.py LINE [LINE...]   (each pytest's last result line, or 'not run')\n"
+         "       python3 tools/add_pytest_counts.py --line LOG        (LOG's last result line: what a LINE is)")
 
 # pytest's words, in the order it prints them
 _ORDER = ("failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "warnings", "errors")
@@ -48,11 +52,22 @@ def add(lines: list[str]) -> str:
     return f"{text} in {seconds:.2f}s ({len(lines)} parts{'; ' + ', '.join(missing) if missing else ''})"
 
 
+def last_line(log: str) -> str:
+    """The last pytest result line in the file ``log``: "not run" when there is no such file, "no result
+    line" when it has none (the same test as :func:`add`'s, so the two agree on what a result is)."""
+    try:
+        with open(log, encoding="utf-8", errors="replace") as f:
+            lines = [line.strip() for line in f if RESULT_LINE.match(line.strip())]
+    except FileNotFoundError:
+        return "not run"
+    return lines[-1] if lines else "no result line"
+
+
 def main(argv: list[str]) -> int:
-    if not argv:
+    if not argv or (argv[0] == "--line" and len(argv) != 2):
         print(USAGE, file=sys.stderr)
         return 2
-    print(add(argv))
+    print(last_line(argv[1]) if argv[0] == "--line" else add(argv))
     return 0
 
 

@@ -34,21 +34,20 @@ if [ ! -f "$STATE/fastpath.txt" ] || [ "${stages[0]}" = tests ] || [ "${stages[0
   python3 -c "import cuproc.fastpath as f; print(f.status())" 2>&1 | tail -1 > "$STATE/fastpath.txt"
 fi
 echo "fast path: $(cat "$STATE/fastpath.txt")"
-# A check begins with its test stage (tests, or tests1): what later stages left from an earlier check on
+# A check begins with its test stage (tests, or tests1): what every stage left from an earlier check on
 # this machine goes, so that summary and bench never print an old run's results as this one's.
-later_stages_outputs() { rm -f "$STATE"/pytest_pure.* "$STATE"/bench_* "$STATE"/summary.txt; }
+begin_check() { rm -f "$STATE"/pytest.log "$STATE"/pytest.rc "$STATE"/pytest_tests[12].* "$STATE"/pytest_pure.* \
+                      "$STATE"/bench_* "$STATE"/summary.txt; }
 for stage in "${stages[@]}"; do
   case $stage in
     tests)
-      rm -f "$STATE"/pytest_tests[12].*   # this run's counts, never an earlier run's halves
-      later_stages_outputs
+      begin_check
       CUPROC_MATRIX_REPORT=$STATE/matrix_mismatches.jsonl timeout 540 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$STATE/pytest.log"
       echo "${PIPESTATUS[0]}" > "$STATE/pytest.rc" ;;
     tests1|tests2)   # every other test file each (the GPU files, sorted together, are split between them)
-      # never an earlier run's counts: tests1 (run it first) clears the whole suite's and both halves';
-      # each half notes the tree it ran on, and summary says when the two differ
-      rm -f "$STATE/pytest.log" "$STATE/pytest.rc" "$STATE/pytest_$stage".*
-      [ "$stage" = tests1 ] && { rm -f "$STATE"/pytest_tests2.*; later_stages_outputs; }
+      # never an earlier run's counts: tests1 (run it first) begins the check, tests2 clears what it
+      # replaces; each half notes the tree it ran on, and summary says when the two differ
+      if [ "$stage" = tests1 ]; then begin_check; else rm -f "$STATE/pytest.log" "$STATE/pytest.rc" "$STATE"/pytest_tests2.*; fi
       tree_digest > "$STATE/pytest_$stage.tree"
       files=(tests/test_*.py); part=(); first=$([ "$stage" = tests1 ] && echo 0 || echo 1)
       for ((k = first; k < ${#files[@]}; k += 2)); do part+=("${files[$k]}"); done
@@ -69,10 +68,7 @@ for stage in "${stages[@]}"; do
     summary)
       # pytest's own result line (other libraries may print at interpreter exit after it): "not run"
       # without a log, "no result line" with one that has none (killed by a time limit, or crashed)
-      result() {
-        [ -f "$1" ] || { echo "not run"; return; }
-        grep -E '^=* *([0-9]+ [a-z]+(, [0-9]+ [a-z]+)*|no tests ran) in [0-9.]+s( \([0-9]+:[0-9]{2}:[0-9]{2}\))? *=*$' "$1" \
-          | tail -1 | grep . || echo "no result line"; }
+      result() { python3 tools/add_pytest_counts.py --line "$1"; }
       rc() { cat "$1" 2>/dev/null || echo "none"; }
       suite=$(result "$STATE/pytest.log"); suite_rc=$(rc "$STATE/pytest.rc")
       if [ "$suite" = "not run" ] && { [ -f "$STATE/pytest_tests1.log" ] || [ -f "$STATE/pytest_tests2.log" ]; }; then
