@@ -42,7 +42,7 @@ def arity(driver: Driver, name: str) -> int:
     for calls whose signature changed between versions, e.g. cuCtxCreate v2/v3/v4)."""
     res = driver.resolution(name)
     if res.typedef is None:
-        raise driver._unavailable_error(res)
+        raise driver.unavailable_error(res)
     return len(ffi.typeof(res.typedef).args)
 
 

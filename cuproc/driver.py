@@ -21,7 +21,9 @@ Policy
   :class:`~cuproc.errors.CudaError` instead of returning a code.
 * **Resolution** is lazy, cached per symbol, thread-safe.  :meth:`Driver.preload` asks the
   driver for every symbol in one pass and keeps only its answers; each name's Resolution and
-  published callable are made on first use, the same as without preload.  Each symbol is asked
+  published callable are made on first use, the same as without preload.  The module namespace
+  binds every name when its first function is taken (:func:`preload`): a ``__getattr__`` left on
+  the module would keep CPython from specializing ``cuproc.driver.cuX`` loads.  Each symbol is asked
   for at its selected variant's *own* version (see :mod:`cuproc.registry`),
   never at the requested version R, and both the return code and the query
   status are read.
@@ -46,7 +48,7 @@ Policy
 * **fork.**  Nothing touches the driver at import.  A child forked after CUDA
   was initialized gets :class:`~cuproc.errors.ForkedProcessError` on first use,
   not an obscure failure.
-* **Types.**  The names come from ``__getattr__`` at run time; type checkers
+* **Types.**  The names come from ``__getattr__`` (or the namespace's binding) at run time; type checkers
   see instead the declarations that ``tools/build_stubs.py`` generates from
   ``headers/`` into ``_cnames.pyi`` (every function with its parameters, every
   constant and type), so a wrong argument count or a misspelt name is reported
@@ -132,22 +134,40 @@ class _Answer(NamedTuple):
 
 
 class Unavailable:
-    """Stands in for a function the driver cannot provide; raises when called, is false in a bool test."""
+    """Stands in for a function the driver cannot provide; raises when called, is false in a bool test.
 
-    __slots__ = ("resolution", "_error")
+    Its :class:`Resolution` (the message saying why) is made when first asked for: the module
+    namespace binds every name at once, and building the messages of the ~80 a driver lacks
+    would cost more than binding the rest."""
 
-    def __init__(self, resolution: Resolution, error: Callable[[], errors.CudaError]) -> None:
-        self.resolution = resolution
-        self._error = error
+    __slots__ = ("_driver", "name", "status", "_resolution")
+
+    def __init__(self, driver: Driver, name: str, status: str, resolution: Resolution | None = None) -> None:
+        self._driver = driver
+        self.name = name
+        self.status = status
+        self._resolution = resolution
+
+    @property
+    def resolution(self) -> Resolution:
+        """What the driver answered for this name (:meth:`Driver.resolution`)."""
+        res = self._resolution
+        if res is None:
+            if _fork.FORKED[0]:   # the answer is gone with the fork; asking again would touch the driver
+                raise forked_error(self.name)
+            res = self._resolution = self._driver.resolution(self.name)
+        return res
 
     def __call__(self, *args: object) -> int:
-        raise self._error()
+        if _fork.FORKED[0]:
+            raise forked_error(self.name)
+        raise self._driver.unavailable_error(self.resolution)
 
     def __bool__(self) -> bool:
         return False
 
     def __repr__(self) -> str:
-        return f"<unavailable {self.resolution.name}: {self.resolution.status}>"
+        return f"<unavailable {self.name}: {self.status}>"
 
 
 # --------------------------------------------------------------------------- fork safety
@@ -196,11 +216,16 @@ def constants() -> dict[str, Any]:
     return _constants
 
 
-def _is_type_name(name: str) -> bool:
+def _names_of_types() -> frozenset[str]:
+    """Every typedef name of headers/ (the C type names the namespace answers)."""
     global _type_names
     if _type_names is None:
         _type_names = frozenset(ffi.list_types()[0])
-    return name in _type_names
+    return _type_names
+
+
+def _is_type_name(name: str) -> bool:
+    return name in _names_of_types()
 
 
 # --------------------------------------------------------------------------- the handle
@@ -414,8 +439,8 @@ class Driver(_DriverFunctions):
             sel = self.registry.select(name, requested, per_thread=self.per_thread_default_stream)
             return self._failed(sel, status, newer)
         function = ffi.cast(_callable_type(entry.typedef), pointer)  # type: ignore[arg-type]
-        return Resolution(name, RESOLVED, entry.entry_point, entry.typedef,
-                          interned_version(entry.query_version), newer, function, None)  # type: ignore[arg-type]
+        return _new(Resolution, (name, RESOLVED, entry.entry_point, entry.typedef,
+                                 interned_version(entry.query_version), newer, function, None))  # type: ignore[arg-type]
 
     def _ask(self, name: str, entry: str, version: CudaVersion) -> tuple[str, Any]:
         """cuGetProcAddress(name, version) under this handle's flag (dlsym of ``entry`` on drivers
@@ -485,7 +510,7 @@ class Driver(_DriverFunctions):
         """The raw function ``name`` at R, or at ``version`` for this one symbol; raises if unavailable."""
         res = self.resolution(name, version)
         if res.function is None:
-            raise self._unavailable_error(res)
+            raise self.unavailable_error(res)
         return self._with_alias(name, res, _public(name, res), self._version if version is None else version)
 
     def _with_alias(self, name: str, res: Resolution, function: Callable[..., int],
@@ -553,7 +578,7 @@ class Driver(_DriverFunctions):
                     f"the CUDA {driver_version} driver at {self._lib.path} answered {status} for {name} at "
                     f"CUDA {at}: it {why}"))
         if res.function is None:
-            raise self._unavailable_error(res)
+            raise self.unavailable_error(res)
         public = _public(name, res)
         with self._lock:   # __dict__ first: a reader that sees the name in _declared finds it there
             self.__dict__[name] = public
@@ -620,13 +645,48 @@ class Driver(_DriverFunctions):
                 counts[status] = counts.get(status, 0) + 1
         return counts
 
+    def functions(self) -> dict[str, Any]:
+        """Every function of this handle -- the registry's, at R, and the declared ones -- as
+        ``self.<name>`` gives it, each made now if it was not yet (in registry order).
+
+        Why: the module namespace binds all of them at once (:func:`cuproc.driver.preload`), and one
+        pass under the lock costs a fraction of as many attribute misses.  Call :meth:`preload` first
+        to ask the driver in one pass too; without it each name is asked for here."""
+        if _fork.FORKED[0]:
+            raise forked_error("functions")
+        self.open()
+        found = self.__dict__
+        out: dict[str, Any] = {}
+        with self._lock:   # as in _c_name: one published object per name, whichever thread is first
+            for name in [*self.registry, *self._declared]:
+                value = found.get(name)
+                if value is None:
+                    status = None if name in self._resolutions else self._answered(name)
+                    if status is not None and status != RESOLVED:
+                        value = Unavailable(self, name, status)   # its message when asked for
+                    else:
+                        value = self._published(name, self.resolution(name))
+                    found[name] = value
+                out[name] = value
+        return out
+
+    def _answered(self, name: str) -> str | None:
+        """The status preload() got for ``name``, None when it has none (peeked: still there for
+        :meth:`resolution`).  Called with the lock held."""
+        got = self._asked.get(name)
+        if got is not None:
+            return got if isinstance(got, str) else RESOLVED
+        answer = self._answers.get(name)
+        return None if answer is None else answer.status
+
     def _published(self, name: str, res: Resolution) -> Any:
         """What ``self.<name>`` becomes: the function, or an Unavailable that raises when called."""
         if res.function is None:
-            return Unavailable(res, lambda: self._unavailable_error(res))
+            return Unavailable(self, name, res.status, res)
         return self._with_alias(name, res, _public(name, res), self._version)
 
-    def _unavailable_error(self, res: Resolution) -> errors.CudaError:
+    def unavailable_error(self, res: Resolution) -> errors.CudaError:
+        """The exception calling a function that did not resolve raises (:class:`Unavailable`)."""
         cls = errors.DriverTooOldError if res.status == DRIVER_TOO_OLD else errors.SymbolNotFoundError
         return cls(_CUDA_ERROR_NOT_FOUND, res.name, name="CUDA_ERROR_NOT_FOUND", hint=res.message)
 
@@ -995,43 +1055,55 @@ def _forget_module_name(driver: Driver, name: str) -> None:
             _unbind_module_names((name,))
 
 
-_PRELOAD_ATTEMPTS = 3   # preload() rounds a racing declare() may cost before it stays lazy
+_C_PREFIXES = ("cu", "CU")   # what the namespace answers: functions, constants and types by C name
+_PRELOAD_ATTEMPTS = 3   # rounds a racing declare() may cost the binding before the namespace stays lazy
 
 
 def preload() -> dict[str, int]:
     """Resolve every symbol of the default handle now (:meth:`Driver.preload`), and make every C
     name -- functions, constants, types -- and ``checked`` a plain attribute of this module.
 
-    Why: while this module answers C names lazily it has a PEP 562 ``__getattr__``, and CPython
-    does not specialize attribute loads on a module that has one, so every ``cuproc.driver.cuX``
-    pays a generic attribute lookup (about a fifth of a trivial driver call).  Once every name is
-    bound, the hook is removed and ``cuproc.driver.cuX`` costs what a call through a bare cffi
-    pointer costs.  :func:`set_default_driver`, a ``declare()`` on the default handle that replaces
-    a name, and a fork put the hook back.  With the hook gone a misspelt name gets Python's own
-    ``AttributeError``.  Returns :meth:`Driver.preload`'s count of each status.
+    The first function this module hands out (``cuproc.driver.cuX``, ``from cuproc.driver import
+    cuX`` or ``checked``) does the same, so calling this is only needed to take that cost (a few
+    milliseconds, once) at a moment of your choosing.  Why bind everything at once: while this
+    module answers C names lazily it has a PEP 562 ``__getattr__``, and CPython does not
+    specialize attribute loads on a module that has one, so every ``cuproc.driver.cuX`` would pay a
+    generic attribute lookup (about a fifth of a trivial driver call).  Once every name is bound,
+    the hook is removed and ``cuproc.driver.cuX`` costs what a call through a bare cffi pointer
+    costs.  A :class:`Driver` handle stays lazy per symbol.  :func:`set_default_driver`, a
+    ``declare()`` on the default handle that replaces a name, and a fork put the hook back.  With
+    the hook gone a misspelt name gets Python's own ``AttributeError``.  Returns
+    :meth:`Driver.preload`'s count of each status."""
+    drv = default_driver()
+    counts = drv.preload()
+    _bind_namespace(drv)
+    return counts
+
+
+def _bind_namespace(drv: Driver) -> None:
+    """Bind every C name of ``drv`` on this module and remove the lazy hook, unless the default
+    handle changed or the process forked meanwhile.
 
     A declare() on the default handle while the names are resolved makes it resolve them again
     (a few times at most; then it stays lazy, which is always correct); a new default handle or a
     fork meanwhile leaves the namespace lazy."""
-    drv = default_driver()
-    counts = drv.preload()
     for _attempt in range(_PRELOAD_ATTEMPTS):
         generation = _module_generation
         if _default is not drv or _fork.FORKED[0]:   # replaced, or forked, meanwhile: stay lazy
-            return counts
+            return
         values = _module_values(drv)
         with _default_lock:
             if generation == _module_generation:
                 _bind_module_values(values)
-                return counts
-    return counts
+                return
 
 
 def _module_values(drv: Driver) -> dict[str, Any]:
-    """Every C name of ``drv`` -- functions, constants, types -- and its ``checked``, resolved now."""
-    names = {n for n in dir(drv) if n.startswith(("cu", "CU"))}
-    names.update(n for n in ffi.list_types()[0] if n.startswith(("cu", "CU")))
-    values = {name: getattr(drv, name) for name in sorted(names)}   # the handle's own precedence
+    """Every C name of ``drv`` -- functions, constants, types -- and its ``checked``, resolved now,
+    with the precedence a lookup on ``drv`` has (function, then constant, then type)."""
+    values: dict[str, Any] = {name: ffi.typeof(name) for name in _names_of_types() if name.startswith(_C_PREFIXES)}
+    values.update((name, value) for name, value in constants().items() if name.startswith(_C_PREFIXES))
+    values.update(drv.functions())
     values["checked"] = drv.checked
     return values
 
@@ -1058,17 +1130,35 @@ def is_driver_available() -> bool:
 checked: Checked   # the default handle's checked functions (made on first access below)
 
 
+def _opens(drv: Driver) -> bool:
+    """Does ``drv`` open (a driver is there and answers)?  Never raises: ``cuproc.driver.checked``
+    is handed out without a driver, as before, and its calls say what is missing."""
+    try:
+        drv.open()
+    except (errors.DriverNotFoundError, errors.CudaError):
+        return False
+    return True
+
+
 def _module_c_name(name: str) -> Any:
-    """``cuproc.driver.cuX``: the default handle's, cached as a module attribute (``__getattr__``).
+    """``cuproc.driver.cuX``: the default handle's, cached as a module attribute (``__getattr__``); the
+    first function (or ``checked``, once a driver opens) binds every name and removes this hook.
 
     Resolved outside _default_lock (resolving may take it), cached only if neither the default
     handle nor its declared names changed meanwhile; otherwise returned uncached, so the next
     access resolves on what is current."""
-    if name != "checked" and not name.startswith(("cu", "CU")):
+    if name != "checked" and not name.startswith(_C_PREFIXES):
         raise AttributeError(f"module 'cuproc.driver' has no attribute {name!r}")
     generation = _module_generation
     drv = default_driver()
-    value: Any = drv.checked if name == "checked" else getattr(drv, name)
+    value: Any = drv.checked if name == "checked" else getattr(drv, name)   # raises what drv.<name> raises
+    if _opens(drv) if name == "checked" else (name in drv.registry or drv.is_declared(name)):
+        # A function: a program that calls one through the module calls more, so bind every name now
+        # (preload()) and drop this hook; its loads then specialize (see preload).  Constants and types
+        # alone keep the module lazy: they need no driver, nor does taking ``checked``.
+        drv.preload()
+        _bind_namespace(drv)
+        return value
     with _default_lock:
         if generation == _module_generation and _default is drv:
             globals()[name] = value   # cache: the next access is a plain module attribute load

@@ -63,28 +63,68 @@ def test_unavailable_symbols_are_bound_and_still_refuse_when_called(default_sim)
 
 @pytest.mark.skipif(sys.implementation.name != "cpython" or sys.version_info < (3, 11),
                     reason="attribute-load specialization is CPython 3.11+")
-def test_after_preload_module_attribute_loads_specialize(default_sim):
+def test_the_first_function_binds_every_name_and_module_loads_specialize(default_sim):
     monitoring = getattr(sys, "monitoring", None)
     if sys.gettrace() is not None or (monitoring is not None and monitoring.get_tool(monitoring.COVERAGE_ID)):
         pytest.skip("a tracer (coverage) is active, and CPython does not specialize while tracing")
     out = cuproc.ffi.new("CUcontext *")
 
-    def lazy_loop() -> None:
+    def constant_loop() -> None:
+        for _ in range(64):
+            cu.CU_CTX_SCHED_BLOCKING_SYNC  # noqa: B018
+
+    constant_loop()
+    constant_loop()
+    assert "__getattr__" in vars(cu)                               # a constant needs no driver: still lazy
+    assert "LOAD_ATTR_MODULE" not in _load_attr_ops(constant_loop)   # and the hook defeats specialization
+    assert "cuCtxGetCurrent" not in vars(cu)
+
+    def call_loop() -> None:
         for _ in range(64):
             cu.cuCtxGetCurrent(out)
 
-    lazy_loop()
-    lazy_loop()
-    assert "LOAD_ATTR_MODULE" not in _load_attr_ops(lazy_loop)    # the hook defeats specialization
-    cu.preload()
+    call_loop()
+    call_loop()
+    assert "__getattr__" not in vars(cu)                           # no preload(): the first function did it
+    assert "LOAD_ATTR_MODULE" in _load_attr_ops(call_loop)
+    constant_loop()
+    constant_loop()
+    assert "LOAD_ATTR_MODULE" in _load_attr_ops(constant_loop)
+    lazy = Driver("12.0", library=default_sim.library.path)
+    for name in lazy.registry:                                     # every function, as preload() binds it
+        assert vars(cu)[name] is getattr(default_sim, name), name
+        assert type(vars(cu)[name]) is type(getattr(lazy, name)), name
+    assert vars(cu)["CUdeviceptr"] is cuproc.ffi.typeof("CUdeviceptr")
+    assert vars(cu)["checked"] is default_sim.checked
 
-    def bound_loop() -> None:
-        for _ in range(64):
-            cu.cuCtxGetCurrent(out)
 
-    bound_loop()
-    bound_loop()
-    assert "LOAD_ATTR_MODULE" in _load_attr_ops(bound_loop)
+def test_an_unavailable_function_says_why_when_asked_and_when_called(default_sim):
+    got = cu.cuWGLGetDevice                                        # bound with every name, its message not yet made
+    assert isinstance(got, cu.Unavailable) and not got
+    assert got.status == cuproc.registry.NOT_ON_THIS_PLATFORM and "cuWGLGetDevice" in repr(got)
+    assert got.resolution is default_sim.resolution("cuWGLGetDevice")
+    assert got.resolution.function is None and got.resolution.message
+    with pytest.raises(cuproc.errors.SymbolNotFoundError) as info:
+        got(cuproc.ffi.NULL, cuproc.ffi.NULL, 0)
+    assert info.value.call == "cuWGLGetDevice"
+
+
+NO_DRIVER = """
+import cuproc
+from cuproc import driver as cu
+checked = cu.checked                       # taking it opens nothing, as before
+assert "__getattr__" in vars(cu) and cu.CU_CTX_SCHED_AUTO == 0
+try:
+    checked.cuInit(0)
+except cuproc.errors.DriverNotFoundError:
+    print("refused at the call")
+"""
+
+
+def test_without_a_driver_checked_and_constants_are_handed_out_and_calls_say_what_is_missing(tmp_path):
+    env = dict(os.environ, CUPROC_LIBCUDA=str(tmp_path / "libcuda-missing.so"),
+               PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    assert run_python(NO_DRIVER, env=env).stdout.strip() == "refused at the call"
 
 
 def test_a_new_default_handle_restores_the_lazy_namespace(sim):
@@ -205,15 +245,19 @@ cu.set_default_driver(cuproc.Driver(library={lib!r}))
 assert cu.checked.cuInit(0) is None
 cu.preload()
 assert "__getattr__" not in vars(cu)
+windows_only = cu.cuWGLGetDevice   # bound, its message not yet made: the child must not ask the driver for it
 pid = os.fork()
 if pid == 0:
-    try:
-        cu.cuCtxGetCurrent(cuproc.ffi.new("CUcontext *"))
-    except cuproc.errors.ForkedProcessError:
-        os._exit(0)
-    except BaseException:
-        os._exit(2)
-    os._exit(1)
+    for call in (lambda: cu.cuCtxGetCurrent(cuproc.ffi.new("CUcontext *")),
+                 lambda: windows_only(cuproc.ffi.NULL, cuproc.ffi.NULL, 0)):
+        try:
+            call()
+        except cuproc.errors.ForkedProcessError:
+            continue
+        except BaseException:
+            os._exit(2)
+        os._exit(1)
+    os._exit(0)
 print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 """
 
