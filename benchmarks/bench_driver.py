@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import types
 from pathlib import Path
 from typing import NamedTuple
 
@@ -35,6 +36,7 @@ from harness import (  # noqa: E402
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # installed packages have .pyc
 BARE = "bare cffi (function pointer in a local)"
 MODULE_ATTR = "cuproc raw, module namespace (cu.cuCtxGetCurrent; every name bound at the first function taken)"
+PLAIN_MODULE = "the same function as the attribute of a plain one-name module (CPython's own module attribute load)"
 BARE_LIB = "bare cffi, library attribute (lib.cuCtxGetCurrent on ffi.dlopen of the same libcuda)"
 IMPORTED = "cuproc raw, imported name (from cuproc.driver import cuCtxGetCurrent)"
 CHECKED = "cuproc checked (drv.checked.cuCtxGetCurrent, bound)"
@@ -194,11 +196,14 @@ def trivial_call_times(number: int, smoke: bool) -> Interleaved:
     cu.cuCtxGetCurrent(pctx)
     raw = drv.resolve("cuCtxGetCurrent")        # the same cffi pointer the namespace publishes
     from cuproc.driver import cuCtxGetCurrent  # type: ignore[attr-defined]
-    g = {"cu": cu, "drv": drv, "p": pctx, "raw": raw, "imported": cuCtxGetCurrent,
+    plain = types.ModuleType("plain")   # the control: what `module.name(p)` costs in CPython itself
+    plain.cuCtxGetCurrent = cuCtxGetCurrent
+    g = {"cu": cu, "drv": drv, "p": pctx, "raw": raw, "imported": cuCtxGetCurrent, "plain": plain,
          "checked": drv.checked.cuCtxGetCurrent}
     rounds = 2 if smoke else ROUNDS
     rows: dict[str, tuple[str, dict]] = {
         BARE: ("raw(p)", g), IMPORTED: ("imported(p)", g), MODULE_ATTR: ("cu.cuCtxGetCurrent(p)", g),
+        PLAIN_MODULE: ("plain.cuCtxGetCurrent(p)", g),
         "cuproc raw, handle attribute (drv.cuCtxGetCurrent)": ("drv.cuCtxGetCurrent(p)", g),
         CHECKED: ("checked(p)", g),
         "cuproc checked, via namespace lookup (cu.checked.cuCtxGetCurrent)": ("cu.checked.cuCtxGetCurrent(p)", g)}
@@ -220,7 +225,8 @@ def trivial_call_times(number: int, smoke: bool) -> Interleaved:
     if "__getattr__" in vars(cu):
         raise RuntimeError("the module namespace is still lazy after a function was taken from it")
     return _interleaved(rows, number, rounds, [(MODULE_ATTR, BARE), (IMPORTED, BARE), (CHECKED, IMPORTED),
-                                               (IMPORTED, BINDINGS)])
+                                               (IMPORTED, BINDINGS), (MODULE_ATTR, PLAIN_MODULE),
+                                               (PLAIN_MODULE, BARE)])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
              "the bare cffi row and the imported-name row call the same function object: their paired ratio, "
              f"{paired.get((IMPORTED, BARE), float('nan')):.3f}, is how far two identical rows differ in this run",
              "the bare cffi library-attribute row (ABI mode, libffi) is for information: no goal is read against it",
+             "the module namespace's call is one module attribute load more than the bare call; the control row, the "
+             "same function on a plain one-name module, reads "
+             f"{paired.get((PLAIN_MODULE, BARE), float('nan')):.3f}x the bare call, and cuproc.driver.cuX "
+             f"{paired.get((MODULE_ATTR, PLAIN_MODULE), float('nan')):.3f}x the control (what cuproc's namespace adds "
+             "over CPython's own load)",
              f"compiled fast path active: {fast_path_active()}"]
     path = write_results(args.out, "bench_driver", data, table, ["group", "what", "time", "x C floor"], notes, goals)
     print(path.read_text())

@@ -47,6 +47,20 @@ def test_generated_modules_match_headers(tmp_path):
             f"cuproc/{name} is stale: run tools/build_ffi.py"
 
 
+def test_the_generated_enumerators_are_what_the_ffi_enum_types_say():
+    import cuproc
+    from cuproc._header_data import ENUMERATORS
+    ffi = cuproc.ffi                                  # the ffi in use (the fast path's, where it is built)
+    from_ffi: dict[str, int] = {}
+    for name in ffi.list_types()[0]:
+        ctype = ffi.typeof(name)
+        if ctype.kind == "enum":
+            from_ffi.update(ctype.relements)
+    assert ENUMERATORS == from_ffi and len(from_ffi) > 1000
+    table = cuproc.driver.constants()
+    assert all(table[k] == v for k, v in from_ffi.items())   # every enumerator is a constant of the namespace
+
+
 def test_ffi_has_types_enums_and_constants():
     from cuproc._cffi_abi import ffi
     from cuproc._header_data import DEFINES, POINTER_CONSTANTS

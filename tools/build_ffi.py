@@ -101,6 +101,20 @@ def _abi_keys(provenance: dict) -> tuple[int | tuple[int, ...], ...]:
     return tuple(out[sym] for sym in sorted(out))
 
 
+def _enumerators(headers: Path) -> dict[str, int]:
+    """Every enumerator of headers/, in the order cuproc.driver.constants() took them from the ffi (each
+    enum typedef's in ``ffi.list_types()`` order): realizing every typedef to find the enums cost a
+    first ``cuproc.driver`` function 2-3 ms."""
+    ffi = cffi.FFI()
+    ffi.cdef(cdef_source(headers))
+    out: dict[str, int] = {}
+    for name in ffi.list_types()[0]:
+        ctype = ffi.typeof(name)
+        if ctype.kind == "enum":
+            out.update(ctype.relements)
+    return out
+
+
 def build_header_data(headers: Path, out_dir: Path) -> list[Path]:
     provenance = json.loads((headers / "provenance.json").read_text())
     defines = {m.group(1): int(m.group(2)) for m in _DEFINE.finditer((headers / "cuda_types.h").read_text())}
@@ -109,6 +123,9 @@ def build_header_data(headers: Path, out_dir: Path) -> list[Path]:
         "",
         "#: Object-like CU_/CUDA_ macros of cuda.h, as integers.",
         f"DEFINES: dict[str, int] = {defines!r}",
+        "",
+        "#: Every enumerator of the enum typedefs, as integers (what the ffi's enum types say).",
+        f"ENUMERATORS: dict[str, int] = {_enumerators(headers)!r}",
         "",
         "#: The macros that cuda.h defines as pointer casts, with their C type.",
         f"POINTER_CONSTANTS: dict[str, str] = {provenance['pointer_constants']!r}",
