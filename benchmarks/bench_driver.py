@@ -280,6 +280,11 @@ def main(argv: list[str] | None = None) -> int:
              "the module namespace binds every C name when the first function is taken from it (what preload() "
              f"does): {data['resolve_all_ms'][MODULE_FIRST]:.2f} ms once per process in this run (the '{MODULE_FIRST}' "
              "row); a Driver handle stays lazy per symbol",
+             "import, then open and a first call, fresh processes (medians added): " + ", ".join(
+                 f"{who} {data['import_ms'][imp] + data['open_first_call_ms'][who]:.1f} ms"
+                 for who, imp in (("cuproc", "cuproc"), ("cuda.bindings", "cuda.bindings.driver"), ("ctypes", "ctypes"))
+                 if imp in data["import_ms"] and who in data["open_first_call_ms"]) +
+             " (cuproc's first call goes through the module namespace: it binds every name)",
              "the bare cffi row and the imported-name row call the same function object: their paired ratio, "
              f"{paired.get((IMPORTED, BARE), float('nan')):.3f}, is how far two identical rows differ in this run",
              "the bare cffi library-attribute row (ABI mode, libffi) is for information: no goal is read against it",

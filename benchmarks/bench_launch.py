@@ -19,10 +19,11 @@ the driver (a full launch queue), not cuproc's Python work.  The timing thread i
 Every ratio (the goals' and the table's) is paired: the median over the bursts (or steady rounds)
 of the row's time over its reference's time in that same burst round -- the rows take turns, so
 what moves both (clocks, load, a slow spell) cancels.  "Ahead of cuda.bindings by more than the
-run-to-run spread": the lead is read two ways, each a goal: the median lead less the range of the
-lead over five blocks of the rounds (bursts and steady rounds alike; a block in which cuda.bindings
-was slow widens the range too), and the smallest lead over single rounds (ahead in every round: no
-slow round of theirs can fail it, one slow round of ours does).
+run-to-run spread": the lead is taken in each of five blocks of the bursts and in each steady round,
+and read two ways, each a goal: the median lead less the range of the lead (a round in which
+cuda.bindings was slow widens the range too), and the smallest lead (ahead in every round: no slow
+round of theirs can fail it, one slow round of ours does).  The steady lead's range over five blocks
+of three rounds is printed beside them, for information.
 
 Every ratio is against the C loop over the SAME entry point and convention as the row (the default
 prepared launch and the one-shot forms use cuLaunchKernelEx with a packed buffer); cuda.bindings is
@@ -397,16 +398,18 @@ def evaluate(results: dict, errors: dict, smoke: bool, default: tuple[str, str] 
                        for i in range(0, len(bursts_ours), block)]
         steady_theirs, steady_ours = theirs["steady_rounds_us"], ours["steady_rounds_us"]
         round_leads = [t / o - 1 for t, o in zip(steady_theirs, steady_ours)]
-        # the steady rounds in five blocks too, so that both columns read the range over five blocks: a range
-        # over single rounds widens with their number, and one slow round of either side sets it
+        # The steady rounds in five blocks as well, printed beside the goal for information only: the goal's
+        # range stays over single rounds (chosen before these runs; a range over blocks was considered after
+        # the goal had missed, so it does not replace it)
         steady_block = max(len(steady_ours) // BLOCKS, 1)
         steady_block_leads = [lead_of(steady_theirs[i:i + steady_block], steady_ours[i:i + steady_block])
                               for i in range(0, len(steady_ours), steady_block)]
         spread = {"against": fastest_bindings, "lead": lead_of(bursts_theirs, bursts_ours),
                   "block_leads": block_leads, "spread": max(block_leads) - min(block_leads),
                   "steady_round_leads": round_leads, "steady_lead": statistics.median(round_leads),
+                  "steady_spread": max(round_leads) - min(round_leads),
                   "steady_block_leads": steady_block_leads,
-                  "steady_spread": max(steady_block_leads) - min(steady_block_leads)}
+                  "steady_block_spread": max(steady_block_leads) - min(steady_block_leads)}
     for col in COLUMNS:
         tag = "burst" if col == "burst_us" else "steady"
         goals.check(f"{tag}: prepared launch <= 1.20x the same-entry C loop (issue 9)", ratio(DEFAULT, col), 1.20,
@@ -424,10 +427,8 @@ def evaluate(results: dict, errors: dict, smoke: bool, default: tuple[str, str] 
             leads, where, lead, width = (spread.get("steady_round_leads"), "steady rounds", spread.get("steady_lead"),
                                          spread.get("steady_spread"))
         why_lead = why or (None if spread else f"cuda.bindings: {errors.get(BINDINGS, 'missing')}")
-        blocks = spread.get("block_leads" if col == "burst_us" else "steady_block_leads") or []
-        said = (f"median lead {lead * 100:.1f}%, range {width * 100:.1f}% over {len(blocks)} blocks of the {where}, "
-                f"behind in {sum(x <= 0 for x in leads)} of {len(leads)} {where}"
-                if leads and lead is not None and width is not None else where)
+        said = (f"median lead {lead * 100:.1f}%, range {width * 100:.1f}% over {len(leads)} {where}, behind in "
+                f"{sum(x <= 0 for x in leads)}" if leads and lead is not None and width is not None else where)
         # The issue's reading: the lead less the whole range of the lead over the rounds (a round in which
         # cuda.bindings was slow widens it too) ...
         goals.check(f"{tag}: prepared launch (default) ahead of cuda.bindings' fastest row by more than the "
@@ -511,8 +512,10 @@ def main(argv: list[str] | None = None) -> int:
                  f"one-shot launches made by the C front (tools/fastpath_launch.c make_one_shot): {front:,}")
     if spread:
         notes.append(f"prepared vs {spread['against']}: lead {spread['lead'] * 100:.1f}%, per block " +
-                     ", ".join(f"{x * 100:.1f}%" for x in spread["block_leads"]) + "; per block of steady rounds " +
-                     ", ".join(f"{x * 100:.1f}%" for x in spread["steady_block_leads"]) + "; per steady round " +
+                     ", ".join(f"{x * 100:.1f}%" for x in spread["block_leads"]) + "; per block of three steady rounds " +
+                     ", ".join(f"{x * 100:.1f}%" for x in spread["steady_block_leads"]) +
+                     f" (range {spread['steady_block_spread'] * 100:.1f}%, for information: the goal reads the range "
+                     "over single rounds); per steady round " +
                      ", ".join(f"{x * 100:.1f}%" for x in spread["steady_round_leads"]))
     args.out.mkdir(parents=True, exist_ok=True)
     plot = plot_bars(args.out / "bench_launch.png", f"Launch overhead, {data['machine'].get('gpu')}, "

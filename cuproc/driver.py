@@ -203,8 +203,9 @@ def constants() -> dict[str, Any]:
     """Every enumerator and #define of headers/, by C name (pointer-valued ones as cffi pointers)."""
     global _constants
     if _constants is None:
-        from ._header_data import DEFINES, ENUMERATORS, POINTER_CONSTANTS
-        table: dict[str, Any] = dict(ENUMERATORS)   # generated: asking the ffi realizes every typedef (2-3 ms)
+        from ._header_data import DEFINES, POINTER_CONSTANTS
+        from ._header_enums import ENUMERATORS   # generated: asking the ffi for them realized every typedef
+        table: dict[str, Any] = dict(ENUMERATORS)
         table.update(DEFINES)
         for name, ctype_name in POINTER_CONSTANTS.items():
             table[name] = ffi.cast(ctype_name, DEFINES[name])
@@ -641,16 +642,17 @@ class Driver(_DriverFunctions):
                 counts[status] = counts.get(status, 0) + 1
         return counts
 
-    def functions(self) -> dict[str, Any]:
-        """Every function of this handle -- the registry's, at R, and the declared ones -- as
-        ``self.<name>`` gives it, each made now if it was not yet (in registry order).
+    def publish_functions(self) -> dict[str, Any]:
+        """Make every function of this handle -- the registry's, at R, and the declared ones -- what
+        ``self.<name>`` gives, now where it was not yet, and return them by name (in registry order).
 
         Why: the module namespace binds all of them at once (:func:`cuproc.driver.preload`), and one
         pass under the lock costs a fraction of as many attribute misses.  Call :meth:`preload` first
-        to ask the driver in one pass too; without it each name is asked for here."""
-        if _fork.FORKED[0]:
-            raise forked_error("functions")
+        to ask the driver in one pass too; without it each name is asked for here.  Milliseconds:
+        another thread's first use of a name waits for it."""
         self.open()
+        if _fork.FORKED[0]:
+            raise forked_error("publish_functions")
         found = self.__dict__
         out: dict[str, Any] = {}
         with self._lock:   # as in _c_name: one published object per name, whichever thread is first
@@ -1099,7 +1101,7 @@ def _module_values(drv: Driver) -> dict[str, Any]:
     with the precedence a lookup on ``drv`` has (function, then constant, then type)."""
     values: dict[str, Any] = {name: ffi.typeof(name) for name in _names_of_types() if name.startswith(_C_PREFIXES)}
     values.update((name, value) for name, value in constants().items() if name.startswith(_C_PREFIXES))
-    values.update(drv.functions())
+    values.update(drv.publish_functions())
     values["checked"] = drv.checked
     return values
 
@@ -1148,10 +1150,11 @@ def _module_c_name(name: str) -> Any:
     generation = _module_generation
     drv = default_driver()
     value: Any = drv.checked if name == "checked" else getattr(drv, name)   # raises what drv.<name> raises
-    if _opens(drv) if name == "checked" else (name in drv.registry or drv.is_declared(name)):
+    function = _opens(drv) if name == "checked" else (name in drv.registry or drv.is_declared(name))
+    if function and not _fork.FORKED[0]:   # (a forked child gets checked, whose calls refuse, and binds nothing)
         # A function: a program that calls one through the module calls more, so bind every name now
         # (preload()) and drop this hook; its loads then specialize (see preload).  Constants and types
-        # alone keep the module lazy: they need no driver, nor does taking ``checked``.
+        # alone keep the module lazy (they need no driver), as ``checked`` does where no driver opens.
         drv.preload()
         _bind_namespace(drv)
         return value

@@ -42,14 +42,14 @@ def test_headers_are_trimmed():
 def test_generated_modules_match_headers(tmp_path):
     build_ffi.build_abi_module(ROOT / "headers", tmp_path)
     build_ffi.build_header_data(ROOT / "headers", tmp_path)
-    for name in ("_cffi_abi.py", "_header_data.py", "_header_toolkits.py"):
+    for name in ("_cffi_abi.py", "_header_data.py", "_header_toolkits.py", "_header_enums.py"):
         assert filecmp.cmp(tmp_path / name, PACKAGE / name, shallow=False), \
             f"cuproc/{name} is stale: run tools/build_ffi.py"
 
 
 def test_the_generated_enumerators_are_what_the_ffi_enum_types_say():
     import cuproc
-    from cuproc._header_data import ENUMERATORS
+    from cuproc._header_enums import ENUMERATORS
     ffi = cuproc.ffi                                  # the ffi in use (the fast path's, where it is built)
     from_ffi: dict[str, int] = {}
     for name in ffi.list_types()[0]:

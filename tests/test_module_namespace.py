@@ -99,14 +99,33 @@ def test_the_first_function_binds_every_name_and_module_loads_specialize(default
 
 
 def test_an_unavailable_function_says_why_when_asked_and_when_called(default_sim):
-    got = cu.cuWGLGetDevice                                        # bound with every name, its message not yet made
+    got = cu.cuWGLGetDevice                                        # bound with every name
     assert isinstance(got, cu.Unavailable) and not got
-    assert got.status == cuproc.registry.NOT_ON_THIS_PLATFORM and "cuWGLGetDevice" in repr(got)
+    assert got.status == cuproc.registry.NOT_ON_THIS_PLATFORM and got.name == "cuWGLGetDevice"
     assert got.resolution is default_sim.resolution("cuWGLGetDevice")
     assert got.resolution.function is None and got.resolution.message
     with pytest.raises(cuproc.errors.SymbolNotFoundError) as info:
         got(cuproc.ffi.NULL, cuproc.ffi.NULL, 0)
     assert info.value.call == "cuWGLGetDevice"
+
+
+def test_threads_taking_their_first_functions_at_once_get_what_the_bound_module_holds(default_sim):
+    import threading
+    names = ["cuCtxGetCurrent", "cuMemAlloc", "cuStreamCreate", "cuInit", "cuWGLGetDevice", "cuMemFree"]
+    got: dict[str, object] = {}
+    start = threading.Barrier(len(names))
+
+    def take(name: str) -> None:
+        start.wait()
+        got[name] = getattr(cu, name)
+    threads = [threading.Thread(target=take, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert "__getattr__" not in vars(cu)
+    for name in names:                                             # one object per name, whoever bound it
+        assert got[name] is vars(cu)[name] is getattr(default_sim, name), name
 
 
 NO_DRIVER = """
@@ -248,8 +267,12 @@ assert "__getattr__" not in vars(cu)
 windows_only = cu.cuWGLGetDevice   # bound, its message not yet made: the child must not ask the driver for it
 pid = os.fork()
 if pid == 0:
+    checked = cu.checked               # handed out in the child (the hook is back); its calls refuse
+    if "__getattr__" not in vars(cu) or not isinstance(checked, cuproc.driver.Checked):
+        os._exit(3)
     for call in (lambda: cu.cuCtxGetCurrent(cuproc.ffi.new("CUcontext *")),
-                 lambda: windows_only(cuproc.ffi.NULL, cuproc.ffi.NULL, 0)):
+                 lambda: windows_only(cuproc.ffi.NULL, cuproc.ffi.NULL, 0),
+                 lambda: checked.cuInit(0)):
         try:
             call()
         except cuproc.errors.ForkedProcessError:
