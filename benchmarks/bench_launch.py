@@ -23,7 +23,7 @@ run-to-run spread": the lead is taken in each of five blocks of the bursts and i
 and read two ways, each a goal: the median lead less the range of the lead (a round in which
 cuda.bindings was slow widens the range too), and the smallest lead (ahead in every round: no slow
 round of theirs can fail it, one slow round of ours does).  The steady lead's range over five blocks
-of three rounds is printed beside them, for information.
+of rounds is printed beside them, for information.
 
 Every ratio is against the C loop over the SAME entry point and convention as the row (the default
 prepared launch and the one-shot forms use cuLaunchKernelEx with a packed buffer); cuda.bindings is
@@ -512,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"one-shot launches made by the C front (tools/fastpath_launch.c make_one_shot): {front:,}")
     if spread:
         notes.append(f"prepared vs {spread['against']}: lead {spread['lead'] * 100:.1f}%, per block " +
-                     ", ".join(f"{x * 100:.1f}%" for x in spread["block_leads"]) + "; per block of three steady rounds " +
+                     ", ".join(f"{x * 100:.1f}%" for x in spread["block_leads"]) +
+                     f"; per block of {len(spread['steady_round_leads']) // BLOCKS} steady rounds " +
                      ", ".join(f"{x * 100:.1f}%" for x in spread["steady_block_leads"]) +
                      f" (range {spread['steady_block_spread'] * 100:.1f}%, for information: the goal reads the range "
                      "over single rounds); per steady round " +

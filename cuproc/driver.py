@@ -1062,8 +1062,8 @@ def preload() -> dict[str, int]:
     name -- functions, constants, types -- and ``checked`` a plain attribute of this module.
 
     The first function this module hands out (``cuproc.driver.cuX``, ``from cuproc.driver import
-    cuX`` or ``checked``) does the same, so calling this is only needed to take that cost (a few
-    milliseconds, once) at a moment of your choosing.  Why bind everything at once: while this
+    cuX`` or ``checked``) does the same, so calling this is only needed to take that cost (10-17 ms
+    once on the H100 host of the benchmarks) at a moment of your choosing.  Why bind everything at once: while this
     module answers C names lazily it has a PEP 562 ``__getattr__``, and CPython does not
     specialize attribute loads on a module that has one, so every ``cuproc.driver.cuX`` would pay a
     generic attribute lookup (about a fifth of a trivial driver call).  Once every name is bound,
@@ -1150,8 +1150,10 @@ def _module_c_name(name: str) -> Any:
     generation = _module_generation
     drv = default_driver()
     value: Any = drv.checked if name == "checked" else getattr(drv, name)   # raises what drv.<name> raises
-    function = _opens(drv) if name == "checked" else (name in drv.registry or drv.is_declared(name))
-    if function and not _fork.FORKED[0]:   # (a forked child gets checked, whose calls refuse, and binds nothing)
+    # (a forked child gets checked, whose calls refuse, and binds nothing: nor does it open the driver)
+    function = not _fork.FORKED[0] and (
+        _opens(drv) if name == "checked" else (name in drv.registry or drv.is_declared(name)))
+    if function:
         # A function: a program that calls one through the module calls more, so bind every name now
         # (preload()) and drop this hook; its loads then specialize (see preload).  Constants and types
         # alone keep the module lazy (they need no driver), as ``checked`` does where no driver opens.

@@ -109,23 +109,31 @@ def test_an_unavailable_function_says_why_when_asked_and_when_called(default_sim
     assert info.value.call == "cuWGLGetDevice"
 
 
-def test_threads_taking_their_first_functions_at_once_get_what_the_bound_module_holds(default_sim):
+def test_threads_taking_the_same_first_function_at_once_all_get_the_one_the_module_binds(sim):
     import threading
-    names = ["cuCtxGetCurrent", "cuMemAlloc", "cuStreamCreate", "cuInit", "cuWGLGetDevice", "cuMemFree"]
-    got: dict[str, object] = {}
-    start = threading.Barrier(len(names))
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)                                   # switch threads as often as CPython allows
+    try:
+        for _trial in range(12):                                  # a fresh default handle each time: a fresh bind
+            drv = Driver("12.0", library=sim.path)
+            cu.set_default_driver(drv)
+            got: list[object] = []
+            start = threading.Barrier(6)
 
-    def take(name: str) -> None:
-        start.wait()
-        got[name] = getattr(cu, name)
-    threads = [threading.Thread(target=take, args=(n,)) for n in names]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert "__getattr__" not in vars(cu)
-    for name in names:                                             # one object per name, whoever bound it
-        assert got[name] is vars(cu)[name] is getattr(default_sim, name), name
+            def take() -> None:
+                start.wait()
+                got.append(cu.cuMemAlloc)
+
+            threads = [threading.Thread(target=take) for _ in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert "__getattr__" not in vars(cu)
+            assert len(got) == 6 and all(g is drv.cuMemAlloc is vars(cu)["cuMemAlloc"] for g in got)
+    finally:
+        sys.setswitchinterval(switch)
+        cu.set_default_driver(None)
 
 
 NO_DRIVER = """
@@ -265,11 +273,22 @@ assert cu.checked.cuInit(0) is None
 cu.preload()
 assert "__getattr__" not in vars(cu)
 windows_only = cu.cuWGLGetDevice   # bound, its message not yet made: the child must not ask the driver for it
+unopened = cuproc.Driver(library={lib!r})
 pid = os.fork()
 if pid == 0:
     checked = cu.checked               # handed out in the child (the hook is back); its calls refuse
     if "__getattr__" not in vars(cu) or not isinstance(checked, cuproc.driver.Checked):
         os._exit(3)
+    cu.set_default_driver(unopened)    # a handle the parent never opened: taking checked must not open it
+    opener = cuproc.driver.open_library
+    cuproc.driver.open_library = lambda *args: os._exit(4)
+    cu.checked
+    cuproc.driver.open_library = opener
+    try:
+        unopened.publish_functions()
+        os._exit(5)
+    except cuproc.errors.ForkedProcessError:
+        pass
     for call in (lambda: cu.cuCtxGetCurrent(cuproc.ffi.new("CUcontext *")),
                  lambda: windows_only(cuproc.ffi.NULL, cuproc.ffi.NULL, 0),
                  lambda: checked.cuInit(0)):

@@ -148,6 +148,7 @@ def test_a_first_allocation_imports_only_what_it_needs(fake):
     assert "cuproc.device_memory" in modules
     assert not modules & {"cuproc.memory", "cuproc.host_memory", "cuproc.pools", "cuproc.transfers",
                           "cuproc.launch", "cuproc.module", "cuproc._dlpack", "cuproc._header_toolkits",
+                          "cuproc._header_enums",
                           "ctypes", "_ctypes"}
 
 
