@@ -23,6 +23,8 @@ Where it applies:
 * ``Function.launch`` (``cuproc.launch.launch``) finds a warm one-shot entry and calls its launcher
   in C for the common form (plain-int grid and block, at most ``signature=`` and ``stream=`` -- the
   default stream or a cuproc Stream); every other call goes to the Python launch.
+* ``Driver.preload()`` makes its cuGetProcAddress queries in one C call (tools/fastpath_resolve.c)
+  and keeps the same answers.
 """
 from __future__ import annotations
 
@@ -116,6 +118,13 @@ def one_shot_factory() -> Callable[..., Any] | None:
 def stream_ordered_factory() -> Callable[..., tuple[Any, Any]] | None:
     """``cuproc._fastpath_c.make_stream_ordered`` (see tools/fastpath_memory.c), or None without the fast path."""
     return _factory("make_stream_ordered")
+
+
+def ask_all() -> Callable[..., int] | None:
+    """``cuproc_ask_all`` (see tools/fastpath_resolve.c): many cuGetProcAddress queries in one C call,
+    for ``Driver.preload()``; None without the fast path."""
+    compiled = _ffi.COMPILED
+    return None if compiled is None else compiled.lib.cuproc_ask_all
 
 
 def pointer_value(function: Any, typedef: str) -> int | None:

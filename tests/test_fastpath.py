@@ -548,6 +548,70 @@ def _parameters(checked) -> tuple[str, ...]:
     return checked.parameters
 
 
+@pytest.mark.parametrize("generation", ["v2", "v1", "none"])
+def test_preload_asks_the_driver_in_one_c_call_on_the_fast_path(sims, monkeypatch, generation):
+    """preload() makes its cuGetProcAddress queries in one cuproc_ask_all call (tools/fastpath_resolve.c)
+    on the fast path, for v2 and v1 drivers, and in Python for a dlsym-only driver or on the pure path.
+    test_driver_sim's preload tests check the answers on both paths."""
+    s = sims[generation]
+    s.set_version(13000 if generation == "v2" else 11080 if generation == "v1" else 11020)
+    real, calls = fastpath.ask_all(), []
+
+    def counting(*args):
+        calls.append(args[6])   # n, the number of names asked
+        return real(*args)
+    monkeypatch.setattr(fastpath, "ask_all", lambda: None if real is None else counting)
+    drv = cuproc.Driver(library=str(s.path))
+    counts = drv.preload()
+    if real is None:
+        assert not fastpath.active() and calls == []
+    elif generation == "none":
+        assert calls == []
+    else:
+        table = drv.registry.entries(drv.version, per_thread=False)
+        driver = int(drv.driver_version)
+        assert calls == [sum(1 for e in table.values() if e.availability == "available" and e.abi_version <= driver)]
+        assert sum(counts.values()) == len(drv.registry)
+        assert drv.has("cuMemAlloc") and drv.resolution("cuMemAlloc").status == "resolved"
+
+
+@needs_fast
+@pytest.mark.parametrize("generation", ["v2", "v1"])
+def test_ask_all_answers_each_name_as_one_query_does(sims, generation):
+    """cuproc_ask_all against the lookup function called once per name through cffi: the same pointers and
+    statuses (a missing name: the v1 lookup fails, -1; a name below its first version; an unknown name), and
+    a names buffer that ends early stops there, touching nothing after."""
+    s = sims[generation]
+    s.set_version(13000 if generation == "v2" else 11080)
+    lib = cuproc.loader.open_library(str(s.path))
+    v2 = lib.lookup == cuproc.loader.GET_PROC_ADDRESS_V2
+    queries = [("cuMemAlloc", 3020), ("cuMemAlloc", 2000), ("cuNoSuchFunction", 12000), ("cuCtxCreate", 3020),
+               ("cuStreamBeginCaptureToGraph", 12030), ("cuInit", 2000), ("cuMemAllocAsync", 11020),
+               ("cuMemAlloc", 13050)]   # v2: above the driver's version, the call fails
+    expected = []
+    for name, version in queries:
+        out, status = ffi.new("void **"), ffi.new("CUdriverProcAddressQueryResult *")
+        rc = lib.get_proc_address(name.encode(), out, version, 0, status) if v2 else \
+            lib.get_proc_address(name.encode(), out, version, 0)
+        expected.append((int(ffi.cast("uintptr_t", out[0])), int(status[0]) if rc == 0 else -1))
+    names = b"".join(name.encode() + b"\0" for name, _ in queries)
+    n = len(queries)
+    pointers, codes = ffi.new("void *[]", n), ffi.new("int[]", n)
+    versions = ffi.new("int[]", [version for _, version in queries])
+    lookup = fastpath.pointer(lib.get_proc_address)
+    assert fastpath.ask_all()(lookup, v2, names, len(names), versions, 0, n, pointers, codes) == n
+    got = list(zip(ffi.unpack(ffi.cast("uintptr_t *", pointers), n), ffi.unpack(codes, n)))
+    assert got == expected
+    assert expected[0][0] != 0 and expected[2][0] == 0 and any(code == -1 for _, code in expected)
+    for i in range(n):
+        pointers[i], codes[i] = ffi.cast("void *", 7), 7
+    cut = len(b"".join(name.encode() + b"\0" for name, _ in queries[:3])) + 4   # the 4th name lacks its NUL
+    assert fastpath.ask_all()(lookup, v2, names[:cut], cut, versions, 0, n, pointers, codes) == 3
+    assert list(zip(ffi.unpack(ffi.cast("uintptr_t *", pointers), 3), ffi.unpack(codes, 3))) == expected[:3]
+    assert [int(ffi.cast("uintptr_t", pointers[i])) for i in range(3, n)] == [7] * (n - 3)
+    assert list(ffi.unpack(codes, n))[3:] == [7] * (n - 3)
+
+
 def test_checked_call_is_c_on_the_fast_path_and_python_on_the_pure_one(sim):
     drv = cuproc.Driver(library=str(sim.path))
     checked = drv.checked.cuMemAlloc

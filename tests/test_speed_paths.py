@@ -225,12 +225,26 @@ def test_benchmarks_run_end_to_end_in_smoke_mode(bench, tmp_path, monkeypatch):
         monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
         import bench_driver as b
         data = json.loads((tmp_path / "bench_driver.json").read_text())
-        assert {b.BARE, b.MODULE_ATTR} <= set(data["trivial_call_us"])
+        assert {b.BARE, b.OWN_LOCAL, b.MODULE_ATTR} <= set(data["trivial_call_us"])
         assert b.MODULE_FIRST in data["resolve_all_ms"] and b.PLAIN_MODULE in data["trivial_call_us"]
     if bench == "bench_launch.py":   # the one-shot rows went through the C front where there is one
         made = re.search(r"one-shot launches made by the C front \([^)]*\): ([\d,]+)", text)
         assert (made is not None and int(made.group(1).replace(",", "")) > 0) if fastpath.active() else \
             "no C front (pure path)" in text
+
+
+def test_bench_driver_times_a_real_cffi_pointer_as_bare_cffi(fk, monkeypatch):
+    """The goal "cu.cuX costs what a bare cffi call costs" is read against a cffi function pointer to the
+    resolved address, not against cuproc's own published object (a C trampoline on the fast path)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_driver as b
+    drv = cuproc.default_driver()
+    published, bare = b.published_and_bare(drv, "cuCtxGetCurrent")
+    address = int(cuproc.ffi.cast("uintptr_t", bare))
+    assert int(cuproc.ffi.cast("uintptr_t", fastpath.pointer(published))) == address
+    assert isinstance(bare, cuproc.ffi.CData) and cuproc.ffi.typeof(bare).kind == "function"
+    assert address == int(cuproc.ffi.cast("uintptr_t", drv.resolution("cuCtxGetCurrent").function)) != 0
+    assert (bare is not published) == fastpath.active()
 
 
 def test_a_remembered_check_still_sees_its_own_end_and_its_parents_end(fk, pc):

@@ -23,6 +23,7 @@ cffi *API-mode* extension is a direct C call.  This module is one API-mode exten
 * the prepared-launch packer of ``tools/fastpath_launch.c``.
 * the checked call of ``tools/fastpath_checked.c`` (``drv.checked.cuX``: call, test the result, raise).
 * stream-ordered allocation of ``tools/fastpath_memory.c`` (``alloc_async`` / ``DeviceBuffer.free_async``).
+* ``preload()``'s driver queries in one call, ``tools/fastpath_resolve.c`` (``cuproc_ask_all``).
 * the declarations of ``headers/`` themselves, so that the module's ``ffi`` knows every type:
   cffi cannot ``include()`` the out-of-line ABI module into an API-mode one, so with the fast
   path on, this ``ffi`` is *the* ffi of cuproc (``cuproc._ffi``) and cdata passes between the
@@ -150,7 +151,9 @@ def ffibuilder(root: Path = ROOT) -> cffi.FFI:
     digests = _digest_module(root)
     abi, tools = digests.digest(root, digests.ABI_INPUTS), digests.digest(root, digests.TOOL_INPUTS)
     ffi.cdef("\n".join(cdefs) + "\nconst char *cuproc_abi_digest(void);\nconst char *cuproc_tools_digest(void);\n"
-             "int cuproc_install_launcher(void);\nint cuproc_install_checked(void);\nint cuproc_install_memory(void);\n" + _KIND_CDEF)
+             "int cuproc_install_launcher(void);\nint cuproc_install_checked(void);\nint cuproc_install_memory(void);\n"
+             "int cuproc_ask_all(void *lookup, int v2, const char *names, size_t size, const int *versions,\n"
+             "                   unsigned long long flags, int n, void **pointers, int *statuses);\n" + _KIND_CDEF)
     source = "\n".join([
         "#include <stdint.h>", "#include <stddef.h>", "#include <string.h>", declarations,
         f"#define CUPROC_SLOTS {SLOTS}",
