@@ -10,7 +10,8 @@ Policy
   replaces the ABI one everywhere: cdata made by ``cuproc.ffi`` goes into its trampolines as is.
 * It is used unless ``CUPROC_PURE_PYTHON`` is on (read once, at import), it is missing or
   does not load, or it was built from other sources than these (cuproc/_fastpath_digest.py: other
-  headers than ``cuproc/_cffi_abi.py``, or, in a checkout, another tools/build_fastpath.py or
+  headers than ``cuproc/_cffi_abi.py``, whose digest ``cuproc/_abi_digest.py`` holds, or, in a
+  checkout, another tools/build_fastpath.py or
   hand-written C source: a stale in-place build).  Any failure while checking it (a module
   from an older build lacking a function) turns it off; importing cuproc never fails because of
   it.  :data:`STATUS` says which and why (``cuproc.fastpath.status()``).
@@ -66,11 +67,12 @@ def _load() -> tuple[Any, Any, str]:
 
 def _stale(module: Any) -> str:
     """What ``module`` was built from that differs from these sources ("" when nothing does)."""
+    from . import _abi_digest   # written with cuproc/_cffi_abi.py: its digest, not recomputed per import
+    built = module.ffi.string(module.lib.cuproc_abi_digest()).decode()
+    if built != _abi_digest.DIGEST:
+        return "headers than cuproc/_cffi_abi.py"
     from . import _fastpath_digest   # here: the pure path needs none of it
     root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))   # os.path: pathlib costs 2-4 ms
-    built = module.ffi.string(module.lib.cuproc_abi_digest()).decode()
-    if built != _fastpath_digest.digest(root, _fastpath_digest.ABI_INPUTS):
-        return "headers than cuproc/_cffi_abi.py"
     if all(os.path.isfile(os.path.join(root, name)) for name in _fastpath_digest.TOOL_INPUTS):   # a checkout
         built = module.ffi.string(module.lib.cuproc_tools_digest()).decode()
         if built != _fastpath_digest.digest(root, _fastpath_digest.TOOL_INPUTS):

@@ -1,18 +1,22 @@
-"""``NamedTuple`` for cuproc's record types: typing's class syntax, built by ``collections.namedtuple``.
+"""``NamedTuple`` for cuproc's record types: typing's class syntax, made into a tuple class here.
 
 Why: ``typing.NamedTuple`` evaluates every field's annotation when it makes the class (under
 ``from __future__ import annotations`` each one is a string, compiled into a ``ForwardRef``) and
-does more bookkeeping besides.  For the nine record classes that ``import cuproc`` makes, that was
-about 0.8 ms of a 6.5 ms import (Python 3.12, 2026-11-24: 40 fresh processes each), and the
-startup goal (issue 9) is counted in milliseconds.
+does more bookkeeping besides; ``collections.namedtuple`` compiles a ``__new__`` for each class
+(``eval``).  ``import cuproc`` makes nine record classes: through ``collections.namedtuple`` they
+took about 1.7 ms of the ~7 ms import on the GPU machine (2026-11-25, H100 host), and the startup
+goal (issue 9) is counted in milliseconds.  Here a record class is one ``type()`` call: its fields
+are C accessors, and ``__new__``, ``_make``, ``_replace``, ``_asdict``, ``__repr__`` and
+``__getnewargs__`` are functions shared by every record.
 
 Type checkers see ``typing.NamedTuple`` itself.  At run time a class body written for it makes the
-same kind of class: ``collections.namedtuple`` of the annotated fields in order, with the body's
-defaults, docstring and methods, and the annotations kept unevaluated.  As with typing's, a field
-without a default may not follow one with a default, a field may not start with an underscore, and
-the body may not replace what ``collections.namedtuple`` makes (``_replace``, ``__new__``, ...).  The
-module that subclasses it needs ``from __future__ import annotations``: Python 3.14 would otherwise keep
-the annotations lazy, out of the class body's namespace, and the class refuses to be made.
+same kind of class as ``collections.namedtuple`` of the annotated fields in order, with the body's
+defaults, docstring and methods, and the annotations kept unevaluated (tests/test_namedtuple.py
+compares the two).  As with typing's, a field without a default may not follow one with a default,
+a field may not start with an underscore, and the body may not replace what a record is made with
+(``_replace``, ``__new__``, ...).  The module that subclasses it needs ``from __future__ import
+annotations``: Python 3.14 would otherwise keep the annotations lazy, out of the class body's
+namespace, and the class refuses to be made.
 """
 from __future__ import annotations
 
@@ -20,13 +24,81 @@ TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run t
 if TYPE_CHECKING:
     from typing import NamedTuple as NamedTuple
 else:
-    import collections
+    try:   # the field accessor collections.namedtuple uses (C); a property over itemgetter elsewhere
+        from _collections import _tuplegetter
+    except ImportError:  # pragma: no cover - every CPython has it
+        from operator import itemgetter as _itemgetter
+
+        def _tuplegetter(index: int, doc: str) -> property:   # type: ignore[misc]
+            return property(_itemgetter(index), doc=doc)
+
+    _tuple_new = tuple.__new__
 
     # What a class body holds that is not a field, a method or a docstring of the record.
     _BODY_ONLY = frozenset({"__annotations__", "__module__", "__qualname__"})
-    # What collections.namedtuple makes and a body may not replace (typing refuses these too).
+    # What a record is made with and a body may not replace (typing refuses these too).
     _RESERVED = frozenset({"__new__", "__init__", "__slots__", "__getnewargs__", "_fields", "_field_defaults",
                            "_make", "_replace", "_asdict", "_source"})
+
+    def _new(cls, *args, **kwargs):   # noqa: ANN001, ANN002, ANN003, ANN202 - every record's __new__
+        if kwargs or len(args) != len(cls._fields):
+            args = _bind(cls, args, kwargs)
+        return _tuple_new(cls, args)
+
+    def _bind(cls, args: tuple, kwargs: dict) -> tuple:   # noqa: ANN001
+        """The values of a call with keywords, defaults or a wrong count, or the TypeError Python gives."""
+        fields, defaults, name = cls._fields, cls._field_defaults, cls.__name__
+        if len(args) > len(fields):
+            raise TypeError(f"{name}.__new__() takes {len(fields) + 1} positional arguments but "
+                            f"{len(args) + 1} were given")
+        values = list(args)
+        for field in fields[len(args):]:
+            if field in kwargs:
+                values.append(kwargs.pop(field))
+            elif field in defaults:
+                values.append(defaults[field])
+            else:
+                raise TypeError(f"{name}.__new__() missing required argument: {field!r}")
+        for key in kwargs:
+            raise TypeError(f"{name}.__new__() got multiple values for argument {key!r}" if key in fields else
+                            f"{name}.__new__() got an unexpected keyword argument {key!r}")
+        return tuple(values)
+
+    @classmethod   # type: ignore[misc]
+    def _make(cls, iterable):   # noqa: ANN001, ANN202
+        result = _tuple_new(cls, iterable)
+        if len(result) != len(cls._fields):
+            raise TypeError(f"Expected {len(cls._fields)} arguments, got {len(result)}")
+        return result
+
+    def _replace(self, /, **changes):   # noqa: ANN001, ANN003, ANN202
+        result = self._make(map(changes.pop, self._fields, self))
+        if changes:
+            raise ValueError(f"Got unexpected field names: {list(changes)!r}")
+        return result
+
+    def _asdict(self) -> dict:   # noqa: ANN001
+        return dict(zip(self._fields, self))
+
+    def _repr(self) -> str:   # noqa: ANN001
+        return f"{self.__class__.__name__}({', '.join(f'{k}={v!r}' for k, v in zip(self._fields, self))})"
+
+    def _getnewargs(self) -> tuple:   # noqa: ANN001
+        return tuple(self)
+
+    def _record(name: str, fields: list[str], defaults: list, namespace: dict) -> type:
+        """The record class: what collections.namedtuple makes of ``fields``, made without compiling."""
+        for field in fields:
+            if field.startswith("_"):
+                raise ValueError(f"Field names cannot start with an underscore: {field!r}")
+        body = {"__slots__": (), "__module__": namespace["__module__"], "__qualname__": namespace["__qualname__"],
+                "__doc__": f"{name}({', '.join(fields)})", "_fields": tuple(fields),
+                "_field_defaults": dict(zip(fields[len(fields) - len(defaults):], defaults)),
+                "__match_args__": tuple(fields), "__new__": _new, "_make": _make, "_replace": _replace,
+                "_asdict": _asdict, "__repr__": _repr, "__getnewargs__": _getnewargs}
+        for index, field in enumerate(fields):
+            body[field] = _tuplegetter(index, f"Alias for field number {index}")
+        return type(name, (tuple,), body)
 
     class _RecordMaker(type):
         def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict):
@@ -49,8 +121,7 @@ else:
                     defaults.append(namespace[field])
                 elif defaults:
                     raise TypeError(f"{name}: field {field!r} without a default follows a field with one")
-            record = collections.namedtuple(name, fields, defaults=defaults, module=namespace["__module__"])
-            record.__qualname__ = namespace["__qualname__"]
+            record = _record(name, fields, defaults, namespace)
             record.__annotations__ = annotations
             for key, value in namespace.items():
                 if key not in _BODY_ONLY and key not in fields:

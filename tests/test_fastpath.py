@@ -88,8 +88,9 @@ def test_a_module_built_from_other_headers_is_not_used(tmp_path):
     probe = "import cuproc.fastpath as f; print(f.active(), f.status())"
     same = run_python(probe, copy=tmp_path)            # the copy itself loads it: only the change below counts
     assert same.returncode == 0 and same.stdout.startswith("True on:"), same.stdout + same.stderr
-    with open(copy / "_cffi_abi.py", "a") as f:
+    with open(copy / "_cffi_abi.py", "a") as f:   # headers changed: both generated files move on (build_ffi.py)
         f.write("\n# changed\n")
+    (copy / "_abi_digest.py").write_text(_fastpath_digest.abi_digest_module((copy / "_cffi_abi.py").read_bytes()))
     out = run_python(probe, copy=tmp_path)
     assert out.returncode == 0 and out.stdout.startswith("False off:") and "other headers" in out.stdout, out.stderr
 

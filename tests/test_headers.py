@@ -42,9 +42,17 @@ def test_headers_are_trimmed():
 def test_generated_modules_match_headers(tmp_path):
     build_ffi.build_abi_module(ROOT / "headers", tmp_path)
     build_ffi.build_header_data(ROOT / "headers", tmp_path)
-    for name in ("_cffi_abi.py", "_header_data.py", "_header_toolkits.py", "_header_enums.py"):
+    for name in ("_cffi_abi.py", "_abi_digest.py", "_header_data.py", "_header_toolkits.py", "_header_enums.py"):
         assert filecmp.cmp(tmp_path / name, PACKAGE / name, shallow=False), \
             f"cuproc/{name} is stale: run tools/build_ffi.py"
+
+
+def test_the_abi_digest_module_holds_the_digest_of_the_abi_module():
+    """cuproc._ffi compares a compiled fast path with _abi_digest.DIGEST instead of reading _cffi_abi.py:
+    the two must agree (a hand edit of either would let a stale build load, or refuse a fresh one)."""
+    from cuproc import _abi_digest, _fastpath_digest
+    assert _abi_digest.DIGEST == _fastpath_digest.digest(PACKAGE.parent, _fastpath_digest.ABI_INPUTS)
+    assert re.fullmatch(r"[0-9a-f]{8}-\d+", _abi_digest.DIGEST)
 
 
 def test_the_generated_enumerators_are_what_the_ffi_enum_types_say():

@@ -52,6 +52,48 @@ def test_a_record_is_a_namedtuple_like_typings():
         Row("a")  # type: ignore[call-arg]
 
 
+class Bare(NamedTuple):
+    x: int
+
+
+CALLS = [((), {}), (("a",), {}), (("a", 1), {}), (("a", 1, ("t",)), {}), (("a", 1, (), "n"), {}),
+         (("a", 1, (), "n", "extra"), {}), ((), {"name": "a", "size": 1}), (("a",), {"size": 1, "note": "n"}),
+         (("a", 1), {"name": "b"}), (("a", 1), {"colour": "red"}), ((), {"size": 1}), (("a", 1), {"tags": ("u",)})]
+
+
+@pytest.mark.parametrize(("args", "kwargs"), CALLS)
+def test_a_call_builds_or_refuses_as_typings_record_does(args, kwargs):
+    """Positional, keyword and default values, and the TypeError of a missing, repeated, unknown or extra
+    argument, as typing.NamedTuple's class gives them."""
+    try:
+        want = TypingRow(*args, **kwargs)
+    except TypeError:
+        with pytest.raises(TypeError, match="Row.__new__"):
+            Row(*args, **kwargs)
+    else:
+        got = Row(*args, **kwargs)
+        assert type(got) is Row and tuple(got) == tuple(want) and got._asdict() == want._asdict()
+
+
+def test_make_replace_copy_and_the_class_as_typings():
+    import copy
+    row, twin = Row("a", 1), TypingRow("a", 1)
+    for bad in (["a"], ["a", 1, (), None, 5]):
+        with pytest.raises(TypeError):
+            TypingRow._make(bad)
+        with pytest.raises(TypeError):
+            Row._make(bad)
+    with pytest.raises(ValueError, match="colour"):
+        twin._replace(colour="red")
+    with pytest.raises(ValueError, match="colour"):
+        row._replace(colour="red")
+    assert copy.copy(row) == row and type(copy.deepcopy(row)) is Row and hash(row) == hash(tuple(row))
+    assert not hasattr(row, "__dict__") and Row.__slots__ == ()
+    assert Row.size.__doc__ == TypingRow.size.__doc__ and Row.size.__get__(row) == 1
+    assert Bare.__doc__ == "Bare(x)" and Bare(3).x == 3 and repr(Bare(3)) == "Bare(x=3)"
+    assert Row.__new__.__name__ == "_new" and Bare.__new__ is Row.__new__   # one shared, uncompiled __new__
+
+
 def test_a_field_without_a_default_may_not_follow_one_with_a_default():
     with pytest.raises(TypeError):
         class Bad(NamedTuple):

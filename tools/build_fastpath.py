@@ -123,7 +123,7 @@ int cuproc_slot_claim(const char *typedef_name, int k, void *fn) {{
     return cdefs, bodies
 
 
-def _digest_module(root: Path):  # type: ignore[no-untyped-def] - a module object
+def digest_module(root: Path):  # type: ignore[no-untyped-def] - a module object
     """cuproc/_fastpath_digest.py loaded by path: the one digest cuproc._ffi checks, without importing
     cuproc (whose package import would load the very module being rebuilt)."""
     spec = importlib.util.spec_from_file_location("_cuproc_fastpath_digest", root / "cuproc" / "_fastpath_digest.py")
@@ -148,7 +148,7 @@ def ffibuilder(root: Path = ROOT) -> cffi.FFI:
     ffi = cffi.FFI()
     ffi.cdef(declarations)
     cdefs, bodies = trampolines(headers, ffi)
-    digests = _digest_module(root)
+    digests = digest_module(root)
     abi, tools = digests.digest(root, digests.ABI_INPUTS), digests.digest(root, digests.TOOL_INPUTS)
     ffi.cdef("\n".join(cdefs) + "\nconst char *cuproc_abi_digest(void);\nconst char *cuproc_tools_digest(void);\n"
              "int cuproc_install_launcher(void);\nint cuproc_install_checked(void);\nint cuproc_install_memory(void);\n"

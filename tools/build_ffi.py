@@ -77,6 +77,8 @@ def build_abi_module(headers: Path, out_dir: Path) -> Path:
         generated = Path(ffi.compile(tmpdir=tmp))
         text = generated.read_text()
     target.write_text(text)
+    from build_fastpath import digest_module   # the one digest, loaded without importing cuproc
+    (out_dir / "_abi_digest.py").write_text(digest_module(ROOT).abi_digest_module(target.read_bytes()))
     return target
 
 
@@ -179,12 +181,13 @@ def build_header_data(headers: Path, out_dir: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Compile headers/ into cuproc/_cffi_abi.py, _header_data.py, _header_enums.py and "
-                                            "_header_toolkits.py")
+    p = argparse.ArgumentParser(description="Compile headers/ into cuproc/_cffi_abi.py (and _abi_digest.py), "
+                                            "_header_data.py, _header_enums.py and _header_toolkits.py")
     p.add_argument("--headers", type=Path, default=ROOT / "headers")
     p.add_argument("--out", type=Path, default=ROOT / "cuproc")
     args = p.parse_args(argv)
-    for target in (build_abi_module(args.headers, args.out), *build_header_data(args.headers, args.out)):
+    for target in (build_abi_module(args.headers, args.out), args.out / "_abi_digest.py",
+                   *build_header_data(args.headers, args.out)):
         print(f"build_ffi: wrote {target}")
     from build_stubs import build_driver_stub   # the type stub of the C names follows the same data
     print(f"build_ffi: wrote {build_driver_stub(args.headers, args.out, args.out)}")
