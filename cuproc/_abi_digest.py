@@ -2,3 +2,6 @@
 
 #: The digest of cuproc/_cffi_abi.py, which a compiled fast path must have been built from.
 DIGEST = "89946336-261335"
+#: Its size in bytes: cuproc._ffi compares it with the file's (an os.stat), so that an ABI module
+#: changed without this one (a one-sided checkout or merge) turns the fast path off.
+ABI_SIZE = 261314

@@ -71,6 +71,8 @@ def _stale(module: Any) -> str:
     built = module.ffi.string(module.lib.cuproc_abi_digest()).decode()
     if built != _abi_digest.DIGEST:
         return "headers than cuproc/_cffi_abi.py"
+    if os.stat(os.path.join(os.path.dirname(__file__), "_cffi_abi.py")).st_size != _abi_digest.ABI_SIZE:
+        return "headers than cuproc/_cffi_abi.py (it changed without cuproc/_abi_digest.py: run tools/build_ffi.py)"
     from . import _fastpath_digest   # here: the pure path needs none of it
     root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))   # os.path: pathlib costs 2-4 ms
     if all(os.path.isfile(os.path.join(root, name)) for name in _fastpath_digest.TOOL_INPUTS):   # a checkout

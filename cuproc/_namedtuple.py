@@ -12,7 +12,7 @@ are C accessors, and ``__new__``, ``_make``, ``_replace``, ``_asdict``, ``__repr
 Type checkers see ``typing.NamedTuple`` itself.  At run time a class body written for it makes the
 same kind of class as ``collections.namedtuple`` of the annotated fields in order, with the body's
 defaults, docstring and methods, and the annotations kept unevaluated (tests/test_namedtuple.py
-compares the two).  As with typing's, a field without a default may not follow one with a default,
+compares them with ``typing.NamedTuple``'s, which ``collections.namedtuple`` makes).  As with typing's, a field without a default may not follow one with a default,
 a field may not start with an underscore, and the body may not replace what a record is made with
 (``_replace``, ``__new__``, ...).  The module that subclasses it needs ``from __future__ import
 annotations``: Python 3.14 would otherwise keep the annotations lazy, out of the class body's
@@ -32,21 +32,24 @@ else:
         def _tuplegetter(index: int, doc: str) -> property:   # type: ignore[misc]
             return property(_itemgetter(index), doc=doc)
 
+    import sys
+
     _tuple_new = tuple.__new__
 
     # What a class body holds that is not a field, a method or a docstring of the record.
     _BODY_ONLY = frozenset({"__annotations__", "__module__", "__qualname__"})
     # What a record is made with and a body may not replace (typing refuses these too).
-    _RESERVED = frozenset({"__new__", "__init__", "__slots__", "__getnewargs__", "_fields", "_field_defaults",
-                           "_make", "_replace", "_asdict", "_source"})
+    _RESERVED = frozenset({"__new__", "__init__", "__slots__", "__getnewargs__", "__replace__", "__signature__",
+                           "_fields", "_field_defaults", "_make", "_replace", "_asdict", "_source"})
 
-    def _new(cls, *args, **kwargs):   # noqa: ANN001, ANN002, ANN003, ANN202 - every record's __new__
-        if kwargs or len(args) != len(cls._fields):
-            args = _bind(cls, args, kwargs)
-        return _tuple_new(cls, args)
+    def _new(_cls, /, *args, **kwargs):   # noqa: ANN001, ANN002, ANN003, ANN202 - every record's __new__
+        """Create a new instance of the record (the fields by position or by name)."""
+        if kwargs or len(args) != len(_cls._fields):
+            args = _bind(_cls, args, kwargs)
+        return _tuple_new(_cls, args)
 
     def _bind(cls, args: tuple, kwargs: dict) -> tuple:   # noqa: ANN001
-        """The values of a call with keywords, defaults or a wrong count, or the TypeError Python gives."""
+        """The values of a call with keywords, defaults or a wrong count, or a TypeError naming what is wrong."""
         fields, defaults, name = cls._fields, cls._field_defaults, cls.__name__
         if len(args) > len(fields):
             raise TypeError(f"{name}.__new__() takes {len(fields) + 1} positional arguments but "
@@ -66,18 +69,21 @@ else:
 
     @classmethod   # type: ignore[misc]
     def _make(cls, iterable):   # noqa: ANN001, ANN202
+        """Make a new record from a sequence or iterable."""
         result = _tuple_new(cls, iterable)
         if len(result) != len(cls._fields):
             raise TypeError(f"Expected {len(cls._fields)} arguments, got {len(result)}")
         return result
 
     def _replace(self, /, **changes):   # noqa: ANN001, ANN003, ANN202
+        """Return a new record replacing the given fields with new values."""
         result = self._make(map(changes.pop, self._fields, self))
         if changes:
             raise ValueError(f"Got unexpected field names: {list(changes)!r}")
         return result
 
     def _asdict(self) -> dict:   # noqa: ANN001
+        """Return a new dict which maps field names to their values."""
         return dict(zip(self._fields, self))
 
     def _repr(self) -> str:   # noqa: ANN001
@@ -85,6 +91,19 @@ else:
 
     def _getnewargs(self) -> tuple:   # noqa: ANN001
         return tuple(self)
+
+    class _Signature:
+        """A record's ``__signature__`` (its fields, with their defaults), made when asked for:
+        ``inspect.signature`` and ``help()`` would otherwise see the shared ``(*args, **kwargs)``."""
+
+        def __get__(self, instance: object, owner: type) -> object:
+            import inspect
+            empty, kind = inspect.Parameter.empty, inspect.Parameter.POSITIONAL_OR_KEYWORD
+            defaults = owner._field_defaults   # type: ignore[attr-defined]
+            return inspect.Signature([inspect.Parameter(field, kind, default=defaults.get(field, empty))
+                                      for field in owner._fields])   # type: ignore[attr-defined]
+
+    _SIGNATURE = _Signature()
 
     def _record(name: str, fields: list[str], defaults: list, namespace: dict) -> type:
         """The record class: what collections.namedtuple makes of ``fields``, made without compiling."""
@@ -95,7 +114,9 @@ else:
                 "__doc__": f"{name}({', '.join(fields)})", "_fields": tuple(fields),
                 "_field_defaults": dict(zip(fields[len(fields) - len(defaults):], defaults)),
                 "__match_args__": tuple(fields), "__new__": _new, "_make": _make, "_replace": _replace,
-                "_asdict": _asdict, "__repr__": _repr, "__getnewargs__": _getnewargs}
+                "_asdict": _asdict, "__repr__": _repr, "__getnewargs__": _getnewargs, "__signature__": _SIGNATURE}
+        if sys.version_info >= (3, 13):   # copy.replace(); collections.namedtuple has it from 3.13 on
+            body["__replace__"] = _replace
         for index, field in enumerate(fields):
             body[field] = _tuplegetter(index, f"Alias for field number {index}")
         return type(name, (tuple,), body)

@@ -16,8 +16,8 @@ Policy
   (:mod:`cuproc.fastpath`) a C trampoline bound to that same pointer, which takes
   the same arguments (a few are thin wrappers: cuInit, by-value struct arguments,
   :class:`AliasedName`; ``fastpath.pointer()`` gives the cffi pointer of any).
-  After the first access it is a plain attribute, so a call
-  costs what a bare call through the pointer costs.  ``drv.checked.cuMemAlloc`` raises
+  After the first access it is a plain attribute, so a call costs what a call of
+  that object costs (on the fast path, about half a bare cffi call through the pointer).  ``drv.checked.cuMemAlloc`` raises
   :class:`~cuproc.errors.CudaError` instead of returning a code.
 * **Resolution** is lazy, cached per symbol, thread-safe.  :meth:`Driver.preload` asks the
   driver for every symbol in one pass and keeps only its answers; each name's Resolution and
@@ -130,7 +130,19 @@ class _Answer(NamedTuple):
     requested: CudaVersion   # the version it was selected at (the driver's for a newer-driver feature)
     newer_driver_feature: bool
     status: str
-    pointer: Any             # void * when resolved, else None
+    pointer: Any             # when resolved, the void * (or its address, an int, from preload's C batch); else None
+
+
+def _decoded(codes: Iterable[int], addresses: Iterable[int]) -> list[tuple[str, Any]]:
+    """(status, address or None) per query of cuproc_ask_all, read as one ``ask_v2`` query reads its
+    answer: the symbol status, and SYMBOL_NOT_FOUND for a failed call (code -1), an unknown status, or
+    a success with a NULL pointer."""
+    out = []
+    for code, address in zip(codes, addresses):
+        status = _QUERY_STATUS.get(code, SYMBOL_NOT_FOUND)
+        out.append((RESOLVED, address) if status == RESOLVED and address else
+                   (SYMBOL_NOT_FOUND if status == RESOLVED else status, None))
+    return out
 
 
 class Unavailable:
@@ -376,17 +388,20 @@ class Driver(_DriverFunctions):
         return at if at > requested else None
 
     def _answer(self, name: str, entry: Entry, requested: CudaVersion, fallback: CudaVersion | None,
-                ask: Callable[[str, str, int], tuple[str, Any]] | None = None) -> _Answer:
+                ask: Callable[[str, str, int], tuple[str, Any]] | None = None,
+                per_thread: bool | None = None) -> _Answer:
         """What the driver says for ``name`` selected as ``entry`` at ``requested``: the decisions and
         the one cuGetProcAddress query, building no Python objects beyond the answer tuple
         (:meth:`_resolution_of` turns one into a Resolution when it is asked for).  ``fallback``: where a
         symbol not yet introduced at ``requested`` is selected again (:meth:`_newer_driver_version`; None:
         nowhere, as for an explicitly requested version).  Called with the lock held; ``ask`` is
-        :meth:`_asker`'s query when the caller made it once for many names."""
+        :meth:`_asker`'s query when the caller made it once for many names, and ``per_thread`` the stream
+        choice that caller read once (None: this handle's now)."""
         newer = False
         driver = self._driver_int
         if entry.availability == NOT_YET_INTRODUCED and fallback is not None:
-            at_driver = self.registry.entry(name, fallback, per_thread=self.per_thread_default_stream)
+            at_driver = self.registry.entry(name, fallback, per_thread=self.per_thread_default_stream
+                                            if per_thread is None else per_thread)
             if at_driver.availability == AVAILABLE:
                 entry, requested, newer = at_driver, fallback, True
         availability = entry.availability
@@ -409,7 +424,8 @@ class Driver(_DriverFunctions):
         """preload()'s answer for ``name``, taken out (None when it has none).  Called with the lock held.
 
         Where preload() asked the driver for the entry selected at R (nearly every name), it kept only
-        what the driver said, in ``_asked``: the void* when resolved, else the status.  The rest of the
+        what the driver said, in ``_asked``: the pointer when resolved (a void *, or its address as an int from
+        the fast path's batch), else the status.  The rest of the
         answer is known: the entry is the registry table's row preload() walked, at R, no newer-driver
         feature.  Every other name's answer is a whole :class:`_Answer` in ``_answers``."""
         answer = self._answers.pop(name, None)
@@ -444,10 +460,10 @@ class Driver(_DriverFunctions):
         without it); (status, void* or None).  Called with the lock held."""
         return self._asker()(name, entry, int(version))
 
-    def _asker(self) -> Callable[[str, str, int], tuple[str, Any]]:
-        """The query :meth:`_ask` makes, as a function bound to this handle's library, stream flag and
-        out-parameters (allocated once, reused: call it with the lock held).  preload() calls it 561
-        times in a row, so it looks nothing up per call."""
+    def _asker(self, flags: int | None = None) -> Callable[[str, str, int], tuple[str, Any]]:
+        """The query :meth:`_ask` makes, as a function bound to this handle's library, stream flag
+        (``flags``, else this handle's now) and out-parameters (allocated once, reused: call it with the
+        lock held).  preload() calls it for many names in a row, so it looks nothing up per call."""
         lib = self._lib
         assert lib is not None
         if lib.lookup == DIRECT_LOOKUP:
@@ -460,7 +476,8 @@ class Driver(_DriverFunctions):
         if self._out is None:
             self._out = (ffi.new(_VOID_PP), ffi.new(_QUERY_RESULT_P))
         pfn, out_status = self._out
-        flags = self._stream_flag()
+        if flags is None:
+            flags = self._stream_flag()
         get_proc_address, null, statuses = lib.get_proc_address, ffi.NULL, _QUERY_STATUS
         if lib.lookup == GET_PROC_ADDRESS_V2:
             def ask_v2(name: str, entry: str, version: int) -> tuple[str, Any]:
@@ -480,11 +497,12 @@ class Driver(_DriverFunctions):
             return (RESOLVED, pointer) if pointer != null else (SYMBOL_NOT_FOUND, None)
         return ask_v1
 
-    def _ask_all(self, queries: list[tuple[str, str, int]],
-                 ask: Callable[[str, str, int], tuple[str, Any]]) -> list[tuple[str, Any]]:
-        """``[ask(name, entry, version) for each query]``: on the fast path through cuGetProcAddress in
-        one C call (tools/fastpath_resolve.c; from Python each query costs ~1.2 us, the driver's lookup
-        under 0.1 us), with the same statuses and the pointers as integers.  Called with the lock held."""
+    def _ask_all(self, queries: list[tuple[str, str, int]], ask: Callable[[str, str, int], tuple[str, Any]],
+                 flags: int) -> list[tuple[str, Any]]:
+        """``[ask(name, entry, version) for each query]`` (``ask`` made with ``flags``): on the fast path
+        through cuGetProcAddress in one C call (tools/fastpath_resolve.c; from Python each query costs
+        ~1.2 us, the driver's lookup under 0.1 us), with the same statuses and the pointers as integers.
+        Called with the lock held."""
         lib = self._lib
         batch = fastpath.ask_all()
         assert lib is not None
@@ -494,19 +512,16 @@ class Driver(_DriverFunctions):
         names = "\0".join([name for name, _, _ in queries]).encode() + b"\0"
         pointers, codes = ffi.new("void *[]", n), ffi.new("int[]", n)
         done = batch(fastpath.pointer(lib.get_proc_address), lib.lookup == GET_PROC_ADDRESS_V2, names, len(names),
-                     ffi.new("int[]", [version for _, _, version in queries]), self._stream_flag(), n, pointers, codes)
+                     ffi.new("int[]", [version for _, _, version in queries]), flags, n, pointers, codes)
         if done != n:   # names are C identifiers: a NUL inside one would be a cuproc bug
             raise RuntimeError(f"cuproc_ask_all asked {done} of {n} names (a cuproc bug)")
-        statuses, out = _QUERY_STATUS, []
-        for code, address in zip(ffi.unpack(codes, n), ffi.unpack(ffi.cast("uintptr_t *", pointers), n)):
-            status = statuses.get(code, SYMBOL_NOT_FOUND)   # -1: the call itself failed
-            out.append((RESOLVED, address) if status == RESOLVED and address else
-                       (SYMBOL_NOT_FOUND if status == RESOLVED else status, None))
-        return out
+        return _decoded(ffi.unpack(codes, n), ffi.unpack(ffi.cast("uintptr_t *", pointers), n))
 
-    def _stream_flag(self) -> int:
-        """The cuGetProcAddress flag of this handle's default-stream choice."""
-        return FLAG_PER_THREAD if self.per_thread_default_stream else FLAG_LEGACY_STREAM
+    def _stream_flag(self, per_thread: bool | None = None) -> int:
+        """The cuGetProcAddress flag of a default-stream choice (None: this handle's now)."""
+        if per_thread is None:
+            per_thread = self.per_thread_default_stream
+        return FLAG_PER_THREAD if per_thread else FLAG_LEGACY_STREAM
 
     def _failed(self, sel: Selection, status: str, newer: bool) -> Resolution:
         name = sel.symbol.name
@@ -642,11 +657,13 @@ class Driver(_DriverFunctions):
         counts: dict[str, int] = {}
         version = self._version
         assert version is not None
-        table = self.registry.entries(version, per_thread=self.per_thread_default_stream)
+        per_thread = self.per_thread_default_stream   # read once: the table, the queries and the flag agree
+        flags = self._stream_flag(per_thread)
+        table = self.registry.entries(version, per_thread=per_thread)
         asked, answers, answer, driver = self._asked, self._answers, self._answer, self._driver_int
         fallback = self._newer_driver_version(version)
         with self._lock:
-            ask = self._asker()
+            ask = self._asker(flags)
             if asked and self._asked_table is not table:
                 # per_thread_default_stream changed since the last preload(): its bare answers keep the
                 # entries they were asked for
@@ -662,15 +679,16 @@ class Driver(_DriverFunctions):
                 if name in known:
                     status = self._preloaded_status(name)
                 elif availability == AVAILABLE and abi_version <= driver:  # type: ignore[operator]
-                    # _answer's common case: one query each, asked below in one pass, and only what the
-                    # driver said is kept
+                    # _answer's common case: one query each, asked below together (one C call on the fast
+                    # path; a name selected again at the driver's version is asked above, alone), and only
+                    # what the driver said is kept
                     queries.append((name, entry_point, query_version))  # type: ignore[arg-type]
                     continue
                 else:
-                    got = answers[name] = answer(name, entry, version, fallback, ask)
+                    got = answers[name] = answer(name, entry, version, fallback, ask, per_thread)
                     status = got.status
                 counts[status] = counts.get(status, 0) + 1
-            for (name, _, _), (status, pointer) in zip(queries, self._ask_all(queries, ask)):
+            for (name, _, _), (status, pointer) in zip(queries, self._ask_all(queries, ask, flags)):
                 asked[name] = pointer if status == RESOLVED else status
                 counts[status] = counts.get(status, 0) + 1
         return counts

@@ -23,8 +23,8 @@ Where it applies:
 * ``Function.launch`` (``cuproc.launch.launch``) finds a warm one-shot entry and calls its launcher
   in C for the common form (plain-int grid and block, at most ``signature=`` and ``stream=`` -- the
   default stream or a cuproc Stream); every other call goes to the Python launch.
-* ``Driver.preload()`` makes its cuGetProcAddress queries in one C call (tools/fastpath_resolve.c)
-  and keeps the same answers.
+* ``Driver.preload()`` makes its cuGetProcAddress queries for the names selected at its version in one
+  C call (tools/fastpath_resolve.c) and keeps the same answers.
 """
 from __future__ import annotations
 
@@ -123,8 +123,8 @@ def stream_ordered_factory() -> Callable[..., tuple[Any, Any]] | None:
 def ask_all() -> Callable[..., int] | None:
     """``cuproc_ask_all`` (see tools/fastpath_resolve.c): many cuGetProcAddress queries in one C call,
     for ``Driver.preload()``; None without the fast path."""
-    compiled = _ffi.COMPILED
-    return None if compiled is None else compiled.lib.cuproc_ask_all
+    compiled = _ffi.COMPILED   # getattr: a module built before tools/fastpath_resolve.c lacks it
+    return None if compiled is None else getattr(compiled.lib, "cuproc_ask_all", None)
 
 
 def pointer_value(function: Any, typedef: str) -> int | None:

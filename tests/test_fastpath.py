@@ -88,8 +88,12 @@ def test_a_module_built_from_other_headers_is_not_used(tmp_path):
     probe = "import cuproc.fastpath as f; print(f.active(), f.status())"
     same = run_python(probe, copy=tmp_path)            # the copy itself loads it: only the change below counts
     assert same.returncode == 0 and same.stdout.startswith("True on:"), same.stdout + same.stderr
-    with open(copy / "_cffi_abi.py", "a") as f:   # headers changed: both generated files move on (build_ffi.py)
+    with open(copy / "_cffi_abi.py", "a") as f:   # the ABI module changed alone (a one-sided checkout or merge)
         f.write("\n# changed\n")
+    out = run_python(probe, copy=tmp_path)
+    assert out.returncode == 0 and out.stdout.startswith("False off:") and "without cuproc/_abi_digest.py" in \
+        out.stdout, out.stdout + out.stderr
+    # headers changed: both generated files moved on (tools/build_ffi.py), the build did not
     (copy / "_abi_digest.py").write_text(_fastpath_digest.abi_digest_module((copy / "_cffi_abi.py").read_bytes()))
     out = run_python(probe, copy=tmp_path)
     assert out.returncode == 0 and out.stdout.startswith("False off:") and "other headers" in out.stdout, out.stderr
@@ -180,6 +184,32 @@ def test_the_kind_values_and_slot_count_come_from_the_module():
 
 
 # ----------------------------------------------------------------------------- the trampolines
+
+def test_an_in_place_build_renames_a_new_module_over_the_old_one(tmp_path, monkeypatch):
+    """A process that has the old module loaded (mapped) keeps reading it while tools/build_fastpath.py
+    builds in place: rewriting the file in place made a running test process die of SIGBUS."""
+    import mmap
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import build_fastpath
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    (tmp_path / "cuproc").mkdir()
+    target = tmp_path / "cuproc" / "_fastpath_c.test.so"
+    target.write_bytes(b"old" * 4096)
+
+    class Builder:
+        def compile(self, tmpdir: str) -> str:
+            built = Path(tmpdir) / target.name
+            built.write_bytes(b"new" * 100)
+            return str(built)
+    monkeypatch.setattr(build_fastpath, "ffibuilder", lambda root: Builder())
+    with open(target, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as old:
+        assert build_fastpath.main(["--root", str(tmp_path)]) == 0
+        assert old[:3] == b"old"   # the first page only: it exists in either file, so a wrong build fails here
+    assert target.read_bytes() == b"new" * 100
+    assert [p.name for p in (tmp_path / "cuproc").iterdir()] == [target.name]   # no partial file left
+
 
 def test_every_typedef_has_a_trampoline_except_by_value_structs(pfn_typedef_names):
     sys.path.insert(0, str(ROOT / "tools"))
@@ -557,6 +587,7 @@ def test_preload_asks_the_driver_in_one_c_call_on_the_fast_path(sims, monkeypatc
     s = sims[generation]
     s.set_version(13000 if generation == "v2" else 11080 if generation == "v1" else 11020)
     real, calls = fastpath.ask_all(), []
+    assert (real is None) == (not fastpath.active())   # the pure path has no batch: preload() asks in Python
 
     def counting(*args):
         calls.append(args[6])   # n, the number of names asked
@@ -574,6 +605,21 @@ def test_preload_asks_the_driver_in_one_c_call_on_the_fast_path(sims, monkeypatc
         assert calls == [sum(1 for e in table.values() if e.availability == "available" and e.abi_version <= driver)]
         assert sum(counts.values()) == len(drv.registry)
         assert drv.has("cuMemAlloc") and drv.resolution("cuMemAlloc").status == "resolved"
+
+
+def test_the_batchs_answers_are_read_as_one_query_reads_its_own():
+    """cuproc_ask_all's (status code, address) pairs, decoded as the per-name query decodes its answer: only a
+    success with a pointer resolves; a failed call (-1), an unknown code or a success with NULL is not found."""
+    from cuproc.driver import _decoded
+    q = ffi.typeof("CUdriverProcAddressQueryResult").relements
+    ok, missing, too_new = (q["CU_GET_PROC_ADDRESS_SUCCESS"], q["CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND"],
+                            q["CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT"])
+    codes = [ok, ok, missing, too_new, -1, 99, missing]
+    addresses = [0x1000, 0, 0, 0, 0x2000, 0x3000, 0x4000]
+    assert _decoded(codes, addresses) == [
+        ("resolved", 0x1000), ("symbol_not_found", None), ("symbol_not_found", None),
+        ("version_not_sufficient", None), ("symbol_not_found", None), ("symbol_not_found", None),
+        ("symbol_not_found", None)]
 
 
 @needs_fast

@@ -52,6 +52,7 @@ def test_the_abi_digest_module_holds_the_digest_of_the_abi_module():
     the two must agree (a hand edit of either would let a stale build load, or refuse a fresh one)."""
     from cuproc import _abi_digest, _fastpath_digest
     assert _abi_digest.DIGEST == _fastpath_digest.digest(PACKAGE.parent, _fastpath_digest.ABI_INPUTS)
+    assert _abi_digest.ABI_SIZE == (PACKAGE / "_cffi_abi.py").stat().st_size
     assert re.fullmatch(r"[0-9a-f]{8}-\d+", _abi_digest.DIGEST)
 
 

@@ -91,7 +91,26 @@ def test_make_replace_copy_and_the_class_as_typings():
     assert not hasattr(row, "__dict__") and Row.__slots__ == ()
     assert Row.size.__doc__ == TypingRow.size.__doc__ and Row.size.__get__(row) == 1
     assert Bare.__doc__ == "Bare(x)" and Bare(3).x == 3 and repr(Bare(3)) == "Bare(x=3)"
-    assert Row.__new__.__name__ == "_new" and Bare.__new__ is Row.__new__   # one shared, uncompiled __new__
+    assert Bare.__new__ is Row.__new__   # one shared, uncompiled __new__
+
+
+def test_a_record_has_what_typings_record_has():
+    """Nothing collections.namedtuple puts on a class (on this Python: __replace__ from 3.13) is missing, the
+    signature names the fields and their defaults, and a field may be called cls."""
+    import inspect
+    assert set(vars(TypingRow)) - set(vars(Row)) == {"__orig_bases__"}   # typing's own bookkeeping
+    def parameters(cls: type) -> list[tuple[str, object, object]]:
+        return [(p.name, p.kind, p.default) for p in inspect.signature(cls).parameters.values()]
+    assert parameters(Row) == parameters(TypingRow) and parameters(Row)[2][2] == ()
+    assert Row._make.__doc__ and Row._replace.__doc__ and Row._asdict.__doc__ and Row.__new__.__doc__
+
+    class Odd(NamedTuple):
+        cls: int
+        self: int = 0
+    assert Odd(cls=1, self=2) == (1, 2) and Odd(1)._replace(cls=3) == (3, 0)
+    if hasattr(__import__("copy"), "replace"):   # Python 3.13
+        import copy
+        assert copy.replace(Row("a", 1), size=2) == ("a", 2, (), None)
 
 
 def test_a_field_without_a_default_may_not_follow_one_with_a_default():

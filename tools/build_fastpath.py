@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
 import sys
 import tempfile
@@ -176,7 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         built = Path(ffibuilder(args.root).compile(tmpdir=tmp))
         target = args.root / "cuproc" / built.name
-        target.write_bytes(built.read_bytes())
+        # A new file renamed over the old one: a process that has the old module loaded keeps its mapping
+        # (rewriting the file in place made such a process, e.g. a test run, die of SIGBUS).
+        partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        partial.write_bytes(built.read_bytes())
+        os.replace(partial, target)
     print(f"build_fastpath: wrote {target}")
     return 0
 

@@ -77,9 +77,18 @@ def build_abi_module(headers: Path, out_dir: Path) -> Path:
         generated = Path(ffi.compile(tmpdir=tmp))
         text = generated.read_text()
     target.write_text(text)
-    from build_fastpath import digest_module   # the one digest, loaded without importing cuproc
-    (out_dir / "_abi_digest.py").write_text(digest_module(ROOT).abi_digest_module(target.read_bytes()))
+    (out_dir / "_abi_digest.py").write_text(_digests().abi_digest_module(target.read_bytes()))
     return target
+
+
+def _digests():  # type: ignore[no-untyped-def] - a module object
+    """cuproc/_fastpath_digest.py, the one digest: a checkout's, loaded by path without importing cuproc;
+    else (an unpacked sdist whose cuproc/ was removed, as in CI's installed-wheel run) the installed one."""
+    if (ROOT / "cuproc" / "_fastpath_digest.py").is_file():
+        from build_fastpath import digest_module
+        return digest_module(ROOT)
+    from cuproc import _fastpath_digest
+    return _fastpath_digest
 
 
 def _abi_keys(provenance: dict) -> tuple[int | tuple[int, ...], ...]:
