@@ -42,6 +42,9 @@ def _abi_ffi() -> Any:
     return abi_ffi
 
 
+_REBUILD = "rebuild it: pip install -e . or python tools/build_fastpath.py"
+
+
 def _load() -> tuple[Any, Any, str]:
     """(ffi, compiled module or None, why).  The ABI module is imported only when it is the one used."""
     if _pure_requested():
@@ -50,11 +53,11 @@ def _load() -> tuple[Any, Any, str]:
         from . import _fastpath_c
     except ImportError as exc:
         return _abi_ffi(), None, f"off: the compiled module cuproc._fastpath_c is not built ({exc})"
-    rebuild = "rebuild it: pip install -e . or python tools/build_fastpath.py"
+    rebuild = _REBUILD
     try:
         stale = _stale(_fastpath_c)
         if stale:
-            return _abi_ffi(), None, f"off: cuproc._fastpath_c was built from other {stale} ({rebuild})"
+            return _abi_ffi(), None, f"off: {stale}"
         lib = _fastpath_c.lib
         if lib.cuproc_install_launcher() != 0 or lib.cuproc_install_checked() != 0 or lib.cuproc_install_memory() != 0:
             return _abi_ffi(), None, ("off: cuproc._fastpath_c failed to set up its launcher, checked call or "
@@ -66,19 +69,26 @@ def _load() -> tuple[Any, Any, str]:
 
 
 def _stale(module: Any) -> str:
-    """What ``module`` was built from that differs from these sources ("" when nothing does)."""
+    """Why ``module`` does not fit these sources, with the fix ("" when it fits)."""
+    rebuild = _REBUILD
     from . import _abi_digest   # written with cuproc/_cffi_abi.py: its digest, not recomputed per import
     built = module.ffi.string(module.lib.cuproc_abi_digest()).decode()
     if built != _abi_digest.DIGEST:
-        return "headers than cuproc/_cffi_abi.py"
-    if os.stat(os.path.join(os.path.dirname(__file__), "_cffi_abi.py")).st_size != _abi_digest.ABI_SIZE:
-        return "headers than cuproc/_cffi_abi.py (it changed without cuproc/_abi_digest.py: run tools/build_ffi.py)"
+        return f"cuproc._fastpath_c was built from other headers than cuproc/_cffi_abi.py ({rebuild})"
+    try:   # absent in a sourceless install (bytecode only), where there is nothing to compare
+        size = os.stat(os.path.join(os.path.dirname(__file__), "_cffi_abi.py")).st_size
+    except OSError:
+        size = _abi_digest.ABI_SIZE
+    if size != _abi_digest.ABI_SIZE:
+        return ("cuproc/_cffi_abi.py changed without cuproc/_abi_digest.py, which tools/build_ffi.py writes with it "
+                "(run python tools/build_ffi.py; a rebuilt fast path would not fit either)")
     from . import _fastpath_digest   # here: the pure path needs none of it
     root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))   # os.path: pathlib costs 2-4 ms
     if all(os.path.isfile(os.path.join(root, name)) for name in _fastpath_digest.TOOL_INPUTS):   # a checkout
         built = module.ffi.string(module.lib.cuproc_tools_digest()).decode()
         if built != _fastpath_digest.digest(root, _fastpath_digest.TOOL_INPUTS):
-            return f"tools than {', '.join(_fastpath_digest.TOOL_INPUTS)}"
+            return (f"cuproc._fastpath_c was built from other tools than {', '.join(_fastpath_digest.TOOL_INPUTS)} "
+                    f"({rebuild})")
     return ""
 
 

@@ -35,10 +35,12 @@ else:
     import sys
 
     _tuple_new = tuple.__new__
+    # What _replace raises for a name that is no field: collections.namedtuple's, ValueError before 3.13
+    _UNEXPECTED_FIELD = TypeError if sys.version_info >= (3, 13) else ValueError
 
     # What a class body holds that is not a field, a method or a docstring of the record.
     _BODY_ONLY = frozenset({"__annotations__", "__module__", "__qualname__"})
-    # What a record is made with and a body may not replace (typing refuses these too).
+    # What a record is made with and a body may not replace (typing refuses most of these too).
     _RESERVED = frozenset({"__new__", "__init__", "__slots__", "__getnewargs__", "__replace__", "__signature__",
                            "_fields", "_field_defaults", "_make", "_replace", "_asdict", "_source"})
 
@@ -79,7 +81,7 @@ else:
         """Return a new record replacing the given fields with new values."""
         result = self._make(map(changes.pop, self._fields, self))
         if changes:
-            raise ValueError(f"Got unexpected field names: {list(changes)!r}")
+            raise _UNEXPECTED_FIELD(f"Got unexpected field names: {list(changes)!r}")
         return result
 
     def _asdict(self) -> dict:   # noqa: ANN001
@@ -94,9 +96,13 @@ else:
 
     class _Signature:
         """A record's ``__signature__`` (its fields, with their defaults), made when asked for:
-        ``inspect.signature`` and ``help()`` would otherwise see the shared ``(*args, **kwargs)``."""
+        ``inspect.signature`` and ``help()`` would otherwise see the shared ``(*args, **kwargs)``.  Only a
+        record class that calls the shared ``__new__`` has one (an instance, or a subclass with a ``__new__``
+        of its own, gets the usual lookup, as with collections.namedtuple)."""
 
         def __get__(self, instance: object, owner: type) -> object:
+            if instance is not None or owner.__new__ is not _new:
+                raise AttributeError("__signature__")
             import inspect
             empty, kind = inspect.Parameter.empty, inspect.Parameter.POSITIONAL_OR_KEYWORD
             defaults = owner._field_defaults   # type: ignore[attr-defined]

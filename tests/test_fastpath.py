@@ -209,6 +209,16 @@ def test_an_in_place_build_renames_a_new_module_over_the_old_one(tmp_path, monke
         assert old[:3] == b"old"   # the first page only: it exists in either file, so a wrong build fails here
     assert target.read_bytes() == b"new" * 100
     assert [p.name for p in (tmp_path / "cuproc").iterdir()] == [target.name]   # no partial file left
+    mask = os.umask(0)
+    os.umask(mask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~mask
+
+    def refused(src: str, dst: str) -> None:
+        raise PermissionError(f"{dst} is in use")   # e.g. Windows and a loaded .pyd
+    monkeypatch.setattr(build_fastpath.os, "replace", refused)
+    with pytest.raises(PermissionError):
+        build_fastpath.main(["--root", str(tmp_path)])
+    assert [p.name for p in (tmp_path / "cuproc").iterdir()] == [target.name]   # the partial file went too
 
 
 def test_every_typedef_has_a_trampoline_except_by_value_structs(pfn_typedef_names):
@@ -620,6 +630,21 @@ def test_the_batchs_answers_are_read_as_one_query_reads_its_own():
         ("resolved", 0x1000), ("symbol_not_found", None), ("symbol_not_found", None),
         ("version_not_sufficient", None), ("symbol_not_found", None), ("symbol_not_found", None),
         ("symbol_not_found", None)]
+
+
+def test_a_compiled_module_without_the_batch_leaves_preload_in_python(sim, monkeypatch):
+    """fastpath.ask_all() is None for a compiled module that lacks cuproc_ask_all, and preload() asks each
+    name in Python then, with the same answers."""
+    from cuproc import _ffi
+
+    class Lib:
+        pass
+    monkeypatch.setattr(_ffi, "COMPILED", types.SimpleNamespace(lib=Lib()))
+    assert fastpath.ask_all() is None
+    drv = cuproc.Driver(library=str(sim.path))
+    counts = drv.preload()
+    assert counts["resolved"] > 0 and drv.resolution("cuMemAlloc").status == "resolved"
+    assert cuproc.ffi.typeof(drv.resolution("cuMemAlloc").function).kind == "function"
 
 
 @needs_fast

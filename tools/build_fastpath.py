@@ -178,10 +178,19 @@ def main(argv: list[str] | None = None) -> int:
         built = Path(ffibuilder(args.root).compile(tmpdir=tmp))
         target = args.root / "cuproc" / built.name
         # A new file renamed over the old one: a process that has the old module loaded keeps its mapping
-        # (rewriting the file in place made such a process, e.g. a test run, die of SIGBUS).
-        partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        partial.write_bytes(built.read_bytes())
-        os.replace(partial, target)
+        # (rewriting the file in place made such a process, e.g. a test run, die of SIGBUS).  Windows
+        # refuses to replace a loaded .pyd either way.
+        fd, partial = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(built.read_bytes())
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(partial, 0o666 & ~mask)   # what a plain new file gets (mkstemp makes it 0600)
+            os.replace(partial, target)
+        finally:
+            if os.path.exists(partial):   # the write or the rename failed: leave nothing behind
+                os.unlink(partial)
     print(f"build_fastpath: wrote {target}")
     return 0
 
