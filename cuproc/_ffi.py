@@ -53,7 +53,6 @@ def _load() -> tuple[Any, Any, str]:
         from . import _fastpath_c
     except ImportError as exc:
         return _abi_ffi(), None, f"off: the compiled module cuproc._fastpath_c is not built ({exc})"
-    rebuild = _REBUILD
     try:
         stale = _stale(_fastpath_c)
         if stale:
@@ -64,17 +63,16 @@ def _load() -> tuple[Any, Any, str]:
                                       "stream-ordered allocation (see the message above)")
     except Exception as exc:  # noqa: BLE001 - e.g. a module of an older build: never fatal to import cuproc
         return _abi_ffi(), None, (f"off: cuproc._fastpath_c is not usable ({type(exc).__name__}: {exc}; "
-                                  f"{rebuild})")
+                                  f"{_REBUILD})")
     return _fastpath_c.ffi, _fastpath_c, f"on: compiled trampolines in {os.path.basename(_fastpath_c.__file__)}"
 
 
 def _stale(module: Any) -> str:
     """Why ``module`` does not fit these sources, with the fix ("" when it fits)."""
-    rebuild = _REBUILD
     from . import _abi_digest   # written with cuproc/_cffi_abi.py: its digest, not recomputed per import
     built = module.ffi.string(module.lib.cuproc_abi_digest()).decode()
     if built != _abi_digest.DIGEST:
-        return f"cuproc._fastpath_c was built from other headers than cuproc/_cffi_abi.py ({rebuild})"
+        return f"cuproc._fastpath_c was built from other headers than cuproc/_cffi_abi.py ({_REBUILD})"
     try:   # absent in a sourceless install (bytecode only), where there is nothing to compare
         size = os.stat(os.path.join(os.path.dirname(__file__), "_cffi_abi.py")).st_size
     except OSError:
@@ -88,7 +86,7 @@ def _stale(module: Any) -> str:
         built = module.ffi.string(module.lib.cuproc_tools_digest()).decode()
         if built != _fastpath_digest.digest(root, _fastpath_digest.TOOL_INPUTS):
             return (f"cuproc._fastpath_c was built from other tools than {', '.join(_fastpath_digest.TOOL_INPUTS)} "
-                    f"({rebuild})")
+                    f"({_REBUILD})")
     return ""
 
 

@@ -1118,8 +1118,8 @@ def preload() -> dict[str, int]:
     module answers C names lazily it has a PEP 562 ``__getattr__``, and CPython does not
     specialize attribute loads on a module that has one, so every ``cuproc.driver.cuX`` would pay a
     generic attribute lookup (about a fifth of a trivial driver call).  Once every name is bound,
-    the hook is removed and ``cuproc.driver.cuX`` costs what a call through a bare cffi pointer
-    costs.  A :class:`Driver` handle stays lazy per symbol.  :func:`set_default_driver`, a
+    the hook is removed and ``cuproc.driver.cuX`` costs one module attribute load more than the
+    function it names (a C trampoline on the fast path, the cffi pointer on the pure one).  A :class:`Driver` handle stays lazy per symbol.  :func:`set_default_driver`, a
     ``declare()`` on the default handle that replaces a name, and a fork put the hook back.  With
     the hook gone a misspelt name gets Python's own ``AttributeError``.  Returns
     :meth:`Driver.preload`'s count of each status."""
