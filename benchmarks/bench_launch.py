@@ -14,7 +14,9 @@ The bursts go round-robin over all launchers, so drift in clocks or load hits ev
 Burst: the median host time per enqueue over the bursts of 256; steady: 20,000 launches then a
 synchronize, fifteen rounds taking turns over the launchers (median and range), with the thread's
 CPU time beside the wall time: a steady wall time well above its CPU time is time spent blocked in
-the driver (a full launch queue), not cuproc's Python work.  The timing thread is pinned to one CPU.
+the driver (a full launch queue), not cuproc's Python work.  The timing thread is pinned to one CPU,
+and what was alive before the timing is frozen out of the garbage collector's scans (the collector
+stays on; the collections each row met in its steady rounds are printed).
 
 Every ratio (the goals' and the table's) is paired: the median over the bursts (or steady rounds)
 of the row's time over its reference's time in that same burst round -- the rows take turns, so
@@ -44,7 +46,8 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # noqa: E402, I001
-    ROOT, Goals, build_c, machine, one_cpu, paired_ratio, peer, plot_bars, rotation, smoke_driver, write_results)
+    ROOT, Goals, build_c, frozen_heap, machine, one_cpu, paired_ratio, peer, plot_bars, rotation, smoke_driver,
+    write_results)
 
 CUBIN = ROOT / "kernels" / "kernels.cubin"
 DEFAULT = "cuproc prepared (default)"   # what Function.prepare gives without options
@@ -88,9 +91,12 @@ def floor_of(name: str, default_entry: str, default_convention: str) -> str:
 
 
 def measure_interleaved(loops: dict[str, Callable[[int], object]], natives: set[str], sync: Callable[[], object],
-                        burst_size: int, reps: int, steady: int, errors: dict[str, str] | None = None) -> dict:
+                        burst_size: int, reps: int, steady: int, errors: dict[str, str] | None = None,
+                        notes: list[str] | None = None) -> dict:
     """Round-robin bursts over every launcher, then steady runs taking turns (each round's order rotated
-    by one row), timed on one CPU after the warm-up (:func:`harness.one_cpu`).
+    by one row), timed on one CPU after the warm-up (:func:`harness.one_cpu`), with the heap alive
+    before the timing frozen (:func:`harness.frozen_heap`); the collections each row met in its steady
+    rounds go to ``notes``.
 
     ``loops[name](count)`` runs ``count`` launches; the C loops (``natives``) time themselves and
     return seconds per launch, the Python ones are timed here around the call.  A launcher that
@@ -117,19 +123,24 @@ def measure_interleaved(loops: dict[str, Callable[[int], object]], natives: set[
     bursts: dict[str, list[float]] = {name: [] for name in loops}
     walls: dict[str, list[float]] = {name: [] for name in loops}
     cpus: dict[str, list[float]] = {name: [] for name in loops}
-    with one_cpu():
+    with one_cpu(), frozen_heap() as heap:
         for r in range(reps):
             for name in rotation(names, r):
                 sync()
                 bursts[name].append(burst(name, burst_size))
+        heap.seen.clear()                      # the bursts' collections are not counted: steady only
         for r in range(STEADY_ROUNDS):
             for name in rotation(names, r):
                 sync()
+                heap.tag = name
                 t, c = time.perf_counter(), time.thread_time()
                 loops[name](steady)
                 sync()
                 walls[name].append((time.perf_counter() - t) / steady * 1e6)
                 cpus[name].append((time.thread_time() - c) / steady * 1e6)
+                heap.tag = None
+    if notes is not None:
+        notes.append("steady rounds: " + heap.summary(names))
     out = {}
     block = max(reps // BLOCKS, 1)
     for name in loops:
@@ -474,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
         loops, natives, sync, errors, default, close = launchers(lib, args.smoke, steady)
         import cuproc.launch
         front = getattr(cuproc.launch.launch, "taken", None)   # the one-shot C front's count (fast path only)
-        results = measure_interleaved(loops, natives, sync, burst_size, reps, steady, errors)
+        timing_notes: list[str] = []
+        results = measure_interleaved(loops, natives, sync, burst_size, reps, steady, errors, timing_notes)
         if front is not None:
             front = cuproc.launch.launch.taken - front
         close()
@@ -507,7 +519,8 @@ def main(argv: list[str] | None = None) -> int:
              (f"steady: median (range) of {STEADY_ROUNDS} rounds taking turns; CPU: the thread's CPU time per "
               "launch in those rounds (wall well above CPU: blocked in the driver); the timing thread is pinned to one "
               "CPU"),
-             "every launcher launches on the legacy default stream; values change every launch (the counter i)"]
+             "every launcher launches on the legacy default stream; values change every launch (the counter i)",
+             *timing_notes]
     notes.append("one-shot launches: no C front (pure path)" if front is None else
                  f"one-shot launches made by the C front (tools/fastpath_launch.c make_one_shot): {front:,}")
     if spread:

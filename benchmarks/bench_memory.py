@@ -30,7 +30,8 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # noqa: E402, I001
-    ROOT, Goals, build_c, machine, one_cpu, paired_ratio, peer, plot_bars, rotation, smoke_driver, write_results)
+    ROOT, Goals, build_c, frozen_heap, machine, one_cpu, paired_ratio, peer, plot_bars, rotation, smoke_driver,
+    write_results)
 
 SMALL = 256                    # bytes per allocation (the size)
 COPY_SIZES = (64 << 20, 256 << 20)
@@ -83,7 +84,7 @@ def take_turns(loops: dict[str, tuple[Callable[[int], Any], int]], rounds: int, 
             continue
         names.append(name)
     times: dict[str, list[float]] = {name: [] for name in names}
-    with one_cpu():
+    with one_cpu(), frozen_heap():
         for r in range(rounds):
             for name in rotation(names, r):
                 if name not in times:
@@ -276,7 +277,7 @@ def copies(c_lib: Any, fake: Any, rounds: int, best: dict[str, dict[str, float]]
         times: dict[str, list[float]] = {name: [] for name in names}
         for name in names:          # warm up, before pinning (harness.one_cpu)
             timed(copies_by_row[name])
-        with one_cpu():
+        with one_cpu(), frozen_heap():
             for _ in range(rounds):
                 order.shuffle(names)
                 for name in names:

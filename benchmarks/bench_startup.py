@@ -13,8 +13,9 @@ Goal (issue 9): from a fresh interpreter to device usable, cuproc within 15 ms o
 doing the same.  It is read four ways, each printed met or missed, each the median of *paired*
 differences (cuproc minus ctypes in the same round, so both see the same machine state): the wall
 times of the two rows that leave by ``os._exit`` as soon as the device is usable; the same for the
-rows that exit normally (the whole process: cuproc's exit releases its primary context retain, the
-ownership issue's exit order, and the driver destroys the context then); the in-process times; and
+rows that exit normally (the whole process: cuproc's exit frees what was made in the context and
+leaves the primary context retain to the process exit, as ctypes, cuda.bindings and cuda.core do);
+the in-process times; and
 the in-process times when ctypes has done dlopen, cuInit and the first primary-context retain
 before the child's clock starts, in both rows (what each adds to the driver's own work).  The
 spread of each paired difference (quartiles) is printed beside it.  cuInit itself (hundreds of ms, varying by tens of ms between
@@ -63,9 +64,8 @@ PY = {
     "cuproc": CUPROC_CODE,
     # The same two, leaving as soon as the device is usable, without interpreter teardown: the goal's
     # "fresh interpreter to device usable" in wall time.  The difference to the rows that exit normally
-    # is what each exit costs: cuproc gives its primary context retain back at exit (the ownership
-    # rule: children before parents, then primary retains), so the driver destroys the context then;
-    # ctypes and cuda.bindings leave the context to the process exit.
+    # is what each exit costs: cuproc frees what was made in the context (children before parents)
+    # and, like ctypes and cuda.bindings, leaves the primary context itself to the process exit.
     EXIT_ROW: CUPROC_CODE,
     CTYPES_EXIT_ROW: CTYPES_CODE,
     # What each adds to the driver's own work: the child's clock starts after DRIVER_WORK, so cuInit
@@ -207,9 +207,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"usable, both leaving by os._exit there; median of paired same-round differences{spread})",
                 value, 15.0, unit=" ms", why_not=smoke_why)
     value, spread = paired_median("wall with exit")
-    goals.check("... the same, the whole process (wall, exit included: cuproc's exit releases its primary context "
-                "retain, the ownership issue's exit order, so the driver destroys the context then; ctypes leaves it "
-                f"to the process exit; median of paired same-round differences{spread})",
+    goals.check("... the same, the whole process (wall, exit included: cuproc's exit frees what was made in the "
+                "context and, like ctypes, leaves the primary context to the process exit; median of paired "
+                f"same-round differences{spread})",
                 value, 15.0, unit=" ms", why_not=smoke_why)
     value, spread = paired_median("cold")
     goals.check("cuproc startup within 15 ms of ctypes + cuInit (in-process: interpreter start and exit excluded; "
@@ -245,9 +245,9 @@ def main(argv: list[str] | None = None) -> int:
              "row, rows after the driver's work against that ctypes row, every other row against ctypes + cuInit)",
              "exit (median wall, normal exit minus os._exit once usable): " +
              ", ".join(f"{k} {v:+.1f} ms" for k, v in exits.items()) +
-             "; cuproc releases its primary context retain at interpreter exit (children before parents, then "
-             "primary retains: the ownership rule), and the driver destroys the context then, while ctypes "
-             "leaves it to the process exit; a few ms of cuproc's is its modules' own teardown",
+             "; cuproc frees what was made in the context at interpreter exit (children before parents) and "
+             "leaves the primary context retain to the process exit, as ctypes does; cuproc's includes its "
+             "modules' own teardown",
              "cuproc in-process phases (median, separate processes): " +
              ", ".join(f"{k} {v:.2f} ms" for k, v in phase_ms.items()) +
              ("; after the driver's work: " + ", ".join(f"{k} {v:.2f} ms" for k, v in warm_phase_ms.items())

@@ -14,6 +14,7 @@ a benchmark is never first executed on the GPU machine.  Its numbers mean nothin
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import os
 import platform
@@ -22,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import timeit
 import traceback
 from collections.abc import Iterator
@@ -59,6 +61,64 @@ def one_cpu() -> Iterator[None]:
     finally:
         if pin is not None and before:
             pin(0, before)
+
+
+class Collections:
+    """The garbage collections that ran inside a :func:`frozen_heap` block, by the tag that was set
+    when each started (``tag`` is whatever the timing loop last assigned: a row's name)."""
+
+    def __init__(self, full_collection_ms: float, frozen: int) -> None:
+        self.full_collection_ms = full_collection_ms   # one gc.collect() over the heap, before freezing
+        self.frozen = frozen                           # objects moved out of the collector's scans
+        self.tag: Any = None
+        self.seen: dict[Any, list[tuple[int, float]]] = {}   # tag -> [(generation, ms), ...]
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seen.setdefault(self.tag, []).append(
+                (info["generation"], (time.perf_counter() - self._started) * 1e3))
+
+    def summary(self, tags: list[Any] | None = None) -> str:
+        """One line: the collections met per tag (generation counts and total ms), and the cost of
+        the full collection the freeze took out of the timing."""
+        parts = []
+        for tag in (tags if tags is not None else list(self.seen)):
+            events = self.seen.get(tag, [])
+            if events:
+                gens = [sum(1 for g, _ in events if g == k) for k in range(3)]
+                parts.append(f"{tag}: {'/'.join(map(str, gens))} ({sum(ms for _, ms in events):.2f} ms)")
+        return (f"garbage collections inside the timed block, generation 0/1/2 (total time): "
+                f"{'; '.join(parts) or 'none'}; {self.frozen:,} objects frozen before it, over which one full "
+                f"collection took {self.full_collection_ms:.1f} ms")
+
+
+@contextmanager
+def frozen_heap() -> Iterator[Collections]:
+    """Collect, freeze every object alive (``gc.freeze``) for the timed block, and record the
+    collections that run inside it; unfreeze afterwards (Python 3.12 starts with a few hundred
+    objects frozen, which ``gc.unfreeze`` returns to the collector as well: harmless for a benchmark).
+
+    Why: the peers load hundreds of thousands of objects (torch, CuPy, cuda.core), and a full
+    collection over them costs milliseconds, landing in whichever row's round allocated the object
+    that tipped the collector's threshold -- noise that is no launcher's cost, and that one slow
+    round is enough to turn a per-round lead.  The collector stays on: every row still pays for
+    collecting its own garbage; only what was alive before the timing is out of its scans."""
+    already = gc.get_freeze_count()
+    gc.collect()
+    t = time.perf_counter()
+    gc.collect()
+    full_ms = (time.perf_counter() - t) * 1e3
+    gc.freeze()
+    record = Collections(full_ms, gc.get_freeze_count() - already)
+    gc.callbacks.append(record)
+    try:
+        yield record
+    finally:
+        gc.callbacks.remove(record)
+        gc.unfreeze()
 
 
 def rotation(names: list[str], r: int) -> list[str]:

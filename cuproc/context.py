@@ -18,7 +18,9 @@ Policy
 * **Primary contexts** are reference counted by the driver.  cuproc retains
   one exactly as often as :meth:`PrimaryContext.retain` (or
   :func:`use_device`) is called, and releases exactly that: explicitly, or
-  when the PrimaryContext and everything made in its context are gone.  When
+  when the PrimaryContext and everything made in its context are gone --
+  except at interpreter exit, where the retains that are left go with the
+  process (:meth:`PrimaryRetains.__del__` says why).  When
   the last release (or :meth:`PrimaryContext.reset`) ends the driver's
   context, the :class:`Context` object ends with it and its dependents refuse.
 * **Host memory views** (NumPy arrays over pinned memory) cannot be
@@ -27,6 +29,7 @@ Policy
 """
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -526,11 +529,18 @@ class PrimaryRetains:
             if ctx is not None:
                 ctx.end(how)
 
-    def __del__(self) -> None:
-        """The safety net: give back the retains still held (nothing made in the context is left)."""
+    def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
+        """The safety net: give back the retains still held (nothing made in the context is left).
+
+        Not while the interpreter finalizes: the last release makes the driver destroy the context
+        while the process waits (about 20 ms on an H200, the whole of cuproc's exit cost over
+        ctypes'), and the process exit reclaims it anyway -- cuda.core leaves it there too.  What
+        was made in the context has been freed by then (its objects hold the context, so they go
+        first).  An explicit :meth:`PrimaryContext.release`, an ``atexit`` handler's included,
+        still releases; so does a thread that ends before the interpreter does."""
         try:
             count, self.count = self.count, 0
-            if not count or _fork.FORKED[0]:
+            if not count or _fork.FORKED[0] or _finalizing():
                 return
             for _ in range(count):
                 rc = self.driver.cuDevicePrimaryCtxRelease(self.device)

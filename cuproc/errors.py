@@ -32,7 +32,9 @@ _HINTS = {
     "CUDA_ERROR_DEINITIALIZED": "the driver is shutting down; do not call CUDA from atexit handlers or finalizers",
     "CUDA_ERROR_INVALID_CONTEXT": "no usable context is current on this thread: make one current "
                                   "(cuDevicePrimaryCtxRetain + cuCtxSetCurrent, or cuCtxCreate)",
-    "CUDA_ERROR_CONTEXT_IS_DESTROYED": "the context was destroyed; create or retain a new one",
+    "CUDA_ERROR_CONTEXT_IS_DESTROYED": ("the context was destroyed; create or retain a new one (a primary context "
+                                        "goes with its last retain: keep what cuproc.use_device() returns, "
+                                        "pc = cuproc.use_device(0), while you use the device)"),
     "CUDA_ERROR_OUT_OF_MEMORY": "free memory (or allocate less) and retry; cuMemGetInfo shows what is left",
     "CUDA_ERROR_INVALID_VALUE": "an argument is outside what the driver accepts; check it against the "
                                 "driver API documentation of this call",

@@ -415,15 +415,42 @@ run(bufs[0], 1, 1.0)
 """
 
 
-def test_interpreter_exit_releases_children_first_and_silently(fk, tmp_path):
+@pytest.mark.parametrize("ending, left_live", [
+    ("", {"primary": 1}),                                                  # the retain goes with the process
+    ("import atexit\n@atexit.register\ndef bye():\n    del globals()['view']\n    pc.release()", {}),  # atexit
+    ("del pc, m, fn, s, run, bufs, view; import gc; gc.collect()", {}),  # dropped before the exit
+])
+def test_interpreter_exit_releases_children_first_and_silently(fk, tmp_path, ending, left_live):
+    """Everything made in a context is released at exit, children before parents (no stale handle),
+    and a created context is destroyed; the primary context's retains still held while the
+    interpreter finalizes are left to the process exit (the driver would destroy the context while
+    the process waits), unless released explicitly, as an atexit handler may."""
     report = tmp_path / "report.json"
     env = dict(os.environ, FAKE_REPORT=str(report))
-    code = SHUTDOWN.format(tests=str(ROOT / "tests"), lib=str(fk.path))
+    code = SHUTDOWN.format(tests=str(ROOT / "tests"), lib=str(fk.path)) + ending + "\n"
     proc = run_python(code, env=env)
     assert proc.stderr == "", proc.stderr
     left = json.loads(report.read_text())            # written by the fake when the process unloads it
     assert left["stale"] == 0, left
-    assert left["live"] == {}, left                   # everything was released, children before parents
+    assert left["live"] == left_live, left
+
+
+def test_a_dropped_use_device_result_is_named_in_the_error_of_the_next_call(fk):
+    """``cuproc.use_device(0)`` as a bare statement drops its PrimaryContext, whose retain goes with
+    it, and the driver destroys the context that stays current on the thread: the next allocation's
+    error says to keep what use_device returns (in a child: the fake records the destroyed context's
+    use, which the fixture would count as a stale handle)."""
+    code = f"""
+import cuproc
+cuproc.set_default_driver(cuproc.Driver(library={str(fk.path)!r}))
+cuproc.use_device(0)
+try:
+    cuproc.DeviceBuffer(64)
+except cuproc.errors.InvalidContextError as exc:
+    print(exc)
+"""
+    proc = run_python(code)
+    assert "CONTEXT_IS_DESTROYED" in proc.stdout and "pc = cuproc.use_device(0)" in proc.stdout, proc.stdout
 
 
 # ----------------------------------------------------------------------------- fork

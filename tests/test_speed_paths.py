@@ -524,6 +524,47 @@ def test_launch_rounds_warm_up_before_pinning_and_rotate_the_rows(monkeypatch):
     assert steady[:9] == bursts and len(steady) == 3 * bench_launch.STEADY_ROUNDS
 
 
+def test_frozen_heap_freezes_what_was_alive_records_collections_by_tag_and_unfreezes(monkeypatch):
+    """Inside the block the objects alive before it are out of the collector's scans (and the collector
+    is still on); each collection is recorded under the tag set when it ran; afterwards nothing is
+    frozen (3.12's own startup freeze included) and the callback is gone, also when the block raises."""
+    import gc
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import harness
+    already = gc.get_freeze_count()                # 3.12 starts with some objects frozen
+    assert gc.isenabled()
+    callbacks = list(gc.callbacks)
+    before = [[] for _ in range(10)]                # tracked containers, alive before the block
+    with harness.frozen_heap() as heap:
+        assert heap.frozen > len(before) and gc.get_freeze_count() > already + len(before) and gc.isenabled()
+        heap.tag = "row a"
+        gc.collect(0)
+        heap.tag = "row b"
+        gc.collect(2)
+        gc.collect(1)
+    assert gc.get_freeze_count() == 0 and gc.callbacks == callbacks
+    assert [g for g, _ in heap.seen["row a"]] == [0] and [g for g, _ in heap.seen["row b"]] == [2, 1]
+    assert all(ms >= 0 for events in heap.seen.values() for _, ms in events)
+    line = heap.summary(["row a", "row b", "row c"])
+    assert "row a: 1/0/0" in line and "row b: 0/1/1" in line and "row c" not in line
+    with pytest.raises(ZeroDivisionError), harness.frozen_heap():
+        1 / 0
+    assert gc.get_freeze_count() == 0 and gc.callbacks == callbacks
+
+
+def test_steady_rounds_note_the_collections_each_row_met(monkeypatch):
+    """The collections in the steady rounds are attributed to the row being timed (a row that
+    collects in every round is named with its count), the bursts' are not counted."""
+    import gc
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_launch
+    loops = {"quiet": lambda count: None, "noisy": lambda count: gc.collect(2) if count == 8 else gc.collect(0)}
+    notes: list[str] = []
+    bench_launch.measure_interleaved(loops, set(), lambda: None, 4, 3, 8, {}, notes)
+    assert len(notes) == 1 and f"noisy: 0/0/{bench_launch.STEADY_ROUNDS} (" in notes[0], notes
+    assert "quiet:" not in notes[0]
+
+
 def test_memory_loops_warm_up_before_pinning_then_take_turns_in_rotated_order(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import bench_memory
