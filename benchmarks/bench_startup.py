@@ -109,6 +109,29 @@ def timed_script(code: str, *, hard_exit: bool = False, setup: str = "") -> str:
             f"print((_t.perf_counter() - _t0) * 1e3){end}")
 
 
+# Appended to a child's code for the exit clock (exit_stamp.c has the C half): Python's atexit
+# handlers run first in the interpreter's teardown.
+EXIT_STAMP = ("\nimport atexit as _ae, os as _oe, time as _te\n"
+              "_ae.register(lambda: open(_oe.environ['EXIT_STAMP_FILE'], 'a').write(f'python {_te.monotonic():.6f}\\n'))")
+EXIT_ROWS = ("cuproc", CTYPES)   # the rows whose exits are timed in the child
+EXIT_RUNS = 15
+
+
+def exit_parts(code: str, stamp_lib: Path, env: dict, stamp_file: Path) -> tuple[float, float]:
+    """One child running ``code`` with the exit clock: (ms of Python's teardown, from its first
+    atexit handler to the C atexit handler; ms of the C exit with the kernel's part, from there until
+    this process saw the child end).  CLOCK_MONOTONIC is one clock for both processes."""
+    stamp_file.write_text("")
+    run = subprocess.run([sys.executable, "-c", code + EXIT_STAMP], check=True, capture_output=True,
+                         env=dict(env, LD_PRELOAD=str(stamp_lib), EXIT_STAMP_FILE=str(stamp_file)))
+    ended = time.monotonic()
+    stamps = dict(line.split() for line in stamp_file.read_text().splitlines() if line.strip())
+    if run.returncode or "python" not in stamps or "c" not in stamps:
+        raise RuntimeError(f"the exit clock got {stamps}")
+    python, c = float(stamps["python"]), float(stamps["c"])
+    return (c - python) * 1e3, (ended - c) * 1e3
+
+
 def run_once(cmd: list[str], env: dict) -> tuple[float, float | None]:
     """(wall ms, in-process ms printed by a Python child, else None)."""
     t = time.perf_counter()
@@ -190,6 +213,14 @@ def main(argv: list[str] | None = None) -> int:
                 into.append([float(x) for x in out.stdout.split()[-3:]])
         modules = subprocess.run([sys.executable, "-c", MODULES], env=env, check=True, capture_output=True,
                                  text=True).stdout.split()
+        # The exit, timed in the child (separate processes, after the rounds: the rows above run as is).
+        exits_timed: dict[str, list[tuple[float, float]]] = {}
+        stamp_lib = None if sys.platform != "linux" else build_c("exit_stamp.c", Path(tmp), shared=True)
+        if stamp_lib is not None:
+            for _ in range(2 if args.smoke else EXIT_RUNS):
+                for name in (n for n in EXIT_ROWS if n in commands):
+                    exits_timed.setdefault(name, []).append(
+                        exit_parts(PY[name], stamp_lib, env, Path(tmp) / "exit_stamps"))
     ms = {name: statistics.median(v) for name, v in times.items()}
     own_ms = {name: statistics.median(v) for name, v in inner.items() if v}
     goals = Goals()
@@ -224,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                      if warm_phases}
     data = {"machine": machine(), "smoke": args.smoke, "startup_ms": ms, "in_process_ms": own_ms,
             "runs_ms": times, "in_process_runs_ms": inner, "paired_cuproc_minus_ctypes_ms": paired,
-            "cuproc_phases_ms": phase_ms, "cuproc_phases_after_driver_work_ms": warm_phase_ms, "errors": errors, "cuproc_modules_imported": modules}
+            "exit_parts_ms": exits_timed, "cuproc_phases_ms": phase_ms, "cuproc_phases_after_driver_work_ms": warm_phase_ms, "errors": errors, "cuproc_modules_imported": modules}
     exits = {name: ms[name] - ms[quick] for name, quick in (("cuproc", EXIT_ROW), (CTYPES, CTYPES_EXIT_ROW))
              if name in ms and quick in ms}
 
@@ -248,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
              "; cuproc frees what was made in the context at interpreter exit (children before parents) and "
              "leaves the primary context retain to the process exit, as ctypes does; cuproc's includes its "
              "modules' own teardown",
+             "exit timed in the child (median over " + f"{EXIT_RUNS} processes each; Python's teardown from its first "
+             "atexit handler to a C atexit handler / the C exit with the kernel's part, until the parent saw the "
+             "child end): " + ("; ".join(
+                 f"{name} {statistics.median(p for p, _ in v):.1f} / {statistics.median(c for _, c in v):.1f} ms"
+                 for name, v in exits_timed.items()) or "not measured (no C compiler, or not Linux)"),
              "cuproc in-process phases (median, separate processes): " +
              ", ".join(f"{k} {v:.2f} ms" for k, v in phase_ms.items()) +
              ("; after the driver's work: " + ", ".join(f"{k} {v:.2f} ms" for k, v in warm_phase_ms.items())

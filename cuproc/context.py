@@ -533,11 +533,13 @@ class PrimaryRetains:
         """The safety net: give back the retains still held (nothing made in the context is left).
 
         Not while the interpreter finalizes: the last release makes the driver destroy the context
-        while the process waits (about 20 ms on an H200, the whole of cuproc's exit cost over
-        ctypes'), and the process exit reclaims it anyway -- cuda.core leaves it there too.  What
-        was made in the context has been freed by then (its objects hold the context, so they go
-        first).  An explicit :meth:`PrimaryContext.release`, an ``atexit`` handler's included,
-        still releases; so does a thread that ends before the interpreter does."""
+        while the process waits (56-89 ms for one context and a buffer, timed on an H100, driver 580),
+        and the process exit reclaims it anyway -- cuda.core leaves it there too.  What was made in
+        the context has been freed by then (its objects hold the context, so they go first).  An
+        explicit :meth:`PrimaryContext.release`, an ``atexit`` handler's included, still releases;
+        so does a thread that ends before the interpreter does.  (Before this rule, whether the
+        release ran at exit depended on what else was alive: the teardown does not finalize every
+        object, and after a first allocation this one was among those it left.)"""
         try:
             count, self.count = self.count, 0
             if not count or _fork.FORKED[0] or _finalizing():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import struct
 import sys
 import threading
@@ -563,6 +564,34 @@ def test_steady_rounds_note_the_collections_each_row_met(monkeypatch):
     bench_launch.measure_interleaved(loops, set(), lambda: None, 4, 3, 8, {}, notes)
     assert len(notes) == 1 and f"noisy: 0/0/{bench_launch.STEADY_ROUNDS} (" in notes[0], notes
     assert "quiet:" not in notes[0]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the exit clock preloads a library (Linux)")
+def test_the_exit_clock_puts_python_teardown_and_the_c_exit_each_in_its_part(monkeypatch, tmp_path):
+    """A child whose Python teardown sleeps (an atexit handler registered before the clock's, so run
+    after it) shows the sleep in the Python part; one that loads a library whose finalizer sleeps
+    (run by exit() after every atexit handler, as libcuda's is) shows it in the C part; a child that
+    skips its exit (os._exit) leaves no stamps, and that is an error, not a zero."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_startup
+    import harness
+    lib = harness.build_c("exit_stamp.c", tmp_path, shared=True)
+    if lib is None:
+        pytest.skip("no C compiler")
+    slow = tmp_path / "slow_fini.c"
+    slow.write_text("#include <unistd.h>\n__attribute__((destructor)) static void fini(void) { usleep(200000); }\n")
+    slow_lib = tmp_path / "libslow_fini.so"
+    import subprocess
+    subprocess.run([shutil.which("cc") or "gcc", "-shared", "-fPIC", "-o", str(slow_lib), str(slow)], check=True)
+    stamps, env = tmp_path / "stamps", dict(os.environ)
+    quiet = bench_startup.exit_parts("pass", lib, env, stamps)
+    python_sleeps = bench_startup.exit_parts("import atexit, time; atexit.register(time.sleep, 0.2)", lib, env, stamps)
+    c_sleeps = bench_startup.exit_parts(f"import ctypes; ctypes.CDLL({str(slow_lib)!r})", lib, env, stamps)
+    assert all(x >= 0 for x in quiet) and max(quiet) < 150
+    assert python_sleeps[0] >= 200 and python_sleeps[1] < 150
+    assert c_sleeps[0] < 150 and c_sleeps[1] >= 200
+    with pytest.raises(RuntimeError, match="exit clock"):
+        bench_startup.exit_parts("import os; os._exit(0)", lib, env, stamps)
 
 
 def test_memory_loops_warm_up_before_pinning_then_take_turns_in_rotated_order(monkeypatch):
