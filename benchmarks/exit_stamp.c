@@ -1,8 +1,10 @@
-/* bench_startup's exit clock: preloaded (LD_PRELOAD) into a child, it registers a C atexit handler
- * that appends "c <CLOCK_MONOTONIC seconds>" to $EXIT_STAMP_FILE.  exit() runs it after Python's
- * teardown and before the libraries' own finalizers (libcuda's included, registered earlier through
- * ld.so), so the child's Python atexit stamp, this one and the parent's clock when the child is
- * reaped split the exit into Python's teardown and the C exit with the kernel's part.
+/* bench_startup's exit clock.  A child loads this library (ctypes) as the last thing its code does and
+ * calls exit_stamp_register(), which registers a C atexit handler appending "c <CLOCK_MONOTONIC
+ * seconds>" to $EXIT_STAMP_FILE.  exit() runs the handlers registered last first, so this one runs as
+ * soon as Python's teardown has returned, before any handler registered earlier (libcuda registers its
+ * own when cuInit runs) and before the libraries' finalizers.  With the child's Python atexit stamp
+ * and the parent's clock when the child is reaped, the exit splits into Python's teardown and the C
+ * exit with the kernel's part (libcuda's exit work is in the second).
  * Build: cc -O2 -shared -fPIC -o libexit_stamp.so exit_stamp.c */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,4 +20,4 @@ static void stamp(void) {
   fclose(f);
 }
 
-__attribute__((constructor)) static void register_stamp(void) { atexit(stamp); }
+int exit_stamp_register(void) { return atexit(stamp); }

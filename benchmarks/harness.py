@@ -101,11 +101,13 @@ def frozen_heap() -> Iterator[Collections]:
     collections that run inside it; unfreeze afterwards (Python 3.12 starts with a few hundred
     objects frozen, which ``gc.unfreeze`` returns to the collector as well: harmless for a benchmark).
 
-    Why: the peers load hundreds of thousands of objects (torch, CuPy, cuda.core), and a full
-    collection over them costs milliseconds, landing in whichever row's round allocated the object
-    that tipped the collector's threshold -- noise that is no launcher's cost, and that one slow
-    round is enough to turn a per-round lead.  The collector stays on: every row still pays for
-    collecting its own garbage; only what was alive before the timing is out of its scans."""
+    Why: the peers load tens of thousands of objects (torch, CuPy, cuda.core), and a full
+    collection over them took 15.5 ms on the GPU host, landing in whichever row's round tipped the
+    collector's threshold; one slow round is enough to turn a per-round lead.  The collector stays
+    on: every row still pays for collecting its own garbage, and a row that keeps objects alive
+    still triggers full collections (scans of what it made, not of the peers' heap).  The
+    collections each row met are printed, so the effect can be read: in the 2026-11-25 runs no
+    steady round met one, and the rounds' spread did not come from the collector."""
     already = gc.get_freeze_count()
     gc.collect()
     t = time.perf_counter()

@@ -529,20 +529,24 @@ class PrimaryRetains:
             if ctx is not None:
                 ctx.end(how)
 
-    def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
+    def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing,
+                _forked: list[bool] = FORKED) -> None:
         """The safety net: give back the retains still held (nothing made in the context is left).
 
         Not while the interpreter finalizes: the last release makes the driver destroy the context
-        while the process waits (56-89 ms for one context and a buffer, timed on an H100, driver 580),
-        and the process exit reclaims it anyway -- cuda.core leaves it there too.  What was made in
-        the context has been freed by then (its objects hold the context, so they go first).  An
+        while the process waits (56-89 ms for one context and a buffer, timed by a probe on an H100,
+        driver 580, 2026-11-25), and the process exit reclaims it anyway -- cuda.core leaves it
+        there too.  What was made in the context and finalized by the teardown has been freed by
+        then (its objects hold the context, so they go first).  An
         explicit :meth:`PrimaryContext.release`, an ``atexit`` handler's included, still releases;
         so does a thread that ends before the interpreter does.  (Before this rule, whether the
         release ran at exit depended on what else was alive: the teardown does not finalize every
         object, and after a first allocation this one was among those it left.)"""
+        if _finalizing():   # first, and through defaults: module globals may be gone by now
+            return
         try:
             count, self.count = self.count, 0
-            if not count or _fork.FORKED[0] or _finalizing():
+            if not count or _forked[0]:
                 return
             for _ in range(count):
                 rc = self.driver.cuDevicePrimaryCtxRelease(self.device)
@@ -559,7 +563,8 @@ class PrimaryContext:
     ``retain()``/``release()`` pair up; ``with pc:`` retains and makes it current.
     The retains live in a :class:`PrimaryRetains` that the Context objects of the
     primary context share, so what is not released explicitly is given back once
-    this object and everything made in the context are gone.
+    this object and everything made in the context are gone -- or, when that is the
+    interpreter's exit, left to the process exit (:meth:`PrimaryRetains.__del__`).
     """
 
     _instances: weakref.WeakValueDictionary[tuple[int, int], PrimaryContext] = weakref.WeakValueDictionary()
@@ -730,8 +735,10 @@ def _enum(ctype: str, prefix: str, value: str | int) -> int:
 def use_device(ordinal: int = 0, *, driver: Driver | None = None) -> PrimaryContext:
     """The one-liner: retain device ``ordinal``'s primary context and make it current on this thread.
 
-    Returns the retained :class:`PrimaryContext`; ``release()`` it when done
-    (what is still held is released once it and everything made in it are gone).
+    Returns the retained :class:`PrimaryContext`: keep it while you use the device, and
+    ``release()`` it when done (what is still held is released once it and everything
+    made in it are gone, and left to the process exit at interpreter exit).  Dropped at
+    once (a bare ``cuproc.use_device(0)`` statement), it takes its retain with it.
     """
     pc = Device(ordinal, driver=driver).primary_context().retain()
     pc.context.set_current()

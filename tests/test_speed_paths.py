@@ -566,32 +566,44 @@ def test_steady_rounds_note_the_collections_each_row_met(monkeypatch):
     assert "quiet:" not in notes[0]
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="the exit clock preloads a library (Linux)")
+@pytest.mark.skipif(sys.platform != "linux", reason="the exit clock's library is built for Linux")
 def test_the_exit_clock_puts_python_teardown_and_the_c_exit_each_in_its_part(monkeypatch, tmp_path):
-    """A child whose Python teardown sleeps (an atexit handler registered before the clock's, so run
-    after it) shows the sleep in the Python part; one that loads a library whose finalizer sleeps
-    (run by exit() after every atexit handler, as libcuda's is) shows it in the C part; a child that
-    skips its exit (os._exit) leaves no stamps, and that is an error, not a zero."""
+    """Sleeps placed in each part of a child's exit land in that part: in Python's teardown (an atexit
+    handler registered before the clock's, so run after it); in the C exit, a C atexit handler that a
+    library registers while the child runs (as libcuda does at cuInit: before the clock registers
+    its own, so run after it) and a library finalizer (run after every atexit handler).  A child
+    that skips its exit (os._exit) leaves no stamps, and that is an error, not a zero."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import subprocess
+
     import bench_startup
     import harness
     lib = harness.build_c("exit_stamp.c", tmp_path, shared=True)
     if lib is None:
         pytest.skip("no C compiler")
-    slow = tmp_path / "slow_fini.c"
-    slow.write_text("#include <unistd.h>\n__attribute__((destructor)) static void fini(void) { usleep(200000); }\n")
-    slow_lib = tmp_path / "libslow_fini.so"
-    import subprocess
-    subprocess.run([shutil.which("cc") or "gcc", "-shared", "-fPIC", "-o", str(slow_lib), str(slow)], check=True)
+    sleepers = {}
+    for name, body in (("fini", "__attribute__((destructor)) static void f(void) { usleep(200000); }"),
+                       ("atexit", "static void s(void) { usleep(200000); }\n"
+                                  "__attribute__((constructor)) static void r(void) { atexit(s); }")):
+        src = tmp_path / f"{name}.c"
+        src.write_text(f"#include <stdlib.h>\n#include <unistd.h>\n{body}\n")
+        sleepers[name] = tmp_path / f"lib{name}.so"
+        subprocess.run([shutil.which("cc") or "gcc", "-shared", "-fPIC", "-o", str(sleepers[name]), str(src)],
+                       check=True)
     stamps, env = tmp_path / "stamps", dict(os.environ)
-    quiet = bench_startup.exit_parts("pass", lib, env, stamps)
-    python_sleeps = bench_startup.exit_parts("import atexit, time; atexit.register(time.sleep, 0.2)", lib, env, stamps)
-    c_sleeps = bench_startup.exit_parts(f"import ctypes; ctypes.CDLL({str(slow_lib)!r})", lib, env, stamps)
+
+    def parts(code: str) -> tuple[float, float]:
+        return bench_startup.exit_parts(code, lib, env, stamps)
+
+    quiet = parts("pass")
     assert all(x >= 0 for x in quiet) and max(quiet) < 150
-    assert python_sleeps[0] >= 200 and python_sleeps[1] < 150
-    assert c_sleeps[0] < 150 and c_sleeps[1] >= 200
+    python_part, c_part = parts("import atexit, time; atexit.register(time.sleep, 0.2)")
+    assert python_part >= 200 and c_part < 150
+    for name in sleepers:
+        python_part, c_part = parts(f"import ctypes; ctypes.CDLL({str(sleepers[name])!r})")
+        assert python_part < 150 and c_part >= 200, name
     with pytest.raises(RuntimeError, match="exit clock"):
-        bench_startup.exit_parts("import os; os._exit(0)", lib, env, stamps)
+        parts("import os; os._exit(0)")
 
 
 def test_memory_loops_warm_up_before_pinning_then_take_turns_in_rotated_order(monkeypatch):
