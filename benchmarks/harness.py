@@ -81,11 +81,11 @@ class Collections:
             self.seen.setdefault(self.tag, []).append(
                 (info["generation"], (time.perf_counter() - self._started) * 1e3))
 
-    def summary(self, tags: list[Any] | None = None) -> str:
-        """One line: the collections met per tag (generation counts and total ms), and the cost of
-        the full collection the freeze took out of the timing."""
+    def summary(self, tags: list[Any]) -> str:
+        """One line: the collections met under each of ``tags`` (generation counts and total ms), and
+        the cost of the full collection the freeze took out of the timing."""
         parts = []
-        for tag in (tags if tags is not None else list(self.seen)):
+        for tag in tags:
             events = self.seen.get(tag, [])
             if events:
                 gens = [sum(1 for g, _ in events if g == k) for k in range(3)]
