@@ -1,7 +1,9 @@
 """Startup: a fresh process to "device usable" (device 0's context current and a first 256-byte
 allocation), side by side: C, ctypes + cuInit, cuproc, cuda.bindings, cuda.core, CuPy and torch.
 
-Two measures per fresh process, the rows taking turns round by round:
+Two measures per fresh process, the rows taking turns round by round (each round's order the last
+one's rotated by one row: in a fixed order, ctypes always followed the interpreter-only row and
+cuproc always followed ctypes, a process whose driver teardown had just ended):
 
 * **wall**: the whole process, timed from here around ``subprocess.run`` (interpreter start
   included, the same for every Python row);
@@ -39,6 +41,7 @@ from harness import (  # noqa: E402
     build_c,
     machine,
     plot_bars,
+    rotation,
     smoke_driver,
     write_results,
 )
@@ -194,10 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(runs):
             this_round: dict[str, float] = {}
             this_wall: dict[str, float] = {}
-            for name, cmd in commands.items():
+            for name in rotation(list(commands), rnd):   # no row always follows the same one (a GPU process's exit)
                 if name in HEAVY and rnd % HEAVY_EVERY:
                     continue
-                wall, own = run_once(cmd, env)
+                wall, own = run_once(commands[name], env)
                 times[name].append(wall)
                 this_wall[name] = wall
                 if own is not None:
@@ -272,8 +275,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{own_ms[name]:.1f}" if name in own_ms else "", versus(own_ms, name)]
              for name, v in sorted(ms.items(), key=lambda kv: kv[1])]
     table += [[name, "missing", "", why[:70], "", ""] for name, why in errors.items()]
-    notes = [f"{runs} rounds, rows taking turns ({', '.join(HEAVY)}: every {HEAVY_EVERY}rd round); "
-             f"medians; range: fastest - slowest run",
+    notes = [f"{runs} rounds, rows taking turns in an order rotated by one row each round ({', '.join(HEAVY)}: "
+             f"every {HEAVY_EVERY}rd round); medians; range: fastest - slowest run",
              "in-process: from the child's first statement to device usable, printed by the child "
              "(interpreter start excluded)",
              "vs columns: against the ctypes row that leaves the same way (os._exit rows against the os._exit ctypes "

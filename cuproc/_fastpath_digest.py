@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Iterable
+
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 ABI_INPUTS = ("cuproc/_cffi_abi.py",)
 # The hand-written C that tools/build_fastpath.py compiles into the module, in that order.

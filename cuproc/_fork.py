@@ -12,18 +12,23 @@ calls the driver as C would.
 Locks made by :func:`lock` are fresh in the child, so a thread that held one
 during ``fork()`` cannot deadlock it.  Forking before any CUDA use is safe.
 
+The locks and the per-thread namespaces (:func:`per_thread`) every layer uses are made here, from
+``_thread``, the primitives ``threading`` itself hands out (its ``Lock``, ``RLock`` and ``local``
+are these types): importing ``threading`` costs a fresh process about a millisecond, most of it
+the ``functools`` and ``collections`` it imports, none of which a first allocation needs (issue 9).
+
 This module sits below the driver layer; it imports nothing of cuproc's.
 """
 from __future__ import annotations
 
+import _thread
 import os
-import threading
 import weakref
-from collections.abc import Callable
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
     from typing import Any
+    from collections.abc import Callable
 
 # FORKED[0] is True in a child forked after cuInit.  A one-element list so that hot paths can
 # bind it once (a local or default argument) and test it for the cost of an index.
@@ -44,18 +49,23 @@ def forked_from() -> int | None:
     return _forked_from[0]
 
 
-def lock() -> threading.Lock:
-    """A lock that is re-initialized (released) in a forked child."""
-    new = threading.Lock()
+def lock() -> _thread.LockType:
+    """A lock (a ``threading.Lock``) that is re-initialized (released) in a forked child."""
+    new = _thread.allocate_lock()
     _locks.add(new)
     return new
 
 
-def rlock() -> threading.RLock:
-    """A re-entrant lock that is re-initialized in a forked child."""
-    new = threading.RLock()
+def rlock() -> _thread.RLock:
+    """A re-entrant lock (a ``threading.RLock``) that is re-initialized in a forked child."""
+    new = _thread.RLock()
     _locks.add(new)
     return new
+
+
+def per_thread() -> Any:
+    """A new ``threading.local()``: a namespace whose attributes each thread sees its own of."""
+    return _thread._local()
 
 
 def on_fork_in_child(hook: Callable[[], None]) -> None:

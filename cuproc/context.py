@@ -30,9 +30,7 @@ Policy
 from __future__ import annotations
 
 import sys
-import threading
 import weakref
-from collections.abc import Callable
 
 from . import _fork
 from ._ffi import ffi
@@ -45,6 +43,7 @@ from .errors import InvalidContextError, refusal, result_code
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
     from typing import Any
+    from collections.abc import Callable
 
 _CTX_ERROR = result_code("CUDA_ERROR_INVALID_CONTEXT")
 _HANDLE_ERROR = result_code("CUDA_ERROR_INVALID_HANDLE")
@@ -53,7 +52,7 @@ CREATED, PRIMARY, ADOPTED = "created", "primary", "adopted"
 
 _known: weakref.WeakValueDictionary[tuple[int, int], Context] = weakref.WeakValueDictionary()
 _known_lock = _fork.lock()
-_scratch = threading.local()   # per-thread out-parameters for the binding retry
+_scratch = _fork.per_thread()   # per-thread out-parameters for the binding retry
 
 
 def _no_stream_ordered_memory(*args: Any) -> Any:
@@ -158,18 +157,22 @@ class Context(Resource):
         change the thread's context); the object for its answer is remembered weakly per thread, so
         asking again for the same handle skips the process-wide lookup (:meth:`adopt`).  An ended
         object is never returned from there."""
-        out = _popped()
+        try:                                   # _popped(), inline: every allocation asks (issue 9)
+            out = _scratch.ctx
+        except AttributeError:
+            out = _scratch.ctx = ffi.new("CUcontext *")
         rc = drv.cuCtxGetCurrent(out)
         if rc:
             raise drv.error(rc, "cuCtxGetCurrent")
         handle = out[0]
+        try:
+            ctx = _scratch.last()
+        except AttributeError:                 # the thread's first question
+            ctx = None
+        if ctx is not None and ctx.handle == handle and ctx.driver is drv and ctx.ended is None:
+            return ctx                         # (a remembered handle is never NULL)
         if handle == ffi.NULL:
             return None
-        last = getattr(_scratch, "last", None)
-        if last is not None:
-            ctx = last()
-            if ctx is not None and ctx.ended is None and ctx.driver is drv and ctx.handle == handle:
-                return ctx
         ctx = cls.adopt(handle, driver=drv)
         _scratch.last = weakref.ref(ctx)
         return ctx

@@ -34,12 +34,9 @@ Policy
 """
 from __future__ import annotations
 
-import functools
-import threading
 import weakref
-from collections.abc import Callable
 
-from . import fastpath
+from . import _fork, fastpath
 from ._ffi import ffi
 from ._resource import FORKED, Resource
 from ._support import handle_int, invalid
@@ -52,13 +49,14 @@ from .stream import Stream, as_stream, default_stream, stream_handle
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
     from typing import Any
+    from collections.abc import Callable
 
     from .pools import MemoryPool
 
 _DEVICE_POINTER = ffi.typeof("CUdeviceptr *")   # parsed once: ffi.new of a string parses it per call
 _new_buffer = object.__new__                     # DeviceBuffer has no __new__ of its own: skips a lookup
 _weak = weakref.ref
-_scratch = threading.local()                     # per thread: the out-parameter of the hot path's cuMemAllocAsync
+_scratch = _fork.per_thread()                     # per thread: the out-parameter of the hot path's cuMemAllocAsync
 
 
 #: A stream-ordered buffer's entry in its context's table (``Context.stream_ordered``):
@@ -121,20 +119,31 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
     def __init__(self, nbytes: int, *, context: Context | None = None, driver: Driver | None = None) -> None:
         if nbytes.__class__ is not int or nbytes <= 0:
             raise invalid("cuMemAlloc", f"size must be a positive int, got {nbytes!r}")
-        ctx, run = Context.target(context, "cuMemAlloc", driver=driver)
-        drv = ctx.driver
         out = ffi.new(_DEVICE_POINTER)
-        rc = run(drv.cuMemAlloc, out, nbytes)
+        if context is None:           # Context.target's common case, inline: the current context, as is
+            ctx = Context.require_current("cuMemAlloc", driver=driver)
+            drv = ctx.driver
+            rc = drv.cuMemAlloc(out, nbytes)
+        else:
+            ctx, run = Context.target(context, "cuMemAlloc", driver=driver)
+            drv = ctx.driver
+            rc = run(drv.cuMemAlloc, out, nbytes)
         if rc:
             raise drv.error(rc, "cuMemAlloc")
-        self.driver, self.ended, self.context, self.address, self.nbytes = drv, None, ctx, int(out[0]), nbytes
+        self.driver = drv
+        self.ended = None
+        self.context = ctx
+        self.address = int(out[0])
+        self.nbytes = nbytes
         self.stream = self.pool = self.last_stream = self.claim_key = None
 
     def _release(self) -> int:
         """close() and the finalizer: cuMemFree, or for stream-ordered memory the claim (removing this
         buffer's entry from its context's table), then cuMemFreeAsync by whoever holds it."""
         if self.stream is None:                              # cuMemAlloc
-            return self.context.call(self.driver.cuMemFree, self.address)
+            free = self.driver.cuMemFree
+            rc = free(self.address)                          # Context.call's first attempt, inline
+            return self.context.rebind(rc, free, self.address) if rc else 0
         key = self.claim_key
         entry = self.context.untrack_stream_ordered(key)
         # None: free_async or the teardown took it
@@ -305,16 +314,16 @@ if _make_stream_ordered is not None:
               Stream.context, Stream.handle, DeviceBuffer.claim_key)
     _front_alloc, _front_free, _front_del = _make_stream_ordered(
         _python_alloc_async, _c_alloc_failed,
-        functools.partial(fastpath.pointer_value, typedef="PFN_cuMemAllocAsync_v11020"),
+        fastpath.pointer_reader("PFN_cuMemAllocAsync_v11020"),
         DeviceBuffer.free_async, _c_free_failed,
-        functools.partial(fastpath.pointer_value, typedef="PFN_cuMemFreeAsync_v11020"), Resource.__del__,
+        fastpath.pointer_reader("PFN_cuMemFreeAsync_v11020"), Resource.__del__,
         Stream, DeviceBuffer, Context, ffi.typeof("CUstream"), FORKED, EXPORTS, "freed", _slots)
-    alloc_async = functools.update_wrapper(_front_alloc, _python_alloc_async)  # type: ignore[assignment]
-    DeviceBuffer.free_async = functools.update_wrapper(  # type: ignore[method-assign]
+    alloc_async = fastpath.dressed(_front_alloc, _python_alloc_async)  # type: ignore[assignment]
+    DeviceBuffer.free_async = fastpath.dressed(  # type: ignore[method-assign]
         _front_free, DeviceBuffer.free_async)
     # A freed buffer's finalizer has nothing to do: the C front returns at once (Resource.__del__ otherwise),
     # and, as the class's tp_finalize, without the generic slot's lookup and call of __del__.
-    DeviceBuffer.__del__ = functools.update_wrapper(_front_del, Resource.__del__)  # type: ignore[method-assign]
+    DeviceBuffer.__del__ = fastpath.dressed(_front_del, Resource.__del__)  # type: ignore[method-assign]
     _front_del.take_finalizer()
 
 

@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Callable, Iterable, Mapping
 
 from . import _fork, errors, fastpath
 from ._namedtuple import NamedTuple
@@ -75,6 +74,7 @@ from .version import CudaVersion
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
     from typing import Any
+    from collections.abc import Callable, Iterable, Mapping
 
     # The C names as type checkers see them: generated from headers/ by tools/build_stubs.py.
     from ._cnames import *  # noqa: F403

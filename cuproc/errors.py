@@ -7,9 +7,11 @@ failure while building the message never hides the original error.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from ._ffi import ffi
+
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 _RESULT_NAMES: dict[int, str] | None = None
 

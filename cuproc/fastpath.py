@@ -29,13 +29,13 @@ Where it applies:
 from __future__ import annotations
 
 import types
-from collections.abc import Callable
 
 from . import _ffi
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
     from typing import Any
+    from collections.abc import Callable
 
 
 def active() -> bool:
@@ -136,6 +136,29 @@ def pointer_value(function: Any, typedef: str) -> int | None:
     if not isinstance(raw, ffi.CData) or ffi.typeof(raw) is not ffi.typeof(typedef):
         return None
     return int(ffi.cast("uintptr_t", raw))
+
+
+def pointer_reader(typedef: str) -> Callable[[Any], int | None]:
+    """:func:`pointer_value` for ``typedef``, as the one-argument function a C front takes (what
+    ``functools.partial`` would make, without importing functools at startup: issue 9)."""
+    def read(function: Any) -> int | None:
+        return pointer_value(function, typedef)
+    return read
+
+
+def dressed(front: Any, original: Any) -> Any:
+    """``front`` (a C front) named and documented as the Python function it stands in for, with
+    ``__wrapped__`` pointing at it: ``functools.update_wrapper``, which a fresh process would pay
+    ``functools`` and ``collections`` for before its first allocation (issue 9)."""
+    for attr in ("__module__", "__name__", "__qualname__", "__doc__", "__annotations__", "__type_params__"):
+        try:
+            value = getattr(original, attr)
+        except AttributeError:
+            continue
+        setattr(front, attr, value)
+    front.__dict__.update(getattr(original, "__dict__", {}))
+    front.__wrapped__ = original
+    return front
 
 
 def launcher_kinds() -> dict[str, int] | None:

@@ -36,14 +36,17 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Iterable, Iterator, Mapping
-from functools import cache
+# collections.abc re-exports this module; importing it by that name runs the collections package's
+# __init__, about 1.5 ms of a fresh process's startup that a first allocation does not need (issue 9).
+from _collections_abc import Mapping
 
 from ._namedtuple import NamedTuple
 from .version import CudaVersion
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
     from .version import VersionLike
 
 #: Per-thread-default-stream entries exist from this version on.
@@ -575,9 +578,14 @@ class _ToolkitsOnFirstRead(Mapping[str, tuple[str, ...]]):
         return len(self._table())
 
 
-@cache
+_default: list[Registry] = []   # default_registry()'s (functools.cache would import functools at startup)
+
+
 def default_registry() -> Registry:
-    """The registry of every toolkit merged into headers/ (built on first use, ~5 ms)."""
+    """The registry of every toolkit merged into headers/ (built on first use, ~5 ms; one for the
+    process: threads that race to build it may each build one, and all of them get the first)."""
+    if _default:
+        return _default[0]
     from ._header_data import (HEADER_ALIASES, NEWEST_VERSION, SYMBOL_ABI_KEYS, SYMBOL_HEADERS, SYMBOL_TYPEDEFS,
                                WINDOWS_ONLY)
     registry = Registry(SYMBOL_TYPEDEFS, _ToolkitsOnFirstRead(), windows_only=WINDOWS_ONLY,
@@ -585,4 +593,5 @@ def default_registry() -> Registry:
     if len(SYMBOL_ABI_KEYS) == len(SYMBOL_TYPEDEFS):   # else a half-regenerated checkout: the names decide
         registry._abi_keys = SYMBOL_ABI_KEYS
     registry._newest = interned_version(NEWEST_VERSION)
-    return registry
+    _default.append(registry)
+    return _default[0]

@@ -23,7 +23,6 @@ Policy
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
 
 from . import _fork
 from ._ffi import ffi
@@ -36,6 +35,7 @@ from .driver import Driver
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
     from typing import Any
+    from collections.abc import Callable
 
 CU_STREAM_LEGACY = ffi.cast("CUstream", 1)
 CU_STREAM_PER_THREAD = ffi.cast("CUstream", 2)
