@@ -430,6 +430,13 @@ def evaluate(results: dict, errors: dict, smoke: bool, default: tuple[str, str] 
                   "steady_spread": max(round_leads) - min(round_leads),
                   "steady_block_leads": steady_block_leads,
                   "steady_block_spread": max(steady_block_leads) - min(steady_block_leads)}
+        # The same steady reading for the C loop the default launch is measured against, for information: what
+        # the rule gives a launcher with no Python in it, on this host in this run
+        floor = floor_of(DEFAULT, *default)
+        if floor in results:
+            floor_leads = [t / f - 1 for t, f in zip(steady_theirs, results[floor]["steady_rounds_us"])]
+            spread["floor_steady"] = {"row": floor, "lead": statistics.median(floor_leads),
+                                      "spread": max(floor_leads) - min(floor_leads), "smallest": min(floor_leads)}
     for col in COLUMNS:
         tag = "burst" if col == "burst_us" else "steady"
         goals.check(f"{tag}: prepared launch <= 1.20x the same-entry C loop (issue 9)", ratio(DEFAULT, col), 1.20,
@@ -541,6 +548,12 @@ def main(argv: list[str] | None = None) -> int:
                      f" (range {spread['steady_block_spread'] * 100:.1f}%, for information: the goal reads the range "
                      "over single rounds); per steady round " +
                      ", ".join(f"{x * 100:.1f}%" for x in spread["steady_round_leads"]))
+        if "floor_steady" in spread:
+            f = spread["floor_steady"]
+            notes.append(f"the same steady reading for the {f['row']} against {spread['against']}, for information "
+                         f"(a launcher with no Python in it): median lead {f['lead'] * 100:.1f}%, range "
+                         f"{f['spread'] * 100:.1f}%, median lead minus range {(f['lead'] - f['spread']) * 100:.1f}%, "
+                         f"smallest lead {f['smallest'] * 100:.1f}%")
     args.out.mkdir(parents=True, exist_ok=True)
     plot = plot_bars(args.out / "bench_launch.png", f"Launch overhead, {data['machine'].get('gpu')}, "
                      f"{data['machine']['date']}, {data['machine']['cuproc_path']}",

@@ -41,8 +41,16 @@ s = cuproc.Stream()
 ctx, drv = s.context, s.context.driver
 alloc_async(64, s).free_async()
 assert alloc_async.taken == DeviceBuffer.free_async.taken == 1, "the fronts did not take the warm-up"
+# pointer_of allocates tracked objects (more than a threshold of 1), so that a collection can land in it
+# (its own code need not: functools.partial's call, which it was, did)
+own_pointer = fastpath.pointer
+def allocating_pointer(function):
+    [[function] for _ in range(4)]
+    return own_pointer(function)
+fastpath.pointer = allocating_pointer
 # the fronts' pointer_of: fastpath.pointer_reader's function, and what it calls
-LOOKUP = {{fastpath.pointer_reader("").__code__, fastpath.pointer_value.__code__, fastpath.pointer.__code__}}
+LOOKUP = {{fastpath.pointer_reader("").__code__, fastpath.pointer_value.__code__, allocating_pointer.__code__,
+          own_pointer.__code__}}
 state = {{"armed": False, "in_call": False, "acted": 0}}
 
 def collecting(condition, action):
@@ -238,17 +246,10 @@ def hook():          # publish the stand-in; hand this lookup the driver's own p
 del vars(drv)["cuMemAllocAsync"]
 drv.hook = hook
 t0 = alloc_async.taken
-own_pointer = fastpath.pointer
-def allocating_pointer(function):             # pointer_of allocates tracked objects (more than the threshold
-    [[function] for _ in range(4)]            # of 1), so that a collection lands in it (its own code need not)
-    return own_pointer(function)
-fastpath.pointer = allocating_pointer
-LOOKUP.add(allocating_pointer.__code__)
 def in_pointer_of(frame):                     # the hook has run: what is left of the lookup is pointer_of
     return vars(drv)["hook"] is None and in_lookup(frame)
 outer = call_inside_collections(collecting(in_pointer_of, lambda: inner.append(alloc_async(64, s))),
                                 lambda: alloc_async(128, s))
-fastpath.pointer = own_pointer
 ran = bool(inner)
 assert vars(drv)["cuMemAllocAsync"] is stand_in and alloc_async.taken == t0 + 1   # the outer one's pointer
 assert calls == ([64] if ran else [])

@@ -434,6 +434,23 @@ def test_the_steady_blocks_are_reported_beside_the_goal_which_reads_single_round
     assert row["value"] == pytest.approx(0.1 - 0.8) and row["status"] == "MISSED"   # the goal: single rounds
 
 
+def test_the_steady_lead_rule_is_also_read_for_the_c_loop_for_information(monkeypatch):
+    """The same steady reading for the default launch's own C loop against the same cuda.bindings row: what
+    the rule gives a launcher with no Python in it (reported, not a goal)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_launch as b
+    ex = ("cuLaunchKernelEx", "buffer")
+    floor = [4.0, 4.0, 4.4, 4.0, 4.0]
+    results = _rows(**{"C loop over cuLaunchKernelEx (packed buffer)": floor, b.DEFAULT: [4.1] * 5,
+                       b.BINDINGS_EX: [4.4] * 5})
+    goals, spread = b.evaluate(results, {}, False, ex)
+    reading = spread["floor_steady"]
+    assert reading["row"] == "C loop over cuLaunchKernelEx (packed buffer)"
+    assert reading["lead"] == pytest.approx(0.1) and reading["smallest"] == pytest.approx(0.0)
+    assert reading["spread"] == pytest.approx(0.1)
+    assert not any(r["goal"].startswith("the same steady reading") for r in goals.rows)
+
+
 def test_memory_goals_are_paired_within_rounds_and_a_failed_c_floor_refuses(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import bench_memory as m
