@@ -30,7 +30,7 @@ from harness import (  # noqa: E402
     one_cpu,
     paired_ratio,
     per_call_us,
-    rotation,
+    round_order,
     smoke_driver,
     write_results,
 )
@@ -174,21 +174,21 @@ class Interleaved(NamedTuple):
 def _interleaved(rows: dict[str, tuple[str, dict]], number: int, rounds: int,
                  pairs: list[tuple[str, str]]) -> Interleaved:
     """The rows take turns for ``rounds`` rounds (after one warm-up pass), pinned to one CPU, the
-    order rotating by one row each round.
+    order shuffled anew each round (harness.round_order).
 
     Why: a trivial call is about 0.1 µs, and two rows that make the very same call differed by a
     fifth in one run (a slow spell of the machine, or a move to another core, landing on one row).
     Pinned (to the highest CPU allowed: CPU 0 takes most interrupts), with each ratio a goal reads
     taken within a round and the median over the rounds, what moves both rows of a pair cancels,
-    and the rotation gives no row a fixed place after any other; each row's best round is kept for
-    the table."""
+    and a new order each round (harness.round_order) gives no row a fixed place after any other; each
+    row's best round is kept for the table."""
     for stmt, g in rows.values():     # warm-up, before pinning (harness.one_cpu)
         per_call_us(stmt, max(number // 10, 1), repeat=1, globals=g)
     with one_cpu():
         times: dict[str, list[float]] = {name: [] for name in rows}
         names = list(rows)
         for r in range(rounds):
-            for name in rotation(names, r):
+            for name in round_order(names, r):
                 stmt, g = rows[name]
                 times[name].append(per_call_us(stmt, number, repeat=3, globals=g))
     paired = {(a, b): r for a, b in pairs if a in times and b in times

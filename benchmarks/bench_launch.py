@@ -13,9 +13,9 @@ per call, and taking them from lists built before the timing.
 The bursts go round-robin over all launchers, so drift in clocks or load hits every one alike.
 Burst: the median host time per enqueue over the bursts of 256; steady: 20,000 launches then a
 synchronize, fifteen rounds taking turns over the launchers (median and range; in each round every
-launcher runs twice, the second pass in the mirrored order, and the round keeps its faster run: a
-slow spell of the host only adds time, and one that hit a single run of one row set the range of a
-whole run), with the thread's
+launcher runs twice, the second pass in another order, and the round keeps its faster run, as timeit
+keeps the best of its repeats: a slow spell of the host only adds time, and one that hit a single run
+of one row set the range of a whole run; every row, the C loops' included, is read the same way), with the thread's
 CPU time beside the wall time: a steady wall time well above its CPU time is time spent blocked in
 the driver (a full launch queue), not cuproc's Python work.  The timing thread is pinned to one CPU,
 and what was alive before the timing is frozen out of the garbage collector's scans (the collector
@@ -49,8 +49,8 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # noqa: E402, I001
-    ROOT, Goals, build_c, frozen_heap, machine, one_cpu, paired_ratio, peer, plot_bars, rotation, smoke_driver,
-    write_results)
+    ROOT, Goals, build_c, frozen_heap, machine, one_cpu, paired_ratio, peer, plot_bars, round_order,
+    smoke_driver, write_results)
 
 CUBIN = ROOT / "kernels" / "kernels.cubin"
 DEFAULT = "cuproc prepared (default)"   # what Function.prepare gives without options
@@ -64,6 +64,7 @@ BINDINGS_EX = "cuda.bindings cuLaunchKernelEx, prebuilt argument addresses and c
 CORE = "cuda.core launch, NumPy scalars built per call"
 CUPY = "CuPy RawModule, NumPy scalars built per call"
 BLOCKS = 5
+SECOND_PASS_SEED = 1000   # the seeds of the steady rounds' second passes: round_order(names, 1000 + r)
 STEADY_ROUNDS = 15  # steady runs per launcher, taking turns (7 left the median of a row 10-15% off between runs)
 COLUMNS = ("burst_us", "steady_us")
 ROUNDS_OF = {"burst_us": "burst_rounds_us", "steady_us": "steady_rounds_us"}   # each column's rounds, paired
@@ -96,8 +97,9 @@ def floor_of(name: str, default_entry: str, default_convention: str) -> str:
 def measure_interleaved(loops: dict[str, Callable[[int], object]], natives: set[str], sync: Callable[[], object],
                         burst_size: int, reps: int, steady: int, errors: dict[str, str] | None = None,
                         notes: list[str] | None = None) -> dict:
-    """Round-robin bursts over every launcher, then steady runs taking turns (each round's order rotated
-    by one row), timed on one CPU after the warm-up (:func:`harness.one_cpu`), with the heap alive
+    """Round-robin bursts over every launcher, then steady runs taking turns (each round in a new order,
+    :func:`harness.round_order`; a steady round runs every launcher twice, the second pass in another order,
+    and keeps each launcher's faster run), timed on one CPU after the warm-up (:func:`harness.one_cpu`), with the heap alive
     before the timing frozen (:func:`harness.frozen_heap`); the collections each row met in its steady
     rounds go to ``notes``.
 
@@ -128,14 +130,16 @@ def measure_interleaved(loops: dict[str, Callable[[int], object]], natives: set[
     cpus: dict[str, list[float]] = {name: [] for name in loops}
     with one_cpu(), frozen_heap() as heap:
         for r in range(reps):
-            for name in rotation(names, r):
+            for name in round_order(names, r):
                 sync()
                 bursts[name].append(burst(name, burst_size))
         heap.seen.clear()                      # the bursts' collections are not counted: steady only
         for r in range(STEADY_ROUNDS):
-            order = rotation(names, r)
+            first, second = round_order(names, r), round_order(names, SECOND_PASS_SEED + r)
+            if len(second) > 1 and second[0] == first[-1]:   # no row runs its two passes back to back
+                second = second[1:] + second[:1]
             taken: dict[str, tuple[float, float]] = {}
-            for name in order + order[::-1]:   # each row twice, mirrored: the round keeps the faster
+            for name in first + second:        # each row twice, in two orders: the round keeps the faster
                 sync()
                 heap.tag = name
                 t, c = time.perf_counter(), time.thread_time()
@@ -533,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
               "median over the rounds of the ratio within a round (the rows take turns), so it is not the quotient "
               "of the two medians shown"),
              (f"steady: median (range) of {STEADY_ROUNDS} rounds taking turns, each row run twice per round (the "
-              "second pass in the mirrored order) and the faster kept; CPU: the thread's CPU time per "
+              "second pass in another order) and the faster kept; CPU: the thread's CPU time per "
               "launch in those runs (wall well above CPU: blocked in the driver); the timing thread is pinned to one "
               "CPU"),
              "every launcher launches on the legacy default stream; values change every launch (the counter i)",

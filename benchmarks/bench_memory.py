@@ -4,7 +4,7 @@ Everything in one process on the GPU machine, on the primary context of device 0
 (``c_floor_memory.c``, a shared library called through ctypes on the same context and the same
 buffers), cuproc, and the peers (cuda.bindings' raw pairs, cuda.core, CuPy).  Allocation loops are
 not interleaved with other work: each loop runs alone, and the loops take turns for fifteen rounds
-(the order rotating by one each round), on a timing thread pinned to one CPU.  The table shows
+(in a new order each round, harness.round_order), on a timing thread pinned to one CPU.  The table shows
 each loop's best round; each goal's ratio is the median over the rounds of the ratio within a
 round, so that a slow spell of the machine cancels instead of landing on one row (one run read
 the DeviceBuffer loop 1.34x the C floor when each loop ran its repetitions in one block).
@@ -30,8 +30,8 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # noqa: E402, I001
-    ROOT, Goals, build_c, frozen_heap, machine, one_cpu, paired_ratio, peer, plot_bars, rotation, smoke_driver,
-    write_results)
+    ROOT, Goals, build_c, frozen_heap, machine, one_cpu, paired_ratio, peer, plot_bars, round_order,
+    smoke_driver, write_results)
 
 SMALL = 256                    # bytes per allocation (the issue's size)
 COPY_SIZES = (64 << 20, 256 << 20)
@@ -71,7 +71,7 @@ def drop_peer(name: str, exc: Exception, errors: dict[str, str], when: str) -> N
 def take_turns(loops: dict[str, tuple[Callable[[int], Any], int]], rounds: int, errors: dict[str, str]
                ) -> dict[str, list[float]]:
     """Each loop ``fn(n)`` timed alone (µs per operation), the loops taking turns for ``rounds`` rounds,
-    the order rotating by one loop each round, on one CPU.  Each loop is warmed up first with a tenth
+    in a new order each round (harness.round_order), on one CPU.  Each loop is warmed up first with a tenth
     of ``n`` (pools, caches), before the thread is pinned: a thread a driver or peer starts inside the
     pinned block would inherit the one CPU.  A peer's loop that fails in its warm-up or in a round is
     dropped, all its rounds with it, and its error noted (cuproc's and the C floor's failures raise)."""
@@ -86,7 +86,7 @@ def take_turns(loops: dict[str, tuple[Callable[[int], Any], int]], rounds: int, 
     times: dict[str, list[float]] = {name: [] for name in names}
     with one_cpu(), frozen_heap():
         for r in range(rounds):
-            for name in rotation(names, r):
+            for name in round_order(names, r):
                 if name not in times:
                     continue
                 fn, n = loops[name]

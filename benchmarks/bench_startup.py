@@ -1,9 +1,10 @@
 """Startup: a fresh process to "device usable" (device 0's context current and a first 256-byte
 allocation), side by side: C, ctypes + cuInit, cuproc, cuda.bindings, cuda.core, CuPy and torch.
 
-Two measures per fresh process, the rows taking turns round by round (each round's order the last
-one's rotated by one row: in a fixed order, ctypes always followed the interpreter-only row and
-cuproc always followed ctypes, a process whose driver teardown had just ended):
+Two measures per fresh process, the rows taking turns round by round, in a new order each round
+(:func:`harness.round_order`: in a fixed order, or one rotated by a row each round, ctypes nearly
+always followed the interpreter-only row and cuproc nearly always followed ctypes, a process whose
+driver teardown had just ended):
 
 * **wall**: the whole process, timed from here around ``subprocess.run`` (interpreter start
   included, the same for every Python row);
@@ -41,7 +42,7 @@ from harness import (  # noqa: E402
     build_c,
     machine,
     plot_bars,
-    rotation,
+    round_order,
     smoke_driver,
     write_results,
 )
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(runs):
             this_round: dict[str, float] = {}
             this_wall: dict[str, float] = {}
-            for name in rotation(list(commands), rnd):   # no row always follows the same one (a GPU process's exit)
+            for name in round_order(list(commands), rnd):   # no row always follows the same one
                 if name in HEAVY and rnd % HEAVY_EVERY:
                     continue
                 wall, own = run_once(commands[name], env)
@@ -275,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{own_ms[name]:.1f}" if name in own_ms else "", versus(own_ms, name)]
              for name, v in sorted(ms.items(), key=lambda kv: kv[1])]
     table += [[name, "missing", "", why[:70], "", ""] for name, why in errors.items()]
-    notes = [f"{runs} rounds, rows taking turns in an order rotated by one row each round ({', '.join(HEAVY)}: "
+    notes = [f"{runs} rounds, rows taking turns in a new order each round ({', '.join(HEAVY)}: "
              f"every {HEAVY_EVERY}rd round); medians; range: fastest - slowest run",
              "in-process: from the child's first statement to device usable, printed by the child "
              "(interpreter start excluded)",

@@ -18,6 +18,7 @@ import gc
 import json
 import os
 import platform
+import random
 import shutil
 import statistics
 import subprocess
@@ -123,11 +124,13 @@ def frozen_heap() -> Iterator[Collections]:
         gc.unfreeze()
 
 
-def rotation(names: list[str], r: int) -> list[str]:
-    """Round ``r``'s order of rows that take turns: ``names`` rotated by ``r``, so that no row always
-    follows the same other one."""
-    k = r % len(names) if names else 0
-    return names[k:] + names[:k]
+def round_order(names: list[str], r: int) -> list[str]:
+    """Round ``r``'s order of rows that take turns: ``names`` shuffled with ``r`` as the seed (the same
+    orders in every run), so that no row has a fixed place, nor always follows the same other row (a
+    rotation keeps the cyclic order: every row but the first keeps its predecessor)."""
+    order = list(names)
+    random.Random(r).shuffle(order)
+    return order
 
 
 def paired_ratio(rows: list[float], references: list[float]) -> float | None:

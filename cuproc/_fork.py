@@ -27,8 +27,8 @@ import weakref
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
-    from typing import Any
     from collections.abc import Callable
+    from typing import Any
 
 # FORKED[0] is True in a child forked after cuInit.  A one-element list so that hot paths can
 # bind it once (a local or default argument) and test it for the cost of an index.

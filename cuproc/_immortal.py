@@ -11,11 +11,10 @@ startup goal).  Bottom layer: imports nothing of cuproc, so the loader can use i
 """
 from __future__ import annotations
 
-
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
-    from typing import Any
     from collections.abc import Callable
+    from typing import Any
 
 _incref: list[Callable[[Any], None]] = []   # the prototype, made on first use
 

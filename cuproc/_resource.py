@@ -49,8 +49,8 @@ from .errors import ClosedResourceError, CudaWarning
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
-    from typing import Any
     from collections.abc import Iterator
+    from typing import Any
 
 # EPOCH[0] changes whenever a resource ends and in a forked child: hot paths cache the epoch at
 # which they last verified their parents and re-verify only when it moved.

@@ -38,10 +38,16 @@ class Allocation(Resource):
     _ended_word = "freed"
     _leaf = True       # no resource names memory as its parent: freeing it leaves EPOCH alone
     kind = "device"
+    #: True where parents() is this class's (the context alone): close() then checks it inline
+    _context_is_the_parent = True
 
     context: Context
     address: int
     nbytes: int
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._context_is_the_parent = cls.parents is Allocation.parents
 
     def parents(self) -> tuple[Resource, ...]:
         return (self.context,)
@@ -68,9 +74,10 @@ class Allocation(Resource):
         if self.has_views():
             raise BufferError(f"{self._release_call} was not called: {self.describe()} still has views "
                               f"(a DLPack export, a NumPy array or a memoryview of it); drop them first")
-        if self.context.ended is None and not FORKED[0]:
+        if self._context_is_the_parent and self.context.ended is None and not FORKED[0]:
             # Resource.close with its walk of the parents done inline: an allocation's one parent is its
-            # context, which has none (code that frees per step pays for every call here, issue 9).
+            # context, which has none (code that frees per step pays for every call here, issue 9); a
+            # subclass that names other parents takes Resource.close's walk.
             if self._claim(self._ended_word):
                 rc = self._release()
                 if rc:

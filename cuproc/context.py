@@ -42,8 +42,8 @@ from .errors import InvalidContextError, refusal, result_code
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
-    from typing import Any
     from collections.abc import Callable
+    from typing import Any
 
 _CTX_ERROR = result_code("CUDA_ERROR_INVALID_CONTEXT")
 _HANDLE_ERROR = result_code("CUDA_ERROR_INVALID_HANDLE")

@@ -48,8 +48,8 @@ from .stream import Stream, as_stream, default_stream, stream_handle
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
-    from typing import Any
     from collections.abc import Callable
+    from typing import Any
 
     from .pools import MemoryPool
 

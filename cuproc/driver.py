@@ -73,8 +73,8 @@ from .version import CudaVersion
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
-    from typing import Any
     from collections.abc import Callable, Iterable, Mapping
+    from typing import Any
 
     # The C names as type checkers see them: generated from headers/ by tools/build_stubs.py.
     from ._cnames import *  # noqa: F403

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+
 # collections.abc re-exports this module; importing it by that name runs the collections package's
 # __init__, about 1.5 ms of a fresh process's startup that a first allocation does not need (issue 9).
 from _collections_abc import Mapping

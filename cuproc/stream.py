@@ -34,8 +34,8 @@ from .driver import Driver
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
-    from typing import Any
     from collections.abc import Callable
+    from typing import Any
 
 CU_STREAM_LEGACY = ffi.cast("CUstream", 1)
 CU_STREAM_PER_THREAD = ffi.cast("CUstream", 2)

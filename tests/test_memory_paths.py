@@ -1010,3 +1010,27 @@ def test_threads_racing_the_c_claim_free_each_buffer_once(fk):
     Context.pop()
     s.close()
     ctx.destroy()
+
+
+def test_an_allocation_subclass_naming_other_parents_is_closed_by_their_rule(fk):
+    """close() checks an allocation's context inline only where the context is its one parent: a subclass
+    that names another parent is closed by the resource model's walk, which releases nothing once any
+    parent has ended (the handle went with its owner); one whose parents are alive frees as usual."""
+    class Held(DeviceBuffer):
+        __slots__ = ("holder",)
+
+        def parents(self):
+            return (self.context, self.holder)
+    pc = cuproc.use_device(0)
+    kept, dropped = Held(256), Held(256)
+    kept.holder, dropped.holder = Stream(), Stream()
+    dropped.holder.close()
+    fk.clear_calls()
+    dropped.close()
+    assert dropped.closed and "cuMemFree" not in fk.calls()
+    assert pc.context.driver.cuMemFree(dropped.address) == 0     # the test's own clean-up: the fake's memory
+    fk.clear_calls()
+    kept.close()
+    assert kept.closed and "cuMemFree" in fk.calls()
+    kept.holder.close()
+    assert not Held._context_is_the_parent and DeviceBuffer._context_is_the_parent

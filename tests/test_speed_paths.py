@@ -525,11 +525,11 @@ def _pinning_logged(log: list):
     log.append("unpin")
 
 
-def test_launch_rounds_warm_up_before_pinning_and_rotate_the_rows(monkeypatch):
+def test_launch_rounds_warm_up_before_pinning_and_take_a_new_order_each_round(monkeypatch):
     """Every launcher warms up before the thread is pinned (a thread a driver or peer starts inside
-    the pinned block would inherit the one CPU), and each round's order is the last one's rotated by
-    one row, bursts and steady rounds alike (no row always follows the same other one); a steady round
-    runs its order and then the mirrored order."""
+    the pinned block would inherit the one CPU), and each round runs the rows in harness.round_order's
+    order for it, bursts and steady rounds alike; a steady round runs every row twice, the second pass
+    in another order that never starts with the row that ended the first."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import bench_launch
     log: list = []
@@ -543,9 +543,12 @@ def test_launch_rounds_warm_up_before_pinning_and_rotate_the_rows(monkeypatch):
     bursts = [n for n, count in timed if count == 4]
     steady = [n for n, count in timed if count == 8]
     assert len(timed) == len(bursts) + len(steady)
-    assert bursts == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert bursts == [n for r in range(3) for n in bench_launch.round_order(names, r)]
     assert len(steady) == 2 * 3 * bench_launch.STEADY_ROUNDS
-    assert steady[:18] == ["a", "b", "c", "c", "b", "a", "b", "c", "a", "a", "c", "b", "c", "a", "b", "b", "a", "c"]
+    for r in range(bench_launch.STEADY_ROUNDS):
+        first, second = steady[6 * r:6 * r + 3], steady[6 * r + 3:6 * r + 6]
+        assert first == bench_launch.round_order(names, r)
+        assert sorted(second) == names and second[0] != first[-1]
 
 
 def test_a_steady_round_keeps_each_rows_faster_run(monkeypatch):
@@ -654,7 +657,22 @@ def test_the_exit_clock_puts_python_teardown_and_the_c_exit_each_in_its_part(mon
         parts("import os; os._exit(0)")
 
 
-def test_memory_loops_warm_up_before_pinning_then_take_turns_in_rotated_order(monkeypatch):
+def test_round_orders_give_no_row_a_fixed_predecessor(monkeypatch):
+    """Over the startup benchmark's 21 rounds of its 12 rows, no row follows the same row in more than a
+    third of the rounds (rotating the order each round kept every predecessor but the first row's), and
+    the orders are the same in every run."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import harness
+    names = [f"row {i}" for i in range(12)]
+    orders = [harness.round_order(names, r) for r in range(21)]
+    assert all(sorted(order) == sorted(names) for order in orders)
+    assert orders == [harness.round_order(names, r) for r in range(21)] and orders[0] != orders[1]
+    for name in names:
+        before = [order[order.index(name) - 1] for order in orders if order.index(name) > 0]
+        assert max(before.count(other) for other in set(before)) <= 21 // 3, (name, before)
+
+
+def test_memory_loops_warm_up_before_pinning_then_take_turns_in_a_new_order_each_round(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import bench_memory
     log: list = []
@@ -662,11 +680,11 @@ def test_memory_loops_warm_up_before_pinning_then_take_turns_in_rotated_order(mo
     loops = {n: (lambda count, n=n: log.append((n, count)), 20) for n in ("x", "y", "z")}
     times = bench_memory.take_turns(loops, 3, {})
     assert log[:4] == [("x", 2), ("y", 2), ("z", 2), "pin"] and log[-1] == "unpin"   # a tenth of n, first
-    assert [n for n, _ in log[4:-1]] == ["x", "y", "z", "y", "z", "x", "z", "x", "y"]
+    assert [n for n, _ in log[4:-1]] == [n for r in range(3) for n in bench_memory.round_order(["x", "y", "z"], r)]
     assert {n: len(v) for n, v in times.items()} == {"x": 3, "y": 3, "z": 3}
 
 
-def test_trivial_call_rows_warm_up_before_pinning_and_rotate(monkeypatch):
+def test_trivial_call_rows_warm_up_before_pinning_and_take_a_new_order_each_round(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import bench_driver
     log: list = []
@@ -677,5 +695,5 @@ def test_trivial_call_rows_warm_up_before_pinning_and_rotate(monkeypatch):
     assert log[:pin] == ["p", "q", "r"] and log[-1] == "unpin"
     timed = log[pin + 1:-1]
     assert len(timed) == 9 * 3                   # three rounds of three rows, each timed best of three
-    assert timed[::3] == ["p", "q", "r", "q", "r", "p", "r", "p", "q"]
+    assert timed[::3] == [n for r in range(3) for n in bench_driver.round_order(["p", "q", "r"], r)]
     assert all(timed[i:i + 3] == [timed[i]] * 3 for i in range(0, len(timed), 3))
