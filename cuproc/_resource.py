@@ -148,15 +148,17 @@ class Resource:
         if FORKED[0]:
             self._claim("left behind by fork()")
             return
-        parent_gone = False
         for parent in self.parents():
             if parent.ended_owner() is not None:
-                parent_gone = True
-                break
-        if not self._claim(self._ended_word):   # first: whatever the driver says, never twice
+                self._claim(self._ended_word)   # the handle went with its owner: nothing to give back
+                return
+        self._give_back()
+
+    def _give_back(self) -> None:
+        """The end of :meth:`close` once every parent is known alive: claim, then release.  The claim
+        comes first, whatever the driver says: the handle is never given back twice."""
+        if not self._claim(self._ended_word):
             return
-        if parent_gone:
-            return                              # the handle went with its owner
         rc = self._release()
         if rc:
             raise self.driver.error(rc, self._release_call)

@@ -78,10 +78,7 @@ class Allocation(Resource):
             # Resource.close with its walk of the parents done inline: an allocation's one parent is its
             # context, which has none (code that frees per step pays for every call here, issue 9); a
             # subclass that names other parents takes Resource.close's walk.
-            if self._claim(self._ended_word):
-                rc = self._release()
-                if rc:
-                    raise self.driver.error(rc, self._release_call)
+            self._give_back()
             return
         super().close()
 

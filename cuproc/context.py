@@ -157,10 +157,7 @@ class Context(Resource):
         change the thread's context); the object for its answer is remembered weakly per thread, so
         asking again for the same handle skips the process-wide lookup (:meth:`adopt`).  An ended
         object is never returned from there."""
-        try:                                   # _popped(), inline: every allocation asks (issue 9)
-            out = _scratch.ctx
-        except AttributeError:
-            out = _scratch.ctx = ffi.new("CUcontext *")
+        out = _popped()
         rc = drv.cuCtxGetCurrent(out)
         if rc:
             raise drv.error(rc, "cuCtxGetCurrent")
