@@ -41,7 +41,11 @@ returning its CUresult) and ``_release_call`` (its C name, for errors).
 from __future__ import annotations
 
 import sys
-import warnings
+
+try:   # warnings.warn itself (warnings.py re-exports it), without importing warnings.py on the way to a
+    from _warnings import warn as _warn_function   # first allocation (issue 9)
+except ImportError:  # pragma: no cover - an interpreter without the C accelerator
+    from warnings import warn as _warn_function
 
 from . import _fork
 from .driver import Driver, forked_error
@@ -202,7 +206,7 @@ class Resource:
         raise TypeError(f"a {type(self).__name__} holds a driver handle and cannot be pickled")
 
 
-def report(message: str, _finalizing: Any = sys.is_finalizing, _warn: Any = warnings.warn) -> None:
+def report(message: str, _finalizing: Any = sys.is_finalizing, _warn: Any = _warn_function) -> None:
     """A finalizer's failure, as a warning; silent while the interpreter shuts down (the exit stays quiet)."""
     try:
         if not _finalizing():

@@ -158,8 +158,9 @@ def test_a_first_allocation_imports_no_typing_re_enum_or_collections(fake):
     """typing, re and enum together are a few ms of a fresh process's startup (issue 9): cuproc names
     types for checkers only and compiles its few patterns where they are used; collections, functools
     and threading (which imports both) another 3-4 ms: cuproc's locks and per-thread namespaces come
-    from _thread, its abstract base classes from _collections_abc.  Without the site module, whose .pth
-    files may import them first, and with only cuproc's and cffi's directories."""
+    from _thread, its abstract base classes from _collections_abc.  warnings.py (0.3 ms): a finalizer's
+    report calls the very warn it re-exports, from _warnings.  Without the site module, whose .pth files
+    may import them first, and with only cuproc's and cffi's directories."""
     import cffi
     dirs = [str(Path(cuproc.__file__).parent.parent), str(Path(cffi.__file__).parent.parent)]
     code = (f"import sys; sys.path[:0] = {dirs!r}\n"
@@ -170,7 +171,7 @@ def test_a_first_allocation_imports_no_typing_re_enum_or_collections(fake):
     assert Path(where).resolve() == Path(cuproc.__file__).resolve()      # the cuproc under test
     assert "cuproc.device_memory" in modules.split()
     assert not set(modules.split()) & {"typing", "re", "enum", "collections", "collections.abc", "functools",
-                                       "threading"}
+                                       "threading", "warnings"}
 
 
 def test_the_loader_finds_what_the_dynamic_linker_finds(fake):
