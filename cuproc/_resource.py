@@ -42,8 +42,10 @@ from __future__ import annotations
 
 import sys
 
-try:   # warnings.warn itself (warnings.py re-exports it), without importing warnings.py on the way to a
-    from _warnings import warn as _warn_function   # first allocation (issue 9)
+# warnings.warn itself (warnings.py re-exports it), without importing warnings.py on the way to a first
+# allocation (issue 9)
+try:
+    from _warnings import warn as _warn_function
 except ImportError:  # pragma: no cover - an interpreter without the C accelerator
     from warnings import warn as _warn_function
 

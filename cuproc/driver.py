@@ -806,10 +806,11 @@ class Driver(_DriverFunctions):
 # integer type of the same size.  Small structs of integers travel in integer registers on x86-64
 # SysV, AArch64 and Windows x64, so passing their little-endian image as that integer is the same call.
 _BY_VALUE_AS_INTEGER = {"struct CUmemLocation_st": "uint64_t"}
-# The same structs as cffi types, made on first use: _signature asks every typedef whether it takes one,
-# and comparing its argument types with these is a set test, where reading each argument's C name builds
-# a string per argument (about 3 us of the 20 us a first ``drv.cuX`` of an 11-argument function took).
-_by_value_types: list[frozenset[Any]] = []
+# The same, keyed by the cffi type, made on first use (a race makes two equal maps and keeps the first):
+# _signature asks every typedef whether it takes one of these, and testing its argument types is a set
+# test, where reading each argument's C name builds a string per argument (about 3 us of the 20 us a
+# first ``drv.cuX`` of an 11-argument function took).  Both the test and the swap read this one map.
+_by_value_types: list[dict[Any, str]] = []
 
 
 class _Signature(NamedTuple):
@@ -830,13 +831,13 @@ def _signature(typedef: str) -> _Signature:
     if sig is None:
         ctype = ffi.typeof(typedef)
         if not _by_value_types:
-            _by_value_types.append(frozenset(ffi.typeof(cname) for cname in _BY_VALUE_AS_INTEGER))
+            _by_value_types.append({ffi.typeof(cname): integer for cname, integer in _BY_VALUE_AS_INTEGER.items()})
+        as_integer = _by_value_types[0]
         args = ctype.args
-        swapped = () if _by_value_types[0].isdisjoint(args) else \
-            tuple(i for i, a in enumerate(args) if a in _by_value_types[0])
+        swapped = () if as_integer.keys().isdisjoint(args) else tuple(i for i, a in enumerate(args) if a in as_integer)
         callable_type = ctype
         if swapped:
-            passed = [_BY_VALUE_AS_INTEGER.get(a.cname, a.cname) for a in args]
+            passed = [as_integer.get(a, a.cname) for a in args]
             callable_type = ffi.typeof(f"{ctype.result.cname}(*)({', '.join(passed)})")
         sig = _signatures[typedef] = _Signature(ctype, callable_type, swapped)   # a race stores equal values
     return sig

@@ -154,7 +154,7 @@ def test_a_first_allocation_imports_only_what_it_needs(fake):
                           "ctypes", "_ctypes"}
 
 
-def test_a_first_allocation_imports_no_typing_re_enum_or_collections(fake):
+def test_a_first_allocation_imports_none_of_the_slow_stdlib_modules(fake):
     """typing, re and enum together are a few ms of a fresh process's startup (issue 9): cuproc names
     types for checkers only and compiles its few patterns where they are used; collections, functools
     and threading (which imports both) another 3-4 ms: cuproc's locks and per-thread namespaces come
