@@ -28,7 +28,12 @@ run-to-run spread": the lead is taken in each of five blocks of the bursts and i
 and read two ways, each a goal: the median lead less the range of the lead (a round in which
 cuda.bindings was slow widens the range too), and the smallest lead (ahead in every round: no slow
 round of theirs can fail it, one slow round of ours does).  The steady lead's range over five blocks
-of rounds is printed beside them, for information.
+of rounds is printed beside them, for information.  Both rules are read once more over fifteen
+adjacent steady rounds of three rows alone -- the default prepared launch, cuda.bindings' fastest
+row and the default's C loop -- each round in an order and then its reverse (A B C C B A): in a
+round of every row the two compared rows run up to a second apart, and the C loop itself failed
+the single-round rule there against cuda.bindings (its range wider than its lead), so that reading
+measured the host's slow spells more than the launchers.  Every reading is printed as a goal.
 
 Every ratio is against the C loop over the SAME entry point and convention as the row (the default
 prepared launch and the one-shot forms use cuLaunchKernelEx with a packed buffer); cuda.bindings is
@@ -66,6 +71,7 @@ CUPY = "CuPy RawModule, NumPy scalars built per call"
 BLOCKS = 5
 SECOND_PASS_SEED = 1000   # the seeds of the steady rounds' second passes: round_order(names, 1000 + r)
 STEADY_ROUNDS = 15  # steady runs per launcher, taking turns (7 left the median of a row 10-15% off between runs)
+ADJACENT_ROUNDS = 15   # steady rounds of the lead's three rows alone, each in the order A B C C B A
 COLUMNS = ("burst_us", "steady_us")
 ROUNDS_OF = {"burst_us": "burst_rounds_us", "steady_us": "steady_rounds_us"}   # each column's rounds, paired
 
@@ -94,14 +100,37 @@ def floor_of(name: str, default_entry: str, default_convention: str) -> str:
     return FLOOR
 
 
+def fastest_bindings(burst_us: dict[str, float]) -> str | None:
+    """cuda.bindings' faster row in the bursts (the one the lead is read against), None if neither ran."""
+    rows = [b for b in (BINDINGS, BINDINGS_EX) if b in burst_us]
+    return min(rows, key=lambda b: burst_us[b]) if rows else None
+
+
+def adjacent_rows(burst_us: dict[str, float], default: tuple[str, str]) -> list[str]:
+    """The rows of the adjacent steady rounds: the default prepared launch, cuda.bindings' fastest row
+    and the default's own C loop (the control), those that ran; none without cuda.bindings."""
+    theirs = fastest_bindings(burst_us)
+    if theirs is None or DEFAULT not in burst_us:
+        return []
+    return [r for r in (DEFAULT, theirs, floor_of(DEFAULT, *default)) if r in burst_us]
+
+
 def measure_interleaved(loops: dict[str, Callable[[int], object]], natives: set[str], sync: Callable[[], object],
                         burst_size: int, reps: int, steady: int, errors: dict[str, str] | None = None,
-                        notes: list[str] | None = None) -> dict:
+                        notes: list[str] | None = None,
+                        adjacent: Callable[[dict[str, float]], list[str]] | None = None) -> dict:
     """Round-robin bursts over every launcher, then steady runs taking turns (each round in a new order,
     :func:`harness.round_order`; a steady round runs every launcher twice, the second pass in another order,
     and keeps each launcher's faster run), timed on one CPU after the warm-up (:func:`harness.one_cpu`), with the heap alive
     before the timing frozen (:func:`harness.frozen_heap`); the collections each row met in its steady
     rounds go to ``notes``.
+
+    Then, where ``adjacent`` (given each row's median burst) names rows, :data:`ADJACENT_ROUNDS` steady rounds
+    of those rows alone, each in an order and then its reverse (A B C C B A), a row's round time the mean of
+    its two runs (``adjacent_rounds_us``).  Why: in a steady round of every row, two rows run up to a
+    second apart, and a slow spell of the host in between sets a per-round lead of its own (the C loop
+    read against cuda.bindings that way varied by 22-38 points within runs); run back to back, in
+    mirrored order, the rows share the same spells, and a drift linear in time costs each the same.
 
     ``loops[name](count)`` runs ``count`` launches; the C loops (``natives``) time themselves and
     return seconds per launch, the Python ones are timed here around the call.  A launcher that
@@ -152,8 +181,23 @@ def measure_interleaved(loops: dict[str, Callable[[int], object]], natives: set[
             for name, (wall, cpu) in taken.items():
                 walls[name].append(wall)
                 cpus[name].append(cpu)
+        pairs = adjacent({n: statistics.median(bursts[n]) for n in names}) if adjacent else []
+        adjacent_walls: dict[str, list[float]] = {name: [] for name in pairs}
+        for r in range(ADJACENT_ROUNDS if pairs else 0):
+            order = round_order(pairs, r)
+            runs: dict[str, list[float]] = {name: [] for name in pairs}
+            for name in order + order[::-1]:
+                sync()
+                heap.tag = name
+                t = time.perf_counter()
+                loops[name](steady)
+                sync()
+                runs[name].append((time.perf_counter() - t) / steady * 1e6)
+                heap.tag = None
+            for name, two in runs.items():
+                adjacent_walls[name].append(sum(two) / len(two))
     if notes is not None:
-        notes.append("steady rounds: " + heap.summary(names))
+        notes.append("steady and adjacent rounds: " + heap.summary(names))
     out = {}
     block = max(reps // BLOCKS, 1)
     for name in loops:
@@ -164,6 +208,8 @@ def measure_interleaved(loops: dict[str, Callable[[int], object]], natives: set[
                      "steady_cpu_us": statistics.median(cpus[name]),
                      "burst_rounds_us": [round(v * 1e6, 4) for v in values],
                      "block_us": [statistics.median(values[i:i + block]) * 1e6 for i in range(0, reps, block)]}
+        if name in adjacent_walls:
+            out[name]["adjacent_rounds_us"] = adjacent_walls[name]
     return out
 
 
@@ -410,10 +456,9 @@ def evaluate(results: dict, errors: dict, smoke: bool, default: tuple[str, str] 
         return DEFAULT if (entry, convention) == default else f"cuproc prepared ({entry}, {convention})"
 
     spread: dict[str, Any] = {}
-    bindings_rows = [b for b in (BINDINGS, BINDINGS_EX) if b in results]
-    fastest_bindings = min(bindings_rows, key=lambda b: results[b]["burst_us"]) if bindings_rows else None
-    if fastest_bindings and DEFAULT in results:
-        theirs, ours = results[fastest_bindings], results[DEFAULT]
+    against = fastest_bindings({k: v["burst_us"] for k, v in results.items()})
+    if against and DEFAULT in results:
+        theirs, ours = results[against], results[DEFAULT]
         bursts_theirs, bursts_ours = theirs["burst_rounds_us"], ours["burst_rounds_us"]
         block = max(len(bursts_ours) // BLOCKS, 1)
         # cuda.bindings' time over ours, less 1: within each block of bursts (paired per burst round),
@@ -428,7 +473,7 @@ def evaluate(results: dict, errors: dict, smoke: bool, default: tuple[str, str] 
         steady_block = max(len(steady_ours) // BLOCKS, 1)
         steady_block_leads = [lead_of(steady_theirs[i:i + steady_block], steady_ours[i:i + steady_block])
                               for i in range(0, len(steady_ours), steady_block)]
-        spread = {"against": fastest_bindings, "lead": lead_of(bursts_theirs, bursts_ours),
+        spread = {"against": against, "lead": lead_of(bursts_theirs, bursts_ours),
                   "block_leads": block_leads, "spread": max(block_leads) - min(block_leads),
                   "steady_round_leads": round_leads, "steady_lead": statistics.median(round_leads),
                   "steady_spread": max(round_leads) - min(round_leads),
@@ -441,6 +486,14 @@ def evaluate(results: dict, errors: dict, smoke: bool, default: tuple[str, str] 
             floor_leads = [t / f - 1 for t, f in zip(steady_theirs, results[floor]["steady_rounds_us"])]
             spread["floor_steady"] = {"row": floor, "lead": statistics.median(floor_leads),
                                       "spread": max(floor_leads) - min(floor_leads), "smallest": min(floor_leads)}
+        # The adjacent rounds (the three rows alone, A B C C B A): the same rule, and the C loop's reading
+        if ours.get("adjacent_rounds_us") and theirs.get("adjacent_rounds_us"):
+            leads = [t / o - 1 for t, o in zip(theirs["adjacent_rounds_us"], ours["adjacent_rounds_us"])]
+            spread["adjacent"] = {"leads": leads, "lead": statistics.median(leads), "spread": max(leads) - min(leads)}
+            if results.get(floor, {}).get("adjacent_rounds_us"):
+                leads = [t / f - 1 for t, f in zip(theirs["adjacent_rounds_us"], results[floor]["adjacent_rounds_us"])]
+                spread["adjacent"]["floor"] = {"row": floor, "lead": statistics.median(leads),
+                                               "spread": max(leads) - min(leads), "smallest": min(leads)}
     for col in COLUMNS:
         tag = "burst" if col == "burst_us" else "steady"
         goals.check(f"{tag}: prepared launch <= 1.20x the same-entry C loop (issue 9)", ratio(DEFAULT, col), 1.20,
@@ -469,6 +522,19 @@ def evaluate(results: dict, errors: dict, smoke: bool, default: tuple[str, str] 
         # ... and one that no slow round of theirs can fail: ahead in every round (the smallest lead)
         goals.check(f"{tag}: prepared launch (default) ahead of cuda.bindings' fastest row in every one of the "
                     f"{where}: smallest lead", min(leads) if leads else None, 0.0, at_most=False, why_not=why_lead)
+        if col == "steady_us":
+            # The same rule over the adjacent rounds, where the two rows run back to back in mirrored order
+            near = spread.get("adjacent")
+            said = (f"median lead {near['lead'] * 100:.1f}%, range {near['spread'] * 100:.1f}% over "
+                    f"{len(near['leads'])} rounds, behind in {sum(x <= 0 for x in near['leads'])}" if near else
+                    "no adjacent rounds")
+            goals.check(f"steady, adjacent rounds (the two rows and the C loop alone, A B C C B A): prepared launch "
+                        f"(default) ahead of cuda.bindings' fastest row by more than the run-to-run spread ({said}): "
+                        "median lead minus range", near["lead"] - near["spread"] if near else None, 0.0,
+                        at_most=False, why_not=why_lead or (None if near else "no adjacent rounds in this run"))
+            goals.check("steady, adjacent rounds: prepared launch (default) ahead of cuda.bindings' fastest row in "
+                        "every round: smallest lead", min(near["leads"]) if near else None, 0.0, at_most=False,
+                        why_not=why_lead or (None if near else "no adjacent rounds in this run"))
         peers = [k for k in results if not k.startswith(("cuproc", "bare", "C loop"))]
         leads_over = [r for k in peers if (r := over(k, DEFAULT, col)) is not None]
         goals.check(f"{tag}: prepared launch faster than every peer in this run (fastest peer / ours)",
@@ -486,6 +552,14 @@ def evaluate(results: dict, errors: dict, smoke: bool, default: tuple[str, str] 
         goals.fast_only(f"{tag}: fast path: one-shot with a signature <= 1.25x the same-entry C loop",
                         ratio(ONE_SHOT_SIG, col), 1.25)
     return goals, spread
+
+
+def control_note(reading: str, f: dict, against: str) -> str:
+    """The lead rule read for the default launch's own C loop (``f``), for information: what the rule gives
+    a launcher with no Python in it, on this host in this run."""
+    return (f"{reading} for the {f['row']} against {against}, for information (a launcher with no Python in it): "
+            f"median lead {f['lead'] * 100:.1f}%, range {f['spread'] * 100:.1f}%, median lead minus range "
+            f"{(f['lead'] - f['spread']) * 100:.1f}%, smallest lead {f['smallest'] * 100:.1f}%")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -506,7 +580,8 @@ def main(argv: list[str] | None = None) -> int:
         import cuproc.launch
         front = getattr(cuproc.launch.launch, "taken", None)   # the one-shot C front's count (fast path only)
         timing_notes: list[str] = []
-        results = measure_interleaved(loops, natives, sync, burst_size, reps, steady, errors, timing_notes)
+        pick = (lambda medians: adjacent_rows(medians, (default.entry, default.convention)))
+        results = measure_interleaved(loops, natives, sync, burst_size, reps, steady, errors, timing_notes, pick)
         if front is not None:
             front = cuproc.launch.launch.taken - front
         close()
@@ -552,12 +627,16 @@ def main(argv: list[str] | None = None) -> int:
                      f" (range {spread['steady_block_spread'] * 100:.1f}%, for information: the goal reads the range "
                      "over single rounds); per steady round " +
                      ", ".join(f"{x * 100:.1f}%" for x in spread["steady_round_leads"]))
+        if "adjacent" in spread:
+            near = spread["adjacent"]
+            rows_run = "; ".join(k for k, v in results.items() if "adjacent_rounds_us" in v)
+            notes.append(f"adjacent steady rounds ({ADJACENT_ROUNDS}, each of {rows_run} run in an order and its "
+                         "reverse, a row's time the mean of its two runs): prepared vs "
+                         f"{spread['against']} per round " + ", ".join(f"{x * 100:.1f}%" for x in near["leads"]))
+            if "floor" in near:
+                notes.append(control_note("the adjacent rounds' reading", near["floor"], spread["against"]))
         if "floor_steady" in spread:
-            f = spread["floor_steady"]
-            notes.append(f"the same steady reading for the {f['row']} against {spread['against']}, for information "
-                         f"(a launcher with no Python in it): median lead {f['lead'] * 100:.1f}%, range "
-                         f"{f['spread'] * 100:.1f}%, median lead minus range {(f['lead'] - f['spread']) * 100:.1f}%, "
-                         f"smallest lead {f['smallest'] * 100:.1f}%")
+            notes.append(control_note("the same steady reading", spread["floor_steady"], spread["against"]))
     args.out.mkdir(parents=True, exist_ok=True)
     plot = plot_bars(args.out / "bench_launch.png", f"Launch overhead, {data['machine'].get('gpu')}, "
                      f"{data['machine']['date']}, {data['machine']['cuproc_path']}",

@@ -152,10 +152,27 @@ def child_ms(code: str, runs: int = 15, env: dict | None = None) -> float:
     return statistics.median(values)
 
 
+def source_commit() -> str | None:
+    """The commit the benchmark ran on: ``CUPROC_BENCH_COMMIT`` (the device gets a copy of the work tree
+    without .git, so the caller passes it), else git's HEAD with ``+changes`` for a dirty tree, else None."""
+    given = os.environ.get("CUPROC_BENCH_COMMIT", "").strip()
+    if given:
+        return given
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+changes" if dirty else "") if head else None
+
+
 def machine() -> dict[str, Any]:
     info: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
                             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                            "cpu": platform.processor() or platform.machine(), "cuproc_path": fast_path_status()}
+                            "cpu": platform.processor() or platform.machine(), "cuproc_path": fast_path_status(),
+                            "commit": source_commit()}
     try:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
                               "--format=csv,noheader"], capture_output=True, text=True, check=True)
@@ -280,7 +297,8 @@ def write_results(out_dir: Path, name: str, data: dict[str, Any], table: list[li
     m = data["machine"]
     widths = [max(len(str(r[i])) for r in [header, *table]) for i in range(len(header))]
     host = f"machine: GPU {m.get('gpu')}; CPU {m.get('cpu')}; Python {m['python']}; {m['platform']}"
-    lines = [f"# {name}", "", f"date: {m['date']}", host, f"cuproc path: {m['cuproc_path']}", ""]
+    lines = [f"# {name}", "", f"date: {m['date']}", host, f"cuproc path: {m['cuproc_path']}",
+             f"source: {m.get('commit') or 'unknown commit'}", ""]
     if data.get("smoke"):
         lines += ["SMOKE RUN on the fake driver: the numbers mean nothing; C floors and peers skipped.", ""]
     lines += ["## Goals", "", *goals.lines(), "", "## Results", ""]

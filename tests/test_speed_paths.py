@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import shutil
+import statistics
 import struct
 import sys
 import threading
@@ -550,6 +551,74 @@ def test_launch_rounds_warm_up_before_pinning_and_take_a_new_order_each_round(mo
         first, second = steady[6 * r:6 * r + 3], steady[6 * r + 3:6 * r + 6]
         assert first == bench_launch.round_order(names, r)
         assert sorted(second) == names and second[0] != first[-1]
+
+
+def test_adjacent_rounds_run_the_picked_rows_alone_in_mirrored_order_and_average_the_two_runs(monkeypatch):
+    """After the steady rounds of every row, the rows the picker names (given each row's median burst) run
+    alone for ADJACENT_ROUNDS rounds, each in round_order's order and then its reverse; a row's round time
+    is the mean of its two runs, so a drift linear in time costs every row of the round the same."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_launch
+    log: list = []
+    clock = [0.0]
+    monkeypatch.setattr(bench_launch.time, "perf_counter", lambda: clock[0])
+    names = ["a", "b", "c", "d"]
+
+    def run(count, n):
+        log.append((n, count))
+        clock[0] += count * 1e-6 * (2.0 if n == "b" else 1.0) + len(log) * 1e-3   # a clock that drifts
+    loops = {n: (lambda count, n=n: run(count, n)) for n in names}
+    given: list = []
+
+    def pick(medians):
+        given.append(sorted(medians))
+        return ["a", "b", "c"]
+    out = bench_launch.measure_interleaved(loops, set(), lambda: None, 4, 3, 8, adjacent=pick)
+    assert given == [names]
+    tail = [n for n, count in log[-6 * bench_launch.ADJACENT_ROUNDS:]]
+    for r in range(bench_launch.ADJACENT_ROUNDS):
+        order = bench_launch.round_order(["a", "b", "c"], r)
+        assert tail[6 * r:6 * r + 6] == order + order[::-1]
+    assert "adjacent_rounds_us" not in out["d"]
+    for r in range(bench_launch.ADJACENT_ROUNDS):
+        a, b, c = (out[n]["adjacent_rounds_us"][r] for n in "abc")
+        assert a == pytest.approx(c) and b > a      # the drift cancels between a and c; b is slower per launch
+
+
+def test_no_adjacent_rounds_without_rows_to_compare(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_launch as b
+    assert b.adjacent_rows({b.DEFAULT: 4.0, "C loop over cuLaunchKernelEx (packed buffer)": 3.9},
+                           ("cuLaunchKernelEx", "buffer")) == []
+    picked = b.adjacent_rows({b.DEFAULT: 4.0, b.BINDINGS: 5.0, b.BINDINGS_EX: 4.8,
+                              "C loop over cuLaunchKernelEx (packed buffer)": 3.9}, ("cuLaunchKernelEx", "buffer"))
+    assert picked == [b.DEFAULT, b.BINDINGS_EX, "C loop over cuLaunchKernelEx (packed buffer)"]
+
+
+@pytest.mark.parametrize(("theirs", "met"), [
+    ([4.4, 4.5, 4.3, 4.4, 4.4], True),     # lead 10%, range 5%
+    ([4.4, 6.0, 4.3, 4.4, 4.4], False),    # one slow round of theirs: range 42.5% > lead
+])
+def test_the_adjacent_rounds_read_the_lead_by_the_same_rule_beside_the_all_row_rounds(theirs, met, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_launch as b
+    ex = ("cuLaunchKernelEx", "buffer")
+    floor = "C loop over cuLaunchKernelEx (packed buffer)"
+    results = _rows(**{floor: [3.9] * 5, b.DEFAULT: [4.0] * 5, b.BINDINGS_EX: [4.4, 7.6, 4.2, 4.4, 4.4]})
+    for name, rounds in ((floor, [3.9] * 5), (b.DEFAULT, [4.0] * 5), (b.BINDINGS_EX, theirs)):
+        results[name]["adjacent_rounds_us"] = rounds
+    goals, spread = b.evaluate(results, {}, False, ex)
+    row = _goal(goals, "steady, adjacent rounds (")
+    lead = statistics.median(t / 4.0 - 1 for t in theirs)
+    assert row["value"] == pytest.approx(lead - (max(theirs) - min(theirs)) / 4.0)
+    assert row["status"] == ("met" if met else "MISSED")
+    assert _goal(goals, "steady, adjacent rounds: ")["status"] == "met"       # ahead in every round
+    assert _goal(goals, "steady: prepared launch (default) ahead of cuda.bindings' fastest row by more")[
+        "status"] == "MISSED"                                                # the all-row rounds' reading stays
+    assert spread["adjacent"]["floor"]["lead"] == pytest.approx(statistics.median(t / 3.9 - 1 for t in theirs))
+    del results[b.DEFAULT]["adjacent_rounds_us"]                            # an older results file
+    goals, _ = b.evaluate(results, {}, False, ex)
+    assert _goal(goals, "steady, adjacent rounds (")["status"].startswith("not evaluated")
 
 
 def test_a_steady_round_keeps_each_rows_faster_run(monkeypatch):

@@ -1,0 +1,62 @@
+"""tools/collect_results.py: a GPU run's benchmark files copied under dated names, plot links following."""
+from __future__ import annotations
+
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from collect_results import collect, main
+
+
+def _run(folder: Path, name: str, *, gpu: str, path: str, date: str = "2026-11-28 03:07 UTC") -> None:
+    machine = {"date": date, "gpu": gpu, "cuproc_path": path}
+    (folder / f"{name}.json").write_text(json.dumps({"machine": machine}))
+    (folder / f"{name}.md").write_text(f"# {name}\n\ntable\n\n![{name}.png]({name}.png)\n")
+    (folder / f"{name}.png").write_bytes(b"\x89PNG")
+
+
+def test_each_file_gets_its_dated_name_and_the_plot_link_follows(tmp_path):
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.mkdir()
+    _run(src, "bench_launch", gpu="NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB", path="compiled fast path")
+    _run(src, "bench_memory", gpu="NVIDIA H200, 580.82.07, 143771 MiB", path="pure Python (cffi ABI mode)")
+    written = collect(src, dest)
+    assert sorted(p.name for p in written) == sorted([
+        "2026-11-28-0307-h100-bench_launch.json", "2026-11-28-0307-h100-bench_launch.md",
+        "2026-11-28-0307-h100-bench_launch.png", "2026-11-28-0307-h200-pure-bench_memory.json",
+        "2026-11-28-0307-h200-pure-bench_memory.md", "2026-11-28-0307-h200-pure-bench_memory.png"])
+    md = (dest / "2026-11-28-0307-h100-bench_launch.md").read_text()
+    assert "![2026-11-28-0307-h100-bench_launch.png](2026-11-28-0307-h100-bench_launch.png)" in md
+    assert "(bench_launch.png)" not in md
+    assert (dest / "2026-11-28-0307-h100-bench_launch.png").read_bytes() == b"\x89PNG"
+
+
+def test_an_existing_result_is_never_overwritten(tmp_path):
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.mkdir()
+    dest.mkdir()
+    _run(src, "bench_launch", gpu="NVIDIA H100 80GB HBM3", path="compiled fast path")
+    (dest / "2026-11-28-0307-h100-bench_launch.md").write_text("earlier\n")
+    with pytest.raises(FileExistsError):
+        collect(src, dest)
+    assert (dest / "2026-11-28-0307-h100-bench_launch.md").read_text() == "earlier\n"
+    assert not (dest / "2026-11-28-0307-h100-bench_launch.json").exists()
+
+
+def test_the_command_reads_gpu_checks_archive_and_refuses_an_unreadable_date(tmp_path, capsys):
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.mkdir()
+    _run(src, "bench_startup", gpu="NVIDIA H100", path="compiled fast path")
+    archive = tmp_path / "gpu_check.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(src, arcname=".")
+    assert main([str(archive), "--dest", str(dest)]) == 0
+    assert (dest / "2026-11-28-0307-h100-bench_startup.md").exists()
+    _run(src, "bench_startup", gpu="NVIDIA H100", path="compiled fast path", date="yesterday")
+    assert main([str(src), "--dest", str(dest)]) == 1
+    assert "yesterday" in capsys.readouterr().err
