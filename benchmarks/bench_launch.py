@@ -33,7 +33,10 @@ adjacent steady rounds of three rows alone -- the default prepared launch, cuda.
 row and the default's C loop -- each round in an order and then its reverse (A B C C B A): in a
 round of every row the two compared rows run up to a second apart, and the C loop itself failed
 the single-round rule there against cuda.bindings (its range wider than its lead), so that reading
-measured the host's slow spells more than the launchers.  Every reading is printed as a goal.
+measured the host's slow spells more than the launchers.  That reading is printed for information,
+not as a goal: it was designed after the all-row reading had missed, so it does not replace it.
+Its rounds take the mean of a row's two runs (the mirrored order cancels a linear drift only in the
+mean), where the all-row rounds keep the faster run; the middle row of an order runs twice back to back.
 
 Every ratio is against the C loop over the SAME entry point and convention as the row (the default
 prepared launch and the one-shot forms use cuLaunchKernelEx with a packed buffer); cuda.bindings is
@@ -486,7 +489,9 @@ def evaluate(results: dict, errors: dict, smoke: bool, default: tuple[str, str] 
             floor_leads = [t / f - 1 for t, f in zip(steady_theirs, results[floor]["steady_rounds_us"])]
             spread["floor_steady"] = {"row": floor, "lead": statistics.median(floor_leads),
                                       "spread": max(floor_leads) - min(floor_leads), "smallest": min(floor_leads)}
-        # The adjacent rounds (the three rows alone, A B C C B A): the same rule, and the C loop's reading
+        # The adjacent rounds (the three rows alone, A B C C B A), for information only: the same rule, and
+        # the C loop's reading.  Not a goal: this reading was designed after the all-row rounds' reading had
+        # missed (as the blocks' was), so it does not replace that goal; planners decide whether it should
         if ours.get("adjacent_rounds_us") and theirs.get("adjacent_rounds_us"):
             leads = [t / o - 1 for t, o in zip(theirs["adjacent_rounds_us"], ours["adjacent_rounds_us"])]
             spread["adjacent"] = {"leads": leads, "lead": statistics.median(leads), "spread": max(leads) - min(leads)}
@@ -522,19 +527,6 @@ def evaluate(results: dict, errors: dict, smoke: bool, default: tuple[str, str] 
         # ... and one that no slow round of theirs can fail: ahead in every round (the smallest lead)
         goals.check(f"{tag}: prepared launch (default) ahead of cuda.bindings' fastest row in every one of the "
                     f"{where}: smallest lead", min(leads) if leads else None, 0.0, at_most=False, why_not=why_lead)
-        if col == "steady_us":
-            # The same rule over the adjacent rounds, where the two rows run back to back in mirrored order
-            near = spread.get("adjacent")
-            said = (f"median lead {near['lead'] * 100:.1f}%, range {near['spread'] * 100:.1f}% over "
-                    f"{len(near['leads'])} rounds, behind in {sum(x <= 0 for x in near['leads'])}" if near else
-                    "no adjacent rounds")
-            goals.check(f"steady, adjacent rounds (the two rows and the C loop alone, A B C C B A): prepared launch "
-                        f"(default) ahead of cuda.bindings' fastest row by more than the run-to-run spread ({said}): "
-                        "median lead minus range", near["lead"] - near["spread"] if near else None, 0.0,
-                        at_most=False, why_not=why_lead or (None if near else "no adjacent rounds in this run"))
-            goals.check("steady, adjacent rounds: prepared launch (default) ahead of cuda.bindings' fastest row in "
-                        "every round: smallest lead", min(near["leads"]) if near else None, 0.0, at_most=False,
-                        why_not=why_lead or (None if near else "no adjacent rounds in this run"))
         peers = [k for k in results if not k.startswith(("cuproc", "bare", "C loop"))]
         leads_over = [r for k in peers if (r := over(k, DEFAULT, col)) is not None]
         goals.check(f"{tag}: prepared launch faster than every peer in this run (fastest peer / ours)",
@@ -630,9 +622,12 @@ def main(argv: list[str] | None = None) -> int:
         if "adjacent" in spread:
             near = spread["adjacent"]
             rows_run = "; ".join(k for k, v in results.items() if "adjacent_rounds_us" in v)
-            notes.append(f"adjacent steady rounds ({ADJACENT_ROUNDS}, each of {rows_run} run in an order and its "
-                         "reverse, a row's time the mean of its two runs): prepared vs "
-                         f"{spread['against']} per round " + ", ".join(f"{x * 100:.1f}%" for x in near["leads"]))
+            notes.append(f"adjacent steady rounds, for information, not a goal ({ADJACENT_ROUNDS}, each of {rows_run} "
+                         "run in an order and its reverse, a row's time the mean of its two runs): prepared vs "
+                         f"{spread['against']}: median lead {near['lead'] * 100:.1f}%, range "
+                         f"{near['spread'] * 100:.1f}%, median lead minus range "
+                         f"{(near['lead'] - near['spread']) * 100:.1f}%, smallest lead {min(near['leads']) * 100:.1f}%; "
+                         "per round " + ", ".join(f"{x * 100:.1f}%" for x in near["leads"]))
             if "floor" in near:
                 notes.append(control_note("the adjacent rounds' reading", near["floor"], spread["against"]))
         if "floor_steady" in spread:

@@ -198,14 +198,20 @@ class Resource:
             report(f"releasing {self.describe()} at collection raised {exc!r}")
             return
         if rc:
-            try:
-                message = str(self.driver.error(rc, self._release_call))
-            except Exception:  # noqa: BLE001 - error reporting must not hide the failure
-                message = f"{self._release_call} returned CUresult {rc}"
-            report(f"{self.describe()} was dropped without close() and releasing it failed: {message}")
+            report(f"{self.describe()} was dropped without close() and releasing it failed: "
+                   f"{failure_text(self.driver, rc, self._release_call)}")
 
     def __reduce__(self) -> Any:
         raise TypeError(f"a {type(self).__name__} holds a driver handle and cannot be pickled")
+
+
+def failure_text(driver: Any, rc: int, call: str) -> str:
+    """What a finalizer says about ``call`` answering ``rc``: the driver's name and text for the code, or,
+    when describing it fails in turn, the bare code -- error reporting never hides the failure."""
+    try:
+        return str(driver.error(rc, call))
+    except Exception:  # noqa: BLE001 - the code itself is what must not be lost
+        return f"{call} returned CUresult {rc}"
 
 
 def report(message: str, _finalizing: Any = sys.is_finalizing, _warn: Any = _warn_function) -> None:

@@ -34,7 +34,7 @@ import weakref
 
 from . import _fork
 from ._ffi import ffi
-from ._resource import FORKED, Resource, report
+from ._resource import FORKED, Resource, failure_text, report
 from ._support import arity, get_driver, handle_int, invalid
 from .device import Device
 from .driver import Driver
@@ -321,16 +321,8 @@ class Context(Resource):
         return rc
 
     def pushed(self, function: Callable[..., int], *args: Any) -> int:
-        """``function(*args)`` with this context pushed and popped again: the one place cuproc changes a
-        thread's stack, and leaves it as it was.  A failed push returns its own code."""
-        drv = self.driver
-        rc = drv.cuCtxPushCurrent(self.handle)
-        if rc:
-            return rc
-        try:
-            return function(*args)
-        finally:
-            drv.cuCtxPopCurrent(_popped())
+        """``function(*args)`` with this context pushed and popped again (:func:`with_pushed`)."""
+        return with_pushed(self.driver, self.handle, function, *args)
 
     def call_current(self, function: Callable[..., int], *args: Any) -> int:
         """``function(*args)`` with this context current, for calls that act on whatever context is
@@ -430,6 +422,28 @@ class Context(Resource):
     def __repr__(self) -> str:
         state = self.ended or self.kind
         return f"<cuproc.Context {handle_int(self.handle):#x} {state}>"
+
+
+def with_pushed(drv: Driver, handle: Any, function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)`` with ``handle`` pushed on this thread's context stack and popped again: the one
+    place cuproc changes a thread's stack, and leaves it as it was.
+
+    A failed push raises its own error (cuCtxPushCurrent), not the code of the call it was for: raised
+    under that call's name, it blamed the wrong function and gave the wrong advice.  A failed pop
+    raises its own error once the call is done (the thread's stack is then not as it was); where the
+    call itself raised, its exception stands."""
+    rc = drv.cuCtxPushCurrent(handle)
+    if rc:
+        raise drv.error(rc, "cuCtxPushCurrent")
+    try:
+        result = function(*args)
+    except BaseException:
+        drv.cuCtxPopCurrent(_popped())
+        raise
+    rc = drv.cuCtxPopCurrent(_popped())
+    if rc:
+        raise drv.error(rc, "cuCtxPopCurrent")
+    return result
 
 
 def synchronize_context(context: Context) -> int:
@@ -548,10 +562,11 @@ class PrimaryRetains:
             count, self.count = self.count, 0
             if not count or _forked[0]:
                 return
-            for _ in range(count):
+            for given in range(count):
                 rc = self.driver.cuDevicePrimaryCtxRelease(self.device)
-                if rc:
-                    report(f"releasing a dropped primary context retain failed: {self.driver.error(rc, 'cuDevicePrimaryCtxRelease')}")
+                if rc:   # the rest would fail alike: say how many are left to the process exit
+                    report(f"releasing a dropped primary context retain failed ({count - given} of {count} not "
+                           f"released): {failure_text(self.driver, rc, 'cuDevicePrimaryCtxRelease')}")
                     return
         except Exception as exc:  # noqa: BLE001 - a finalizer never raises
             report(f"releasing a dropped primary context retain raised {exc!r}")
@@ -716,13 +731,7 @@ def _context_device(drv: Driver, handle: Any, out: Any) -> int:
     """cuCtxGetDevice for ``handle``: the 13.0 ABI names the context, older ones read the current one."""
     if arity(drv, "cuCtxGetDevice") == 2:
         return drv.cuCtxGetDevice(out, handle)
-    rc = drv.cuCtxPushCurrent(handle)      # a raw handle (no Context object yet): Context.pushed's steps
-    if rc:
-        return rc
-    try:
-        return drv.cuCtxGetDevice(out)
-    finally:
-        drv.cuCtxPopCurrent(_popped())
+    return with_pushed(drv, handle, drv.cuCtxGetDevice, out)   # a raw handle: no Context object yet
 
 
 def _enum(ctype: str, prefix: str, value: str | int) -> int:

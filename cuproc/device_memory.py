@@ -314,9 +314,9 @@ if _make_stream_ordered is not None:
               Stream.context, Stream.handle, DeviceBuffer.claim_key)
     _front_alloc, _front_free, _front_del = _make_stream_ordered(
         _python_alloc_async, _c_alloc_failed,
-        fastpath.pointer_reader("PFN_cuMemAllocAsync_v11020"),
+        fastpath.pointer_reader(fastpath.FRONT_TYPEDEFS["cuMemAllocAsync"]),
         DeviceBuffer.free_async, _c_free_failed,
-        fastpath.pointer_reader("PFN_cuMemFreeAsync_v11020"), Resource.__del__,
+        fastpath.pointer_reader(fastpath.FRONT_TYPEDEFS["cuMemFreeAsync"]), Resource.__del__,
         Stream, DeviceBuffer, Context, ffi.typeof("CUstream"), FORKED, EXPORTS, "freed", _slots)
     alloc_async = fastpath.dressed(_front_alloc, _python_alloc_async)  # type: ignore[assignment]
     DeviceBuffer.free_async = fastpath.dressed(  # type: ignore[method-assign]

@@ -201,7 +201,9 @@ _fork.on_fork_in_child(_forget_after_fork)
 
 
 def forked_error(call: str) -> errors.ForkedProcessError:
-    """The refusal every cuproc callable gives in a child forked after CUDA was initialized."""
+    """The refusal cuproc's objects, checked calls and lazily resolved names give in a child forked after
+    CUDA was initialized.  A raw C function taken before the fork (``drv.cuX`` or ``cuproc.driver.cuX``
+    held in a variable) is the driver's own function and is not guarded (see the README's fork note)."""
     return errors.ForkedProcessError(errors.result_code("CUDA_ERROR_NOT_INITIALIZED"), call, hint=errors.FORK_HINT)
 
 

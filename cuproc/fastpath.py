@@ -127,6 +127,15 @@ def ask_all() -> Callable[..., int] | None:
     return None if compiled is None else getattr(compiled.lib, "cuproc_ask_all", None)
 
 
+#: The C type through which each compiled front calls its driver function (tools/fastpath_launch.c,
+#: tools/fastpath_memory.c cast to these): a name resolved to another ABI variant keeps its Python path.
+#: Kept here, beside the compiled module, so that the object layer names no ABI version.
+FRONT_TYPEDEFS = {"cuLaunchKernel": "PFN_cuLaunchKernel_v4000",
+                  "cuLaunchKernelEx": "PFN_cuLaunchKernelEx_v11060",
+                  "cuMemAllocAsync": "PFN_cuMemAllocAsync_v11020",
+                  "cuMemFreeAsync": "PFN_cuMemFreeAsync_v11020"}
+
+
 def pointer_value(function: Any, typedef: str) -> int | None:
     """The address :func:`pointer` of ``function`` calls, when it is a driver pointer of ``typedef``'s
     C type; else None (an Unavailable, a Python stand-in): what the C fronts of the fast path call

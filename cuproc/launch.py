@@ -544,10 +544,6 @@ def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any, cach
     return launch
 
 
-_COMPILED_ENTRY_TYPEDEFS = {"cuLaunchKernel": "PFN_cuLaunchKernel_v4000",
-                            "cuLaunchKernelEx": "PFN_cuLaunchKernelEx_v11060"}
-
-
 def _compiled_kinds(prepared: PreparedLaunch) -> bytes | None:
     """The C launcher's kind per argument, or None where it does not apply: no fast path, a vector
     or struct argument, or an entry resolved with another signature than the launcher calls."""
@@ -561,7 +557,8 @@ def _compiled_kinds(prepared: PreparedLaunch) -> bytes | None:
             return None
         kinds.append(kind)
     res = prepared.driver.resolution(prepared.entry)
-    if res.function is None or ffi.typeof(res.typedef) is not ffi.typeof(_COMPILED_ENTRY_TYPEDEFS[prepared.entry]):
+    compiled_for = fastpath.FRONT_TYPEDEFS[prepared.entry]
+    if res.function is None or ffi.typeof(res.typedef) is not ffi.typeof(compiled_for):
         return None
     return bytes(kinds)
 

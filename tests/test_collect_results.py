@@ -42,10 +42,20 @@ def test_an_existing_result_is_never_overwritten(tmp_path):
     dest.mkdir()
     _run(src, "bench_launch", gpu="NVIDIA H100 80GB HBM3", path="compiled fast path")
     (dest / "2026-11-28-0307-h100-bench_launch.md").write_text("earlier\n")
+    _run(src, "bench_driver", gpu="NVIDIA H100 80GB HBM3", path="compiled fast path")   # sorts first
     with pytest.raises(FileExistsError):
         collect(src, dest)
     assert (dest / "2026-11-28-0307-h100-bench_launch.md").read_text() == "earlier\n"
-    assert not (dest / "2026-11-28-0307-h100-bench_launch.json").exists()
+    assert sorted(p.name for p in dest.iterdir()) == ["2026-11-28-0307-h100-bench_launch.md"]   # nothing copied
+
+
+@pytest.mark.parametrize(("gpu", "kind"), [("NVIDIA GH200 480GB, 580.1, 97871 MiB", "gh200"), ("NVIDIA L40S", "l40s"),
+                                           ("NVIDIA A100-SXM4-80GB", "a100"), (None, "nogpu")])
+def test_the_gpu_tag_is_the_models_first_word_with_a_digit(tmp_path, gpu, kind):
+    src = tmp_path / "src"
+    src.mkdir()
+    _run(src, "bench_memory", gpu=gpu, path="compiled fast path")
+    assert collect(src, tmp_path / "dest")[0].name.startswith(f"2026-11-28-0307-{kind}-bench_memory")
 
 
 def test_the_command_reads_gpu_checks_archive_and_refuses_an_unreadable_date(tmp_path, capsys):

@@ -978,3 +978,14 @@ def test_install_without_a_working_compiler_succeeds_with_one_notice(tmp_path):
     probe = run_python("import cuproc.fastpath as f; print(f.active(), f.status())", copy=tmp_path,
                        CUPROC_PURE_PYTHON="0")
     assert probe.stdout.startswith("False off: the compiled module cuproc._fastpath_c is not built"), probe.stderr
+
+
+def test_the_fronts_typedefs_are_the_ones_the_c_sources_call_through():
+    """fastpath.FRONT_TYPEDEFS (what the object layer checks a resolved function against before a C front
+    calls it) names exactly the PFN_ types the C fronts cast their function pointers to."""
+    casts = set()
+    for source in ("fastpath_launch.c", "fastpath_memory.c"):
+        casts |= set(re.findall(r"\(\((PFN_\w+)\)", (ROOT / "tools" / source).read_text()))
+    assert casts == set(fastpath.FRONT_TYPEDEFS.values())
+    for name, typedef in fastpath.FRONT_TYPEDEFS.items():
+        assert typedef.startswith(f"PFN_{name}_v")

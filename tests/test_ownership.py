@@ -690,3 +690,54 @@ def test_a_failing_finalizer_is_visible_by_default(fk, tmp_path):
         """)
     proc = run_python(code)
     assert "CudaWarning" in proc.stderr and "cuMemFree" in proc.stderr
+
+
+@pytest.mark.parametrize("code", [201, 999])   # CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_UNKNOWN
+def test_a_failed_push_for_another_context_is_reported_as_the_push(fk, pc, code):
+    """Work for a context that is not current pushes it first; when that push fails, the error names
+    cuCtxPushCurrent and its own code, not the call it was for, and the thread's stack is untouched."""
+    other = Context.create(0)
+    pc.context.set_current()
+    for work, call in ((lambda: DeviceBuffer(16, context=other), "cuMemAlloc"),
+                       (lambda: other.get_limit("STACK_SIZE"), "cuCtxGetLimit")):
+        fk.fail("cuCtxPushCurrent", code)
+        with pytest.raises(CudaError) as info:
+            work()
+        assert (info.value.call, info.value.code) == ("cuCtxPushCurrent", code), call
+        assert Context.current().handle == pc.context.handle
+    with DeviceBuffer(16, context=other) as buf:         # the push works again: so does the work
+        assert buf.context is other
+    assert Context.current().handle == pc.context.handle
+    other.destroy()
+
+
+def test_a_failed_pop_after_work_in_another_context_is_reported(fk, pc):
+    other = Context.create(0)
+    pc.context.set_current()
+    fk.fail("cuCtxPopCurrent", 999)
+    with pytest.raises(CudaError) as info:
+        other.get_limit("STACK_SIZE")
+    assert (info.value.call, info.value.code) == ("cuCtxPopCurrent", 999)
+    cuproc.driver.default_driver().checked.cuCtxPopCurrent(cuproc.ffi.new("CUcontext *"))   # what the failed pop left
+    other.destroy()
+
+
+def test_a_dropped_primary_retain_that_fails_to_release_keeps_its_code_when_describing_it_fails(fk, monkeypatch):
+    """The finalizer's report names the failed call and its code even when making the driver's error
+    raises in turn, and says how many retains were left."""
+    drv = cuproc.driver.default_driver()
+    pc = cuproc.use_device(0)
+    pc.retain()
+    drv.cuCtxSetCurrent(cuproc.ffi.NULL)
+
+    def broken(*args, **kw):
+        raise RuntimeError("error reporting broke")
+    monkeypatch.setattr(drv, "error", broken)
+    fk.fail("cuDevicePrimaryCtxRelease", 700)
+    with pytest.warns(CudaWarning) as record:
+        del pc
+        gc.collect()
+    monkeypatch.undo()
+    text = " ".join(str(w.message) for w in record if issubclass(w.category, CudaWarning))
+    assert "cuDevicePrimaryCtxRelease" in text and "700" in text and "2 of 2" in text, text
+    assert drv.cuDevicePrimaryCtxRelease(0) == 0 and drv.cuDevicePrimaryCtxRelease(0) == 0   # both still held

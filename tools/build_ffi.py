@@ -27,6 +27,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import cffi
 
@@ -68,15 +69,18 @@ def cdef_source(headers: Path) -> str:
     return "".join((headers / name).read_text() for name in HEADER_ORDER)
 
 
-def build_abi_module(headers: Path, out_dir: Path) -> Path:
+def abi_module_text(headers: Path) -> str:
+    """The source of cuproc/_cffi_abi.py: cffi's out-of-line ABI module of headers/."""
     ffi = cffi.FFI()
     ffi.cdef(cdef_source(headers))
     ffi.set_source("cuproc._cffi_abi", None)
-    target = out_dir / "_cffi_abi.py"
     with tempfile.TemporaryDirectory() as tmp:
-        generated = Path(ffi.compile(tmpdir=tmp))
-        text = generated.read_text()
-    target.write_text(text)
+        return Path(ffi.compile(tmpdir=tmp)).read_text()
+
+
+def build_abi_module(headers: Path, out_dir: Path) -> Path:
+    target = out_dir / "_cffi_abi.py"
+    target.write_text(abi_module_text(headers))
     (out_dir / "_abi_digest.py").write_text(_digests().abi_digest_module(target.read_bytes()))
     return target
 
@@ -117,8 +121,12 @@ def _enumerators(headers: Path) -> dict[str, int]:
     enum typedef's in ``ffi.list_types()`` order).  Its own module (``_header_enums``), read only by
     ``constants()``: asking the ffi realized every typedef there (about 1 ms of a first
     ``cuproc.driver`` function), and ``_header_data`` is on the way to a first allocation."""
-    ffi = cffi.FFI()
-    ffi.cdef(cdef_source(headers))
+    # The out-of-line module's ffi, made in memory: its typeof() reads the precompiled type tables, where
+    # an in-line FFI parses a declaration of every typedef again for each query (about two minutes for
+    # the 1,147 typedefs, of every run of tests/test_headers.py)
+    namespace: dict[str, Any] = {}
+    exec(compile(abi_module_text(headers), "_cffi_abi.py", "exec"), namespace)
+    ffi = namespace["ffi"]
     out: dict[str, int] = {}
     for name in ffi.list_types()[0]:
         ctype = ffi.typeof(name)

@@ -30,22 +30,25 @@ def dated_stem(data: dict, name: str) -> str:
     date = re.fullmatch(r"(\d{4}-\d\d-\d\d) (\d\d):(\d\d) UTC", m["date"])
     if date is None:
         raise ValueError(f"{name}.json: date {m['date']!r} is not 'YYYY-MM-DD HH:MM UTC'")
-    gpu = re.search(r"\b([A-Z]\d{2,4})\b", m.get("gpu") or "")
-    kind = gpu.group(1).lower() if gpu else "nogpu"
+    model = (m.get("gpu") or "").split(",")[0]       # "NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB"
+    kind = next((t.lower() for t in re.split(r"[\s-]+", model) if re.search(r"\d", t)), "nogpu")
     pure = "-pure" if str(m.get("cuproc_path", "")).startswith("pure") else ""
     return f"{date.group(1)}-{date.group(2)}{date.group(3)}-{kind}{pure}-{name}"
 
 
 def collect(source: Path, dest: Path = RESULTS) -> list[Path]:
     """Copy every ``bench_*.json`` in ``source`` with its ``.md`` and ``.png`` into ``dest`` under dated names."""
-    written: list[Path] = []
+    plan: list[tuple[str, str, dict[str, Path]]] = []      # every name is checked before anything is written
     for js in sorted(source.glob("bench_*.json")):
         name = js.stem
         stem = dated_stem(json.loads(js.read_text()), name)
-        targets = {ext: dest / f"{stem}.{ext}" for ext in ("json", "md", "png") if (source / f"{name}.{ext}").exists()}
-        taken = [str(t) for t in targets.values() if t.exists()]
-        if taken:
-            raise FileExistsError(f"{', '.join(taken)} exists: not overwritten")
+        plan.append((name, stem, {ext: dest / f"{stem}.{ext}" for ext in ("json", "md", "png")
+                                  if (source / f"{name}.{ext}").exists()}))
+    taken = [str(t) for _, _, targets in plan for t in targets.values() if t.exists()]
+    if taken:
+        raise FileExistsError(f"{', '.join(taken)} exists: nothing copied, nothing overwritten")
+    written: list[Path] = []
+    for name, stem, targets in plan:
         dest.mkdir(parents=True, exist_ok=True)
         for ext, target in targets.items():
             if ext == "md":
@@ -67,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         source = args.source
         if source.is_file():
             with tarfile.open(source) as tar:
-                tar.extractall(tmp, filter="data")
+                if hasattr(tarfile, "data_filter"):       # Python 3.10.12 / 3.11.4 and newer
+                    tar.extractall(tmp, filter="data")
+                else:                                     # older: only plain files and folders are taken
+                    tar.extractall(tmp, members=[m for m in tar.getmembers() if m.isfile() or m.isdir()])
             source = Path(tmp)
         try:
             written = collect(source, args.dest)
