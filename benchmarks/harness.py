@@ -159,6 +159,10 @@ def source_commit() -> str | None:
     if given:
         return given
     try:
+        top = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        if Path(top).resolve() != ROOT.resolve():     # a copy without .git inside another repository
+            return None
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],

@@ -38,7 +38,7 @@ from ._resource import FORKED, Resource, failure_text, report
 from ._support import arity, get_driver, handle_int, invalid
 from .device import Device
 from .driver import Driver
-from .errors import InvalidContextError, refusal, result_code
+from .errors import CudaError, InvalidContextError, refusal, result_code
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
@@ -317,7 +317,7 @@ class Context(Resource):
                 try:
                     rc = function(*args)
                 finally:
-                    drv.cuCtxPopCurrent(_popped())
+                    pop_pushed(drv)
         return rc
 
     def pushed(self, function: Callable[..., int], *args: Any) -> int:
@@ -425,25 +425,28 @@ class Context(Resource):
 
 
 def with_pushed(drv: Driver, handle: Any, function: Callable[..., Any], *args: Any) -> Any:
-    """``function(*args)`` with ``handle`` pushed on this thread's context stack and popped again: the one
-    place cuproc changes a thread's stack, and leaves it as it was.
+    """``function(*args)`` with ``handle`` pushed on this thread's context stack and popped again
+    (:func:`pop_pushed`), leaving the stack as it was.
 
     A failed push raises its own error (cuCtxPushCurrent), not the code of the call it was for: raised
-    under that call's name, it blamed the wrong function and gave the wrong advice.  A failed pop
-    raises its own error once the call is done (the thread's stack is then not as it was); where the
-    call itself raised, its exception stands."""
+    under that call's name, it blamed the wrong function and gave its advice."""
     rc = drv.cuCtxPushCurrent(handle)
     if rc:
         raise drv.error(rc, "cuCtxPushCurrent")
     try:
-        result = function(*args)
-    except BaseException:
-        drv.cuCtxPopCurrent(_popped())
-        raise
+        return function(*args)
+    finally:
+        pop_pushed(drv)
+
+
+def pop_pushed(drv: Driver) -> None:
+    """Pop the context cuproc pushed for one call (:func:`with_pushed`, :meth:`Context.rebind`).  A failed
+    pop is a :class:`CudaWarning`, not an exception: the call has run by then (an allocation made, a kernel
+    queued), and raising would lose what it made, or invite a retry that runs it twice."""
     rc = drv.cuCtxPopCurrent(_popped())
     if rc:
-        raise drv.error(rc, "cuCtxPopCurrent")
-    return result
+        report(f"popping the context pushed for a call failed; this thread's context stack keeps it on top: "
+               f"{failure_text(drv, rc, 'cuCtxPopCurrent')}")
 
 
 def synchronize_context(context: Context) -> int:
@@ -693,7 +696,11 @@ class PrimaryContext:
                 for known in list(_known.values()):
                     if known.ended is None and known.driver is self.driver and known.kind != CREATED:
                         dev = ffi.new("CUdevice *")
-                        if _context_device(self.driver, known.handle, dev) == 0 and dev[0] == r.device:
+                        try:
+                            found = _context_device(self.driver, known.handle, dev) == 0 and dev[0] == r.device
+                        except CudaError:   # a context that cannot be made current (destroyed elsewhere)
+                            continue
+                        if found:
                             ctx = known
             else:
                 ctx = r.known_context()

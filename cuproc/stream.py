@@ -26,7 +26,7 @@ import weakref
 
 from . import _fork
 from ._ffi import ffi
-from ._resource import Resource
+from ._resource import Resource, report
 from ._immortal import keep_forever
 from ._support import CUDA_ERROR_NOT_READY, arity, get_driver, handle_int, invalid
 from .context import Context
@@ -156,9 +156,13 @@ def order_after(context: Context, waiter: Any, signaller: Any, waiter_context: C
         drv.check(run(drv.cuEventRecord, event, ffi.cast("CUstream", signaller)), "cuEventRecord")
         wait = (waiter_context or context).call_current
         drv.check(wait(drv.cuStreamWaitEvent, ffi.cast("CUstream", waiter), event, 0), "cuStreamWaitEvent")
-    finally:
-        rc = run(drv.cuEventDestroy, event)
-    drv.check(rc, "cuEventDestroy")
+    except BaseException:
+        try:
+            run(drv.cuEventDestroy, event)
+        except Exception as cleanup:  # noqa: BLE001 - the first error stands; the cleanup's is a warning
+            report(f"destroying the event of a failed stream wait failed too: {cleanup}")
+        raise
+    drv.check(run(drv.cuEventDestroy, event), "cuEventDestroy")
 
 
 def stream_context(stream: Stream | Any | None) -> Context | None:

@@ -70,3 +70,11 @@ def test_the_command_reads_gpu_checks_archive_and_refuses_an_unreadable_date(tmp
     _run(src, "bench_startup", gpu="NVIDIA H100", path="compiled fast path", date="yesterday")
     assert main([str(src), "--dest", str(dest)]) == 1
     assert "yesterday" in capsys.readouterr().err
+
+
+def test_an_unreadable_archive_is_refused_with_a_message(tmp_path, capsys):
+    bad = tmp_path / "gpu_check.tar.gz"
+    bad.write_bytes(b"not an archive")
+    assert main([str(bad), "--dest", str(tmp_path / "dest")]) == 1
+    assert str(bad) in capsys.readouterr().err
+    assert not (tmp_path / "dest").exists()

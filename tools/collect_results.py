@@ -69,11 +69,18 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         source = args.source
         if source.is_file():
-            with tarfile.open(source) as tar:
+            try:
+                tar = tarfile.open(source)
+            except tarfile.TarError as exc:
+                print(f"collect_results: {source} is not a readable archive: {exc}", file=sys.stderr)
+                return 1
+            with tar:
                 if hasattr(tarfile, "data_filter"):       # Python 3.10.12 / 3.11.4 and newer
                     tar.extractall(tmp, filter="data")
-                else:                                     # older: only plain files and folders are taken
-                    tar.extractall(tmp, members=[m for m in tar.getmembers() if m.isfile() or m.isdir()])
+                else:                                     # older: plain files and folders inside tmp only
+                    inside = [m for m in tar.getmembers() if (m.isfile() or m.isdir())
+                              and Path(tmp, m.name).resolve().is_relative_to(Path(tmp).resolve())]
+                    tar.extractall(tmp, members=inside)
             source = Path(tmp)
         try:
             written = collect(source, args.dest)
