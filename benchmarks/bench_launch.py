@@ -160,6 +160,16 @@ def measure_interleaved(loops: dict[str, Callable[[int], object]], natives: set[
     bursts: dict[str, list[float]] = {name: [] for name in loops}
     walls: dict[str, list[float]] = {name: [] for name in loops}
     cpus: dict[str, list[float]] = {name: [] for name in loops}
+    def steady_run(name: str) -> tuple[float, float]:
+        """One steady run of ``name``: wall and thread CPU µs per launch, with its collections tagged."""
+        sync()
+        heap.tag = name
+        t, c = time.perf_counter(), time.thread_time()
+        loops[name](steady)
+        sync()
+        heap.tag = None
+        return (time.perf_counter() - t) / steady * 1e6, (time.thread_time() - c) / steady * 1e6
+
     with one_cpu(), frozen_heap() as heap:
         for r in range(reps):
             for name in round_order(names, r):
@@ -172,13 +182,7 @@ def measure_interleaved(loops: dict[str, Callable[[int], object]], natives: set[
                 second = second[1:] + second[:1]
             taken: dict[str, tuple[float, float]] = {}
             for name in first + second:        # each row twice, in two orders: the round keeps the faster
-                sync()
-                heap.tag = name
-                t, c = time.perf_counter(), time.thread_time()
-                loops[name](steady)
-                sync()
-                sample = ((time.perf_counter() - t) / steady * 1e6, (time.thread_time() - c) / steady * 1e6)
-                heap.tag = None
+                sample = steady_run(name)
                 if name not in taken or sample[0] < taken[name][0]:
                     taken[name] = sample
             for name, (wall, cpu) in taken.items():
@@ -190,13 +194,7 @@ def measure_interleaved(loops: dict[str, Callable[[int], object]], natives: set[
             order = round_order(pairs, r)
             runs: dict[str, list[float]] = {name: [] for name in pairs}
             for name in order + order[::-1]:
-                sync()
-                heap.tag = name
-                t = time.perf_counter()
-                loops[name](steady)
-                sync()
-                runs[name].append((time.perf_counter() - t) / steady * 1e6)
-                heap.tag = None
+                runs[name].append(steady_run(name)[0])
             for name, two in runs.items():
                 adjacent_walls[name].append(sum(two) / len(two))
     if notes is not None:
@@ -436,6 +434,13 @@ def lead_of(theirs: list[float], ours: list[float]) -> float:
     return got - 1 if got is not None else float("nan")
 
 
+def lead_reading(theirs: list[float], ours: list[float]) -> dict[str, Any]:
+    """Their time over ours, less 1, in each round (paired), with its median, range and smallest value."""
+    leads = [t / o - 1 for t, o in zip(theirs, ours)]
+    return {"leads": leads, "lead": statistics.median(leads), "spread": max(leads) - min(leads),
+            "smallest": min(leads)}
+
+
 def paired_over(results: dict, name: str, reference: str, col: str) -> float | None:
     """``name``'s time over ``reference``'s in column ``col``, paired within the column's rounds (None
     when either row is missing)."""
@@ -469,7 +474,7 @@ def evaluate(results: dict, errors: dict, smoke: bool, default: tuple[str, str] 
         block_leads = [lead_of(bursts_theirs[i:i + block], bursts_ours[i:i + block])
                        for i in range(0, len(bursts_ours), block)]
         steady_theirs, steady_ours = theirs["steady_rounds_us"], ours["steady_rounds_us"]
-        round_leads = [t / o - 1 for t, o in zip(steady_theirs, steady_ours)]
+        rounds = lead_reading(steady_theirs, steady_ours)
         # The steady rounds in five blocks as well, printed beside the goal for information only: the goal's
         # range stays over single rounds (chosen before these runs; a range over blocks was considered after
         # the goal had missed, so it does not replace it)
@@ -478,27 +483,23 @@ def evaluate(results: dict, errors: dict, smoke: bool, default: tuple[str, str] 
                               for i in range(0, len(steady_ours), steady_block)]
         spread = {"against": against, "lead": lead_of(bursts_theirs, bursts_ours),
                   "block_leads": block_leads, "spread": max(block_leads) - min(block_leads),
-                  "steady_round_leads": round_leads, "steady_lead": statistics.median(round_leads),
-                  "steady_spread": max(round_leads) - min(round_leads),
+                  "steady_round_leads": rounds["leads"], "steady_lead": rounds["lead"],
+                  "steady_spread": rounds["spread"],
                   "steady_block_leads": steady_block_leads,
                   "steady_block_spread": max(steady_block_leads) - min(steady_block_leads)}
         # The same steady reading for the C loop the default launch is measured against, for information: what
         # the rule gives a launcher with no Python in it, on this host in this run
         floor = floor_of(DEFAULT, *default)
         if floor in results:
-            floor_leads = [t / f - 1 for t, f in zip(steady_theirs, results[floor]["steady_rounds_us"])]
-            spread["floor_steady"] = {"row": floor, "lead": statistics.median(floor_leads),
-                                      "spread": max(floor_leads) - min(floor_leads), "smallest": min(floor_leads)}
+            spread["floor_steady"] = {"row": floor, **lead_reading(steady_theirs, results[floor]["steady_rounds_us"])}
         # The adjacent rounds (the three rows alone, A B C C B A), for information only: the same rule, and
         # the C loop's reading.  Not a goal: this reading was designed after the all-row rounds' reading had
         # missed (as the blocks' was), so it does not replace that goal; planners decide whether it should
         if ours.get("adjacent_rounds_us") and theirs.get("adjacent_rounds_us"):
-            leads = [t / o - 1 for t, o in zip(theirs["adjacent_rounds_us"], ours["adjacent_rounds_us"])]
-            spread["adjacent"] = {"leads": leads, "lead": statistics.median(leads), "spread": max(leads) - min(leads)}
+            spread["adjacent"] = lead_reading(theirs["adjacent_rounds_us"], ours["adjacent_rounds_us"])
             if results.get(floor, {}).get("adjacent_rounds_us"):
-                leads = [t / f - 1 for t, f in zip(theirs["adjacent_rounds_us"], results[floor]["adjacent_rounds_us"])]
-                spread["adjacent"]["floor"] = {"row": floor, "lead": statistics.median(leads),
-                                               "spread": max(leads) - min(leads), "smallest": min(leads)}
+                spread["adjacent"]["floor"] = {"row": floor, **lead_reading(theirs["adjacent_rounds_us"],
+                                                                            results[floor]["adjacent_rounds_us"])}
     for col in COLUMNS:
         tag = "burst" if col == "burst_us" else "steady"
         goals.check(f"{tag}: prepared launch <= 1.20x the same-entry C loop (issue 9)", ratio(DEFAULT, col), 1.20,
@@ -626,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
                          "run in an order and its reverse, a row's time the mean of its two runs): prepared vs "
                          f"{spread['against']}: median lead {near['lead'] * 100:.1f}%, range "
                          f"{near['spread'] * 100:.1f}%, median lead minus range "
-                         f"{(near['lead'] - near['spread']) * 100:.1f}%, smallest lead {min(near['leads']) * 100:.1f}%; "
+                         f"{(near['lead'] - near['spread']) * 100:.1f}%, smallest lead {near['smallest'] * 100:.1f}%; "
                          "per round " + ", ".join(f"{x * 100:.1f}%" for x in near["leads"]))
             if "floor" in near:
                 notes.append(control_note("the adjacent rounds' reading", near["floor"], spread["against"]))
