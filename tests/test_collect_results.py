@@ -78,3 +78,24 @@ def test_an_unreadable_archive_is_refused_with_a_message(tmp_path, capsys):
     assert main([str(bad), "--dest", str(tmp_path / "dest")]) == 1
     assert str(bad) in capsys.readouterr().err
     assert not (tmp_path / "dest").exists()
+
+
+def test_the_pure_paths_results_in_pure_come_along_and_two_for_one_name_copy_nothing(tmp_path):
+    """gpu_check's benchpure stage writes the pure path's results into pure/, beside the fast path's."""
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    (src / "pure").mkdir(parents=True)
+    _run(src, "bench_launch", gpu="NVIDIA H200, 580.159.04, 143771 MiB", path="compiled fast path")
+    _run(src / "pure", "bench_launch", gpu="NVIDIA H200, 580.159.04, 143771 MiB",
+         path="pure Python (cffi ABI mode), forced by CUPROC_PURE_PYTHON")
+    written = collect(src, dest)
+    assert sorted(p.name for p in written if p.suffix == ".md") == [
+        "2026-11-28-0307-h200-bench_launch.md", "2026-11-28-0307-h200-pure-bench_launch.md"]
+    pure = (dest / "2026-11-28-0307-h200-pure-bench_launch.md").read_text()
+    assert "![2026-11-28-0307-h200-pure-bench_launch.png](2026-11-28-0307-h200-pure-bench_launch.png)" in pure
+    again, dest2 = tmp_path / "again", tmp_path / "dest2"
+    (again / "pure").mkdir(parents=True)
+    for folder in (again, again / "pure"):             # both on one path: one name for two results
+        _run(folder, "bench_launch", gpu="NVIDIA H200, 580.159.04, 143771 MiB", path="compiled fast path")
+    with pytest.raises(FileExistsError):
+        collect(again, dest2)
+    assert not dest2.exists() or not any(dest2.iterdir())

@@ -38,25 +38,29 @@ def dated_stem(data: dict, name: str) -> str:
 
 def collect(source: Path, dest: Path = RESULTS) -> list[Path]:
     """Copy every ``bench_*.json`` in ``source`` with its ``.md`` and ``.png`` into ``dest`` under dated names."""
-    plan: list[tuple[str, str, dict[str, Path]]] = []      # every name is checked before anything is written
-    for js in sorted(source.glob("bench_*.json")):
-        name = js.stem
+    plan: list[tuple[str, str, dict[str, Path], Path]] = []   # every name is checked before anything is written
+    # gpu_check's benchpure stage leaves the pure path's results in pure/ (their JSON names the path)
+    for js in sorted(source.glob("bench_*.json")) + sorted(source.glob("pure/bench_*.json")):
+        name, folder = js.stem, js.parent
         stem = dated_stem(json.loads(js.read_text()), name)
         plan.append((name, stem, {ext: dest / f"{stem}.{ext}" for ext in ("json", "md", "png")
-                                  if (source / f"{name}.{ext}").exists()}))
-    taken = [str(t) for _, _, targets in plan for t in targets.values() if t.exists()]
+                                  if (folder / f"{name}.{ext}").exists()}, folder))
+    taken = [str(t) for _, _, targets, _ in plan for t in targets.values() if t.exists()]
+    stems = [stem for _, stem, _, _ in plan]
+    if len(set(stems)) != len(stems):
+        raise FileExistsError(f"two results would take one name ({', '.join(sorted(stems))}): nothing copied")
     if taken:
         raise FileExistsError(f"{', '.join(taken)} exists: nothing copied, nothing overwritten")
     written: list[Path] = []
-    for name, stem, targets in plan:
+    for name, stem, targets, folder in plan:
         dest.mkdir(parents=True, exist_ok=True)
         for ext, target in targets.items():
             if ext == "md":
-                text = (source / f"{name}.md").read_text()
+                text = (folder / f"{name}.md").read_text()
                 text = text.replace(f"![{name}.png]({name}.png)", f"![{stem}.png]({stem}.png)")
                 target.write_text(text)
             else:
-                shutil.copyfile(source / f"{name}.{ext}", target)
+                shutil.copyfile(folder / f"{name}.{ext}", target)
             written.append(target)
     return written
 

@@ -5,8 +5,10 @@
 # On the device:  bash tools/gpu_check.sh [STAGE...]   (carry .whl; results land in $OUT, else ./.device-out)
 #   STAGE: tests (the whole suite, fast path), tests1 and tests2 (every other test file each, for
 #   a device call too short for the whole suite: on a slow machine it took 8 of the 10 minutes one
-#   call may run), pure (the GPU files on the pure path), bench (every benchmark),
-#   summary; none given: tests, pure, bench, summary.  The stages keep their logs in
+#   call may run), pure (the GPU files on the pure path), bench (every benchmark), benchpure (the
+#   launch, call and memory benchmarks once more on the pure path, into pure/: the pure path must stay
+#   default-capable, and before 2026-11-28 no check measured it), summary; none given: tests, pure,
+#   bench, benchpure, summary.  The stages keep their logs in
 #   $GPU_CHECK_STATE (default /tmp/cuproc-gpu-check), so that a device call with a time limit can run
 #   one or two of them and a later call on the same machine the rest; "summary" reads what the
 #   earlier ones left (the two halves' counts added up, when the whole suite did not run).  A test
@@ -16,7 +18,7 @@ cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/.device-out}
 STATE=${GPU_CHECK_STATE:-/tmp/cuproc-gpu-check}
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests pure bench summary)
+[ ${#stages[@]} -eq 0 ] && stages=(tests pure bench benchpure summary)
 mkdir -p "$FINAL" "$STATE"
 pack() { tar -C "$STATE" -czf "$FINAL/gpu_check.tar.gz" .; }   # after each stage: a timeout keeps what ran
 # What the test stages ran: the sources' digest (not the built module, caches or results)
@@ -37,7 +39,7 @@ echo "fast path: $(cat "$STATE/fastpath.txt")"
 # A check begins with its test stage (tests, or tests1): what every stage left from an earlier check on
 # this machine goes, so that summary and bench never print an old run's results as this one's.
 begin_check() { rm -f "$STATE"/pytest.log "$STATE"/pytest.rc "$STATE"/pytest_tests[12].* "$STATE"/pytest_pure.* \
-                      "$STATE"/bench_* "$STATE"/summary.txt; }
+                      "$STATE"/bench_* "$STATE"/pure "$STATE"/summary.txt; }
 for stage in "${stages[@]}"; do
   case $stage in
     tests)
@@ -65,6 +67,14 @@ for stage in "${stages[@]}"; do
         pack
       done
       cat "$STATE"/bench_*.md 2>/dev/null ;;
+    benchpure)
+      rm -rf "$STATE/pure"; mkdir -p "$STATE/pure"
+      for b in benchmarks/bench_launch.py benchmarks/bench_driver.py benchmarks/bench_memory.py; do
+        CUPROC_PURE_PYTHON=1 timeout 240 python3 "$b" --out "$STATE/pure" > "$STATE/pure/$(basename "$b" .py).log" 2>&1 \
+          || echo "benchmark $b (pure path) failed: see pure/$(basename "$b" .py).log"
+        pack
+      done
+      grep -h -e '^# ' -e '^- \[' "$STATE"/pure/bench_*.md 2>/dev/null ;;
     summary)
       # pytest's own result line (other libraries may print at interpreter exit after it): "not run"
       # without a log, "no result line" with one that has none (killed by a time limit, or crashed)
@@ -83,7 +93,7 @@ for stage in "${stages[@]}"; do
       summary="SUMMARY: $suite on $(head -1 "$STATE/gpu.txt") (pytest rc=$suite_rc); pure-path GPU pass: $(result "$STATE/pytest_pure.log") (rc=$(rc "$STATE/pytest_pure.rc")); fast path $(cat "$STATE/fastpath.txt")"
       echo "$summary" > "$STATE/summary.txt"
       echo "$summary" ;;
-    *) echo "gpu_check: unknown stage '$stage' (tests, tests1, tests2, pure, bench, summary)"; exit 2 ;;
+    *) echo "gpu_check: unknown stage '$stage' (tests, tests1, tests2, pure, bench, benchpure, summary)"; exit 2 ;;
   esac
   pack
 done
