@@ -82,8 +82,9 @@ class ArgType:
         return f"ArgType({self.name!r}, size={self.size}, align={self.align})"
 
 
-def arg_type(spec: Any) -> ArgType:
-    """An ArgType from a signature entry: a C type string, a NumPy (structured) dtype, or a cffi ctype."""
+def arg_type(spec: Any, call: str = "cuLaunchKernel") -> ArgType:
+    """An ArgType from a signature entry: a C type string, a NumPy (structured) dtype, or a cffi ctype.
+    ``call``: the launch a refusal names (the driver call the launch would have made)."""
     if isinstance(spec, ArgType):
         return spec
     if isinstance(spec, str):
@@ -97,34 +98,40 @@ def arg_type(spec: Any) -> ArgType:
         try:
             return ArgType(text, ffi.sizeof(ctype), ffi.alignof(ctype), "scalar", ctype)
         except ffi.error:
-            raise invalid("cuLaunchKernel", f"unknown parameter type {spec!r}") from None
+            raise invalid(call, f"unknown parameter type {spec!r}") from None
     if isinstance(spec, ffi.CType):
         return ArgType(spec.cname, ffi.sizeof(spec), ffi.alignof(spec), "bytes")
     dtype = getattr(spec, "dtype", spec)
     if hasattr(dtype, "itemsize") and hasattr(dtype, "alignment"):
         if dtype.fields is None and (dtype.kind, dtype.itemsize) in _NUMPY_KINDS:
-            return arg_type(_NUMPY_KINDS[(dtype.kind, dtype.itemsize)])
+            return arg_type(_NUMPY_KINDS[(dtype.kind, dtype.itemsize)], call)
         return ArgType(str(dtype), dtype.itemsize, dtype.alignment, "bytes")
-    raise invalid("cuLaunchKernel", f"cannot tell the C type of signature entry {spec!r}")
+    raise invalid(call, f"cannot tell the C type of signature entry {spec!r}")
 
 
-def infer_type(value: Any) -> ArgType:
-    """The ArgType a value carries by itself; Python ints and floats carry none."""
+def infer_type(value: Any, call: str = "cuLaunchKernel") -> ArgType:
+    """The ArgType a value carries by itself; Python ints and floats carry none.  ``call`` as for
+    :func:`arg_type`."""
     if type(value) in (bool, int, float):  # exact: numpy.float64 subclasses float but knows its C type
-        raise invalid("cuLaunchKernel", f"the argument {value!r} is a plain Python {type(value).__name__}: give "
-                                        "a signature (kernel.prepare([...]) or signature=[...]) or a NumPy scalar "
-                                        "such as numpy.float32(x), so its exact C type is known")
-    if _device_address(value) is not None:
+        raise invalid(call, f"the argument {value!r} is a plain Python {type(value).__name__}: give "
+                            "a signature (kernel.prepare([...]) or signature=[...]) or a NumPy scalar "
+                            "such as numpy.float32(x), so its exact C type is known")
+    if _device_address(value, call) is not None:
         return ArgType("void*", 8, 8, "pointer", "uint64_t")
     if isinstance(value, ffi.CData):
-        return arg_type(ffi.typeof(value))
+        return arg_type(ffi.typeof(value), call)
     dtype = getattr(value, "dtype", None)
     if dtype is not None:
-        return arg_type(dtype)
-    raise invalid("cuLaunchKernel", f"cannot pass a {type(value).__name__} as a kernel argument")
+        return arg_type(dtype, call)
+    raise invalid(call, f"cannot pass a {type(value).__name__} as a kernel argument")
 
 
-def _device_address(value: Any) -> int | None:
+def _device_address(value: Any, call: str) -> int | None:
+    """The device address ``value`` stands for (a cuproc allocation or view, a CAI or DLPack object), or
+    None.  A cuproc resource is checked for ``call`` first, so that a freed buffer's refusal names the
+    launch (its ``ptr`` would name itself)."""
+    if isinstance(value, Resource):
+        value.check(call)
     ptr = getattr(value, "ptr", None)
     if isinstance(ptr, int):
         return ptr
@@ -146,8 +153,9 @@ def layout(types: Sequence[ArgType]) -> tuple[list[int], int]:
     return offsets, offset
 
 
-def _writer(t: ArgType, address: Any) -> Callable[[Any], None]:
-    """A function storing one value at ``address`` (a char* into the packed block)."""
+def _writer(t: ArgType, address: Any, call: str) -> Callable[[Any], None]:
+    """A function storing one value at ``address`` (a char* into the packed block); its refusals name
+    ``call``, the launch's driver call."""
     if t.kind == "scalar":
         slot = ffi.cast(t.ctype + " *", address)
 
@@ -158,26 +166,25 @@ def _writer(t: ArgType, address: Any) -> Callable[[Any], None]:
             try:
                 slot[0] = value
             except (TypeError, OverflowError) as exc:
-                raise invalid("cuLaunchKernel", f"parameter of type {t.name} cannot take {value!r}: {exc}") from None
+                raise invalid(call, f"parameter of type {t.name} cannot take {value!r}: {exc}") from None
         return write
     if t.kind == "pointer":
         slot = ffi.cast("uint64_t *", address)
 
         def write(value: Any) -> None:
-            if not isinstance(value, int) and hasattr(value, "__index__") and _device_address(value) is None:
+            if not isinstance(value, int) and hasattr(value, "__index__") and _device_address(value, call) is None:
                 value = value.__index__()   # a NumPy integer holding an address
             if isinstance(value, int):
                 if not 0 <= value < 1 << 64:
-                    raise invalid("cuLaunchKernel", f"parameter {t.name} needs a device address, got {value}")
+                    raise invalid(call, f"parameter {t.name} needs a device address, got {value}")
                 slot[0] = value
                 return
             if isinstance(value, ffi.CData):
                 slot[0] = int(ffi.cast("uintptr_t", value))
                 return
-            ptr = _device_address(value)
+            ptr = _device_address(value, call)
             if ptr is None:
-                raise invalid("cuLaunchKernel", f"parameter {t.name} needs a device pointer, got "
-                                                f"{type(value).__name__}")
+                raise invalid(call, f"parameter {t.name} needs a device pointer, got {type(value).__name__}")
             slot[0] = ptr
         return write
     if t.kind == "vector":
@@ -187,27 +194,27 @@ def _writer(t: ArgType, address: Any) -> Callable[[Any], None]:
         def write(value: Any) -> None:
             items = list(value)
             if len(items) != count:
-                raise invalid("cuLaunchKernel", f"{t.name} takes {count} components, got {len(items)}")
+                raise invalid(call, f"{t.name} takes {count} components, got {len(items)}")
             for i, v in enumerate(items):
                 slot[i] = v.item() if hasattr(v, "item") else v
         return write
 
     def write_bytes(value: Any) -> None:
-        data = _struct_bytes(value)
+        data = _struct_bytes(value, call)
         if len(data) != t.size:
-            raise invalid("cuLaunchKernel", f"{t.name} is {t.size} bytes, the value is {len(data)}")
+            raise invalid(call, f"{t.name} is {t.size} bytes, the value is {len(data)}")
         ffi.memmove(address, data, t.size)
     return write_bytes
 
 
-def _struct_bytes(value: Any) -> bytes:
+def _struct_bytes(value: Any, call: str) -> bytes:
     if isinstance(value, ffi.CData):
         return bytes(ffi.buffer(ffi.addressof(value) if ffi.typeof(value).kind in ("struct", "union") else value))
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
     if hasattr(value, "tobytes"):
         return value.tobytes()
-    raise invalid("cuLaunchKernel", f"cannot pass a {type(value).__name__} as a struct")
+    raise invalid(call, f"cannot pass a {type(value).__name__} as a struct")
 
 
 def _whole(value: Any) -> int:
@@ -218,7 +225,7 @@ def _whole(value: Any) -> int:
     return operator.index(value)
 
 
-def _dims(value: Any, what: str, call: str = "cuLaunchKernel") -> tuple[int, int, int]:
+def _dims(value: Any, what: str, call: str) -> tuple[int, int, int]:
     """Grid or block dimensions as three Python ints.  Integers of any integer type (NumPy's too)
     are taken; a float or bool is refused, never rounded or read as 1.  ``call``: the driver call
     the refusal names (the one the launch would have made)."""
@@ -231,7 +238,7 @@ def _dims(value: Any, what: str, call: str = "cuLaunchKernel") -> tuple[int, int
     return dims + (1,) * (3 - len(dims))  # type: ignore[return-value]
 
 
-def _shared_mem(value: Any, call: str = "cuLaunchKernel") -> int:
+def _shared_mem(value: Any, call: str) -> int:
     """The dynamic shared memory size as a Python int (NumPy integers taken; floats and bools refused);
     ``call`` as for :func:`_dims`."""
     try:
@@ -244,13 +251,15 @@ def _shared_mem(value: Any, call: str = "cuLaunchKernel") -> int:
 
 
 class PackedArgs:
-    """A packed argument block, its kernelParams array and its ``extra`` array, built once."""
+    """A packed argument block, its kernelParams array and its ``extra`` array, built once.  ``call``: the
+    launch's driver call, which its refusals name."""
 
-    def __init__(self, types: Sequence[ArgType]) -> None:
+    def __init__(self, types: Sequence[ArgType], call: str = "cuLaunchKernel") -> None:
+        self.call = call
         self.types = list(types)
         self.offsets, self.size = layout(self.types)
         self.block = ffi.new("char[]", max(self.size, 1))
-        self.writers = [_writer(t, self.block + off) for t, off in zip(self.types, self.offsets)]
+        self.writers = [_writer(t, self.block + off, call) for t, off in zip(self.types, self.offsets)]
         self.params = ffi.new("void *[]", [self.block + off for off in self.offsets] or [ffi.NULL])
         self._size = ffi.new("size_t *", self.size)
         self.extra = ffi.new("void *[]", [_PARAM_BUFFER_POINTER, self.block, _PARAM_BUFFER_SIZE, self._size,
@@ -258,23 +267,23 @@ class PackedArgs:
 
     def fill(self, values: Sequence[Any]) -> None:
         if len(values) != len(self.writers):
-            raise invalid("cuLaunchKernel", f"the kernel takes {len(self.writers)} arguments, got {len(values)}")
+            raise invalid(self.call, f"the kernel takes {len(self.writers)} arguments, got {len(values)}")
         for write, value in zip(self.writers, values):
             write(value)
 
 
 def check_signature(function: Any, packed: PackedArgs) -> None:
-    """Compare our layout with the driver's parameter info, where the driver has it."""
+    """Compare our layout with the driver's parameter info, where the driver has it (a refusal names
+    ``packed.call``)."""
     info = function.param_info()
     if info is None:
         return
     if len(info) != len(packed.types):
-        raise invalid("cuLaunchKernel", f"{function.name} takes {len(info)} parameters; "
-                                        f"{len(packed.types)} were given")
+        raise invalid(packed.call, f"{function.name} takes {len(info)} parameters; {len(packed.types)} were given")
     for i, ((offset, size), t, ours) in enumerate(zip(info, packed.types, packed.offsets)):
         if size != t.size or offset != ours:
-            raise invalid("cuLaunchKernel", f"{function.name} parameter {i} is {size} bytes at offset {offset}; "
-                                            f"the argument given ({t.name}) is {t.size} bytes at offset {ours}")
+            raise invalid(packed.call, f"{function.name} parameter {i} is {size} bytes at offset {offset}; "
+                                       f"the argument given ({t.name}) is {t.size} bytes at offset {ours}")
 
 
 class PreparedLaunch:
@@ -305,19 +314,18 @@ class PreparedLaunch:
     def __init__(self, function: Any, signature: Sequence[Any], grid: Any = 1, block: Any = 1, *,
                  shared_mem: int = 0, stream: Any = None, convention: str = "buffer",
                  entry: str | None = None, cached: bool = False) -> None:
-        if convention not in ("buffer", "params"):
-            raise invalid("cuLaunchKernel", f"convention is 'buffer' or 'params', not {convention!r}")
         if hasattr(function, "launch_target"):   # a per-context Kernel binds to the current context's function
             function = function.launch_target()
         self.function = function
         self.driver = drv = get_driver(function.driver)
         if entry is None:
-            entry = "cuLaunchKernelEx" if drv.has("cuLaunchKernelEx", newer_driver_features=False) \
-                else "cuLaunchKernel"
+            entry = default_entry(drv)
         if entry not in ("cuLaunchKernel", "cuLaunchKernelEx"):
-            raise invalid("cuLaunchKernel", f"entry is 'cuLaunchKernel' or 'cuLaunchKernelEx', not {entry!r}")
+            raise invalid(default_entry(drv), f"entry is 'cuLaunchKernel' or 'cuLaunchKernelEx', not {entry!r}")
+        if convention not in ("buffer", "params"):
+            raise invalid(entry, f"convention is 'buffer' or 'params', not {convention!r}")
         function.check(entry)
-        self.packed = packed = PackedArgs([arg_type(s) for s in signature])
+        self.packed = packed = PackedArgs([arg_type(s, entry) for s in signature], entry)
         check_signature(function, packed)
         self.grid, self.block = _dims(grid, "grid", entry), _dims(block, "block", entry)
         shared_mem = _shared_mem(shared_mem, entry)
@@ -353,6 +361,12 @@ class PreparedLaunch:
     def __repr__(self) -> str:
         return (f"<cuproc.PreparedLaunch {self.launch.__name__} grid={self.grid} block={self.block} "
                 f"{self.entry}/{self.convention}>")
+
+
+def default_entry(driver: Any) -> str:
+    """The driver call a launch makes when none is named: cuLaunchKernelEx where the requested version
+    has it (see :class:`PreparedLaunch`), else cuLaunchKernel."""
+    return "cuLaunchKernelEx" if driver.has("cuLaunchKernelEx", newer_driver_features=False) else "cuLaunchKernel"
 
 
 def _launch_support(prepared: PreparedLaunch, cu_launch: Any, cached: bool) -> dict[str, Any]:
@@ -405,7 +419,7 @@ def _launch_support(prepared: PreparedLaunch, cu_launch: Any, cached: bool) -> d
         threads).  The block is made once per thread and goes with the thread."""
         packed = getattr(blocks, "packed", None)
         if packed is None:
-            packed = blocks.packed = PackedArgs(types)
+            packed = blocks.packed = PackedArgs(types, entry)
         packed.fill(values)
         params = packed.params if convention == "params" else ffi.NULL
         extra = packed.extra if convention == "buffer" else ffi.NULL
@@ -660,7 +674,9 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
     # equals (and hashes as) the int, and must get the cold path's answer, not a warm entry's.
     if not ((grid.__class__ is int or _exact(grid)) and (block.__class__ is int or _exact(block))
             and shared_mem.__class__ is int):   # plain ints first: no call on the common path
-        grid, block, shared_mem = _dims(grid, "grid"), _dims(block, "block"), _shared_mem(shared_mem)
+        call = entry or default_entry(function.driver)
+        grid, block = _dims(grid, "grid", call), _dims(block, "block", call)
+        shared_mem = _shared_mem(shared_mem, call)
     try:   # a signature with other entries than C type strings is never stored under this key (below)
         if signature is None:
             n = len(args)   # the classes, unrolled: tuple(map(type, args)) costs 0.1-0.2 us more
@@ -672,7 +688,7 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
     except (TypeError, LookupError):   # an unhashable signature entry (a list), or args that are no
         key = cached = None           # sequence (no len(), or not indexed 0..n-1): the general path
         if args.__class__ is not tuple and args.__class__ is not list:
-            args = _as_values(args)   # a generator is read once, here, and launched with what it gave
+            args = _as_values(args, entry or default_entry(function.driver))   # a generator is read once, here
     if cached is not None and (stream_key.__class__ is not tuple or cached[1]() is stream):  # else: a new
         if cached[2][0] != EPOCH[0]:                                                # Stream at a dead one's id
             _recheck(function, stream, cached)
@@ -698,13 +714,12 @@ if _make_one_shot is not None:
         _make_one_shot(_python_launch, _FRONT_TYPES, EPOCH, "buffer"), _python_launch)
 
 
-def _as_values(args: Any) -> tuple:
+def _as_values(args: Any, call: str) -> tuple:
     """The kernel arguments of a one-shot launch given as any iterable, as a tuple."""
     try:
         return tuple(args)
     except TypeError:
-        raise invalid("cuLaunchKernel", f"args is the sequence of kernel arguments, not a "
-                                        f"{type(args).__name__}") from None
+        raise invalid(call, f"args is the sequence of kernel arguments, not a {type(args).__name__}") from None
 
 
 def _exact(dims: Any) -> bool:
@@ -729,9 +744,10 @@ def _type_key(t: ArgType) -> tuple:
 def _recheck(function: Any, stream: Any, cached: tuple) -> None:
     """Some resource ended since this entry last checked: the function and the stream, again."""
     epoch = EPOCH[0]
-    function.check("cuLaunchKernel")     # the launcher checks the function's owners, not the function
+    call = cached[0].entry
+    function.check(call)     # the launcher checks the function's owners, not the function
     if isinstance(stream, Stream):
-        stream.check("cuLaunchKernel")
+        stream.check(call)
     cached[2][0] = epoch
 
 
@@ -740,15 +756,16 @@ def _launch_uncached(function: Any, grid: Any, block: Any, args: Sequence[Any], 
                      key: tuple | None) -> None:
     """A one-shot launch the cache did not have: check, prepare, remember (where the key allows), launch."""
     epoch = EPOCH[0]
-    function.check("cuLaunchKernel")
+    call = entry or default_entry(function.driver)
+    function.check(call)
     if isinstance(stream, Stream):
-        stream.check("cuLaunchKernel")
+        stream.check(call)
     cache = function.launch_cache
     if _FRONT_TYPES[0] is None:   # the classes the C front takes (cuproc.module imports this module)
         from .module import Function
         _FRONT_TYPES[:] = [Function, Stream, Function.__dict__["launch_cache"], Function.__dict__["launch_last"]]
     if signature is None:
-        sig: tuple = tuple(infer_type(a) for a in args)
+        sig: tuple = tuple(infer_type(a, call) for a in args)
         if key is not None and not all(_typed_class(a) for a in args):
             # a value whose class does not fix its C type (an ndarray, a cffi struct): key by the types
             key = ((tuple(map(_type_key, sig)),) + key[1:])
@@ -823,8 +840,8 @@ def _launch_cooperative(function: Any, grid: Any, block: Any, args: Sequence[Any
 def _packed_once(function: Any, call: str, args: Sequence[Any], signature: Sequence[Any] | None) -> PackedArgs:
     """A fresh argument block for one launch, after the function's and the signature's checks."""
     function.check(call)
-    types = [arg_type(s) for s in signature] if signature is not None else [infer_type(a) for a in args]
-    packed = PackedArgs(types)
+    types = [arg_type(s, call) for s in signature] if signature is not None else [infer_type(a, call) for a in args]
+    packed = PackedArgs(types, call)
     check_signature(function, packed)
     packed.fill(args)
     return packed

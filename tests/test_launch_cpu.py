@@ -72,8 +72,8 @@ def test_argument_count_and_bad_dims():
     with pytest.raises(InvalidValueError, match="takes 1"):
         packed.fill([1, 2])
     with pytest.raises(InvalidValueError):
-        L._dims((0, 1), "grid")
-    assert L._dims(5, "grid") == (5, 1, 1) and L._dims((2, 3), "block") == (2, 3, 1)
+        L._dims((0, 1), "grid", "cuLaunchKernel")
+    assert L._dims(5, "grid", "cuLaunchKernel") == (5, 1, 1) and L._dims((2, 3), "block", "cuLaunchKernel") == (2, 3, 1)
 
 
 def test_both_conventions_point_at_the_same_block():

@@ -420,6 +420,38 @@ def test_launch_ex_and_cooperative_refusals_name_the_call_made(fk, pc):
     assert fk.launch_count() == 0
 
 
+@pytest.mark.parametrize("entry", [None, "cuLaunchKernel", "cuLaunchKernelEx"])
+def test_one_shot_and_prepared_refusals_name_the_entry_the_launch_makes(fk, pc, entry):
+    """Argument, signature, shape and freed-buffer refusals name the driver call the launch would have made:
+    the entry it records (cuLaunchKernelEx by default where the driver has it), never another."""
+    fn = Module.load(IMAGE).get_function("empty")
+    buf, gone = DeviceBuffer(64), DeviceBuffer(64)
+    gone.free()
+    fn.launch(1, 32, (buf, 1, 1.0), signature=SIG, entry=entry)             # a warm entry for the same key
+    made = next(iter(fn.launch_cache.values()))[0].entry
+    assert made == (entry or "cuLaunchKernelEx")
+    run = fn.prepare(SIG, 1, 32, entry=entry)
+    assert run.entry == made
+    cases = [lambda: fn.launch(1, 32, (buf, "x", 1.0), signature=SIG, entry=entry),     # a value (warm entry)
+             lambda: fn.launch(1, 32, (buf, 2**40, 1.0), signature=SIG, entry=entry),   # out of range
+             lambda: fn.launch(1, 32, (gone, 1, 1.0), signature=SIG, entry=entry),      # a freed buffer
+             lambda: fn.launch(1.5, 32, (buf, 1, 1.0), signature=SIG, entry=entry),     # a float grid
+             lambda: fn.launch(1, 32, (buf, 1, 1.0), signature=["float*", "int", "floaty"], entry=entry),
+             lambda: fn.launch(1, 32, (buf, 1), signature=["float*", "int"], entry=entry),   # the count
+             lambda: fn.launch(1, 32, (buf, 1, 1.0), entry=entry),                    # a plain int, no signature
+             lambda: fn.launch(1, 32, (gone, np.int32(1), np.float32(1)), entry=entry),  # inferred, freed
+             lambda: fn.launch(1, 32, 7, entry=entry),                                # no sequence
+             lambda: run(buf, "x", 1.0), lambda: run(gone, 1, 1.0),
+             lambda: fn.prepare(SIG, 1, 32, entry=entry, convention="neither")]
+    for i, attempt in enumerate(cases):
+        with pytest.raises(InvalidValueError) as info:
+            attempt()
+        assert (i, info.value.call, info.value.refused) == (i, made, True)
+    with pytest.raises(ClosedResourceError):
+        run(gone, 1, 1.0)
+    assert fk.launch_count() == 1
+
+
 def test_one_shot_launches_on_the_pure_path_too(fk):
     """The same warm/cold sequence in a process with CUPROC_PURE_PYTHON=1 (no C front)."""
     code = f"""

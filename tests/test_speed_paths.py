@@ -525,9 +525,9 @@ def test_another_thread_launches_a_shared_one_shot_entry_with_one_block_of_its_o
     made: list[int] = []
 
     class Counted(launch_module.PackedArgs):
-        def __init__(self, types):
+        def __init__(self, types, call="cuLaunchKernel"):
             made.append(threading.get_ident())
-            super().__init__(types)
+            super().__init__(types, call)
     fn = Module.load(IMAGE).get_function("empty")
     buf = DeviceBuffer(64)
     fn.launch(1, 32, (buf, np.int32(0), np.float32(0)))        # this thread owns the entry's block
