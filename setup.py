@@ -7,6 +7,7 @@ cuproc/fastpath.py).  ``CUPROC_NO_FASTPATH=1`` skips it on purpose.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -16,6 +17,17 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 MODULE = "cuproc._fastpath_c"
+
+
+def env_flag(name: str, on: str, off: str) -> bool:
+    """cuproc's one rule for its on/off variables (cuproc/_env.py, loaded by path: the package is not
+    importable while it is being built): a value that is neither on nor off stops the install with a
+    message naming the variable, as CUPROC_PURE_PYTHON does at import; a typo never picks a side."""
+    spec = importlib.util.spec_from_file_location("_cuproc_env", ROOT / "cuproc" / "_env.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return bool(module.flag(name, on, off))
 
 
 def notice(reason: object) -> None:
@@ -35,7 +47,7 @@ class OptionalBuildExt(build_ext):
     """build_ext for one optional extension whose C source cffi generates here."""
 
     def run(self) -> None:
-        if os.environ.get("CUPROC_NO_FASTPATH", "").strip().lower() in ("1", "true", "yes", "on"):
+        if env_flag("CUPROC_NO_FASTPATH", "skip the compiled fast path", "build it where possible"):
             notice("CUPROC_NO_FASTPATH is set")
             return
         try:

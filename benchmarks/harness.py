@@ -199,10 +199,16 @@ def fast_path_active() -> bool:
 
 
 def fast_path_status() -> str:
-    forced = os.environ.get("CUPROC_PURE_PYTHON", "").strip() not in ("", "0")
+    """The path a results file names: the compiled fast path, or pure Python and why
+    (cuproc.fastpath.status(), which reads CUPROC_PURE_PYTHON by cuproc's own rule)."""
     if fast_path_active():
         return "compiled fast path (cffi API mode)"
-    return "pure Python (cffi ABI mode)" + (", forced by CUPROC_PURE_PYTHON" if forced else "")
+    try:
+        from cuproc import fastpath  # type: ignore[attr-defined]
+        why = fastpath.status().removeprefix("off: ")
+    except Exception:  # noqa: BLE001 - no cuproc, or one without fastpath: the path alone
+        why = ""
+    return "pure Python (cffi ABI mode)" + (f", {why}" if why else "")
 
 
 def build_c(source: str, out_dir: Path, *, shared: bool) -> Path | None:

@@ -947,11 +947,8 @@ def test_pure_path_reruns_driver_launch_and_ownership():
 
 # ----------------------------------------------------------------------------- the build
 
-def test_install_without_a_working_compiler_succeeds_with_one_notice(tmp_path):
-    """setup.py's build_ext with a compiler that fails: no extension, exit 0, one line saying so.
-
-    (It runs ``setup.py build_ext`` directly, not pip: pip hides a successful backend's output, which
-    is why the README points users to ``cuproc.fastpath.status()``.)"""
+def _build_ext(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """``setup.py build_ext --inplace`` in a copy of the project's build inputs under ``tmp_path``."""
     pytest.importorskip("setuptools")
     if not (ROOT / "setup.py").is_file():
         pytest.skip("needs the project's setup.py and tools/ next to tests/ (a checkout or an sdist)")
@@ -967,8 +964,29 @@ def test_install_without_a_working_compiler_succeeds_with_one_notice(tmp_path):
     (tmp_path / "tools").mkdir()
     for name in _fastpath_digest.TOOL_INPUTS:
         shutil.copy(ROOT / name, tmp_path / "tools")
-    out = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], check=False, capture_output=True,
-                         text=True, timeout=300, cwd=tmp_path, env={**os.environ, "CC": "/bin/false"})
+    return subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], check=False,
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, **env})
+
+
+@pytest.mark.parametrize("value", ["1", "maybe"])
+def test_cuproc_no_fastpath_skips_the_build_and_a_value_neither_on_nor_off_stops_it(tmp_path, value):
+    """CUPROC_NO_FASTPATH is read by cuproc's one rule for its on/off variables (cuproc/_env.py): on, the
+    build is skipped with the one notice; a typo stops the install naming the variable, never a silent side."""
+    out = _build_ext(tmp_path, CC="/bin/false", CUPROC_NO_FASTPATH=value)
+    assert not list((tmp_path / "cuproc").glob("_fastpath_c*"))
+    if value == "1":
+        notices = [line for line in out.stderr.splitlines() if line.startswith("cuproc: the optional compiled")]
+        assert out.returncode == 0 and len(notices) == 1 and "CUPROC_NO_FASTPATH" in notices[0], out.stderr[-2000:]
+    else:
+        assert out.returncode != 0 and "CUPROC_NO_FASTPATH='maybe'" in out.stderr, out.stderr[-2000:]
+
+
+def test_install_without_a_working_compiler_succeeds_with_one_notice(tmp_path):
+    """setup.py's build_ext with a compiler that fails: no extension, exit 0, one line saying so.
+
+    (It runs ``setup.py build_ext`` directly, not pip: pip hides a successful backend's output, which
+    is why the README points users to ``cuproc.fastpath.status()``.)"""
+    out = _build_ext(tmp_path, CC="/bin/false")
     assert out.returncode == 0, out.stderr[-3000:]
     notices = [line for line in out.stderr.splitlines() if line.startswith("cuproc: the optional compiled")]
     assert len(notices) == 1 and "pure Python" in notices[0]
