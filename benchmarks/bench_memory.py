@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # noqa: E402, I001
-    ROOT, Goals, build_c, frozen_heap, machine, one_cpu, paired_ratio, peer, plot_bars, round_order,
+    ROOT, Goals, build_c, frozen_heap, machine, one_cpu, paired_ratio, peer, plot_panels, round_order,
     smoke_driver, write_results)
 
 SMALL = 256                    # bytes per allocation (the size)
@@ -396,12 +396,13 @@ def main(argv: list[str] | None = None) -> int:
               "in a new random order each round; one memory.copy makes one driver call, the raw row's entry: "
               + ", ".join(f"{k} {'+'.join(v)}" for k, v in COPY_CALLS.items()) + " (counted on the fake driver)")]
     args.out.mkdir(parents=True, exist_ok=True)
-    floor = alloc["sync_us"].get(C_SYNC)
-    plot = plot_bars(args.out / "bench_memory.png", f"Allocation, {SMALL} B, {data['machine'].get('gpu')}, "
-                     f"{data['machine']['date']}, {data['machine']['cuproc_path']}", "µs per alloc+free",
-                     [(k + (" (stream-ordered)" if g == "stream_ordered_us" else ""), v)
-                      for g in ("sync_us", "stream_ordered_us") for k, v in alloc[g].items()
-                      if not k.startswith("C floor")], ("C floor cuMemAlloc+cuMemFree", floor) if floor else None)
+    # one panel per group, each with its own C floor (the stream-ordered floor is a quarter of the other)
+    panels = [([(k, v) for k, v in alloc.get(group, {}).items() if not k.startswith("C floor")],
+               (f"{floor_name} ({label})", alloc[group][floor_name]) if floor_name in alloc.get(group, {}) else None)
+              for group, floor_name, label in (("sync_us", C_SYNC, "one allocation alive"),
+                                               ("stream_ordered_us", C_ASYNC, "stream-ordered"))]
+    plot = plot_panels(args.out / "bench_memory.png", f"Allocation, {SMALL} B, {data['machine'].get('gpu')}, "
+                       f"{data['machine']['date']}, {data['machine']['cuproc_path']}", "µs per alloc+free", panels)
     path = write_results(args.out, "bench_memory", data, table, ["operation", "who", "value", "x C floor"], notes,
                          goals, [plot])
     print(path.read_text())

@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import timeit
 import traceback
@@ -275,23 +276,34 @@ class Goals:
 def plot_bars(path: Path, title: str, xlabel: str, rows: list[tuple[str, float]],
               floor: tuple[str, float] | None) -> str | None:
     """One bar per launcher or peer, the C floor as a vertical line; None (and no file) without matplotlib."""
+    return plot_panels(path, title, xlabel, [(rows, floor)])
+
+
+def plot_panels(path: Path, title: str, xlabel: str,
+                panels: list[tuple[list[tuple[str, float]], tuple[str, float] | None]]) -> str | None:
+    """:func:`plot_bars` for groups with floors of their own (synchronous and stream-ordered allocation):
+    one panel per group, stacked, each with its own C floor line.  None (and no file) without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    rows = sorted(rows, key=lambda r: r[1])
     colours = [("cuproc", "#4c72b0"), ("bare", "#bbbbbb"), ("C ", "#55a868")]
-    fig, ax = plt.subplots(figsize=(9, 0.38 * len(rows) + 1.6))
-    ax.barh([r[0] for r in rows], [r[1] for r in rows],
-            color=[next((c for k, c in colours if r[0].startswith(k)), "#dd8452") for r in rows])
-    ax.invert_yaxis()
-    if floor is not None:
-        ax.axvline(floor[1], color="black", linestyle="--", label=floor[0])
-        ax.legend(loc="lower right")
-    ax.set_xlabel(xlabel)
-    ax.set_title(title, fontsize=10)
+    heights = [0.38 * len(rows) + 0.9 for rows, _ in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, sum(heights) + 0.9), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (rows, floor) in zip(axes[:, 0], panels):
+        rows = sorted(rows, key=lambda r: r[1])
+        ax.barh([r[0] for r in rows], [r[1] for r in rows],
+                color=[next((c for k, c in colours if r[0].startswith(k)), "#dd8452") for r in rows])
+        ax.invert_yaxis()               # shortest bar on top: the legend goes to the top right, clear of bars
+        ax.set_xlim(0, max([r[1] for r in rows] + [floor[1] if floor else 0]) * 1.12)
+        if floor is not None:
+            ax.axvline(floor[1], color="black", linestyle="--", label=floor[0])
+            ax.legend(loc="upper right", fontsize=8)
+        ax.set_xlabel(xlabel)
+    fig.suptitle("\n".join(textwrap.wrap(title, 90)), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
