@@ -12,9 +12,10 @@ The synchronous loops run twice, as two groups.  The goal's group, ``sync_us``, 
 allocation of the same size alive in the context (``resident``), made before the group and freed after
 it: the state of any program that holds memory.  With nothing else allocated, the driver gives a small
 allocation's 2 MiB chunk back at every cuMemFree, and a pair costs 60-90 µs instead of 2-3 µs on an
-H200 (measured 2026-11-28: 74.8 against 2.1 µs in C), which hides any Python cost; every result before
-2026-11-28 04:30 UTC was read in that state.  That state is still read, for information, as the group
-``sync_alone_us`` (no goal).
+H200 (benchmarks/results/2026-11-28-0432-h200-bench_memory: 65.7 against 2.57 µs in C), which hides any
+Python cost; every result before 2026-11-28 04:30 UTC was read in that state.  That state is still read,
+for information, as the group ``sync_alone_us`` (no goal); ``allocation_state`` in the JSON says which
+state each group ran in.
 Copies: the same device buffer and the same host buffer for every row; every row, the C floor's
 included, is timed the same way from Python, to completion (the copy, then cuCtxSynchronize), and
 each round runs the rows in a new random order (a fixed seed), so that no row always follows the
@@ -51,6 +52,11 @@ COPY_CALLS = {"pinned H2D": ["cuMemcpyHtoD"], "pinned D2H": ["cuMemcpyDtoH"],
               "pageable H2D": ["cuMemcpyHtoD"], "pageable D2H": ["cuMemcpyDtoH"]}
 
 
+#: the state each allocation group runs in (recorded in the JSON: before 2026-11-28 04:30 UTC ``sync_us`` ran
+#: with nothing else allocated)
+ALLOCATION_STATE = {"sync_alone_us": "nothing else allocated in the context",
+                    "sync_us": f"one {SMALL} B allocation alive in the context",
+                    "stream_ordered_us": "from device 0's default pool, release threshold at its maximum"}
 ALLOC_ROUNDS = 15    # allocation loops take turns this many times
 SYNC_OPS, ASYNC_OPS = 20_000, 20_000   # operations per timed loop (2-5 us each with a resident allocation)
 ALONE_OPS = 2_000     # the same with nothing else allocated: ~70 us per pair (the module docstring says why)
@@ -184,9 +190,12 @@ def allocations(c_lib: Any, smoke: bool, ops: tuple[int, int, int], rounds: int,
             drv.checked.cuMemAlloc(resident, SMALL)
         try:
             every[group] = take_turns({name: (fn, n) for name, fn in loops.items()}, rounds, errors)
-        finally:
-            if group == "sync_us":
-                drv.checked.cuMemFree(resident[0])
+        except BaseException:
+            if group == "sync_us":   # the loops' error is the one to see: this free's answer cannot replace it
+                drv.cuMemFree(resident[0])
+            raise
+        if group == "sync_us":
+            drv.checked.cuMemFree(resident[0])
         best[group] = {name: min(v) for name, v in every[group].items()}
     stream.close()
     return best, every
@@ -366,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     if calls and calls != COPY_CALLS:
         raise SystemExit(f"memory.copy made other driver calls than COPY_CALLS states: {calls}")
     data = {"machine": machine(), "smoke": args.smoke, "allocation_us": alloc, "allocation_rounds_us": alloc_rounds,
+            "allocation_state": ALLOCATION_STATE,
             "copy_GBps": bw, "copy_GBps_best": best, "copy_rounds_s": copy_rounds, "errors": errors,
             "copy_calls": COPY_CALLS}
     table = []

@@ -89,6 +89,16 @@ class CudaError(Exception):
         return (_rebuild, (type(self), self.code, self.call, self.name, self.description, self.hint,
                            self.refused))
 
+    def renamed(self, call: str) -> CudaError:
+        """This error (same class, code and attributes) for ``call``: a refusal made on the way to a
+        call -- a freed buffer's ``ptr`` read while packing a launch -- names the call the caller was
+        making, not the step that noticed."""
+        err = type(self).__new__(type(self))
+        err.__dict__.update(self.__dict__)
+        err.call = call
+        err.args = (err._message(),)
+        return err
+
 
 def _rebuild(cls: type, code: int, call: str | None, name: str, description: str, hint: str,
              refused: bool = False) -> CudaError:

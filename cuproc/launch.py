@@ -43,7 +43,7 @@ from ._resource import EPOCH, FORKED, Resource
 from ._support import get_driver, invalid
 from .context import Context, call_in
 from .driver import forked_error
-from .errors import result_code
+from .errors import CudaError, InvalidValueError, result_code
 from .stream import Stream, as_stream, stream_handle
 
 # Vector types: (component C type, count, device alignment) per the CUDA headers' __align__.
@@ -128,11 +128,14 @@ def infer_type(value: Any, call: str = "cuLaunchKernel") -> ArgType:
 
 def _device_address(value: Any, call: str) -> int | None:
     """The device address ``value`` stands for (a cuproc allocation or view, a CAI or DLPack object), or
-    None.  A cuproc resource is checked for ``call`` first, so that a freed buffer's refusal names the
-    launch (its ``ptr`` would name itself)."""
-    if isinstance(value, Resource):
-        value.check(call)
-    ptr = getattr(value, "ptr", None)
+    None.  A ``ptr`` that refuses (a freed buffer, a view of one) raises its refusal renamed for ``call``,
+    the launch: read first, so that a live argument pays nothing for it."""
+    try:
+        ptr = getattr(value, "ptr", None)
+    except CudaError as exc:
+        if exc.refused:
+            raise exc.renamed(call) from None
+        raise
     if isinstance(ptr, int):
         return ptr
     cai = getattr(value, "__cuda_array_interface__", None)
@@ -669,14 +672,19 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
         if isinstance(stream, Stream):
             stream_key = ("stream", id(stream))
         else:
-            stream_key = int(ffi.cast("uintptr_t", stream_handle(stream, function.driver)))
+            try:
+                stream_key = int(ffi.cast("uintptr_t", stream_handle(stream, function.driver)))
+            except CudaError as exc:   # named for the launch, as above
+                raise (exc.renamed(entry or default_entry(function.driver)) if exc.refused else exc) from None
     # The key holds grid, block and shared memory as Python ints: a float, a bool or a NumPy integer
     # equals (and hashes as) the int, and must get the cold path's answer, not a warm entry's.
     if not ((grid.__class__ is int or _exact(grid)) and (block.__class__ is int or _exact(block))
             and shared_mem.__class__ is int):   # plain ints first: no call on the common path
-        call = entry or default_entry(function.driver)
-        grid, block = _dims(grid, "grid", call), _dims(block, "block", call)
-        shared_mem = _shared_mem(shared_mem, call)
+        try:   # named for the entry only when refused: default_entry asks the handle (~1 us)
+            grid, block = _dims(grid, "grid", "launch"), _dims(block, "block", "launch")
+            shared_mem = _shared_mem(shared_mem, "launch")
+        except InvalidValueError as exc:
+            raise exc.renamed(entry or default_entry(function.driver)) from None
     try:   # a signature with other entries than C type strings is never stored under this key (below)
         if signature is None:
             n = len(args)   # the classes, unrolled: tuple(map(type, args)) costs 0.1-0.2 us more
@@ -688,7 +696,7 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
     except (TypeError, LookupError):   # an unhashable signature entry (a list), or args that are no
         key = cached = None           # sequence (no len(), or not indexed 0..n-1): the general path
         if args.__class__ is not tuple and args.__class__ is not list:
-            args = _as_values(args, entry or default_entry(function.driver))   # a generator is read once, here
+            args = _as_values(args, function, entry)   # a generator is read once, here
     if cached is not None and (stream_key.__class__ is not tuple or cached[1]() is stream):  # else: a new
         if cached[2][0] != EPOCH[0]:                                                # Stream at a dead one's id
             _recheck(function, stream, cached)
@@ -714,12 +722,13 @@ if _make_one_shot is not None:
         _make_one_shot(_python_launch, _FRONT_TYPES, EPOCH, "buffer"), _python_launch)
 
 
-def _as_values(args: Any, call: str) -> tuple:
+def _as_values(args: Any, function: Any, entry: str | None) -> tuple:
     """The kernel arguments of a one-shot launch given as any iterable, as a tuple."""
     try:
         return tuple(args)
     except TypeError:
-        raise invalid(call, f"args is the sequence of kernel arguments, not a {type(args).__name__}") from None
+        raise invalid(entry or default_entry(function.driver),
+                      f"args is the sequence of kernel arguments, not a {type(args).__name__}") from None
 
 
 def _exact(dims: Any) -> bool:

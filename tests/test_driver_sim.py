@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import threading
 
 import pytest
@@ -180,6 +181,17 @@ def test_error_reporting_failure_never_hides_the_error(sim):
     with pytest.raises(CudaError) as exc:
         drv.checked.cuCtxSynchronize(cuproc.ffi.NULL)  # the 13.0 ABI takes a context
     assert exc.value.code == 123456 and exc.value.call == "cuCtxSynchronize"
+
+
+def test_a_refusal_renamed_for_the_call_being_made_keeps_its_class_code_and_details():
+    from cuproc.errors import ClosedResourceError
+    first = ClosedResourceError("DeviceBuffer.ptr", "DeviceBuffer of 64 bytes", "DeviceBuffer of 64 bytes", "freed")
+    err = first.renamed("cuLaunchKernelEx")
+    assert type(err) is ClosedResourceError and err.refused and err.call == "cuLaunchKernelEx"
+    assert (err.code, err.name, err.hint, err.resource) == (first.code, first.name, first.hint, first.resource)
+    assert str(err).startswith("cuLaunchKernelEx was not called: ") and first.call == "DeviceBuffer.ptr"
+    again = pickle.loads(pickle.dumps(err))
+    assert type(again) is ClosedResourceError and again.call == "cuLaunchKernelEx" and str(again) == str(err)
 
 
 def test_constants_and_types_by_c_name(sim):

@@ -426,7 +426,12 @@ def test_one_shot_and_prepared_refusals_name_the_entry_the_launch_makes(fk, pc, 
     the entry it records (cuLaunchKernelEx by default where the driver has it), never another."""
     fn = Module.load(IMAGE).get_function("empty")
     buf, gone = DeviceBuffer(64), DeviceBuffer(64)
+    view = gone.view(np.float32)
     gone.free()
+
+    class BadStream:                                    # another library's stream that answers wrongly
+        def __cuda_stream__(self):
+            return (0, "not a handle")
     fn.launch(1, 32, (buf, 1, 1.0), signature=SIG, entry=entry)             # a warm entry for the same key
     made = next(iter(fn.launch_cache.values()))[0].entry
     assert made == (entry or "cuLaunchKernelEx")
@@ -441,7 +446,11 @@ def test_one_shot_and_prepared_refusals_name_the_entry_the_launch_makes(fk, pc, 
              lambda: fn.launch(1, 32, (buf, 1, 1.0), entry=entry),                    # a plain int, no signature
              lambda: fn.launch(1, 32, (gone, np.int32(1), np.float32(1)), entry=entry),  # inferred, freed
              lambda: fn.launch(1, 32, 7, entry=entry),                                # no sequence
-             lambda: run(buf, "x", 1.0), lambda: run(gone, 1, 1.0),
+             lambda: fn.launch(1, 32, (view, 1, 1.0), signature=SIG, entry=entry),    # a view of freed memory
+             lambda: fn.launch(1, 32, (view, np.int32(1), np.float32(1)), entry=entry),
+             lambda: fn.launch(np.int32(0), 32, (buf, 1, 1.0), signature=SIG, entry=entry),  # NumPy dims
+             lambda: fn.launch(1, 32, (buf, 1, 1.0), signature=SIG, entry=entry, stream=BadStream()),
+             lambda: run(buf, "x", 1.0), lambda: run(gone, 1, 1.0), lambda: run(view, 1, 1.0),
              lambda: fn.prepare(SIG, 1, 32, entry=entry, convention="neither")]
     for i, attempt in enumerate(cases):
         with pytest.raises(InvalidValueError) as info:
@@ -449,6 +458,11 @@ def test_one_shot_and_prepared_refusals_name_the_entry_the_launch_makes(fk, pc, 
         assert (i, info.value.call, info.value.refused) == (i, made, True)
     with pytest.raises(ClosedResourceError):
         run(gone, 1, 1.0)
+    closed = Stream()
+    closed.close()
+    with pytest.raises(InvalidValueError) as info:    # refused as no kernel argument, not as a closed stream
+        fn.launch(1, 32, (closed, np.int32(1), np.float32(1)), entry=entry)
+    assert type(info.value) is InvalidValueError and info.value.call == made
     assert fk.launch_count() == 1
 
 

@@ -39,7 +39,7 @@ echo "fast path: $(cat "$STATE/fastpath.txt")"
 # A check begins with its test stage (tests, or tests1): what every stage left from an earlier check on
 # this machine goes, so that summary and bench never print an old run's results as this one's.
 begin_check() { rm -f "$STATE"/pytest.log "$STATE"/pytest.rc "$STATE"/pytest_tests[12].* "$STATE"/pytest_pure.* \
-                      "$STATE"/bench_* "$STATE"/pure "$STATE"/summary.txt; }
+                      "$STATE"/bench_* "$STATE"/summary.txt; rm -rf "$STATE"/pure; }
 for stage in "${stages[@]}"; do
   case $stage in
     tests)
@@ -90,7 +90,10 @@ for stage in "${stages[@]}"; do
           suite="$suite [the halves ran on different source trees]"
         fi
       fi
-      summary="SUMMARY: $suite on $(head -1 "$STATE/gpu.txt") (pytest rc=$suite_rc); pure-path GPU pass: $(result "$STATE/pytest_pure.log") (rc=$(rc "$STATE/pytest_pure.rc")); fast path $(cat "$STATE/fastpath.txt")"
+      # each benchmark folder's goals, counted from its results files ("not run" without any)
+      goals() { local md=("$1"/bench_*.md); [ -e "${md[0]}" ] || { echo "not run"; return; }
+                echo "$(cat "${md[@]}" | grep -c '^- \[met\]') met, $(cat "${md[@]}" | grep -c '^- \[MISSED\]') missed in ${#md[@]} files"; }
+      summary="SUMMARY: $suite on $(head -1 "$STATE/gpu.txt") (pytest rc=$suite_rc); pure-path GPU pass: $(result "$STATE/pytest_pure.log") (rc=$(rc "$STATE/pytest_pure.rc")); fast path $(cat "$STATE/fastpath.txt"); benchmark goals: $(goals "$STATE"), pure path $(goals "$STATE/pure")"
       echo "$summary" > "$STATE/summary.txt"
       echo "$summary" ;;
     *) echo "gpu_check: unknown stage '$stage' (tests, tests1, tests2, pure, bench, benchpure, summary)"; exit 2 ;;
