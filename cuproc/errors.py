@@ -90,11 +90,15 @@ class CudaError(Exception):
                            self.refused))
 
     def renamed(self, call: str) -> CudaError:
-        """This error (same class, code and attributes) for ``call``: a refusal made on the way to a
+        """This refusal (same class, code and attributes) for ``call``: a refusal made on the way to a
         call -- a freed buffer's ``ptr`` read while packing a launch -- names the call the caller was
-        making, not the step that noticed."""
+        making, not the step that noticed.  Only refusals: a driver's answer belongs to the call that got it."""
+        if not self.refused:
+            raise TypeError(f"only a refusal can be renamed; {self} is the driver's answer to {self.call}")
         err = type(self).__new__(type(self))
         err.__dict__.update(self.__dict__)
+        if "__notes__" in err.__dict__:          # the copy's notes are its own
+            err.__notes__ = list(self.__notes__)
         err.call = call
         err.args = (err._message(),)
         return err

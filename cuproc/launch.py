@@ -684,6 +684,8 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
             grid, block = _dims(grid, "grid", "launch"), _dims(block, "block", "launch")
             shared_mem = _shared_mem(shared_mem, "launch")
         except InvalidValueError as exc:
+            if exc.call != "launch":     # not one of these refusals (a grid object's own error): as it came
+                raise
             raise exc.renamed(entry or default_entry(function.driver)) from None
     try:   # a signature with other entries than C type strings is never stored under this key (below)
         if signature is None:

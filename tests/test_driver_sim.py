@@ -192,6 +192,13 @@ def test_a_refusal_renamed_for_the_call_being_made_keeps_its_class_code_and_deta
     assert str(err).startswith("cuLaunchKernelEx was not called: ") and first.call == "DeviceBuffer.ptr"
     again = pickle.loads(pickle.dumps(err))
     assert type(again) is ClosedResourceError and again.call == "cuLaunchKernelEx" and str(again) == str(err)
+    first.__notes__ = ["seen while packing"]                 # what add_note() makes (Python 3.11+)
+    renamed = first.renamed("cuLaunchKernel")
+    assert renamed.__notes__ == ["seen while packing"]
+    renamed.__notes__.append("only on the copy")
+    assert first.__notes__ == ["seen while packing"]
+    with pytest.raises(TypeError):                # a driver's answer stays the answer to its own call
+        CudaError(2, "cuMemAlloc").renamed("cuLaunchKernel")
 
 
 def test_constants_and_types_by_c_name(sim):

@@ -16,7 +16,8 @@ def _stubbed(tmp_path: Path) -> dict[str, str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA H200, 580.159.04, 143771 MiB'\n")
-    (bin_dir / "python3").symlink_to(sys.executable)
+    # a wrapper, not a symlink: a symlink to a venv's python starts the base interpreter, without the venv's cffi
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     for stub in bin_dir.iterdir():
         stub.chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GPU_CHECK_STATE": str(tmp_path / "state"),
@@ -42,11 +43,23 @@ def test_the_summary_counts_each_benchmark_folders_goals_the_pure_paths_included
                          timeout=60)
     line = out.stdout.strip().splitlines()[-1]
     assert out.returncode == 0 and line.startswith("SUMMARY: 12 passed, 1 skipped"), out.stdout + out.stderr
-    assert "benchmark goals: 5 met, 1 missed in 2 files, pure path not run" in line
+    assert "benchmark goals: 5 met, 1 missed, 0 not evaluated in 2 files, pure path not run" in line
     _goals(state / "pure", "bench_launch", 0, 4)
+    (state / "pure" / "bench_launch.md").write_text((state / "pure" / "bench_launch.md").read_text()
+                                                    + "- [not evaluated (pure path)] a fast-path goal: 2x\n")
+    (state / "pure" / "bench_launch.log").write_text("ran\n")
+    (state / "pure" / "bench_memory.log").write_text("Traceback ...\n")    # crashed: a log, no results
     out = subprocess.run(["bash", str(SCRIPT), "summary"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=60)
-    assert "pure path 0 met, 4 missed in 1 files" in out.stdout.strip().splitlines()[-1]
+    line = out.stdout.strip().splitlines()[-1]
+    assert "pure path 0 met, 4 missed, 1 not evaluated in 1 files; FAILED: bench_memory" in line, line
+    for md in state.glob("bench_*.md"):                                     # a bench stage where all crashed
+        md.with_suffix(".log").write_text("Traceback ...\n")
+        md.unlink()
+    out = subprocess.run(["bash", str(SCRIPT), "summary"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=60)
+    line = out.stdout.strip().splitlines()[-1]
+    assert "benchmark goals: 0 met, 0 missed, 0 not evaluated in 0 files; FAILED: bench_launch bench_memory" in line
 
 
 def test_a_new_check_clears_what_every_stage_left_the_pure_benchmarks_folder_included(tmp_path):

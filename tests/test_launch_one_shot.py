@@ -458,6 +458,12 @@ def test_one_shot_and_prepared_refusals_name_the_entry_the_launch_makes(fk, pc, 
         assert (i, info.value.call, info.value.refused) == (i, made, True)
     with pytest.raises(ClosedResourceError):
         run(gone, 1, 1.0)
+    class Grid:                                         # a grid object whose own driver call failed
+        def __iter__(self):
+            raise InvalidValueError(1, "cuDeviceGetAttribute")
+    with pytest.raises(InvalidValueError) as info:
+        fn.launch(Grid(), 32, (buf, 1, 1.0), signature=SIG, entry=entry)
+    assert info.value.call == "cuDeviceGetAttribute" and not info.value.refused    # as it came, not renamed
     closed = Stream()
     closed.close()
     with pytest.raises(InvalidValueError) as info:    # refused as no kernel argument, not as a closed stream

@@ -90,9 +90,24 @@ for stage in "${stages[@]}"; do
           suite="$suite [the halves ran on different source trees]"
         fi
       fi
-      # each benchmark folder's goals, counted from its results files ("not run" without any)
-      goals() { local md=("$1"/bench_*.md); [ -e "${md[0]}" ] || { echo "not run"; return; }
-                echo "$(cat "${md[@]}" | grep -c '^- \[met\]') met, $(cat "${md[@]}" | grep -c '^- \[MISSED\]') missed in ${#md[@]} files"; }
+      # each benchmark folder's goals, counted from its results files, and each benchmark that left a log
+      # and no results named as failed ("not run" with neither)
+      goals() {
+        local dir=$1 log md=() failed=() met=0 missed=0 unread=0
+        for log in "$dir"/bench_*.log; do
+          [ -e "$log" ] && [ ! -e "${log%.log}.md" ] && failed+=("$(basename "$log" .log)")
+        done
+        for md in "$dir"/bench_*.md; do
+          [ -e "$md" ] || continue
+          met=$((met + $(grep -c '^- \[met\]' "$md"))); missed=$((missed + $(grep -c '^- \[MISSED\]' "$md")))
+          unread=$((unread + $(grep -c '^- \[not evaluated' "$md")))
+        done
+        local files=("$dir"/bench_*.md); [ -e "${files[0]}" ] || files=()
+        if [ ${#files[@]} -eq 0 ] && [ ${#failed[@]} -eq 0 ]; then echo "not run"; return; fi
+        local text="$met met, $missed missed, $unread not evaluated in ${#files[@]} files"
+        [ ${#failed[@]} -eq 0 ] || text="$text; FAILED: ${failed[*]}"
+        echo "$text"
+      }
       summary="SUMMARY: $suite on $(head -1 "$STATE/gpu.txt") (pytest rc=$suite_rc); pure-path GPU pass: $(result "$STATE/pytest_pure.log") (rc=$(rc "$STATE/pytest_pure.rc")); fast path $(cat "$STATE/fastpath.txt"); benchmark goals: $(goals "$STATE"), pure path $(goals "$STATE/pure")"
       echo "$summary" > "$STATE/summary.txt"
       echo "$summary" ;;
