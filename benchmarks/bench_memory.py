@@ -27,6 +27,7 @@ tests (tests/test_memory_paths.py) and ``--smoke`` count them on the fake driver
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import random
 import statistics
@@ -34,7 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # noqa: E402, I001
@@ -131,6 +132,21 @@ def keep_pool_memory(drv: Any) -> str:
     return ""
 
 
+@contextlib.contextmanager
+def one_allocation_alive(drv: Any) -> Iterator[None]:
+    """One allocation of ``SMALL`` bytes alive in the current context for the block (``sync_us``'s state).
+    Freed after it; after a failed block, freed without checking: the block's error is the one to see."""
+    import cuproc
+    resident = cuproc.ffi.new("CUdeviceptr *")
+    drv.checked.cuMemAlloc(resident, SMALL)
+    try:
+        yield
+    except BaseException:
+        drv.cuMemFree(resident[0])
+        raise
+    drv.checked.cuMemFree(resident[0])
+
+
 def allocations(c_lib: Any, smoke: bool, ops: tuple[int, int, int], rounds: int, errors: dict
                 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, list[float]]]]:
     """Each loop's best round (µs per alloc+free) per group, and every round's time (for paired ratios).
@@ -183,19 +199,11 @@ def allocations(c_lib: Any, smoke: bool, ops: tuple[int, int, int], rounds: int,
             stream_ordered["CuPy malloc_async, freed on drop"] = made
     best: dict[str, dict[str, float]] = {}
     every: dict[str, dict[str, list[float]]] = {}
-    resident = ffi.new("CUdeviceptr *")
     for group, loops, n in (("sync_alone_us", sync, ops[2]), ("sync_us", sync, ops[0]),
                             ("stream_ordered_us", stream_ordered, ops[1])):
-        if group == "sync_us":       # the goal's state: one small allocation alive (the module docstring)
-            drv.checked.cuMemAlloc(resident, SMALL)
-        try:
+        # the goal's state: one small allocation alive (the module docstring)
+        with one_allocation_alive(drv) if group == "sync_us" else contextlib.nullcontext():
             every[group] = take_turns({name: (fn, n) for name, fn in loops.items()}, rounds, errors)
-        except BaseException:
-            if group == "sync_us":   # the loops' error is the one to see: this free's answer cannot replace it
-                drv.cuMemFree(resident[0])
-            raise
-        if group == "sync_us":
-            drv.checked.cuMemFree(resident[0])
         best[group] = {name: min(v) for name, v in every[group].items()}
     stream.close()
     return best, every

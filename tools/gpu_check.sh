@@ -93,18 +93,18 @@ for stage in "${stages[@]}"; do
       # each benchmark folder's goals, counted from its results files, and each benchmark that left a log
       # and no results named as failed ("not run" with neither)
       goals() {
-        local dir=$1 log md=() failed=() met=0 missed=0 unread=0
+        local dir=$1 log md failed=() files=0 met=0 missed=0 unread=0
         for log in "$dir"/bench_*.log; do
           [ -e "$log" ] && [ ! -e "${log%.log}.md" ] && failed+=("$(basename "$log" .log)")
         done
         for md in "$dir"/bench_*.md; do
           [ -e "$md" ] || continue
+          files=$((files + 1))
           met=$((met + $(grep -c '^- \[met\]' "$md"))); missed=$((missed + $(grep -c '^- \[MISSED\]' "$md")))
           unread=$((unread + $(grep -c '^- \[not evaluated' "$md")))
         done
-        local files=("$dir"/bench_*.md); [ -e "${files[0]}" ] || files=()
-        if [ ${#files[@]} -eq 0 ] && [ ${#failed[@]} -eq 0 ]; then echo "not run"; return; fi
-        local text="$met met, $missed missed, $unread not evaluated in ${#files[@]} files"
+        if [ "$files" -eq 0 ] && [ ${#failed[@]} -eq 0 ]; then echo "not run"; return; fi
+        local text="$met met, $missed missed, $unread not evaluated in $files files"
         [ ${#failed[@]} -eq 0 ] || text="$text; FAILED: ${failed[*]}"
         echo "$text"
       }
