@@ -46,6 +46,7 @@ SMALL = 256                    # bytes per allocation (the issue's size)
 COPY_SIZES = (64 << 20, 256 << 20)
 C_SYNC, C_ASYNC = "C floor cuMemAlloc+cuMemFree", "C floor cuMemAllocAsync+cuMemFreeAsync"
 OURS_SYNC, OURS_ASYNC = "cuproc DeviceBuffer(n).free()", "cuproc alloc_async(n, stream).free_async()"
+OURS_DROPPED = "cuproc DeviceBuffer(n), dropped (its finalizer frees)"
 BIND_SYNC, BIND_ASYNC = "cuda.bindings cuMemAlloc+cuMemFree", "cuda.bindings cuMemAllocAsync+cuMemFreeAsync"
 #: the driver calls one memory.copy makes, per row kind: the raw-name row's entry point and nothing else
 #: (no pointer query, no sync, no context switch); checked on the fake driver by the tests and --smoke
@@ -167,6 +168,10 @@ def allocations(c_lib: Any, smoke: bool, ops: tuple[int, int, int], rounds: int,
         for _ in range(k):
             cuproc.DeviceBuffer(SMALL).free()
 
+    def dropped(k):   # per-step code that lets the buffer go: its finalizer frees it (information only)
+        for _ in range(k):
+            cuproc.DeviceBuffer(SMALL)
+
     out_ptr = ffi.new("CUdeviceptr *")
 
     def raw(k, p=out_ptr, alloc=drv.cuMemAlloc, free=drv.cuMemFree):
@@ -185,7 +190,7 @@ def allocations(c_lib: Any, smoke: bool, ops: tuple[int, int, int], rounds: int,
             alloc(p, SMALL, hs)
             free(p[0], hs)
         stream.synchronize()
-    sync[OURS_SYNC], sync["cuproc raw C names (drv.cuMemAlloc)"] = objects, raw
+    sync[OURS_SYNC], sync[OURS_DROPPED], sync["cuproc raw C names (drv.cuMemAlloc)"] = objects, dropped, raw
     stream_ordered[OURS_ASYNC], stream_ordered["cuproc raw C names (drv.cuMemAllocAsync)"] = objects_async, raw_async
     if not smoke:
         made = peer(errors, "cuda.bindings", lambda: bindings_allocs(stream.__cuda_stream__()[1]))

@@ -49,7 +49,7 @@ try:
 except ImportError:  # pragma: no cover - an interpreter without the C accelerator
     from warnings import warn as _warn_function
 
-from . import _fork
+from . import _fork, fastpath
 from .driver import Driver, forked_error
 from .errors import ClosedResourceError, CudaWarning
 
@@ -138,7 +138,11 @@ class Resource:
         return self.ended_owner() is not None
 
     def _claim(self, how: str) -> bool:
-        """Mark this object ended; False if it already was (another thread closed it first)."""
+        """Mark this object ended; False if it already was (another thread closed it first).
+
+        On the compiled fast path this method is a C function doing the same test and store with no
+        Python code between them, so in one step under the GIL, without the lock (see the end of this
+        module): then it is the one claim there is, which the C close of a DeviceBuffer also makes."""
         with _CLAIM:
             if self.ended is not None:
                 return False
@@ -203,6 +207,12 @@ class Resource:
 
     def __reduce__(self) -> Any:
         raise TypeError(f"a {type(self).__name__} holds a driver handle and cannot be pickled")
+
+
+_make_claim = fastpath.claim_factory()
+if _make_claim is not None:
+    Resource._claim = fastpath.dressed(  # type: ignore[method-assign]
+        _make_claim(Resource._claim, Resource, Resource.ended, EPOCH), Resource._claim)
 
 
 def failure_text(driver: Any, rc: int, call: str) -> str:

@@ -194,8 +194,25 @@ class Context(Resource):
         (:meth:`call_current` for a given context, which may not be current; a plain call otherwise)."""
         if context is None:     # it is current: the call goes straight to the driver
             return cls.require_current(call, driver=driver), _as_is
+        if context.__class__ is not Context:
+            context = cls.given(context, call)
         context.check(call)
         return context, context.call_current
+
+    @classmethod
+    def given(cls, context: Any, call: str) -> Context:
+        """The Context that a ``context=`` argument names: a Context as is, or the context of the
+        PrimaryContext that :func:`use_device` returns (which must be retained); anything else is
+        refused, naming ``call``, before it can fail as an attribute error somewhere inside."""
+        if isinstance(context, Context):
+            return context
+        if isinstance(context, PrimaryContext):
+            if context.retain_count == 0:
+                raise invalid(call, f"context= is device {context.device.ordinal}'s primary context, which is not "
+                                    "retained: retain() it (or use cuproc.use_device) first")
+            return context.context
+        raise invalid(call, f"context= takes a cuproc Context (or the PrimaryContext cuproc.use_device returns), "
+                            f"not {type(context).__name__}")
 
     # ---------------------------------------------------------------- lifetime
     def describe(self) -> str:

@@ -38,11 +38,11 @@ import weakref
 
 from . import _fork, fastpath
 from ._ffi import ffi
-from ._resource import FORKED, Resource
+from ._resource import FORKED, Resource, failure_text, report
 from ._support import handle_int, invalid
 from .allocation import EXPORTS, Allocation
 from .context import Context, register_stream_ordered_memory, synchronize_context
-from .driver import Driver
+from .driver import DEFAULT_HANDLE, Driver
 from .interop import KDL_CUDA, DeviceArrayExports, cai, default_marker, typestr_of
 from .stream import Stream, as_stream, default_stream, stream_handle
 
@@ -325,6 +325,55 @@ if _make_stream_ordered is not None:
     # and, as the class's tp_finalize, without the generic slot's lookup and call of __del__.
     DeviceBuffer.__del__ = fastpath.dressed(_front_del, Resource.__del__)  # type: ignore[method-assign]
     _front_del.take_finalizer()
+
+
+# With the fast path, ``DeviceBuffer.__init__``, ``close`` and ``free`` are C fronts over the Python code
+# (tools/fastpath_device_buffer.c): DeviceBuffer(n) in the current context (or ``context=`` the current one)
+# asks cuCtxGetCurrent, finds the context's object (remembered weakly per handle), allocates and stores
+# the slots in C; free()/close() of cuMemAlloc memory claim and free in C, and so does the class's
+# finalizer for such a buffer dropped live; every other call runs the Python code unchanged.  The C hands
+# these a driver error, or asks for the current context's object:
+def _c_sync_alloc_failed(driver: Driver, rc: int) -> None:
+    """cuMemAlloc in the current context answered ``rc``: the exception, as __init__ raises it."""
+    raise driver.error(rc, "cuMemAlloc")
+
+
+def _c_current_context(driver: Driver) -> Context:
+    """The current context's object for ``DeviceBuffer(n)`` (refused, naming cuMemAlloc, when there is none)."""
+    return Context.require_current("cuMemAlloc", driver=driver)
+
+
+def _c_sync_free_failed(buffer: DeviceBuffer, rc: int) -> None:
+    """cuMemFree's first attempt answered ``rc`` (the buffer is claimed): the rebind, else the exception."""
+    drv = buffer.driver
+    rc = buffer.context.rebind(rc, drv.cuMemFree, buffer.address)
+    if rc:
+        raise drv.error(rc, "cuMemFree")
+
+
+def _c_sync_drop_failed(buffer: DeviceBuffer, rc: int) -> None:
+    """The finalizer's cuMemFree of a dropped live buffer answered ``rc`` (it is ended "dropped"): the
+    rebind, else the warning Resource.__del__ gives (a finalizer never raises)."""
+    drv = buffer.driver
+    rc = buffer.context.rebind(rc, drv.cuMemFree, buffer.address)
+    if rc:
+        report(f"{buffer.describe()} was dropped without close() and releasing it failed: "
+               f"{failure_text(drv, rc, 'cuMemFree')}")
+
+
+_make_device_buffer = fastpath.device_buffer_factory()
+if _make_device_buffer is not None:
+    _front_init, _front_close, _front_free = _make_device_buffer(
+        DeviceBuffer.__init__, _c_sync_alloc_failed, _c_current_context, Allocation.close, Allocation.free,
+        _c_sync_free_failed, _c_sync_drop_failed,
+        tuple(fastpath.pointer_reader(fastpath.FRONT_TYPEDEFS[name]) for name in ("cuCtxGetCurrent", "cuMemAlloc",
+                                                                                  "cuMemFree")),
+        DeviceBuffer, Context, Resource, ffi.typeof("CUcontext"), FORKED, EXPORTS, "freed", DEFAULT_HANDLE,
+        (Resource.driver, Resource.ended, Allocation.context, Allocation.address, Allocation.nbytes,
+         DeviceBuffer.stream, DeviceBuffer.pool, DeviceBuffer.last_stream, DeviceBuffer.claim_key, Context.handle))
+    DeviceBuffer.__init__ = fastpath.dressed(_front_init, DeviceBuffer.__init__)  # type: ignore[method-assign]
+    DeviceBuffer.close = fastpath.dressed(_front_close, Allocation.close)  # type: ignore[method-assign]
+    DeviceBuffer.free = fastpath.dressed(_front_free, Allocation.free)  # type: ignore[method-assign]
 
 
 class DeviceView(DeviceArrayExports):

@@ -1065,7 +1065,10 @@ def _make_checked(function: Callable[..., int], name: str, error: Callable[[int,
 
 # --------------------------------------------------------------------------- the module as namespace
 
-_default: Driver | None = None
+#: The handle behind the module namespace, as a one-element list (None until first use): the compiled
+#: fast path reads it on every ``DeviceBuffer(n)`` (tools/fastpath_device_buffer.c), where a module
+#: global would cost a dict lookup by name.  Written only by default_driver() and set_default_driver().
+DEFAULT_HANDLE: list[Driver | None] = [None]
 _default_lock = _fork.lock()
 # Bumped (under _default_lock) whenever what the module namespace should bind changes: a new default
 # handle, a declare() on it, a fork.  The lazy hook and preload() resolve outside the lock (resolving
@@ -1076,19 +1079,19 @@ _module_generation = 0
 
 def default_driver() -> Driver:
     """The handle behind ``cuproc.driver.cuX``: configured by CUPROC_* variables, opened on first use."""
-    global _default
-    if _default is None:
+    drv = DEFAULT_HANDLE[0]
+    if drv is None:
         with _default_lock:
-            if _default is None:
-                _default = Driver()
-    return _default
+            drv = DEFAULT_HANDLE[0]
+            if drv is None:
+                drv = DEFAULT_HANDLE[0] = Driver()
+    return drv
 
 
 def set_default_driver(driver: Driver | None) -> None:
     """Replace the handle behind the module namespace (None: a fresh one from the environment)."""
-    global _default
     with _default_lock:
-        _default = driver
+        DEFAULT_HANDLE[0] = driver
         _unbind_module_names()
 
 
@@ -1111,7 +1114,7 @@ def _forget_module_name(driver: Driver, name: str) -> None:
     """declare() made or replaced ``name`` on ``driver``: if it is the default handle, the module
     namespace drops its cached copy, so ``cuproc.driver.<name>`` resolves again."""
     with _default_lock:
-        if _default is driver:
+        if DEFAULT_HANDLE[0] is driver:
             _unbind_module_names((name,))
 
 
@@ -1149,7 +1152,7 @@ def _bind_namespace(drv: Driver) -> None:
     fork meanwhile leaves the namespace lazy."""
     for _attempt in range(_PRELOAD_ATTEMPTS):
         generation = _module_generation
-        if _default is not drv or _fork.FORKED[0]:   # replaced, or forked, meanwhile: stay lazy
+        if DEFAULT_HANDLE[0] is not drv or _fork.FORKED[0]:   # replaced, or forked, meanwhile: stay lazy
             return
         values = _module_values(drv)
         with _default_lock:
@@ -1223,7 +1226,7 @@ def _module_c_name(name: str) -> Any:
         _bind_namespace(drv)
         return value
     with _default_lock:
-        if generation == _module_generation and _default is drv:
+        if generation == _module_generation and DEFAULT_HANDLE[0] is drv:
             globals()[name] = value   # cache: the next access is a plain module attribute load
             _module_cache.add(name)
     return value

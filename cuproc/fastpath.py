@@ -20,6 +20,10 @@ Where it applies:
   resource, a fork, a value it does not convert exactly as cffi would -- goes to the pure launcher.
 * ``alloc_async(n, stream)`` and ``buffer.free_async()`` on a cuproc Stream make their driver call and
   build the buffer and its table entry in C (tools/fastpath_memory.c); every other form is the Python code.
+* ``DeviceBuffer(n)`` (in the current context, or ``context=`` the current one) and ``buffer.free()`` /
+  ``close()`` of such memory ask which context is current, allocate, build or claim the buffer, and
+  free, in C (tools/fastpath_device_buffer.c); every resource's claim (``Resource._claim``: "not ended
+  yet -> ended") is one C step under the GIL instead of a test and a store under a lock.
 * ``Function.launch`` (``cuproc.launch.launch``) finds a warm one-shot entry and calls its launcher
   in C for the common form (plain-int grid and block, at most ``signature=`` and ``stream=`` -- the
   default stream or a cuproc Stream); every other call goes to the Python launch.
@@ -120,6 +124,16 @@ def stream_ordered_factory() -> Callable[..., tuple[Any, Any]] | None:
     return _factory("make_stream_ordered")
 
 
+def device_buffer_factory() -> Callable[..., tuple[Any, Any, Any]] | None:
+    """``cuproc._fastpath_c.make_device_buffer`` (see tools/fastpath_device_buffer.c), or None without the fast path."""
+    return _factory("make_device_buffer")
+
+
+def claim_factory() -> Callable[..., Any] | None:
+    """``cuproc._fastpath_c.make_claim`` (see tools/fastpath_device_buffer.c), or None without the fast path."""
+    return _factory("make_claim")
+
+
 def ask_all() -> Callable[..., int] | None:
     """``cuproc_ask_all`` (see tools/fastpath_resolve.c): many cuGetProcAddress queries in one C call,
     for ``Driver.preload()``; None without the fast path."""
@@ -130,7 +144,10 @@ def ask_all() -> Callable[..., int] | None:
 #: The C type through which each compiled front calls its driver function (tools/fastpath_launch.c,
 #: tools/fastpath_memory.c cast to these): a name resolved to another ABI variant keeps its Python path.
 #: Kept here, beside the compiled module, so that the object layer names no ABI version.
-FRONT_TYPEDEFS = {"cuLaunchKernel": "PFN_cuLaunchKernel_v4000",
+FRONT_TYPEDEFS = {"cuCtxGetCurrent": "PFN_cuCtxGetCurrent_v4000",
+                  "cuMemAlloc": "PFN_cuMemAlloc_v3020",
+                  "cuMemFree": "PFN_cuMemFree_v3020",
+                  "cuLaunchKernel": "PFN_cuLaunchKernel_v4000",
                   "cuLaunchKernelEx": "PFN_cuLaunchKernelEx_v11060",
                   "cuMemAllocAsync": "PFN_cuMemAllocAsync_v11020",
                   "cuMemFreeAsync": "PFN_cuMemFreeAsync_v11020"}

@@ -26,7 +26,8 @@ from .transfers import copy, copy_2d, copy_3d, memset, memset_2d
 
 def mem_info(context: Context | None = None, *, driver: Driver | None = None) -> tuple[int, int]:
     """(free, total) bytes on the device of ``context`` (default: the current one), via cuMemGetInfo."""
-    ctx = context if context is not None else Context.require_current("cuMemGetInfo", driver=driver)
+    ctx = Context.given(context, "cuMemGetInfo") if context is not None else Context.require_current(
+        "cuMemGetInfo", driver=driver)
     free, total = ffi.new("size_t *"), ffi.new("size_t *")
     ctx.run("cuMemGetInfo", free, total)
     return free[0], total[0]

@@ -32,7 +32,7 @@ __all__ = ["start", "stop"]   # not range: a star import would shadow the builti
 
 
 def _context(context: Context | None, call: str) -> Context:
-    return context if context is not None else Context.require_current(call)
+    return Context.given(context, call) if context is not None else Context.require_current(call)
 
 
 def start(context: Context | None = None) -> None:

@@ -127,3 +127,48 @@ def test_prepared_launches_from_threads_never_mix_arguments(primary):
         a, b = pairs[0::2], pairs[1::2]
         np.testing.assert_array_equal(a, 1000 * np.arange(a.size) + 7)
         np.testing.assert_array_equal(b, 3 * a + 1)
+
+
+def _pointer_context(address: int) -> int:
+    """The context the driver says owns ``address`` (cuPointerGetAttribute by dlsym, not cuproc's path)."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    out = ctypes.c_void_p()
+    CU_POINTER_ATTRIBUTE_CONTEXT = 1
+    assert lib.cuPointerGetAttribute(ctypes.byref(out), CU_POINTER_ATTRIBUTE_CONTEXT, ctypes.c_uint64(address)) == 0
+    return out.value or 0
+
+
+def test_device_buffers_land_in_the_right_context_carry_data_and_go_back(primary):
+    """DeviceBuffer(n) (the C front on the fast path) allocates in the current context, or in ``context=``
+    pushed when it is not current; the driver's own pointer attribute names that context, the memory
+    carries what NumPy wrote through dlsym'd copies, and free(), close() and a drop give every byte back."""
+    from cuproc._support import handle_int
+    init, frees = (getattr(DeviceBuffer.__init__, "taken", 0),
+                   getattr(DeviceBuffer.free, "taken", 0) + getattr(DeviceBuffer.close, "taken", 0))
+    lib = ctypes.CDLL("libcuda.so.1")
+    mine = handle_int(primary.context.handle)
+    other = cuproc.Context.create(0)
+    cuproc.Context.pop()                                       # created, not current
+    mem.mem_info()
+    free0 = mem.mem_info()[0]
+    rng = np.random.default_rng(9)
+    bufs = [DeviceBuffer(64 << 20) for _ in range(3)] + [DeviceBuffer(64 << 20, context=other)]
+    assert [_pointer_context(b.address) for b in bufs] == [mine] * 3 + [handle_int(other.handle)]
+    assert cuproc.Context.current() is primary.context        # the push for ``other`` was popped
+    for b in bufs:
+        data = rng.integers(0, 256, 4096, dtype=np.uint8)
+        assert lib.cuMemcpyHtoD_v2(ctypes.c_uint64(b.address), data.ctypes.data_as(ctypes.c_void_p), 4096) == 0
+        back = np.zeros(4096, np.uint8)
+        mem.copy(back, b)
+        assert np.array_equal(back, data)
+    assert mem.mem_info()[0] <= free0 - 4 * (64 << 20)
+    bufs[0].free()
+    bufs[1].close()
+    del bufs[2]                                                # dropped live: its finalizer frees it
+    bufs[-1].free()
+    assert all(b.freed for b in (bufs[0], bufs[1], bufs[-1]))
+    assert mem.mem_info()[0] >= free0 - (2 << 20)
+    other.destroy()
+    if fastpath.active():                                      # the fronts made these calls themselves
+        assert getattr(DeviceBuffer.__init__, "taken") >= init + 3
+        assert getattr(DeviceBuffer.free, "taken") + getattr(DeviceBuffer.close, "taken") >= frees + 4

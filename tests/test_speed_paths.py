@@ -511,7 +511,7 @@ def test_the_allocation_goal_is_read_with_one_small_allocation_alive_and_the_bar
     monkeypatch.setattr(m, "take_turns", watching)
     before = fk.device_bytes_live(0)
     best, every = m.allocations(None, True, (5, 5, 3), 2, {})
-    sync_rows = (m.OURS_SYNC, "cuproc raw C names (drv.cuMemAlloc)")
+    sync_rows = (m.OURS_SYNC, m.OURS_DROPPED, "cuproc raw C names (drv.cuMemAlloc)")
     assert [rows for rows, _ in seen] == [sync_rows, sync_rows,
                                           (m.OURS_ASYNC, "cuproc raw C names (drv.cuMemAllocAsync)")]
     assert [live for _, live in seen[:2]] == [before, before + m.SMALL]

@@ -15,7 +15,7 @@
  *     stream and its context live (their ``ended`` is None), not a forked child, the context's
  *     table a plain dict.  It makes the one driver call through the pointer the driver resolved
  *     for ``driver.cuMemAllocAsync`` (a handle's own function is honoured: looked up in its dict on
- *     every call, or on 3.12+ remembered until that dict changes, see cuproc_so_function), then
+ *     every call, or on 3.12+ remembered until that dict changes, see cuproc_fn_pointer), then
  *     builds what the Python function builds: the DeviceBuffer (its slots stored as the Python
  *     code stores them), its ``claim_key`` (its weak reference) and the entry (address, stream)
  *     under that key in the context's table.  A driver error goes to ``failed(stream, nbytes, rc)``
@@ -34,20 +34,48 @@
  * the GIL, as cffi's calls do (a host function the driver runs may need it).
  */
 
+/* How a front finds the driver function it calls: ``drv.<name>``, its address read by ``pointer_of``
+ * (cuproc.fastpath.pointer_reader of the typedef the front casts to), remembered (cuproc_fn_pointer). */
 typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    PyObject *dict;
-    PyObject *slow, *failed, *pointer_of, *name;
-    PyObject *stream_type, *buffer_type, *context_type, *cstream_type;
-    PyObject *forked, *exports, *freed;
-    Py_ssize_t off_driver, off_ended, off_context, off_address, off_nbytes, off_stream, off_pool, off_last,
-        off_table, off_stream_context, off_stream_handle, off_key;
+    PyObject *name, *pointer_of;
     PyObject *fn;      /* the driver's published function last seen, and the address it calls */
     void *fnptr;
     void *fn_driver, *fn_dict;            /* 3.12+: the handle and its watched dict (identities only, no
                                            * references) that gave fn ... */
     unsigned long long fn_generation;     /* ... when no watched dict had changed since */
+} cuproc_fn;
+
+static void cuproc_fn_init(cuproc_fn *f, PyObject *name, PyObject *pointer_of)
+{
+    f->name = Py_NewRef(name);
+    f->pointer_of = Py_NewRef(pointer_of);
+    f->fn = NULL;
+    f->fnptr = NULL;
+    f->fn_driver = f->fn_dict = NULL;
+    f->fn_generation = 0;
+}
+
+static int cuproc_fn_traverse(cuproc_fn *f, visitproc visit, void *arg)
+{
+    Py_VISIT(f->name); Py_VISIT(f->pointer_of); Py_VISIT(f->fn);
+    return 0;
+}
+
+static void cuproc_fn_clear(cuproc_fn *f)
+{
+    Py_CLEAR(f->name); Py_CLEAR(f->pointer_of); Py_CLEAR(f->fn);
+}
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *dict;
+    PyObject *slow, *failed;
+    PyObject *stream_type, *buffer_type, *context_type, *cstream_type;
+    PyObject *forked, *exports, *freed;
+    Py_ssize_t off_driver, off_ended, off_context, off_address, off_nbytes, off_stream, off_pool, off_last,
+        off_table, off_stream_context, off_stream_handle, off_key;
+    cuproc_fn f;       /* cuMemAllocAsync or cuMemFreeAsync */
     Py_ssize_t taken;
 } cuproc_so;
 
@@ -71,13 +99,13 @@ static int cuproc_so_dict_changed(PyDict_WatchEvent event, PyObject *dict, PyObj
 }
 #endif
 
-/* The raw pointer behind ``drv.<name>`` (the function it was last seen to be is kept in self->fn), or
+/* The raw pointer behind ``drv.<name>`` (the function it was last seen to be is kept in self->fn, ``self`` being the front's cuproc_fn), or
  * NULL with no error set when the fast path cannot call it (an Unavailable, a stand-in a test put there).
  * May run Python (a __getattr__ hook, pointer_of; on 3.10/3.11 any allocation, through a collection):
  * the caller holds what it reads afterwards.  That Python may call this front again, which then
  * replaces self->fn and its address: this call reads them only after its own Python ran, stores its
  * result whole, releases the one it replaced last, and returns its own address, not self->fnptr. */
-static void *cuproc_so_function(cuproc_so *self, PyObject *drv)
+static void *cuproc_fn_pointer(cuproc_fn *self, PyObject *drv)
 {
     PyObject *fn = NULL, *value, *dict, *old = NULL;
     void *address;
@@ -269,7 +297,7 @@ static PyObject *cuproc_so_alloc(PyObject *obj, PyObject *const *args, size_t na
     if (n == (size_t)-1 && PyErr_Occurred()) { PyErr_Clear(); goto slow; }   /* negative: Python refuses */
     /* The driver's function first: its lookup may run Python (any thread), so every check comes after. */
     drv = cuproc_so_driver_of(self, stream);
-    fn = drv == NULL ? NULL : cuproc_so_function(self, drv);
+    fn = drv == NULL ? NULL : cuproc_fn_pointer(&self->f, drv);
     ctx = fn == NULL ? NULL : cuproc_so_context(self, stream);
     h = ctx == NULL ? NULL : cuproc_so_handle(self, stream);
     if (h == NULL || CUPROC_SLOT(ctx, self->off_driver) != drv) {   /* (drv is held: no reused address) */
@@ -333,40 +361,59 @@ slow:
     return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
 }
 
+/* What every free front (free_async here, close/free in fastpath_device_buffer.c) does first, for a call
+ * ``(buffer)`` on an exact ``buffer_type``: an ended buffer is done (idempotent); then the driver's function,
+ * whose lookup may run Python (any thread), so that the caller reads everything else after it; then the
+ * exports, whose buffer the Python method refuses to free.  ``*fn``: the function to call on
+ * CUPROC_FREE_GO; the caller still checks ``ended`` again. */
+enum { CUPROC_FREE_GO, CUPROC_FREE_ENDED, CUPROC_FREE_SLOW, CUPROC_FREE_ERROR };
+
+static int cuproc_free_start(PyObject *const *args, size_t nargsf, PyObject *kwnames, PyObject *buffer_type,
+                             Py_ssize_t off_ended, Py_ssize_t off_driver, cuproc_fn *f, PyObject *exports, void **fn)
+{
+    PyObject *buf, *ended, *drv;
+    if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 1)
+        return CUPROC_FREE_SLOW;
+    buf = args[0];
+    if ((PyObject *)Py_TYPE(buf) != buffer_type)
+        return CUPROC_FREE_SLOW;
+    ended = CUPROC_SLOT(buf, off_ended);
+    if (ended != Py_None)
+        return ended == NULL ? CUPROC_FREE_SLOW : CUPROC_FREE_ENDED;
+    drv = CUPROC_SLOT(buf, off_driver);
+    if (drv == NULL) return CUPROC_FREE_SLOW;
+    Py_INCREF(drv);
+    *fn = cuproc_fn_pointer(f, drv);
+    if (*fn == NULL || CUPROC_SLOT(buf, off_driver) != drv) { Py_DECREF(drv); return CUPROC_FREE_SLOW; }
+    Py_DECREF(drv);   /* the buffer holds it (drv is not used after) */
+    if (PyDict_GET_SIZE(exports) != 0) {   /* exported (EXPORTS is keyed by id): the Python method refuses */
+        /* before the caller's reads, as the lookup is: an allocation and a dict lookup have no place
+         * between them and the claim (neither runs Python today -- an int is not tracked by the
+         * collector, EXPORTS holds ints -- but a failure would raise, and a change could make it so) */
+        PyObject *id = PyLong_FromVoidPtr(buf);
+        int exported = id == NULL ? -1 : PyDict_Contains(exports, id);
+        Py_XDECREF(id);
+        if (exported != 0) return exported < 0 ? CUPROC_FREE_ERROR : CUPROC_FREE_SLOW;
+    }
+    return CUPROC_FREE_GO;
+}
+
 static PyObject *cuproc_so_free(PyObject *obj, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     cuproc_so *self = (cuproc_so *)obj;
-    PyObject *buf, *own, *bctx, *table, *key, *entry, *address, *drv, *ended;
+    PyObject *buf, *own, *bctx, *table, *key, *entry, *address;
     unsigned long long dptr;
     CUstream h;
     CUresult rc;
     void *fn;
-    if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 1)
-        goto slow;
+    switch (cuproc_free_start(args, nargsf, kwnames, self->buffer_type, self->off_ended, self->off_driver, &self->f,
+                              self->exports, &fn)) {
+    case CUPROC_FREE_ENDED: Py_RETURN_NONE;   /* idempotent */
+    case CUPROC_FREE_SLOW: goto slow;
+    case CUPROC_FREE_ERROR: return NULL;
+    default: break;
+    }
     buf = args[0];
-    if ((PyObject *)Py_TYPE(buf) != self->buffer_type)
-        goto slow;
-    ended = CUPROC_SLOT(buf, self->off_ended);
-    if (ended != Py_None) {
-        if (ended == NULL) goto slow;
-        Py_RETURN_NONE;                 /* idempotent */
-    }
-    /* The driver's function first: its lookup may run Python (any thread), so everything else is read after. */
-    drv = CUPROC_SLOT(buf, self->off_driver);
-    if (drv == NULL) goto slow;
-    Py_INCREF(drv);
-    fn = cuproc_so_function(self, drv);
-    if (fn == NULL || CUPROC_SLOT(buf, self->off_driver) != drv) { Py_DECREF(drv); goto slow; }
-    Py_DECREF(drv);   /* the buffer holds it (drv is not used below) */
-    if (PyDict_GET_SIZE(self->exports) != 0) {   /* exported (EXPORTS is keyed by id): the Python method refuses */
-        /* before the reads below, as the lookup is: an allocation and a dict lookup have no place
-         * between them and the claim (neither runs Python today -- an int is not tracked by the
-         * collector, EXPORTS holds ints -- but a failure would raise, and a change could make it so) */
-        PyObject *id = PyLong_FromVoidPtr(buf);
-        int exported = id == NULL ? -1 : PyDict_Contains(self->exports, id);
-        Py_XDECREF(id);
-        if (exported != 0) { if (exported < 0) return NULL; goto slow; }
-    }
     if (CUPROC_SLOT(buf, self->off_ended) != Py_None) goto slow;   /* ended meanwhile: Python says how */
     own = CUPROC_SLOT(buf, self->off_stream);
     bctx = CUPROC_SLOT(buf, self->off_context);
@@ -440,6 +487,10 @@ static PyObject *cuproc_so_finalize(PyObject *obj, PyObject *const *args, size_t
 static cuproc_so *cuproc_so_finalizers[CUPROC_SO_FINALIZERS];
 static PyObject *cuproc_s_del;
 
+/* A C finalizer for a live buffer, set by fastpath_device_buffer.c once its fronts exist: 1 when it let the
+ * buffer go (freed, or handed a failure to its Python report), 0 to leave it to Resource.__del__. */
+static int (*cuproc_so_live_finalizer)(PyObject *buf);
+
 /* DeviceBuffer's tp_finalize once take_finalizer() ran: an ended buffer (the common case) returns without
  * the generic slot's lookup and call of ``__del__``; any other calls the class's ``__del__`` -- the front,
  * so Resource.__del__ -- as that slot does (the current exception saved; one raised is reported, not
@@ -457,6 +508,8 @@ static void cuproc_so_tp_finalize(PyObject *obj)
         fin->taken++;
         return;
     }
+    if (fin != NULL && cuproc_so_live_finalizer != NULL && cuproc_so_live_finalizer(obj))
+        return;   /* cuMemAlloc memory, freed in C (counted by that front) */
     cuproc_error_save(&saved);
     /* the front's Python finalizer; a class not in the table (never the case) gets its own __del__ */
     del = fin != NULL ? Py_NewRef(fin->slow) : PyObject_GetAttr((PyObject *)Py_TYPE(obj), cuproc_s_del);
@@ -522,20 +575,21 @@ static PyMethodDef cuproc_so_methods[] = {
 static int cuproc_so_traverse(PyObject *obj, visitproc visit, void *arg)
 {
     cuproc_so *self = (cuproc_so *)obj;
-    Py_VISIT(self->dict); Py_VISIT(self->slow); Py_VISIT(self->failed); Py_VISIT(self->pointer_of);
-    Py_VISIT(self->name); Py_VISIT(self->stream_type); Py_VISIT(self->buffer_type);
+    Py_VISIT(self->dict); Py_VISIT(self->slow); Py_VISIT(self->failed);
+    Py_VISIT(self->stream_type); Py_VISIT(self->buffer_type);
     Py_VISIT(self->context_type); Py_VISIT(self->cstream_type); Py_VISIT(self->forked); Py_VISIT(self->exports);
-    Py_VISIT(self->freed); Py_VISIT(self->fn); Py_VISIT(Py_TYPE(obj));
-    return 0;
+    Py_VISIT(self->freed); Py_VISIT(Py_TYPE(obj));
+    return cuproc_fn_traverse(&self->f, visit, arg);
 }
 
 static int cuproc_so_clear(PyObject *obj)
 {
     cuproc_so *self = (cuproc_so *)obj;
-    Py_CLEAR(self->dict); Py_CLEAR(self->slow); Py_CLEAR(self->failed); Py_CLEAR(self->pointer_of);
-    Py_CLEAR(self->name); Py_CLEAR(self->stream_type); Py_CLEAR(self->buffer_type);
+    Py_CLEAR(self->dict); Py_CLEAR(self->slow); Py_CLEAR(self->failed);
+    Py_CLEAR(self->stream_type); Py_CLEAR(self->buffer_type);
     Py_CLEAR(self->context_type); Py_CLEAR(self->cstream_type); Py_CLEAR(self->forked); Py_CLEAR(self->exports);
-    Py_CLEAR(self->freed); Py_CLEAR(self->fn);
+    Py_CLEAR(self->freed);
+    cuproc_fn_clear(&self->f);
     return 0;
 }
 
@@ -593,8 +647,8 @@ static cuproc_so *cuproc_so_new(PyObject *const *objs, const Py_ssize_t *offsets
     self->vectorcall = call;
     self->dict = NULL;
     self->slow = Py_NewRef(slow);
-    self->name = Py_NewRef(name);
-    self->failed = Py_NewRef(objs[0]); self->pointer_of = Py_NewRef(objs[1]);
+    cuproc_fn_init(&self->f, name, objs[1]);
+    self->failed = Py_NewRef(objs[0]);
     self->stream_type = Py_NewRef(objs[2]); self->buffer_type = Py_NewRef(objs[3]);
     self->context_type = Py_NewRef(objs[4]); self->cstream_type = Py_NewRef(objs[5]);
     self->forked = Py_NewRef(objs[6]); self->exports = Py_NewRef(objs[7]); self->freed = Py_NewRef(objs[8]);
@@ -602,10 +656,6 @@ static cuproc_so *cuproc_so_new(PyObject *const *objs, const Py_ssize_t *offsets
     self->off_address = offsets[3]; self->off_nbytes = offsets[4]; self->off_stream = offsets[5];
     self->off_pool = offsets[6]; self->off_last = offsets[7]; self->off_table = offsets[8];
     self->off_stream_context = offsets[9]; self->off_stream_handle = offsets[10]; self->off_key = offsets[11];
-    self->fn = NULL;
-    self->fnptr = NULL;
-    self->fn_driver = self->fn_dict = NULL;
-    self->fn_generation = 0;
     self->taken = 0;
     PyObject_GC_Track(self);
     return self;
