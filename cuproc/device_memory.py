@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
     from .pools import MemoryPool
 
+_SIZE_MAX = (1 << (8 * ffi.sizeof("size_t"))) - 1
 _DEVICE_POINTER = ffi.typeof("CUdeviceptr *")   # parsed once: ffi.new of a string parses it per call
 _new_buffer = object.__new__                     # DeviceBuffer has no __new__ of its own: skips a lookup
 _weak = weakref.ref
@@ -117,8 +118,8 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
     _release_call = "cuMemFree"
 
     def __init__(self, nbytes: int, *, context: Context | None = None, driver: Driver | None = None) -> None:
-        if nbytes.__class__ is not int or nbytes <= 0:
-            raise invalid("cuMemAlloc", f"size must be a positive int, got {nbytes!r}")
+        if nbytes.__class__ is not int or nbytes <= 0 or nbytes > _SIZE_MAX:
+            raise invalid("cuMemAlloc", f"size must be a positive int that a size_t holds, got {nbytes!r}")
         out = ffi.new(_DEVICE_POINTER)
         if context is None:           # Context.target's common case, inline: the current context, as is
             ctx = Context.require_current("cuMemAlloc", driver=driver)
@@ -333,9 +334,9 @@ if _make_stream_ordered is not None:
 # the slots in C; free()/close() of cuMemAlloc memory claim and free in C, and so does the class's
 # finalizer for such a buffer dropped live; every other call runs the Python code unchanged.  The C hands
 # these a driver error, or asks for the current context's object:
-def _c_sync_alloc_failed(driver: Driver, rc: int) -> None:
-    """cuMemAlloc in the current context answered ``rc``: the exception, as __init__ raises it."""
-    raise driver.error(rc, "cuMemAlloc")
+def _c_sync_alloc_failed(driver: Driver, rc: int, call: str) -> None:
+    """``call`` (cuCtxGetCurrent or cuMemAlloc) answered ``rc``: the exception, as __init__ raises it."""
+    raise driver.error(rc, call)
 
 
 def _c_current_context(driver: Driver) -> Context:
@@ -354,16 +355,19 @@ def _c_sync_free_failed(buffer: DeviceBuffer, rc: int) -> None:
 def _c_sync_drop_failed(buffer: DeviceBuffer, rc: int) -> None:
     """The finalizer's cuMemFree of a dropped live buffer answered ``rc`` (it is ended "dropped"): the
     rebind, else the warning Resource.__del__ gives (a finalizer never raises)."""
-    drv = buffer.driver
-    rc = buffer.context.rebind(rc, drv.cuMemFree, buffer.address)
+    try:
+        drv = buffer.driver
+        rc = buffer.context.rebind(rc, drv.cuMemFree, buffer.address)
+    except Exception as exc:  # noqa: BLE001 - a finalizer never raises
+        report(f"releasing {buffer.describe()} at collection raised {exc!r}")
+        return
     if rc:
         report(f"{buffer.describe()} was dropped without close() and releasing it failed: "
                f"{failure_text(drv, rc, 'cuMemFree')}")
 
 
 _make_device_buffer = fastpath.device_buffer_factory()
-if _make_device_buffer is not None:
-    _front_init, _front_close, _front_free = _make_device_buffer(
+_fronts = None if _make_device_buffer is None else _make_device_buffer(
         DeviceBuffer.__init__, _c_sync_alloc_failed, _c_current_context, Allocation.close, Allocation.free,
         _c_sync_free_failed, _c_sync_drop_failed,
         tuple(fastpath.pointer_reader(fastpath.FRONT_TYPEDEFS[name]) for name in ("cuCtxGetCurrent", "cuMemAlloc",
@@ -371,6 +375,8 @@ if _make_device_buffer is not None:
         DeviceBuffer, Context, Resource, ffi.typeof("CUcontext"), FORKED, EXPORTS, "freed", DEFAULT_HANDLE,
         (Resource.driver, Resource.ended, Allocation.context, Allocation.address, Allocation.nbytes,
          DeviceBuffer.stream, DeviceBuffer.pool, DeviceBuffer.last_stream, DeviceBuffer.claim_key, Context.handle))
+if _fronts is not None:   # (None on a free-threaded build: the fronts' claims need the GIL)
+    _front_init, _front_close, _front_free = _fronts
     DeviceBuffer.__init__ = fastpath.dressed(_front_init, DeviceBuffer.__init__)  # type: ignore[method-assign]
     DeviceBuffer.close = fastpath.dressed(_front_close, Allocation.close)  # type: ignore[method-assign]
     DeviceBuffer.free = fastpath.dressed(_front_free, Allocation.free)  # type: ignore[method-assign]

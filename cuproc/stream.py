@@ -126,7 +126,7 @@ def foreign_context(handle: int, context: Context | None, driver: Driver) -> Con
     each use asks cuStreamGetCtx once more (a handle can be destroyed and made again in another
     context), which is all a known handle costs."""
     if context is not None:
-        return context
+        return context      # (Stream.from_handle takes it through Context.given)
     key = (id(driver), handle)
     ref = _contexts.get(key)
     known = ref() if ref is not None else None
@@ -229,6 +229,8 @@ class Stream(Resource):
 
     def __init__(self, *, non_blocking: bool = False, priority: int = 0, flags: int | None = None,
                  context: Context | None = None, driver: Driver | None = None) -> None:
+        if context is not None:
+            context = Context.given(context, "cuStreamCreateWithPriority")
         self.driver = drv = get_driver(driver if context is None else context.driver)
         ctx, run = Context.target(context, "cuStreamCreateWithPriority", driver=drv)
         if flags is None:
@@ -248,6 +250,8 @@ class Stream(Resource):
         and dropping it never destroy the handle.  It keeps ``owner`` (the library object the handle
         came from) alive as long as it lives.  Its context is ``context``, else the driver's answer
         (cuStreamGetCtx); keeping the stream's context alive is the owner's business."""
+        if context is not None:
+            context = Context.given(context, "Stream.from_handle")
         drv = get_driver(driver if context is None else context.driver)
         if isinstance(handle, ffi.CData):
             handle = handle_int(handle)
@@ -369,6 +373,8 @@ class Event(Resource):
 
     def __init__(self, *, timing: bool = True, blocking_sync: bool = False, interprocess: bool = False,
                  context: Context | None = None, driver: Driver | None = None) -> None:
+        if context is not None:
+            context = Context.given(context, "cuEventCreate")
         self.driver = drv = get_driver(driver if context is None else context.driver)
         flags = 0
         if not timing:

@@ -73,7 +73,7 @@ def test_the_fronts_make_the_pair_and_build_what_the_python_code_builds(fk, pc):
     with a:
         pass
     assert fk.call_count() == 2
-    with pytest.raises(ClosedResourceError, match="freed"):
+    with pytest.raises(ClosedResourceError):
         a.ptr
     with DeviceBuffer(64) as c:
         assert fk.live("device_alloc") == 1
@@ -105,28 +105,27 @@ def test_a_primary_context_object_is_taken_as_its_context_and_anything_else_is_r
     assert buf.context is pc.context
     buf.free()
     for bad in ("ctx", 3, pc.context.handle):
-        with pytest.raises(InvalidValueError, match="cuMemAlloc.*context= takes a cuproc Context"):
+        with pytest.raises(InvalidValueError) as info:
             DeviceBuffer(64, context=bad)
+        assert info.value.call == "cuMemAlloc"
     assert cuproc.memory.mem_info(pc)[1] > 0
-    with pytest.raises(InvalidValueError, match="cuMemGetInfo"):
+    with pytest.raises(InvalidValueError) as info:
         cuproc.memory.mem_info("ctx")
+    assert info.value.call == "cuMemGetInfo"
     assert fk.live("device_alloc") == 0
 
 
-@pytest.mark.parametrize("bad", [0, -1, "64", 2.0, np.int64(64), True, 2**70])
+@pytest.mark.parametrize("bad", [0, -1, "64", 2.0, np.int64(64), True, 2**64, 2**70])
 def test_a_bad_size_is_refused_naming_cumemalloc_before_the_driver(fk, pc, bad):
     fk.clear_calls()
-    with pytest.raises((InvalidValueError, OverflowError, CudaError)) as info:
+    with pytest.raises(InvalidValueError) as info:
         DeviceBuffer(bad)
-    if isinstance(info.value, CudaError):
-        assert info.value.call == "cuMemAlloc"
-    assert "cuMemAlloc" not in fk.calls() or bad == 2**70      # 2**70 fits no size_t: refused or OOM
-    assert fk.live("device_alloc") == 0
+    assert info.value.call == "cuMemAlloc" and "cuMemAlloc" not in fk.calls() and fk.live("device_alloc") == 0
 
 
 def test_no_current_context_is_refused_naming_cumemalloc(fk):
     before = taken()
-    with pytest.raises(InvalidContextError, match="no context is current") as info:
+    with pytest.raises(InvalidContextError) as info:
         DeviceBuffer(64)
     assert info.value.call == "cuMemAlloc" and taken() == before and fk.live("device_alloc") == 0
 
@@ -164,7 +163,7 @@ def test_a_failed_free_is_claimed_first_raised_once_and_a_binding_error_is_retri
 def test_an_exported_buffer_is_not_freed_until_the_export_goes(fk, pc):
     buf = DeviceBuffer(64)
     capsule = buf.__dlpack__()
-    with pytest.raises(BufferError, match="cuMemFree was not called"):
+    with pytest.raises(BufferError):
         buf.free()
     assert not buf.freed and fk.live("device_alloc") == 1
     del capsule
@@ -197,20 +196,22 @@ def test_a_subclass_takes_the_python_code(fk, pc):
     assert sub.freed and taken() == before and fk.live("device_alloc") == 0
 
 
-def test_the_context_remembered_is_never_stale_and_kept_alive_by_nothing(fk):
-    """The front remembers the current handle's Context weakly: a destroyed one is never handed out again,
-    and one dropped by everyone is collected (a created context's drop destroys it)."""
-    first = Context.create(0)
+def test_the_context_remembered_is_never_stale_and_kept_alive_by_nothing(fk, pc):
+    """The front remembers the current handle's Context weakly: after a reset the same handle comes back
+    with a new Context object, which is the one handed out (never the ended one), and a created context
+    dropped by everyone is collected (its drop destroys it)."""
+    DeviceBuffer(64).free()
+    old = pc.context
+    pc.reset()                                                # the handle stays current and is reused
+    buf = DeviceBuffer(64)
+    assert old.ended is not None and buf.context is pc.context and buf.context is not old
+    assert buf.context.handle == old.handle and buf.context.ended is None
+    buf.free()
+    created = Context.create(0)
     DeviceBuffer(64).free()
     Context.pop()
-    first.destroy()
-    second = Context.create(0)                                # the fake may give the same handle again
-    buf = DeviceBuffer(64)
-    assert buf.context is second and buf.context.ended is None
-    buf.free()
-    Context.pop()
-    ref = weakref.ref(second)
-    del second, buf
+    ref = weakref.ref(created)
+    del created
     gc.collect()
     assert ref() is None and fk.live("context") == 0
 
@@ -417,3 +418,53 @@ def test_a_dropped_buffer_whose_context_ended_frees_nothing(fk):
     del buf
     gc.collect()
     assert "cuMemFree" not in fk.calls() and fk.stale_count() == 0
+
+
+def test_a_failed_cuctxgetcurrent_is_raised_naming_it(fk, pc):
+    DeviceBuffer(8).free()
+    fk.fail("cuCtxGetCurrent", 3)                             # CUDA_ERROR_NOT_INITIALIZED, once
+    fk.clear_calls()
+    with pytest.raises(cuproc.errors.NotInitializedError) as info:
+        DeviceBuffer(64)
+    assert info.value.call == "cuCtxGetCurrent" and "cuMemAlloc" not in fk.calls()
+    DeviceBuffer(8).free()
+    assert fk.live("device_alloc") == 0
+
+
+def test_a_half_made_buffer_is_left_to_the_python_code(fk, pc):
+    """__init__ on an object whose slots are partly set (not what DeviceBuffer(n) makes) is the Python
+    code's: the C stores only into a buffer with none set, so nothing it replaces is leaked."""
+    marker = object()
+    ref_count = sys.getrefcount(marker)
+    half = object.__new__(DeviceBuffer)
+    half.address = marker
+    before = taken()
+    DeviceBuffer.__init__(half, 64)
+    assert taken() == before and half.address != marker and sys.getrefcount(marker) == ref_count
+    half.free()
+    assert fk.live("device_alloc") == 0
+
+
+def test_the_default_handle_list_emptied_by_someone_else_is_no_crash(fk, pc):
+    from cuproc.driver import DEFAULT_HANDLE
+    DeviceBuffer(8).free()
+    saved = DEFAULT_HANDLE[:]
+    DEFAULT_HANDLE.clear()
+    try:
+        with pytest.raises(IndexError):                       # what the Python code meets: no crash
+            DeviceBuffer(64)
+    finally:
+        DEFAULT_HANDLE[:] = saved
+    DeviceBuffer(8).free()
+
+
+def test_streams_and_events_take_a_primary_context_and_refuse_anything_else(fk, pc):
+    own = Stream()
+    for make, call in ((lambda c: Stream(context=c), "cuStreamCreateWithPriority"),
+                       (lambda c: cuproc.stream.Event(context=c), "cuEventCreate"),
+                       (lambda c: Stream.from_handle(own.handle, context=c), "Stream.from_handle")):
+        made = make(pc)
+        assert made.context is pc.context
+        with pytest.raises(InvalidValueError) as info:
+            make("ctx")
+        assert info.value.call == call

@@ -20,7 +20,8 @@
  *     remembered for (driver, handle) -- weakly, in a small table, while it lives and has not ended -- or
  *     ``current(driver)`` (Python: Context.require_current, which refuses when none is current) finds it
  *     and it is remembered.  Then cuMemAlloc, and the slots stored as the Python code stores them.  A
- *     driver error goes to ``failed(driver, rc)`` (Python: the exception naming cuMemAlloc).
+ *     driver error goes to ``failed(driver, rc, call)`` (Python: the exception naming cuCtxGetCurrent or
+ *     cuMemAlloc).
  *   DeviceBuffer.close(buffer) / free(buffer): an exact DeviceBuffer of cuMemAlloc memory (``stream``
  *     None), live with its context, no export of it, not forked.  The claim -- ``ended`` from None to
  *     "freed" with no Python code between the test and the store, so under the GIL one step -- then
@@ -148,6 +149,33 @@ static PyObject *cuproc_db_orphan(cuproc_db *self, PyObject *drv, CUdeviceptr ou
     return NULL;
 }
 
+/* Whether none of a buffer's slots that __init__ stores is set yet (a buffer just made by object.__new__). */
+static int cuproc_db_fresh(cuproc_db *self, PyObject *buf)
+{
+    const Py_ssize_t offs[9] = {self->off_driver, self->off_ended, self->off_context, self->off_address,
+                                self->off_nbytes, self->off_stream, self->off_pool, self->off_last, self->off_key};
+    int i;
+    for (i = 0; i < 9; i++)
+        if (CUPROC_SLOT(buf, offs[i]) != NULL) return 0;
+    return 1;
+}
+
+/* ``failed(driver, rc, call)``: the exception for what the driver answered ``call`` (Python raises it).  NULL. */
+static PyObject *cuproc_db_raise(cuproc_db *self, PyObject *drv, CUresult rc, PyObject *call)
+{
+    PyObject *code = PyLong_FromLong((long)rc), *result = NULL;
+    if (code != NULL) {
+        PyObject *argv[3] = {drv, code, call};
+        result = PyObject_Vectorcall(self->failed, argv, 3, NULL);
+        Py_DECREF(code);
+    }
+    if (result != NULL) {   /* failed() always raises */
+        Py_DECREF(result);
+        PyErr_Format(PyExc_SystemError, "%U answered %d and its handler raised nothing", call, (int)rc);
+    }
+    return NULL;
+}
+
 static PyObject *cuproc_db_init(PyObject *obj, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     cuproc_db *self = (cuproc_db *)obj;
@@ -167,21 +195,27 @@ static PyObject *cuproc_db_init(PyObject *obj, PyObject *const *args, size_t nar
     buf = args[0];
     nbytes = args[1];
     if ((PyObject *)Py_TYPE(buf) != self->buffer_type || !PyLong_CheckExact(nbytes)
-        || CUPROC_SLOT(buf, self->off_ended) != NULL)   /* __init__ of a buffer made already: the Python code */
+        || !cuproc_db_fresh(self, buf))   /* __init__ of a buffer made already: the Python code */
         goto slow;
     n = PyLong_AsSize_t(nbytes);
     if (n == 0 || (n == (size_t)-1 && PyErr_Occurred())) { PyErr_Clear(); goto slow; }   /* Python refuses */
-    drv = given != NULL ? CUPROC_SLOT(given, self->off_driver) : PyList_GET_ITEM(self->default_driver, 0);
+    if (given != NULL)
+        drv = CUPROC_SLOT(given, self->off_driver);
+    else   /* (a public list: its length is read, never assumed) */
+        drv = PyList_GET_SIZE(self->default_driver) == 1 ? PyList_GET_ITEM(self->default_driver, 0) : NULL;
     if (drv == NULL || drv == Py_None) goto slow;   /* no default handle yet: the Python code opens it */
     Py_INCREF(drv);
     /* The driver's functions first: their lookup may run Python (any thread), so every check comes after. */
     get = cuproc_fn_pointer(&self->get_current, drv);
     alloc = get == NULL ? NULL : cuproc_fn_pointer(&self->call, drv);
     if (alloc == NULL || PyList_GET_ITEM(self->forked, 0) != Py_False) { Py_DECREF(drv); goto slow; }
-    if (((PFN_cuCtxGetCurrent_v4000)get)(&current) != 0 || current == NULL) {
-        Py_DECREF(drv);   /* an error, or no context: the Python code asks again and raises or refuses */
-        goto slow;
+    rc = ((PFN_cuCtxGetCurrent_v4000)get)(&current);
+    if (rc != 0) {   /* raised naming cuCtxGetCurrent, as the Python code raises it */
+        cuproc_db_raise(self, drv, rc, cuproc_s_cuCtxGetCurrent);
+        Py_DECREF(drv);
+        return NULL;
     }
+    if (current == NULL) { Py_DECREF(drv); goto slow; }   /* no context: the Python code refuses */
     if (given != NULL) {   /* it must be the current one: else the Python code pushes it */
         if (!cuproc_db_usable(self, given, drv, current)) { Py_DECREF(drv); goto slow; }
         ctx = Py_NewRef(given);
@@ -191,7 +225,7 @@ static PyObject *cuproc_db_init(PyObject *obj, PyObject *const *args, size_t nar
         if (found == NULL) { Py_DECREF(drv); return NULL; }
         /* Python ran: this thread's context may have changed, or the fork flag, or the buffer */
         if (!cuproc_db_usable(self, found, drv, current) || PyList_GET_ITEM(self->forked, 0) != Py_False
-            || CUPROC_SLOT(buf, self->off_ended) != NULL) {
+            || !cuproc_db_fresh(self, buf)) {
             Py_DECREF(found);
             Py_DECREF(drv);
             goto slow;
@@ -204,21 +238,12 @@ static PyObject *cuproc_db_init(PyObject *obj, PyObject *const *args, size_t nar
     rc = ((PFN_cuMemAlloc_v3020)alloc)(&out, n);
     Py_END_ALLOW_THREADS
     if (rc != 0) {
-        PyObject *code = PyLong_FromLong((long)rc), *result = NULL;
-        if (code != NULL) {
-            PyObject *call[2] = {drv, code};
-            result = PyObject_Vectorcall(self->failed, call, 2, NULL);   /* raises */
-            Py_DECREF(code);
-        }
         Py_DECREF(ctx);
+        cuproc_db_raise(self, drv, rc, cuproc_s_cuMemAlloc);
         Py_DECREF(drv);
-        if (result != NULL) {   /* failed() always raises: nothing was stored, the buffer is no buffer */
-            Py_DECREF(result);
-            PyErr_Format(PyExc_SystemError, "cuMemAlloc answered %d and its handler raised nothing", (int)rc);
-        }
         return NULL;
     }
-    if (CUPROC_SLOT(buf, self->off_ended) != NULL) {   /* another thread ran __init__ on it meanwhile */
+    if (!cuproc_db_fresh(self, buf)) {   /* another thread ran __init__ on it meanwhile */
         Py_DECREF(ctx);
         cuproc_db_orphan(self, drv, out, "DeviceBuffer.__init__ ran on the same buffer in two threads at once; "
                                          "this call's memory was given back");
@@ -233,7 +258,7 @@ static PyObject *cuproc_db_init(PyObject *obj, PyObject *const *args, size_t nar
         return NULL;
     }
     self->taken++;
-    /* the slots as __init__'s Python code stores them (all unset: checked above, no Python ran since) */
+    /* the slots as __init__'s Python code stores them (all unset: checked just above, no Python ran since) */
     CUPROC_SLOT(buf, self->off_driver) = drv;   /* the references taken above */
     CUPROC_SLOT(buf, self->off_context) = ctx;
     CUPROC_SLOT(buf, self->off_address) = address;
@@ -340,8 +365,8 @@ static int cuproc_db_traverse(PyObject *obj, visitproc visit, void *arg)
     Py_VISIT(self->default_driver); Py_VISIT(self->epoch);
     for (i = 0; i < CUPROC_DB_MEMO; i++) { Py_VISIT(self->memo[i].driver_ref); Py_VISIT(self->memo[i].context_ref); }
     Py_VISIT(Py_TYPE(obj));
-    if (cuproc_fn_traverse(&self->get_current, visit, arg) || cuproc_fn_traverse(&self->call, visit, arg))
-        return -1;
+    Py_VISIT(self->get_current.name); Py_VISIT(self->get_current.pointer_of); Py_VISIT(self->get_current.fn);
+    Py_VISIT(self->call.name); Py_VISIT(self->call.pointer_of); Py_VISIT(self->call.fn);
     return cuproc_fn_traverse(&self->free_orphan, visit, arg);
 }
 
@@ -505,8 +530,8 @@ static int cuproc_db_drop(PyObject *buf)
 }
 
 /* Enter ``close`` as its buffer class's closer for drops (replacing the class's earlier one), and make
- * cuproc_db_drop the finalizer fronts' hook.  0, or -1 with an error when the table is full. */
-static int cuproc_db_finalizes(cuproc_db *close)
+ * cuproc_db_drop the finalizer fronts' hook.  A full table leaves the class's drops to Resource.__del__. */
+static void cuproc_db_finalizes(cuproc_db *close)
 {
     int i;
     for (i = 0; i < CUPROC_DB_CLASSES; i++) {
@@ -517,11 +542,8 @@ static int cuproc_db_finalizes(cuproc_db *close)
         else
             continue;
         cuproc_so_live_finalizer = cuproc_db_drop;
-        return 0;
+        return;
     }
-    PyErr_SetString(PyExc_RuntimeError, "make_device_buffer: more than 16 DeviceBuffer classes (reloads of "
-                                        "cuproc.device_memory) in one process");
-    return -1;
 }
 
 /* make_device_buffer(init_slow, init_failed, current, close_slow, free_slow, close_failed, drop_failed,
@@ -529,7 +551,7 @@ static int cuproc_db_finalizes(cuproc_db *close)
  *     the ctype of CUcontext, FORKED, EXPORTS, "freed", the default handle's list,
  *     (the member descriptors of a DeviceBuffer's driver, ended, context, address, nbytes, stream, pool,
  *      last_stream, claim_key, and Context's handle))
- *   -> (__init__, close, free) */
+ *   -> (__init__, close, free), or None on a free-threaded build (the GIL makes their claims one step) */
 static PyObject *cuproc_make_device_buffer(PyObject *module, PyObject *args)
 {
     PyObject *init_slow, *init_failed, *current, *close_slow, *free_slow, *close_failed, *drop_failed, *readers;
@@ -538,6 +560,10 @@ static PyObject *cuproc_make_device_buffer(PyObject *module, PyObject *args)
     Py_ssize_t offsets[10], shared, i;
     cuproc_db *init, *close_, *free_;
     (void)module;
+#ifdef Py_GIL_DISABLED
+    (void)args;   /* every front here relies on the GIL to make a test and a store one step: none without it */
+    Py_RETURN_NONE;
+#endif
     if (!PyArg_ParseTuple(args, "OOOOOOOO!O!O!O!OO!O!UO!O!", &init_slow, &init_failed, &current, &close_slow,
                           &free_slow, &close_failed, &drop_failed, &PyTuple_Type, &readers, &PyType_Type, &buffer_type,
                           &PyType_Type, &context_type, &PyType_Type, &resource_type, &ccontext_type,
@@ -580,20 +606,25 @@ static PyObject *cuproc_make_device_buffer(PyObject *module, PyObject *args)
     close_ = cuproc_db_new(objs, pointer_of, offsets, close_slow, cuproc_s_cuMemFree, cuproc_db_close);
     free_ = close_ == NULL ? NULL : cuproc_db_new(objs, pointer_of, offsets, free_slow, cuproc_s_cuMemFree, cuproc_db_close);
     result = free_ == NULL ? NULL : PyTuple_Pack(3, (PyObject *)init, (PyObject *)close_, (PyObject *)free_);
-    if (result != NULL && cuproc_db_finalizes(close_) < 0)
-        Py_CLEAR(result);
+    if (result != NULL)
+        cuproc_db_finalizes(close_);
     Py_DECREF(init);
     Py_XDECREF(close_);
     Py_XDECREF(free_);
     return result;
 }
 
-/* make_claim(claim_slow, Resource, Resource's ended member descriptor, EPOCH) -> Resource._claim */
+/* make_claim(claim_slow, Resource, Resource's ended member descriptor, EPOCH) -> Resource._claim, or None on a
+ * free-threaded build */
 static PyObject *cuproc_make_claim(PyObject *module, PyObject *args)
 {
     PyObject *slow, *resource_type, *ended, *epoch, *objs[12], *none[3] = {Py_None, Py_None, Py_None};
     Py_ssize_t offsets[10] = {0}, i;
     (void)module;
+#ifdef Py_GIL_DISABLED
+    (void)args;   /* the claim is one step only under the GIL: the Python method's lock without it */
+    Py_RETURN_NONE;
+#endif
     if (!PyArg_ParseTuple(args, "OO!OO!", &slow, &PyType_Type, &resource_type, &ended, &PyList_Type, &epoch))
         return NULL;
     if (!PyCallable_Check(slow) || PyList_GET_SIZE(epoch) != 1) {
