@@ -10,6 +10,14 @@ launcher gets the loop counter ``i`` as both values.  Where a launcher requires 
 (cuproc's one-shot form without a signature, cuda.core, CuPy) it is timed twice: building them
 per call, and taking them from lists built before the timing.
 
+One-shot launches whose grid changes every launch (``grid = ceil(n / block)`` for a new ``n``): the
+grid cycles through 1..256 (:data:`GRID_VALUES` distinct values, four times the 64 entries after which
+the one-shot cache used to drop everything, each grid once compiling a launcher of its own), block 32,
+read from a list built before the timing, for cuproc (NumPy scalars and signature forms), cuda.core
+(a LaunchConfig per launch, as its documentation builds it, and one per grid value built before the
+timing: its fastest form) and CuPy (grid per call, its only form).  Goals: each cuproc form with the
+grid changing within 10% of the same form with a fixed grid, and the NumPy form ahead of both peers.
+
 The bursts go round-robin over all launchers, so drift in clocks or load hits every one alike.
 Burst: the median host time per enqueue over the bursts of 256; steady: 20,000 launches then a
 synchronize, fifteen rounds taking turns over the launchers (median and range; in each round every
@@ -71,6 +79,15 @@ BINDINGS = "cuda.bindings cuLaunchKernel, prebuilt argument addresses"
 BINDINGS_EX = "cuda.bindings cuLaunchKernelEx, prebuilt argument addresses and config"
 CORE = "cuda.core launch, NumPy scalars built per call"
 CUPY = "CuPy RawModule, NumPy scalars built per call"
+GRID_VALUES = 256   # the grids of the changing-grid rows: 1..256, one after another
+GRID_NP = "cuproc Function.launch, grid changing every launch, NumPy scalars built per call"
+GRID_SIG = "cuproc Function.launch (signature), grid changing every launch"
+GRID_CORE = "cuda.core launch, grid changing every launch, a LaunchConfig per launch, NumPy scalars built per call"
+GRID_CORE_PREBUILT = ("cuda.core launch, grid changing every launch, a LaunchConfig per grid prebuilt, "
+                      "NumPy scalars built per call")
+GRID_CUPY = "CuPy RawModule, grid changing every launch, NumPy scalars built per call"
+GRID_FIXED = {GRID_NP: ONE_SHOT_NP, GRID_SIG: ONE_SHOT_SIG}   # each changing-grid row's fixed-grid twin
+GRID_PEER = {GRID_CORE: CORE, GRID_CORE_PREBUILT: CORE, GRID_CUPY: CUPY}   # the peer (errors' key) of each row
 BLOCKS = 5
 SECOND_PASS_SEED = 1000   # the seeds of the steady rounds' second passes: round_order(names, 1000 + r)
 STEADY_ROUNDS = 15  # steady runs per launcher, taking turns (7 left the median of a row 10-15% off between runs)
@@ -237,6 +254,7 @@ def launchers(c_lib: Path | None, smoke: bool, steady: int) -> tuple[dict, set, 
     ptr = buf.ptr
     i32 = [np.int32(i) for i in range(steady)]      # values for the "prebuilt NumPy scalars" rows
     f32 = [np.float32(i) for i in range(steady)]
+    grids = grid_values(steady)                      # the changing-grid rows' grid of each launch
 
     natives: set[str] = set()
     if c_lib is not None:
@@ -277,6 +295,16 @@ def launchers(c_lib: Path | None, smoke: bool, steady: int) -> tuple[dict, set, 
             fn.launch(1, 32, (buf, i32[i], f32[i]))
     loops["cuproc Function.launch, NumPy scalars prebuilt"] = one_shot_np_prebuilt
 
+    def grid_np(count, int32=np.int32, float32=np.float32):
+        for i in range(count):
+            fn.launch(grids[i], 32, (buf, int32(i), float32(i)))
+    loops[GRID_NP] = grid_np
+
+    def grid_sig(count):
+        for i in range(count):
+            fn.launch(grids[i], 32, (buf, i, i), signature=sig)
+    loops[GRID_SIG] = grid_sig
+
     # bare cffi: the packed buffer by hand, through the same raw function pointers
     block = ffi.new("char[16]")
     p_ptr, p_n, p_x = ffi.cast("uint64_t *", block), ffi.cast("int *", block + 8), ffi.cast("float *", block + 12)
@@ -304,7 +332,8 @@ def launchers(c_lib: Path | None, smoke: bool, steady: int) -> tuple[dict, set, 
 
     if not smoke:
         for name, make in ((BINDINGS, lambda: bindings_loop(ptr)), (BINDINGS_EX, lambda: bindings_ex_loop(ptr)),
-                           (CORE, lambda: core_loops(ptr, i32, f32)), (CUPY, lambda: cupy_loops(ptr, i32, f32))):
+                           (CORE, lambda: core_loops(ptr, i32, f32, grids)),
+                           (CUPY, lambda: cupy_loops(ptr, i32, f32, grids))):
             made = peer(errors, name, make)
             if made is not None:
                 loops.update(made)
@@ -315,6 +344,11 @@ def launchers(c_lib: Path | None, smoke: bool, steady: int) -> tuple[dict, set, 
         drv.cuCtxSetCurrent(ffi.NULL)
         pc.release()
     return loops, natives, sync, errors, default, close
+
+
+def grid_values(count: int) -> list[int]:
+    """The grid of each launch of the changing-grid rows: 1, 2, ..., GRID_VALUES, 1, 2, ..."""
+    return [1 + i % GRID_VALUES for i in range(count)]
 
 
 def prepared_loop(prepared: Callable[..., None], buf: Any) -> Callable[[int], None]:
@@ -377,8 +411,10 @@ def bindings_ex_loop(ptr: int) -> dict:
     return {BINDINGS_EX: bindings_ex}
 
 
-def core_loops(ptr: int, i32: list, f32: list) -> dict:
-    """cuda.core ``launch`` with its LaunchConfig built once (it takes NumPy scalars for int and float)."""
+def core_loops(ptr: int, i32: list, f32: list, grids: list[int]) -> dict:
+    """cuda.core ``launch`` with its LaunchConfig built once (it takes NumPy scalars for int and float); with
+    the grid changing every launch, a LaunchConfig per launch (``LaunchConfig(grid=g, block=32)``, as its
+    documentation builds one) and, its fastest form, one per grid value built before the timing."""
     import numpy as np
     try:
         from cuda.core import Device as CDevice
@@ -401,11 +437,22 @@ def core_loops(ptr: int, i32: list, f32: list) -> dict:
     def core_prebuilt(count):
         for i in range(count):
             core_launch(stream, config, kernel, ptr, i32[i], f32[i])
-    return {CORE: core, "cuda.core launch, NumPy scalars prebuilt": core_prebuilt}
+
+    def core_grid(count, int32=np.int32, float32=np.float32):
+        for i in range(count):
+            core_launch(stream, LaunchConfig(grid=grids[i], block=32), kernel, ptr, int32(i), float32(i))
+    configs = {g: LaunchConfig(grid=g, block=32) for g in set(grids)}
+    per_launch = [configs[g] for g in grids]
+
+    def core_grid_prebuilt(count, int32=np.int32, float32=np.float32):
+        for i in range(count):
+            core_launch(stream, per_launch[i], kernel, ptr, int32(i), float32(i))
+    return {CORE: core, "cuda.core launch, NumPy scalars prebuilt": core_prebuilt, GRID_CORE: core_grid,
+            GRID_CORE_PREBUILT: core_grid_prebuilt}
 
 
-def cupy_loops(ptr: int, i32: list, f32: list) -> dict:
-    """CuPy RawModule functions (they take NumPy scalars for int and float)."""
+def cupy_loops(ptr: int, i32: list, f32: list, grids: list[int]) -> dict:
+    """CuPy RawModule functions (they take NumPy scalars for int and float, and the grid with each call)."""
     import cupy
     import numpy as np
     kernel = cupy.RawModule(path=str(CUBIN)).get_function("empty")
@@ -418,7 +465,11 @@ def cupy_loops(ptr: int, i32: list, f32: list) -> dict:
     def cupy_prebuilt(count):
         for i in range(count):
             kernel(grid, block, (ptr, i32[i], f32[i]))
-    return {CUPY: cupy_launch, "CuPy RawModule, NumPy scalars prebuilt": cupy_prebuilt}
+
+    def cupy_grid(count, int32=np.int32, float32=np.float32):
+        for i in range(count):
+            kernel((grids[i],), block, (ptr, int32(i), float32(i)))
+    return {CUPY: cupy_launch, "CuPy RawModule, NumPy scalars prebuilt": cupy_prebuilt, GRID_CUPY: cupy_grid}
 
 
 def c_floor_process(exe: Path | None) -> dict | None:
@@ -541,6 +592,15 @@ def evaluate(results: dict, errors: dict, smoke: bool, default: tuple[str, str] 
                         why_not=why or (None if name in results else f"{errors.get(name, 'missing')}"))
         goals.check(f"{tag}: one-shot Function.launch with a signature <= 1.35x the same-entry C loop",
                     ratio(ONE_SHOT_SIG, col), 1.35, why_not=why)
+        for name, fixed in GRID_FIXED.items():     # the grid changing every launch (issue 9): no new launcher
+            goals.check(f"{tag}: {name} <= 1.10x the same with a fixed grid", over(name, fixed, col), 1.10,
+                        why_not=why)
+        theirs_grid = [r for r in (GRID_CORE, GRID_CORE_PREBUILT) if r in results]
+        fastest_core = min(theirs_grid, key=lambda r: results[r][col]) if theirs_grid else GRID_CORE
+        for name in (fastest_core, GRID_CUPY):
+            goals.check(f"{tag}: one-shot with NumPy scalars, grid changing every launch, faster than {name} "
+                        "(theirs / ours)", over(name, GRID_NP, col), 1.0, at_most=False,
+                        why_not=why or (None if name in results else errors.get(GRID_PEER[name], "missing")))
         goals.fast_only(f"{tag}: fast path: prepared launch <= 1.10x the same-entry C loop", ratio(DEFAULT, col), 1.10)
         goals.fast_only(f"{tag}: fast path: one-shot with a signature <= 1.25x the same-entry C loop",
                         ratio(ONE_SHOT_SIG, col), 1.25)

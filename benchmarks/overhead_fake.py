@@ -10,6 +10,7 @@ run it before and after a change to the object layer::
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import tempfile
 import timeit
@@ -80,6 +81,12 @@ def measure(number: int, repeat: int = 5) -> dict[str, float]:
     loop("one-shot launch, NumPy scalars prebuilt", lambda: fn.launch(1, 32, (buf, a, b)))
     loop("one-shot launch, NumPy scalars prebuilt, on a Stream", lambda: fn.launch(1, 32, (buf, a, b), stream=stream))
     loop("building the NumPy scalars alone (the caller's part above)", lambda: (buf, i32(7), f32(7)))
+    # The grid changing launch after launch (grid = ceil(n / block) for a varying n): each row walks its
+    # own cycle of grids, the fixed one too, so the three differ only in how many grids they meet.
+    for label, count in (("the same grid", 1), ("8 grids in turn", 8), ("1000 grids in turn", 1000)):
+        nxt = itertools.cycle(range(1, count + 1)).__next__
+        loop(f"one-shot launch, NumPy scalars prebuilt, {label}", lambda nxt=nxt: fn.launch(nxt(), 32, (buf, a, b)))
+        loop(f"one-shot launch, signature, {label}", lambda nxt=nxt: fn.launch(nxt(), 32, (buf, 7, 7.0), signature=sig))
     loop("bare cffi cuMemAlloc+cuMemFree", lambda: (alloc(pdev, 256), free(pdev[0])))
     loop("DeviceBuffer(256).free()", lambda: cuproc.DeviceBuffer(256).free())
     loop("bare cffi cuMemAllocAsync+cuMemFreeAsync", lambda: (alloc_a(pdev, 256, hs), free_a(pdev[0], hs)))

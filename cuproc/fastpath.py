@@ -25,8 +25,9 @@ Where it applies:
   free, in C (tools/fastpath_device_buffer.c); every resource's claim (``Resource._claim``: "not ended
   yet -> ended") is one C step under the GIL instead of a test and a store under a lock.
 * ``Function.launch`` (``cuproc.launch.launch``) finds a warm one-shot entry and calls its launcher
-  in C for the common form (plain-int grid and block, at most ``signature=`` and ``stream=`` -- the
-  default stream or a cuproc Stream); every other call goes to the Python launch.
+  in C for the common form (at most ``signature=``, ``shared_mem=`` and ``stream=`` -- the default
+  stream or a cuproc Stream); the launcher takes that call's grid, block and shared memory (exact
+  ints, in C) with the values.  Every other call goes to the Python launch.
 * ``Driver.preload()`` makes its cuGetProcAddress queries for the names selected at its version in one
   C call (tools/fastpath_resolve.c) and keeps the same answers.
 """

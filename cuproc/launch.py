@@ -22,10 +22,12 @@ Policy
   the driver.  With the compiled fast path (:mod:`cuproc.fastpath`) and
   pointer/scalar arguments, the stores and the call happen in C, in front of
   the generated Python launcher, which takes every call the C one does not.
-* **One-shot launches** (:func:`launch`, ``Function.launch``) keep a PreparedLaunch per shape on
-  the function.  With the fast path, a C front finds a warm entry of the common form (plain-int
-  grid and block, ``signature=`` and ``stream=`` at most) and calls its launcher; every other
-  call, and any entry to check again, goes through the Python function with all its checks.
+* **One-shot launches** (:func:`launch`, ``Function.launch``) keep a PreparedLaunch per argument
+  types, stream, convention and entry on the function; grid, block and shared memory are not part of
+  it but arguments of its launcher, checked and stored with each call (``grid = ceil(n / block)`` for
+  a new ``n`` costs what a warm launch costs).  With the fast path, a C front finds a warm entry of
+  the common form (``signature=``, ``stream=`` and ``shared_mem=`` at most) and calls its launcher;
+  every other call, and any entry to check again, goes through the Python function with all its checks.
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ from ._resource import EPOCH, FORKED, Resource
 from ._support import get_driver, invalid
 from .context import Context, call_in
 from .driver import forked_error
-from .errors import CudaError, InvalidValueError, result_code
+from .errors import CudaError, result_code
 from .stream import Stream, as_stream, stream_handle
 
 # Vector types: (component C type, count, device alignment) per the CUDA headers' __align__.
@@ -228,16 +230,20 @@ def _whole(value: Any) -> int:
     return operator.index(value)
 
 
+_UINT_MAX = 0xFFFFFFFF   # every dimension and the shared memory size are unsigned ints in the driver's calls
+
+
 def _dims(value: Any, what: str, call: str) -> tuple[int, int, int]:
     """Grid or block dimensions as three Python ints.  Integers of any integer type (NumPy's too)
-    are taken; a float or bool is refused, never rounded or read as 1.  ``call``: the driver call
-    the refusal names (the one the launch would have made)."""
+    are taken; a float or bool is refused, never rounded or read as 1, and so is a dimension beyond
+    an unsigned int.  ``call``: the driver call the refusal names (the one the launch would have made)."""
     try:
         dims = (_whole(value),) if hasattr(value, "__index__") else tuple(_whole(d) for d in value)
     except TypeError:
         dims = ()
-    if not 1 <= len(dims) <= 3 or any(d < 1 for d in dims):
-        raise invalid(call, f"{what} must be a positive int or a tuple of 1-3 positive ints, got {value!r}")
+    if not 1 <= len(dims) <= 3 or any(not 1 <= d <= _UINT_MAX for d in dims):
+        raise invalid(call, f"{what} must be a positive int or a tuple of 1-3 positive ints (each below 2**32), "
+                            f"got {value!r}")
     return dims + (1,) * (3 - len(dims))  # type: ignore[return-value]
 
 
@@ -248,9 +254,24 @@ def _shared_mem(value: Any, call: str) -> int:
         size = _whole(value)
     except TypeError:
         size = -1
-    if size < 0:
-        raise invalid(call, f"shared_mem must be a non-negative int, got {value!r}")
+    if not 0 <= size <= _UINT_MAX:
+        raise invalid(call, f"shared_mem must be a non-negative int below 2**32, got {value!r}")
     return size
+
+
+def _call_dims(grid: Any, block: Any, shared_mem: Any, call: str) -> tuple[int, ...]:
+    """(gx, gy, gz, bx, by, bz, shared_mem) of one launch, checked (refusals name ``call``): a launcher
+    that takes its dimensions with each call (a one-shot entry, see :func:`launch`) starts with this."""
+    if grid.__class__ is int and block.__class__ is int and shared_mem.__class__ is int \
+            and 0 < grid <= _UINT_MAX and 0 < block <= _UINT_MAX and 0 <= shared_mem <= _UINT_MAX:
+        return (grid, 1, 1, block, 1, 1, shared_mem)
+    return (*_dims(grid, "grid", call), *_dims(block, "block", call), _shared_mem(shared_mem, call))
+
+
+def _store_dims(config: Any, dims: tuple[int, ...]) -> None:
+    """Write (gx, gy, gz, bx, by, bz, shared_mem) into a CUlaunchConfig."""
+    (config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX, config.blockDimY, config.blockDimZ,
+     config.sharedMemBytes) = dims
 
 
 class PackedArgs:
@@ -312,6 +333,11 @@ class PreparedLaunch:
     ``entry=None`` picks cuLaunchKernelEx where the requested version has it: the same
     driver work as cuLaunchKernel (the C loops over both in bench_launch) with the
     configuration built once, so each call converts four arguments instead of eleven.
+
+    ``cached=True``: a one-shot entry kept on the function by :func:`launch`.  It holds neither
+    the function nor the stream, and its launcher takes the dimensions with each call --
+    ``launch(grid, block, shared_mem, *args)``, checked per call (refusals name the entry) -- so
+    one entry serves every grid; ``grid``, ``block`` and ``shared_mem`` given here are not used.
     """
 
     def __init__(self, function: Any, signature: Sequence[Any], grid: Any = 1, block: Any = 1, *,
@@ -330,28 +356,35 @@ class PreparedLaunch:
         function.check(entry)
         self.packed = packed = PackedArgs([arg_type(s, entry) for s in signature], entry)
         check_signature(function, packed)
-        self.grid, self.block = _dims(grid, "grid", entry), _dims(block, "block", entry)
-        shared_mem = _shared_mem(shared_mem, entry)
-        self.shared_mem, self.convention, self.entry = shared_mem, convention, entry
+        self.grid: tuple[int, int, int] | None = None    # None: given with each call (a one-shot entry)
+        self.block: tuple[int, int, int] | None = None
+        self.shared_mem: int | None = None
+        self.convention, self.entry = convention, entry
         if not cached:
+            self.grid, self.block = _dims(grid, "grid", entry), _dims(block, "block", entry)
+            self.shared_mem = _shared_mem(shared_mem, entry)
             stream = as_stream(stream, entry, driver=drv)   # another library's stream: held, not owned
         self.stream = stream_handle(stream, drv, entry)
         self.stream_object = stream if isinstance(stream, Stream) else None
         self.config = None
         if entry == "cuLaunchKernelEx":   # the whole launch configuration in one struct, built once
-            self.config, self._config_attrs = _launch_config(self.grid, self.block, shared_mem, self.stream, [])
+            self.config, self._config_attrs = _launch_config(self.grid or (1, 1, 1), self.block or (1, 1, 1),
+                                                             self.shared_mem or 0, self.stream, [])
         # ``cached``: a one-shot launch remembered on the function itself (cuproc.launch.launch).  It must
         # hold neither the function (a cycle through the function's cache) nor the stream or the stream's
         # context (the caller passes the stream, alive, on every call).
         self.launch = _compile_launcher(self, getattr(drv, entry), drv.error, cached)
 
     def fixed_arguments(self, packed: PackedArgs | None = None) -> tuple[Any, ...]:
-        """The driver call's arguments for an argument block (default: the shared one)."""
+        """The driver call's arguments for an argument block (default: the shared one).  With
+        cuLaunchKernelEx the dimensions are in the config; cuLaunchKernel needs fixed ones."""
         packed = packed if packed is not None else self.packed
         params = packed.params if self.convention == "params" else ffi.NULL
         extra = packed.extra if self.convention == "buffer" else ffi.NULL
         if self.entry == "cuLaunchKernelEx":
             return (self.config, self.function.handle, params, extra)
+        if self.grid is None or self.block is None:
+            raise TypeError("a launch taking its dimensions per call has no fixed cuLaunchKernel arguments")
         return (self.function.handle, *self.grid, *self.block, self.shared_mem, self.stream, params, extra)
 
     def __call__(self, *args: Any) -> None:
@@ -362,8 +395,8 @@ class PreparedLaunch:
         raise TypeError("a PreparedLaunch holds driver handles and cannot be pickled")
 
     def __repr__(self) -> str:
-        return (f"<cuproc.PreparedLaunch {self.launch.__name__} grid={self.grid} block={self.block} "
-                f"{self.entry}/{self.convention}>")
+        dims = "dims per call" if self.grid is None else f"grid={self.grid} block={self.block}"
+        return f"<cuproc.PreparedLaunch {self.launch.__name__} {dims} {self.entry}/{self.convention}>"
 
 
 def default_entry(driver: Any) -> str:
@@ -412,41 +445,61 @@ def _launch_support(prepared: PreparedLaunch, cu_launch: Any, cached: bool) -> d
         seen[0] = epoch
 
     types, convention, config = prepared.packed.types, prepared.convention, prepared.config
-    handle, stream = function.handle, prepared.stream
+    handle, stream, ex = function.handle, prepared.stream, entry == "cuLaunchKernelEx"
+    per_call = prepared.grid is None    # a one-shot entry: the dimensions come with each call
+    fixed_dims: tuple[int, ...] = () if prepared.grid is None or prepared.block is None else \
+        (*prepared.grid, *prepared.block, prepared.shared_mem or 0)
 
     blocks = threading.local()    # each other thread's own argument block, made on its first launch
 
-    def private(values: Sequence[Any]) -> None:
+    def private(values: Sequence[Any], grid: Any = None, block: Any = None, shared_mem: Any = None) -> None:
         """One launch with this thread's own argument block, for a thread that found the shared one
         taken (a one-shot entry first launched on another thread of a pool, a launcher shared by
-        threads).  The block is made once per thread and goes with the thread."""
+        threads).  The block is made once per thread and goes with the thread; so is the launch
+        configuration of a launcher taking grid, block and shared memory with each call."""
+        launch_dims = _call_dims(grid, block, shared_mem, entry) if per_call else fixed_dims
         packed = getattr(blocks, "packed", None)
         if packed is None:
             packed = blocks.packed = PackedArgs(types, entry)
+            if per_call and ex:
+                blocks.config = _launch_config((1, 1, 1), (1, 1, 1), 0, stream, [])   # (config, attributes)
         packed.fill(values)
         params = packed.params if convention == "params" else ffi.NULL
         extra = packed.extra if convention == "buffer" else ffi.NULL
-        args = (config, handle, params, extra) if entry == "cuLaunchKernelEx" else \
-            (handle, *prepared_dims, params, extra)
+        if ex:
+            own = config
+            if per_call:
+                own = blocks.config[0]
+                _store_dims(own, launch_dims)
+            args: tuple = (own, handle, params, extra)
+        else:
+            args = (handle, *launch_dims, stream, params, extra)
         rc = call_in(context_of(), cu_launch, *args)
         if rc:
             raise drv.error(rc, entry)
 
-    prepared_dims = (*prepared.grid, *prepared.block, prepared.shared_mem, stream)
-    again = functools.partial(cu_launch, *prepared.fixed_arguments())
+    # The launch again, as it was made: with cuLaunchKernelEx the config holds the call's dimensions;
+    # cuLaunchKernel taking them per call is made again with the call's own (``dims`` of rebind)
+    again = functools.partial(cu_launch, *prepared.fixed_arguments()) if ex or not per_call else None
+    shared_params = prepared.packed.params if convention == "params" else ffi.NULL
+    shared_extra = prepared.packed.extra if convention == "buffer" else ffi.NULL
 
-    def rebind(rc: int) -> int:
-        """After a context error, the same launch once more with its context pushed (by the block's owner)."""
+    def rebind(rc: int, grid: Any = None, block: Any = None, shared_mem: Any = None) -> int:
+        """After a context error, the same launch once more with its context pushed (by the block's owner);
+        ``grid``, ``block``, ``shared_mem``: the call's, where they come with each call."""
         ctx = context_of()
         if ctx is None or rc not in _CONTEXT_ERRORS:
             return rc
+        if again is None:
+            return ctx.pushed(functools.partial(cu_launch, handle, *_call_dims(grid, block, shared_mem, entry), stream,
+                                                shared_params, shared_extra))
         return ctx.pushed(again)
 
     return {"verify": verify, "private": private, "rebind": rebind, "seen": seen, "holds": resources,
             "ident": threading.get_ident, "owner": [None], "claim": {}.setdefault}
 
 
-def _launcher_source(types: Sequence[ArgType], grid: tuple, block: tuple, shared_mem: int,
+def _launcher_source(types: Sequence[ArgType], grid: tuple | None, block: tuple | None, shared_mem: int | None,
                      entry: str = "cuLaunchKernel", *, cache_pointers: bool = True) -> str:
     """Python source of a launch function specialised to one signature.
 
@@ -457,23 +510,57 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple, block: tuple, shared
     the function's globals.  A value cffi refuses (range, type) falls back to the
     general writers, which say which parameter and why.
 
-    ``cache_pointers=False`` stores every pointer on every call: when the compiled launcher
-    (tools/fastpath_launch.c) writes the same block, this one cannot know what is in it.
+    ``grid``, ``block`` and ``shared_mem`` None: the function takes them with each call, in front
+    of the kernel's arguments -- ``launch(grid, block, shared_mem, *args)`` (a one-shot entry) --
+    and checks them (``dims``, :func:`_call_dims`) before it stores anything; with cuLaunchKernelEx
+    they go into the config, which only the block's owner writes.  ``lg``, ``lb``, ``ls``: the last
+    grid, block and shared memory taken, when they were exact ints (else ``unset``): the very same
+    objects again (a literal, a name bound once) are neither checked nor stored again -- identity
+    cannot let another type through, as equality would (``2.0 == 2``, ``True == 1``) -- and other
+    exact ints store only the config fields that changed (each store is a cffi call, about 0.1 us).
+
+    ``cache_pointers=False`` stores every pointer (and checks and stores every call's dimensions) on
+    every call: when the compiled launcher (tools/fastpath_launch.c) writes the same block and
+    config, this one cannot know what is in them.
     """
+    per_call = grid is None
     names = [_param_name(i, t) for i, t in enumerate(types)]
+    dims = ["grid", "block", "shared_mem"] if per_call else []
+    ex = entry == "cuLaunchKernelEx"
     # plain positional parameters: Python's own count check costs nothing, and its message
     # names the kernel and the missing parameter (see _compile_launcher for the name)
-    lines = [f"def launch({', '.join(names)}):"]
+    lines = [f"def launch({', '.join(dims + names)}):"]
     cached = [f"p{i}" for i, t in enumerate(types) if t.kind == "pointer"] if cache_pointers else []
-    if cached:
-        lines.append(f"    global {', '.join(cached)}")
+    held = (["lg", "lb", "ls"] + ([] if ex else ["d"])) if per_call and cache_pointers else []
+    if cached or held:
+        lines.append(f"    global {', '.join(cached + held)}")
     # One comparison stands for "nothing this launch holds has ended, and this is not a forked child".
     lines += ["    if epoch[0] != seen[0]:", "        verify()"]
     # The shared argument block belongs to one thread: the first to launch claims it (dict.setdefault
     # is atomic), and any other thread launches with a private block.  Cheaper than a lock by about
     # 0.25 us per launch, and two threads can never write one block.
     lines += ["    t = ident()", "    if t != owner[0]:", "        if claim(0, t) != t:",
-              "            return private((" + "".join(n + ", " for n in names) + "))", "        owner[0] = t"]
+              "            return private((" + "".join(n + ", " for n in names) + ")" + "".join(", " + d for d in dims)
+              + ")", "        owner[0] = t"]
+    if per_call:
+        check = "set_dims(grid, block, shared_mem)" if ex else f"d = dims(grid, block, shared_mem, {entry!r})"
+        if cache_pointers:
+            # exact ints in range: cuLaunchKernelEx stores the fields that changed (each a cffi call; y and
+            # z stay 1) where the config holds lg, lb, ls, else all seven; anything else: checked in full
+            if ex:
+                store = ["            if lg is unset:", "                set_dims(grid, block, shared_mem)",
+                         "            else:", "                if grid != lg:", "                    config.gridDimX = grid",
+                         "                if block != lb:", "                    config.blockDimX = block",
+                         "                if shared_mem != ls:", "                    config.sharedMemBytes = shared_mem"]
+            else:
+                store = ["            d = (grid, 1, 1, block, 1, 1, shared_mem)"]
+            lines += ["    if grid is not lg or block is not lb or shared_mem is not ls:",
+                      "        if grid.__class__ is int and block.__class__ is int and shared_mem.__class__ is int "
+                      f"and 0 < grid <= {_UINT_MAX} and 0 < block <= {_UINT_MAX} and 0 <= shared_mem <= {_UINT_MAX}:",
+                      *store, "            lg, lb, ls = grid, block, shared_mem", "        else:", f"            {check}",
+                      "            lg = lb = ls = unset"]
+        else:
+            lines += [f"    {check}"]
     body: list[str] = []
     for i, t in enumerate(types):
         a, slot = names[i], f"s{i}[0]"
@@ -511,16 +598,39 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple, block: tuple, shared
         lines += ["        raise"]
     if entry == "cuLaunchKernelEx":
         lines.append("    rc = launch_entry(config, handle, params, extra)")
+    elif per_call:
+        lines.append("    rc = launch_entry(handle, *d, stream, params, extra)")
     else:
-        g, b = ", ".join(map(str, grid)), ", ".join(map(str, block))
+        g, b = ", ".join(map(str, grid)), ", ".join(map(str, block))  # type: ignore[arg-type]
         lines.append(f"    rc = launch_entry(handle, {g}, {b}, {shared_mem}, stream, params, extra)")
-    lines += ["    if rc:", "        rc = rebind(rc)", "        if rc:", f"            raise error(rc, {entry!r})"]
+    lines += ["    if rc:", f"        rc = rebind(rc{''.join(', ' + d for d in dims)})", "        if rc:",
+              f"            raise error(rc, {entry!r})"]
     return "\n".join(lines) + "\n"
 
 
 def _param_name(i: int, t: ArgType) -> str:
     """``arg3_int``, ``arg0_float_ptr``: what Python's count errors call each parameter."""
     return f"arg{i}_" + re.sub(r"\W+", "_", t.name.replace("*", "_ptr")).strip("_")
+
+
+_UNSET = object()   # a generated launcher's last dimensions before any, or after ones it does not compare
+
+
+def _dims_setter(config: Any, entry: str) -> Callable[[Any, Any, Any], None]:
+    """``set_dims(grid, block, shared_mem)`` of a launcher taking its dimensions per call with
+    cuLaunchKernelEx: checks them (refusals name ``entry``, before anything is stored) and stores all
+    seven into ``config``."""
+    def set_dims(grid: Any, block: Any, shared_mem: Any) -> None:
+        _store_dims(config, _call_dims(grid, block, shared_mem, entry))
+    return set_dims
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled_source(source: str) -> Any:
+    """The code object of a launcher's source, compiled once per distinct source: every launcher of the
+    same signature and form (another stream, another function, a prepared launch made again) runs the
+    same code under its own globals, so only the first pays for compile() (hundreds of microseconds)."""
+    return compile(source, "<cuproc launcher>", "exec")
 
 
 def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any, cached: bool) -> Callable[..., None]:
@@ -537,6 +647,10 @@ def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any, cach
         "extra": packed.extra if prepared.convention == "buffer" else ffi.NULL,
         **_launch_support(prepared, cu_launch, cached),
     }
+    if prepared.grid is None:   # the dimensions come with each call
+        env.update(dims=_call_dims, unset=_UNSET, lg=_UNSET, lb=_UNSET, ls=_UNSET, d=None)
+        if prepared.config is not None:
+            env["set_dims"] = _dims_setter(prepared.config, prepared.entry)
     for i, (t, off) in enumerate(zip(packed.types, packed.offsets)):
         env[f"w{i}"] = packed.writers[i]
         if t.kind in ("pointer", "scalar"):
@@ -545,11 +659,12 @@ def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any, cach
             env[f"p{i}"] = None   # nothing stored yet
     source = _launcher_source(packed.types, prepared.grid, prepared.block, prepared.shared_mem, prepared.entry,
                               cache_pointers=kinds is None)
-    exec(compile(source, f"<cuproc launcher for {name}>", "exec"), env)  # noqa: S102 - our own source, ints only
+    exec(_compiled_source(source), env)  # noqa: S102 - our own source, ints only
     launch = env.pop("launch")   # its globals must not name it: a function <-> globals cycle waits for gc
     title = f"{name}[{', '.join(t.name for t in packed.types)}]"   # "VecAdd[float*, int]() takes 2 ..."
     code = launch.__code__
-    launch.__code__ = code.replace(co_name=title, **({"co_qualname": title} if hasattr(code, "co_qualname") else {}))
+    launch.__code__ = code.replace(co_name=title, co_filename=f"<cuproc launcher for {name}>",
+                                   **({"co_qualname": title} if hasattr(code, "co_qualname") else {}))
     launch.__name__ = launch.__qualname__ = title
     if kinds is not None:
         launch = _compiled_launcher(prepared, launch, kinds, env)
@@ -585,14 +700,16 @@ def _compiled_launcher(prepared: PreparedLaunch, pure: Callable[..., None], kind
     """The C launcher (tools/fastpath_launch.c) over the same block, falling back to ``pure``.
 
     It takes the common case only -- the block's owner thread, EPOCH unchanged, values it converts
-    exactly as cffi does -- and gives every other call to ``pure`` unchanged, so every refusal
-    (closed parents, fork, another thread, a bad value) is the pure launcher's.  A failed launch
-    goes to ``on_error``: the same rebind-then-raise as the pure launcher's.
+    exactly as cffi does, and where the dimensions come with each call, exact ints (or tuples of
+    them) in an unsigned int's range -- and gives every other call to ``pure`` unchanged, so every
+    refusal (closed parents, fork, another thread, a bad value or dimension) is the pure launcher's.
+    A failed launch goes to ``on_error(rc)``, ``on_error(rc, grid, block, shared_mem)`` where the
+    dimensions come per call: the same rebind-then-raise as the pure launcher's.
     """
     rebind, error, entry = env["rebind"], env["error"], prepared.entry
 
-    def on_error(rc: int) -> None:
-        rc = rebind(rc)
+    def on_error(rc: int, *dims: Any) -> None:
+        rc = rebind(rc, *dims)
         if rc:
             raise error(rc, entry)
 
@@ -618,7 +735,7 @@ def _compiled_launcher(prepared: PreparedLaunch, pure: Callable[..., None], kind
         address(packed.block), ffi.sizeof(packed.block), kinds, tuple(packed.offsets))
 
 
-_PREPARED_PER_FUNCTION = 64   # distinct (signature, grid, block, ...) one-shot launches remembered per function
+_PREPARED_PER_FUNCTION = 64   # one-shot entries (argument types, stream, ...) remembered per function
 # Classes whose every instance has one C type: NumPy scalar types (added as they are first seen, so
 # NumPy is never imported here) and cuproc's memory objects (pointers).  A one-shot launch of such
 # values is cached under the tuple of their classes, which costs one ``map(type, args)`` to key.
@@ -652,16 +769,19 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
            entry: str | None = None) -> None:
     """Launch once (cuLaunchKernel / cuLaunchKernelEx, or cuLaunchCooperativeKernel with ``cooperative=True``).
 
-    Repeated one-shot launches of the same shape reuse a :class:`PreparedLaunch` kept on the
-    function (``function.launch_cache``), so a loop over ``launch`` costs little more than a
-    prepared launch.  The key: the signature (or, without one, the classes of the values when
-    each class has one C type -- NumPy scalars, cuproc buffers -- else the inferred C types),
-    grid, block, shared memory, the stream, convention and entry.  The cache lives on the
-    function, so a new kernel (or a library kernel in another context) never meets another's
-    entry.  It never keeps a Stream alive: an entry for a Stream remembers it weakly and is
-    used only for that very object (the caller holds it for the call).  Each entry notes the
-    resource epoch at which the function and stream were last checked, and checks them again
-    only when some resource has ended since (or the process forked).
+    Repeated one-shot launches reuse a :class:`PreparedLaunch` kept on the function
+    (``function.launch_cache``), so a loop over ``launch`` costs little more than a prepared
+    launch.  The key: the signature (or, without one, the classes of the values when each class
+    has one C type -- NumPy scalars, cuproc buffers -- else the inferred C types), the stream,
+    convention and entry.  Grid, block and shared memory are not in it: the entry's launcher
+    takes them with each call and checks them there (a refusal names the entry), so a grid that
+    changes with every launch costs what a fixed one costs.  The cache lives on the function, so
+    a new kernel (or a library kernel in another context) never meets another's entry.  It never
+    keeps a Stream alive: an entry for a Stream remembers it weakly and is used only for that very
+    object (the caller holds it for the call).  Each entry notes the resource epoch at which the
+    function and stream were last checked, and checks them again only when some resource has ended
+    since (or the process forked).  At most :data:`_PREPARED_PER_FUNCTION` entries are kept: a new
+    one beyond that drops those of Streams that are gone, then the oldest (:func:`_make_room`).
     """
     function = function.launch_target()
     if cooperative:
@@ -676,24 +796,13 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
                 stream_key = int(ffi.cast("uintptr_t", stream_handle(stream, function.driver)))
             except CudaError as exc:   # named for the launch, as above
                 raise (exc.renamed(entry or default_entry(function.driver)) if exc.refused else exc) from None
-    # The key holds grid, block and shared memory as Python ints: a float, a bool or a NumPy integer
-    # equals (and hashes as) the int, and must get the cold path's answer, not a warm entry's.
-    if not ((grid.__class__ is int or _exact(grid)) and (block.__class__ is int or _exact(block))
-            and shared_mem.__class__ is int):   # plain ints first: no call on the common path
-        try:   # named for the entry only when refused: default_entry asks the handle (~1 us)
-            grid, block = _dims(grid, "grid", "launch"), _dims(block, "block", "launch")
-            shared_mem = _shared_mem(shared_mem, "launch")
-        except InvalidValueError as exc:
-            if exc.call != "launch":     # not one of these refusals (a grid object's own error): as it came
-                raise
-            raise exc.renamed(entry or default_entry(function.driver)) from None
     try:   # a signature with other entries than C type strings is never stored under this key (below)
         if signature is None:
             n = len(args)   # the classes, unrolled: tuple(map(type, args)) costs 0.1-0.2 us more
             classes = _CLASSES_OF[n](args) if n < _UNROLLED else tuple(map(type, args))
         else:
             classes = tuple(signature)
-        key: tuple | None = (classes, grid, block, shared_mem, stream_key, convention, entry)
+        key: tuple | None = (classes, stream_key, convention, entry)
         cached = function.launch_cache.get(key)
     except (TypeError, LookupError):   # an unhashable signature entry (a list), or args that are no
         key = cached = None           # sequence (no len(), or not indexed 0..n-1): the general path
@@ -702,18 +811,18 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
     if cached is not None and (stream_key.__class__ is not tuple or cached[1]() is stream):  # else: a new
         if cached[2][0] != EPOCH[0]:                                                # Stream at a dead one's id
             _recheck(function, stream, cached)
-        cached[0](*args)
+        cached[0](grid, block, shared_mem, *args)
         return
     _launch_uncached(function, grid, block, args, signature, shared_mem, stream, stream_key, convention, entry, key)
 
 
 # With the fast path, ``launch`` is a C front over the function above (tools/fastpath_launch.c,
-# make_one_shot): for fn.launch(grid, block, args) with plain-int grid and block and at most
-# ``signature=`` and ``stream=`` (None or a Stream), on an exact Function, it builds the same key,
-# finds a warm entry for that very stream whose epoch is current, and calls its launcher (the entry
-# it last found, ``function.launch_last``, it takes without building the key); any other
-# call -- a miss included -- runs the function above unchanged.  It is a method descriptor, so
-# ``Function.launch = launch`` binds.
+# make_one_shot): for fn.launch(grid, block, args) with at most ``signature=``, ``stream=`` (None or a
+# Stream) and ``shared_mem=``, on an exact Function, it builds the same key, finds a warm entry for
+# that very stream whose epoch is current, and calls its launcher with the call's grid, block and
+# shared memory, which the launcher checks (the entry it last found, ``function.launch_last``, it
+# takes without building the key); any other call -- a miss included -- runs the function above
+# unchanged.  It is a method descriptor, so ``Function.launch = launch`` binds.
 # [Function, Stream, Function.launch_cache, Function.launch_last (slot descriptors)], noted by the first
 # (cold) launch
 _FRONT_TYPES: list[Any] = [None, None, None, None]
@@ -731,13 +840,6 @@ def _as_values(args: Any, function: Any, entry: str | None) -> tuple:
     except TypeError:
         raise invalid(entry or default_entry(function.driver),
                       f"args is the sequence of kernel arguments, not a {type(args).__name__}") from None
-
-
-def _exact(dims: Any) -> bool:
-    """An exact int or a tuple of exact ints: a key that cannot equal another type's (the cold path
-    still validates it before anything is stored under it)."""
-    c = dims.__class__
-    return c is int or (c is tuple and all(d.__class__ is int for d in dims))
 
 
 # _CLASSES_OF[n](args): the exact classes (type(), as map(type, ...) gives) of n arguments as a tuple,
@@ -783,7 +885,7 @@ def _launch_uncached(function: Any, grid: Any, block: Any, args: Sequence[Any], 
             cached = cache.get(key)
             if cached is not None and (stream_key.__class__ is not tuple or cached[1]() is stream):
                 cached[2][0] = epoch
-                cached[0](*args)
+                cached[0](grid, block, shared_mem, *args)
                 return
     else:
         sig = tuple(signature)
@@ -795,16 +897,34 @@ def _launch_uncached(function: Any, grid: Any, block: Any, args: Sequence[Any], 
             cached = cache.get(key)
             if cached is not None and (stream_key.__class__ is not tuple or cached[1]() is stream):
                 cached[2][0] = epoch
-                cached[0](*args)
+                cached[0](grid, block, shared_mem, *args)
                 return
-    prepared = PreparedLaunch(function, sig, grid, block, shared_mem=shared_mem, stream=stream,
-                              convention=convention, entry=entry, cached=True).launch
+    prepared = PreparedLaunch(function, sig, stream=stream, convention=convention, entry=entry, cached=True).launch
     if key is not None:
         if len(cache) >= _PREPARED_PER_FUNCTION:
-            cache.clear()
-            function.launch_last = None   # the C front's last hit: not an entry the cache dropped
+            _make_room(function, cache)
         cache[key] = (prepared, weakref.ref(stream) if isinstance(stream, Stream) else None, [epoch])
-    prepared(*args)
+    prepared(grid, block, shared_mem, *args)
+
+
+def _make_room(function: Any, cache: dict) -> None:
+    """Bring ``cache`` (a function's one-shot entries) below :data:`_PREPARED_PER_FUNCTION` for one more:
+    first the entries of Streams that are gone (a Stream made per launch leaves one each), then the
+    oldest, never the C front's last hit (the entry in use).  Other threads may change the cache
+    meanwhile: it is read once, as a list, and entries are dropped by key, whichever is still there."""
+    entries = list(cache.items())
+    last = getattr(function, "launch_last", None)   # a slot: unset once deleted
+    in_use = last[1] if last.__class__ is tuple and len(last) == 2 else None
+    live = []
+    for k, e in entries:
+        if e[1] is not None and e[1]() is None:
+            cache.pop(k, None)
+            if e is in_use:
+                function.launch_last = None
+        elif e is not in_use:
+            live.append(k)
+    for k in live[:max(len(cache) + 1 - _PREPARED_PER_FUNCTION, 0)]:   # oldest first: insertion order
+        cache.pop(k, None)
 
 
 def launch_ex(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *,

@@ -164,6 +164,7 @@ static char last_name[256];
 static unsigned char last_args[MAX_ARG_BYTES];
 static size_t last_nargs;
 static unsigned last_dims[6];   /* grid x, y, z, block x, y, z of the last launch */
+static unsigned last_shared_mem;   /* its dynamic shared memory size */
 static CUstream last_stream;
 
 /* The device address window. */
@@ -2254,6 +2255,7 @@ struct launch {
   unsigned grid[3], block[3];
   CUstream stream;
   void **params, **extra;
+  unsigned shared_mem;
 };
 
 /* Check under mu what the launch uses; copy the layout out (the image may go once mu drops). */
@@ -2367,6 +2369,7 @@ static CUresult launch(const char *call, CUfunction func, const struct launch *L
   last_nargs = nbytes;
   memcpy(last_dims, L->grid, sizeof L->grid);
   memcpy(last_dims + 3, L->block, sizeof L->block);
+  last_shared_mem = L->shared_mem;
   last_stream = L->stream;
   free(buf);
   return OK;
@@ -2374,15 +2377,13 @@ static CUresult launch(const char *call, CUfunction func, const struct launch *L
 
 static CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                unsigned bz, unsigned shmem, CUstream stream, void **params, void **extra) {
-  (void)shmem;
-  struct launch L = {{gx, gy, gz}, {bx, by, bz}, stream, params, extra};
+  struct launch L = {{gx, gy, gz}, {bx, by, bz}, stream, params, extra, shmem};
   return launch("cuLaunchKernel", f, &L);
 }
 
 static CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                           unsigned by, unsigned bz, unsigned shmem, CUstream stream, void **params) {
-  (void)shmem;
-  struct launch L = {{gx, gy, gz}, {bx, by, bz}, stream, params, NULL};
+  struct launch L = {{gx, gy, gz}, {bx, by, bz}, stream, params, NULL, shmem};
   return launch("cuLaunchCooperativeKernel", f, &L);
 }
 
@@ -2390,7 +2391,7 @@ static CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, voi
   if (!config) return E_INVALID_VALUE;
   struct launch L = {{config->gridDimX, config->gridDimY, config->gridDimZ},
                      {config->blockDimX, config->blockDimY, config->blockDimZ},
-                     config->hStream, params, extra};
+                     config->hStream, params, extra, config->sharedMemBytes};
   return launch("cuLaunchKernelEx", f, &L);
 }
 
@@ -2477,6 +2478,7 @@ EXPORT void fake_reset(void) {
   last_name[0] = '\0';
   last_nargs = 0;
   memset(last_dims, 0, sizeof last_dims);
+  last_shared_mem = 0;
   last_stream = NULL;
   memset(injects, 0, sizeof injects);
   __atomic_store_n(&fork_violations, 0, __ATOMIC_RELAXED);
@@ -2597,6 +2599,9 @@ EXPORT void fake_last_launch_config(unsigned *dims, uintptr_t *stream) {
   *stream = (uintptr_t)last_stream;
   unlock();
 }
+
+/* The last launch's dynamic shared memory size. */
+EXPORT unsigned fake_last_shared_mem(void) { lock(); unsigned n = last_shared_mem; unlock(); return n; }
 
 EXPORT long fake_fork_violations(void) { return __atomic_load_n(&fork_violations, __ATOMIC_RELAXED); }
 

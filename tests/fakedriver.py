@@ -13,8 +13,8 @@ turn what would be a crash on a real driver into a number a test can assert is 0
   before reading the argument block, so callers that share one between threads are caught; and of
   ``fake_grid_pair(a, b)`` that break that rule or have a grid whose x is not ``a % 4 + 1`` (a
   launch made with another call's grid);
-* ``last_launch()`` / ``last_launch_config()`` -- the last launch's kernel and argument bytes, and
-  its grid, block and stream;
+* ``last_launch()`` / ``last_launch_config()`` / ``last_shared_mem()`` -- the last launch's kernel and
+  argument bytes, its grid, block and stream, and its dynamic shared memory size;
 * ``fork_violations()`` -- calls made in a child forked after ``cuInit``.
 * ``calls()`` / ``call_count()`` -- the entry points called since ``clear_calls()``: which driver
   calls a cuproc operation makes, so that an extra query or sync shows on CPU.
@@ -162,6 +162,7 @@ class FakeDriver:
             getattr(lib, name).restype = ctypes.c_long
         for name in ("fake_pool_used", "fake_device_bytes_live", "fake_device_window"):
             getattr(lib, name).restype = ctypes.c_ulonglong
+        lib.fake_last_shared_mem.restype = ctypes.c_uint
         lib.fake_live.argtypes = [ctypes.c_char_p]
         lib.fake_fail.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
 
@@ -254,6 +255,10 @@ class FakeDriver:
         stream = ctypes.c_size_t()
         self._lib.fake_last_launch_config(dims, ctypes.byref(stream))
         return tuple(dims[:3]), tuple(dims[3:]), stream.value  # type: ignore[return-value]
+
+    def last_shared_mem(self) -> int:
+        """The dynamic shared memory size of the last successful launch."""
+        return self._lib.fake_last_shared_mem()
 
     def fork_violations(self) -> int:
         return self._lib.fake_fork_violations()

@@ -514,6 +514,10 @@ def test_make_launcher_refuses_offsets_and_dimensions_it_cannot_store(fk, pc):
                 {"blk": (1, (1 << 64) + 1, 1)}):
         with pytest.raises(ValueError, match="unsigned 32-bit"):
             make(**bad)
+    assert make(grid=None, blk=None, shmem=None).fallbacks == 0    # the dimensions come with each call
+    for bad in ({"grid": None}, {"grid": None, "blk": None}, {"grid": (1, 1)}, {"blk": [1, 1, 1]}):
+        with pytest.raises(ValueError, match="make_launcher"):
+            make(**bad)
 
 
 def test_prepared_launch_keeps_the_pure_refusals(fk, pc):

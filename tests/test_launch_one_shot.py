@@ -2,7 +2,10 @@
 (tools/fastpath_launch.c, make_one_shot) that takes warm entries of the common form itself; every
 other call goes to the Python launch.  These tests check that it takes what it should, hands on
 what it should not, keeps every refusal of the Python launch, and that launch_ex / cooperative
-refusals name the call actually made.  All on the fake driver; the pure path is run as well.
+refusals name the call actually made; that grid, block and shared memory come with each launch (one
+entry per key, nothing compiled for a new grid, bad dimensions refused naming the entry), and that
+the entries stay bounded without being dropped all at once.  All on the fake driver; the pure path
+is run as well.
 (Warm one-shot entries in a forked child: tests/test_ownership.py, the fork test.)"""
 from __future__ import annotations
 
@@ -64,22 +67,25 @@ def test_warm_common_forms_are_launched_by_the_front_with_their_values(fk, pc):
 @pytest.mark.parametrize("form", ["stream handle", "tuple grid", "numpy grid", "shared_mem", "entry", "convention",
                                   "list args", "signature None"])
 def test_other_forms_go_to_the_python_launch_and_launch_right(fk, pc, form):
+    """Grid, block and shared memory are not part of the key: the front takes any of them once warm and
+    the launcher checks them; the other forms go to the Python launch."""
     fn = Module.load(IMAGE).get_function("empty")
     buf = DeviceBuffer(64)
     s = Stream()
-    call = {"stream handle": lambda v: fn.launch(1, 32, v, stream=s.handle),
-            "tuple grid": lambda v: fn.launch((1, 1), 32, v),
-            "numpy grid": lambda v: fn.launch(np.int64(1), 32, v),
-            "shared_mem": lambda v: fn.launch(1, 32, v, shared_mem=0),
-            "entry": lambda v: fn.launch(1, 32, v, entry="cuLaunchKernel"),
-            "convention": lambda v: fn.launch(1, 32, v, convention="params"),
-            "list args": lambda v: fn.launch(1, 32, list(v)),
-            "signature None": lambda v: fn.launch(1, 32, v, signature=None)}[form]
+    call = {"stream handle": lambda v, g: fn.launch(g, 32, v, stream=s.handle),
+            "tuple grid": lambda v, g: fn.launch((g, 2), 32, v),
+            "numpy grid": lambda v, g: fn.launch(np.int64(g), 32, v),
+            "shared_mem": lambda v, g: fn.launch(g, 32, v, shared_mem=8 * g),
+            "entry": lambda v, g: fn.launch(g, 32, v, entry="cuLaunchKernel"),
+            "convention": lambda v, g: fn.launch(g, 32, v, convention="params"),
+            "list args": lambda v, g: fn.launch(g, 32, list(v)),
+            "signature None": lambda v, g: fn.launch(g, 32, v, signature=None)}[form]
     for i in range(3):
         before = taken()
-        call((buf, np.int32(i), np.float32(i)))
+        call((buf, np.int32(i), np.float32(i)), i + 1)
         assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, i, i)
-        if form == "signature None" and i:        # the same key as no signature: taken once warm
+        assert fk.last_launch_config()[:2] == ((i + 1, 2 if form == "tuple grid" else 1, 1), (32, 1, 1))
+        if form in ("signature None", "tuple grid", "numpy grid", "shared_mem") and i:   # the front's, once warm
             assert taken() == before + 1
         else:
             assert taken() == before
@@ -102,9 +108,9 @@ def test_warm_launches_on_a_stream_are_taken_for_that_very_stream(fk, pc):
         fn.launch(1, 32, (buf, i, 0.5), stream=s, signature=SIG)           # keywords in either order
         assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, i, 0.5)
     assert taken() - before == 10 and len(fn.launch_cache) == 6
-    key = next(k for k in fn.launch_cache if k[4] == ("stream", id(s1)) and k[0] != tuple(SIG))
+    key = next(k for k in fn.launch_cache if k[1] == ("stream", id(s1)) and k[0] != tuple(SIG))
     s3 = Stream()
-    fn.launch_cache[key[:4] + (("stream", id(s3)),) + key[5:]] = fn.launch_cache[key]   # s1's entry at s3's id
+    fn.launch_cache[key[:1] + (("stream", id(s3)),) + key[2:]] = fn.launch_cache[key]   # s1's entry at s3's id
     fn.launch(1, 32, (buf, np.int32(7), np.float32(7)), stream=s3)                       # not taken: its own entry
     assert taken() - before == 10 and fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 7, 7.0)
     s1.close()
@@ -121,8 +127,9 @@ def _handle(stream: Stream | None) -> int:
 @needs_front
 def test_the_last_hit_is_taken_only_for_a_call_with_an_equal_key(fk, pc):
     """The front takes the entry it last found (``function.launch_last``) without building the key,
-    so each part of the key must still select the launch: grid, block, stream, the values' classes,
-    and the signature's entries (read again on every call: a list can change in place)."""
+    so each part of the key must still select the launch: stream, the values' classes, and the
+    signature's entries (read again on every call: a list can change in place); grid and block are not
+    part of it, and each call launches with its own."""
     fn = Module.load(IMAGE).get_function("empty")
     buf = DeviceBuffer(64)
     s1, s2 = Stream(), Stream()
@@ -141,14 +148,15 @@ def test_the_last_hit_is_taken_only_for_a_call_with_an_equal_key(fk, pc):
     ]
     for grid, block, stream, values, signature, _ in calls:                   # cold: every entry made
         fn.launch(grid, block, values, signature=signature, stream=stream)
-    assert len(fn.launch_cache) == len(calls)
+    keys = len({(tuple(signature or map(type, values)), id(stream)) for _, _, stream, values, signature, _ in calls})
+    assert len(fn.launch_cache) == keys == len(calls) - 2        # the first three differ in grid or block only
     before = taken()
-    for _ in range(2):   # each call differs from the one before it in one part of the key
+    for _ in range(2):   # each call differs from the one before it in one part of the key, or in its dims
         for grid, block, stream, values, signature, fmt in calls:
             fn.launch(grid, block, values, signature=signature, stream=stream)
             assert fk.last_launch()[1] == struct.pack(fmt, buf.ptr, 3, 1)
             assert fk.last_launch_config() == ((grid, 1, 1), (block, 1, 1), _handle(stream))
-    assert taken() - before == 2 * len(calls) and len(fn.launch_cache) == len(calls)
+    assert taken() - before == 2 * len(calls) and len(fn.launch_cache) == keys
     for grid, block, stream, values, signature, fmt in calls:   # each key again and again: the record's hits
         fn.launch(grid, block, values, signature=signature, stream=stream)
         record = fn.launch_last
@@ -182,13 +190,14 @@ def test_a_last_hit_for_another_stream_or_a_malformed_one_is_not_taken(fk, pc):
     fn.launch(1, 32, args, stream=s1)
     fn.launch(1, 32, args, stream=s1)
     key, entry = fn.launch_last
-    assert key[4] == ("stream", id(s1)) and entry[1]() is s1
-    fn.launch_last = (key[:4] + (("stream", id(s3)),) + key[5:], entry)   # s1's entry under s3's key
+    assert key[1] == ("stream", id(s1)) and entry[1]() is s1
+    fn.launch_last = (key[:1] + (("stream", id(s3)),) + key[2:], entry)   # s1's entry under s3's key
     fn.launch(1, 32, args, stream=s3)
     assert fk.last_launch_config()[2] == _handle(s3)
     good = fn.launch_last
-    for junk in ["junk", (), (1, 2), (key, "entry"), (("classes",) + key[1:], entry), (key[:6], entry),
-                 ((key[0], 1.0) + key[2:], entry), (key, (entry[0], entry[1], [0, 1])), (key, entry[:2])]:
+    for junk in ["junk", (), (1, 2), (key, "entry"), (("classes",) + key[1:], entry), (key[:3], entry),
+                 (key + (1,), entry), (key[:2] + ("params", None), entry), (key[:3] + ("cuLaunchKernel",), entry),
+                 (key, (entry[0], entry[1], [0, 1])), (key, entry[:2])]:
         fn.launch_last = junk
         fn.launch(1, 32, (buf, np.int32(2), np.float32(2)), stream=s1)
         assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 2, 2.0)
@@ -204,26 +213,27 @@ def test_a_last_hit_for_another_stream_or_a_malformed_one_is_not_taken(fk, pc):
     # an entry for a raw stream handle (held: None, as the default stream's) under that handle's key:
     # not taken by a launch on the default stream
     fn.launch(1, 32, args, stream=s3.handle)
-    raw_key = next(k for k in fn.launch_cache if isinstance(k[4], int))
+    raw_key = next(k for k in fn.launch_cache if isinstance(k[1], int))
     fn.launch_last = (raw_key, fn.launch_cache[raw_key])
     fn.launch(1, 32, (buf, np.int32(5), np.float32(5)))
     assert fk.last_launch_config()[2] == _handle(None)
 
 
 @needs_front
-@pytest.mark.parametrize("how", ["64 more shapes", "the user clears it"])
+@pytest.mark.parametrize("how", ["its key dropped", "the user clears it"])
 def test_a_record_of_an_entry_the_cache_dropped_does_not_keep_its_key_off_the_front(fk, pc, how):
-    """After the cache is cleared (by the 64-shape bound or by hand) and a resource ends, the key's
-    new entry is taken by the front again, not left to the Python launch for good (review finding)."""
+    """After the record's entry leaves the cache (its key dropped, or the cache cleared, by hand) and a
+    resource ends, the key's new entry is taken by the front again, not left to the Python launch for
+    good (review finding)."""
     fn = Module.load(IMAGE).get_function("empty")
     buf = DeviceBuffer(64)
     args = (buf, np.int32(1), np.float32(1))
     fn.launch(1, 32, args)
-    fn.launch(1, 32, args)                                   # the record: grid 1
-    if how == "64 more shapes":
-        for g in range(2, 2 + L._PREPARED_PER_FUNCTION):
-            fn.launch(g, 32, args)
-        assert all(k[1] != 1 for k in fn.launch_cache) and fn.launch_last is None
+    fn.launch(1, 32, args)                                   # the record
+    fn.launch(1, 32, (buf, 1, 1.0), signature=SIG)           # another entry, which stays
+    if how == "its key dropped":
+        del fn.launch_cache[fn.launch_last[0]]
+        assert len(fn.launch_cache) == 1
     else:
         fn.launch_cache.clear()
     Stream().close()                                         # EPOCH moves
@@ -253,15 +263,16 @@ pc = cuproc.use_device(0)
 fn = cuproc.Module.load(fake_image({{"empty": [8, 4, 4]}})).get_function("empty")
 buf = cuproc.DeviceBuffer(64)
 args = (buf, np.int32(1), np.float32(1))
-for g in (1, 2):
-    fn.launch(g, 32, args); fn.launch(g, 32, args)
-fn.launch(2, 32, args)                        # the record: grid 2's; grid 1 takes the dict path
+sig = ["float*", "int", "float"]
+fn.launch(1, 32, args); fn.launch(1, 32, args)
+fn.launch(2, 32, (buf, 1, 1.0), signature=sig); fn.launch(3, 32, (buf, 1, 1.0), signature=sig)
+fn.launch(4, 32, (buf, 1, 1.0), signature=sig)  # the record: the signature's; the NumPy values take the dict path
 armed, fired = [False], []
 def callback(phase, info):
     if armed[0] and phase == "start":
         armed[0] = False
         fired.append(len(fn.launch_cache))
-        fn.launch_cache.clear()               # as another thread's launch past the 64-shape bound does
+        fn.launch_cache.clear()               # as a user's clear() or another thread's eviction does
 gc.collect()
 gc.callbacks.append(callback)
 gc.disable()
@@ -289,21 +300,25 @@ print("fired" if fired else "not fired", "front" if hasattr(L.launch, "taken") e
 
 
 @needs_front
-def test_threads_sharing_a_function_launch_with_their_own_grid_and_values(fk, pc):
-    """Four threads take turns at one function's last hit, each with its own grid: fake_grid_pair
-    counts a launch whose values or grid belong to another call."""
+@pytest.mark.parametrize("entry", [None, "cuLaunchKernel"])
+def test_threads_sharing_a_function_launch_with_their_own_grid_and_values(fk, pc, entry):
+    """Four threads take turns at one function's entries (one per signature: the grid is no part of the
+    key), each with its own grid: fake_grid_pair counts a launch whose values or grid belong to another
+    call.  The threads that do not own an entry's block launch with their own block and configuration."""
     from threads import run_threads
     fn = Module.load(fake_image({"fake_grid_pair": [8, 8]})).get_function("fake_grid_pair")
     sig = ["unsigned long long", "unsigned long long"]
+    kw = {} if entry is None else {"entry": entry}     # None: the C front; an entry: the Python launch
 
     def work(k: int) -> int:   # a fresh thread: the launch makes the function's context current
         for i in range(400):
             a = 4 * i + k
-            fn.launch(a % 4 + 1, 32, (a, 3 * a + 1), signature=sig)
-            fn.launch(a % 4 + 1, 32, (np.uint64(a), np.uint64(3 * a + 1)))
+            fn.launch(a % 4 + 1, 32, (a, 3 * a + 1), signature=sig, **kw)
+            fn.launch(a % 4 + 1, 32, (np.uint64(a), np.uint64(3 * a + 1)), **kw)
         return 800
     assert sum(run_threads(work, 4)) == fk.launch_count() == 3200
     assert fk.launch_mismatches() == 0, fk.records()
+    assert len(fn.launch_cache) == 2
 
 
 @needs_front
@@ -470,6 +485,158 @@ def test_one_shot_and_prepared_refusals_name_the_entry_the_launch_makes(fk, pc, 
         fn.launch(1, 32, (closed, np.int32(1), np.float32(1)), entry=entry)
     assert type(info.value) is InvalidValueError and info.value.call == made
     assert fk.launch_count() == 1
+
+
+def _three(dims) -> tuple[int, int, int]:
+    dims = tuple(int(d) for d in dims) if isinstance(dims, tuple) else (int(dims),)
+    return dims + (1,) * (3 - len(dims))
+
+
+def check_varying_dims(fk, entry: str | None) -> None:
+    """A one-shot launch whose grid, block and shared memory change from launch to launch (also run in a
+    pure-Python process, below): each launch gets its own dimensions from the one entry of its key; no
+    launcher is made (compile() is not even asked); with the fast path the C launcher takes exact ints
+    and tuples itself; bad dimensions are refused naming the entry, launch nothing and leave no stale
+    dimension behind (the pure launcher stores only what changed since its last launch)."""
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    kw = {} if entry is None else {"entry": entry}   # None: the C front where there is one
+    fn.launch(1, 32, (buf, np.int32(0), np.float32(0)), **kw)
+    fn.launch(1, 32, (buf, 0, 0.0), signature=SIG, **kw)
+    entries = dict(fn.launch_cache)
+    made = L._compiled_source.cache_info()
+    launchers = [e[0] for e in entries.values()]
+    fallbacks = [getattr(f, "fallbacks", None) for f in launchers]   # the C launchers' (fast path)
+    made_entry = launchers[0].entry
+    assert made_entry == (entry or L.default_entry(fn.driver)) and len(entries) == 2
+    count = fk.launch_count()
+
+    def launch_both(grid, block, shared, i) -> None:
+        fn.launch(grid, block, (buf, np.int32(i), np.float32(1)), shared_mem=shared, **kw)
+        assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, i, 1.0)
+        assert fk.last_launch_config()[:2] == (_three(grid), _three(block)) and fk.last_shared_mem() == shared
+        fn.launch(grid, block, (buf, -i, 2.0), signature=SIG, shared_mem=shared, **kw)
+        assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, -i, 2.0)
+        assert fk.last_launch_config()[:2] == (_three(grid), _three(block)) and fk.last_shared_mem() == shared
+
+    calls = [(5, 32, 0), ((5, 3), 32, 0), (5, 32, 0), (7, (8, 4), 16), (7, 32, 0), (7, 32, 16), (7, 64, 16),
+             ((1, 2, 3), (4, 5, 6), 8), (1, 4, 0), (2**32 - 1, 1, 2**32 - 1), (1, 1, 0)]
+    calls += [(g, 128, 0) for g in range(1, 1001, 7)]       # grid = ceil(n / block) for a new n each time
+    for i, (grid, block, shared) in enumerate(calls):
+        launch_both(grid, block, shared, i)
+    assert fk.launch_count() - count == 2 * len(calls)
+    assert list(fn.launch_cache) == list(entries) and all(fn.launch_cache[k] is e for k, e in entries.items())
+    assert L._compiled_source.cache_info() == made           # no launcher made, nothing compiled
+    assert [getattr(f, "fallbacks", None) for f in launchers] == fallbacks   # all taken by the C launchers
+    launch_both(np.int64(3), np.int32(64), np.uint16(4), 1)  # NumPy integers: the pure launcher's
+    launch_both((np.int64(3), 2), 64, 0, 2)
+
+    bad_dims = [{"grid": 0}, {"grid": -1}, {"grid": 2**32}, {"grid": 1.5}, {"grid": 2.0}, {"grid": True},
+                {"grid": (1, 0)}, {"grid": (2, 1, 1, 1)}, {"grid": ()}, {"grid": "x"}, {"grid": None},
+                {"block": 0}, {"block": (32, 2**32)}, {"block": np.float32(32)}, {"block": 32.0},
+                {"shared_mem": -1}, {"shared_mem": 2**32}, {"shared_mem": 1.0}, {"shared_mem": True},
+                {"shared_mem": None}]
+    for i, bad in enumerate(bad_dims):
+        launch_both(2, 32, 1, i)                               # what the config holds before the refusal
+        count = fk.launch_count()
+        dims = {"grid": 2, "block": 32, "shared_mem": 1, **bad}
+        for values, signature in (((buf, np.int32(1), np.float32(1)), None), ((buf, 1, 1.0), SIG)):
+            with pytest.raises(InvalidValueError) as info:
+                fn.launch(dims["grid"], dims["block"], values, signature=signature, shared_mem=dims["shared_mem"],
+                          **kw)
+            assert (bad, info.value.call, info.value.refused) == (bad, made_entry, True)
+        assert fk.launch_count() == count
+        launch_both(2, 32, 1, i)                               # the same again: nothing stale in between
+        launch_both(3, (32, 2), 0, i)
+    assert L._compiled_source.cache_info() == made and len(fn.launch_cache) == 2
+
+
+def check_rebind_with_the_calls_dims(fk, entry: str | None) -> None:
+    """A one-shot launch refused for want of its context is made again with that context pushed and
+    with its own call's dimensions (cuLaunchKernel: passed again; cuLaunchKernelEx: in the config),
+    and a driver error is raised, from the C launcher and the pure one alike."""
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    kw = {} if entry is None else {"entry": entry}
+    fn.launch(1, 32, (buf, np.int32(0), np.float32(0)), **kw)
+    made_entry = next(iter(fn.launch_cache.values()))[0].entry
+    fk.fail(made_entry, 2)                                     # CUDA_ERROR_OUT_OF_MEMORY once
+    with pytest.raises(cuproc.OutOfMemoryError):
+        fn.launch(3, 64, (buf, np.int32(1), np.float32(1)), shared_mem=4, **kw)
+    count = fk.launch_count()
+    for i, (grid, block, shared) in enumerate([(5, 32, 8), ((2, 3), (4, 4), 0), (7, 16, 0), (np.int64(9), 8, 2)]):
+        fn.driver.cuCtxSetCurrent(cuproc.ffi.NULL)             # no context current: the launch rebinds
+        errors = fk.binding_errors()
+        fn.launch(grid, block, (buf, np.int32(i), np.float32(1)), shared_mem=shared, **kw)
+        assert fk.binding_errors() == errors + 1               # refused once, then made in its context
+        assert fk.last_launch_config()[:2] == (_three(grid), _three(block)) and fk.last_shared_mem() == shared
+        assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, i, 1.0)
+    assert fk.launch_count() == count + 4
+    fn.driver.cuCtxSetCurrent(fn.context.handle)               # current again, as it was
+
+
+@pytest.mark.parametrize("entry", [None, "cuLaunchKernel", "cuLaunchKernelEx"])
+def test_a_grid_changing_with_every_launch_launches_from_one_entry_with_its_own_dims(fk, pc, entry):
+    check_varying_dims(fk, entry)
+    check_rebind_with_the_calls_dims(fk, entry)
+
+
+def test_a_grid_changing_with_every_launch_on_the_pure_path_too(fk):
+    code = f"""
+import sys
+sys.path.insert(0, {str(ROOT / 'tests')!r})
+from pathlib import Path
+import cuproc
+from fakedriver import FakeDriver
+from test_launch_one_shot import check_rebind_with_the_calls_dims, check_varying_dims
+assert not cuproc.fastpath.active()
+fk = FakeDriver(Path({str(fk.path)!r}))
+cuproc.set_default_driver(cuproc.Driver(library={str(fk.path)!r}))
+pc = cuproc.use_device(0)
+for entry in (None, "cuLaunchKernel", "cuLaunchKernelEx"):
+    check_varying_dims(fk, entry)
+    check_rebind_with_the_calls_dims(fk, entry)
+print("checked")
+"""
+    proc = run_python(code, env={**os.environ, "CUPROC_PURE_PYTHON": "1"})
+    assert proc.stdout.split() == ["checked"]
+
+
+def test_the_entries_stay_bounded_dropping_gone_streams_first_then_the_oldest_but_not_the_one_in_use(fk, pc):
+    """A new key beyond the bound drops one entry, never all: first those of Streams that are gone, then
+    the oldest, but not the C front's last hit (the entry in use).  A new stream for a signature seen
+    before makes its launcher from the code already compiled."""
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    args = (buf, np.int32(1), np.float32(1))
+    fn.launch(1, 32, args)
+    fn.launch(2, 32, args)                                # with the fast path: the front's last hit
+    (in_use,) = fn.launch_cache.values()
+    streams = [Stream() for _ in range(L._PREPARED_PER_FUNCTION + 1)]   # made first: none at gone's id
+    gone = Stream()
+    fn.launch(1, 32, args, stream=gone)
+    gone.close()
+    del gone
+    made = L._compiled_source.cache_info()
+    for s in streams[:-3]:
+        fn.launch(1, 32, args, stream=s)
+    assert len(fn.launch_cache) == L._PREPARED_PER_FUNCTION
+    assert L._compiled_source.cache_info().misses == made.misses     # new launchers, nothing compiled
+
+    def held() -> set:
+        return {id(e[1]()) if e[1] is not None else None for e in fn.launch_cache.values()}
+    fn.launch(3, 32, args, stream=streams[-3])            # the gone Stream's entry makes room
+    assert len(fn.launch_cache) == L._PREPARED_PER_FUNCTION and held() == {None} | set(map(id, streams[:-2]))
+    fn.launch(4, 32, args, stream=streams[-2])            # then the oldest entry not in use
+    oldest = streams[0] if FRONT else None                # without the front nothing is in use
+    assert len(fn.launch_cache) == L._PREPARED_PER_FUNCTION
+    assert held() == ({None} | set(map(id, streams[:-1]))) - {id(oldest) if oldest else None}
+    assert any(e is in_use for e in fn.launch_cache.values()) == FRONT
+    for i, s in enumerate([None, *streams]):              # every stream launches right, dropped or not
+        fn.launch(i + 1, 32, (buf, np.int32(i), np.float32(1)), stream=s)
+        assert fk.last_launch_config() == ((i + 1, 1, 1), (32, 1, 1), _handle(s))
+        assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, i, 1.0)
+        assert len(fn.launch_cache) <= L._PREPARED_PER_FUNCTION
 
 
 def test_one_shot_launches_on_the_pure_path_too(fk):

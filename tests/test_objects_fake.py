@@ -685,7 +685,7 @@ def test_one_shot_cache_is_per_stream_object(fk, pc):
     assert list(fn.launch_cache.values()) == [first] and first[1]() is s   # reused, held weakly
     s2 = Stream()
     key = next(iter(fn.launch_cache))
-    key2 = key[:4] + (("stream", id(s2)),) + key[5:]
+    key2 = key[:1] + (("stream", id(s2)),) + key[2:]
     fn.launch_cache[key2] = first                         # as if s2 were a new Stream at a dead one's id
     fn.launch(1, 32, args, stream=s2)
     assert fn.launch_cache[key2][0] is not first[0] and fn.launch_cache[key2][1]() is s2
@@ -746,9 +746,14 @@ def test_one_shot_cache_stays_bounded_and_library_kernels_bind_to_the_stream(fk,
     fn = Module.load(IMAGE, context=a).get_function("empty")
     x = DeviceBuffer(64, context=a)
     for g in range(1, 70):
-        fn.launch(g, 1, (x, np.int32(g), np.float32(0)))
-    assert 0 < len(fn.launch_cache) <= 64 and fk.launch_count() == 70 and Context.current() is None
-    assert fk.last_launch() == ("empty", struct.pack("<Qif", x.ptr, 69, 0.0))
+        fn.launch(g, 1, (x, np.int32(g), np.float32(0)))   # one entry: the grid comes with each launch
+        assert fk.last_launch_config()[0] == (g, 1, 1)
+    assert len(fn.launch_cache) == 1
+    streams = [Stream(context=a) for _ in range(70)]
+    for t in streams:                                       # an entry per stream: no more than 64 kept
+        fn.launch(1, 1, (x, np.int32(1), np.float32(0)), stream=t)
+    assert len(fn.launch_cache) == 64 and fk.launch_count() == 140 and Context.current() is None
+    assert fk.last_launch() == ("empty", struct.pack("<Qif", x.ptr, 1, 0.0))
 
 
 # ----------------------------------------------------------------------------- host_memory.py

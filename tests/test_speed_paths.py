@@ -239,6 +239,12 @@ def test_benchmarks_run_end_to_end_in_smoke_mode(bench, tmp_path, monkeypatch):
         made = re.search(r"one-shot launches made by the C front \([^)]*\): ([\d,]+)", text)
         assert (made is not None and int(made.group(1).replace(",", "")) > 0) if fastpath.active() else \
             "no C front (pure path)" in text
+        import json
+        monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+        import bench_launch as b
+        rows = json.loads((tmp_path / "bench_launch.json").read_text())["launchers"]
+        assert {b.GRID_NP, b.GRID_SIG, b.ONE_SHOT_NP, b.ONE_SHOT_SIG} <= set(rows)   # the changing grid's rows ran
+        assert all(rows[r]["burst_us"] > 0 for r in (b.GRID_NP, b.GRID_SIG))
 
 
 def test_bench_driver_times_a_real_cffi_pointer_as_bare_cffi(fk, monkeypatch):
@@ -372,6 +378,25 @@ def test_benchmark_ratios_use_the_c_loop_over_the_rows_own_entry_point(monkeypat
     assert row["value"] == pytest.approx(4.24 / 3.36)             # the Ex loop, not the cheaper-looking one
     assert any(r["goal"].startswith("steady: prepared launch <= 1.25x") and r["value"] == pytest.approx(4.24 / 3.36)
                for r in goals.rows)
+
+
+def test_the_changing_grid_goals_read_each_form_against_its_fixed_grid_twin_and_the_fastest_peer_row(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_launch as b
+    from cuproc.launch import _PREPARED_PER_FUNCTION
+    assert len(set(b.grid_values(20_000))) == b.GRID_VALUES > _PREPARED_PER_FUNCTION   # more than the old bound
+    results = _rows(**{b.ONE_SHOT_NP: [2.0] * 5, b.GRID_NP: [2.1] * 5, b.ONE_SHOT_SIG: [1.5] * 5,
+                       b.GRID_SIG: [1.8] * 5, b.GRID_CORE: [9.0] * 5, b.GRID_CORE_PREBUILT: [4.2] * 5})
+    missing = "ModuleNotFoundError: No module named 'cupy'"
+    goals, _ = b.evaluate(results, {b.CUPY: missing}, False, ("cuLaunchKernelEx", "buffer"))
+    for col in ("burst", "steady"):
+        for row, value, status in ((f"{col}: {b.GRID_NP} <= 1.10x the same with a fixed grid", 1.05, "met"),
+                                   (f"{col}: {b.GRID_SIG} <= 1.10x the same with a fixed grid", 1.2, "MISSED"),
+                                   (f"{col}: one-shot with NumPy scalars, grid changing every launch, faster than "
+                                    f"{b.GRID_CORE_PREBUILT}", 2.0, "met")):   # cuda.core's faster row
+            assert (_goal(goals, row)["value"], _goal(goals, row)["status"]) == (pytest.approx(value), status)
+        cupy = _goal(goals, f"{col}: one-shot with NumPy scalars, grid changing every launch, faster than {b.GRID_CUPY}")
+        assert cupy["status"] == f"not evaluated ({missing})"
 
 
 def _rows(**rounds: list[float]) -> dict:

@@ -9,6 +9,13 @@
  * (a resource ended, or a forked child), a value it does not convert exactly as cffi would,
  * a wrong argument count.  The pure launcher then checks, packs and raises as it always does.
  * A failed launch goes to ``on_error(rc)`` (rebind on a context error, else raise).
+ *
+ * A launcher made without dimensions (a one-shot entry, cuproc.launch.launch) takes them with each
+ * call, in front of the kernel's arguments: launcher(grid, block, shared_mem, *values).  It takes
+ * exact ints (grid and block also as tuples of 1-3 exact ints) in an unsigned int's range, writes
+ * them into the config (cuLaunchKernelEx) or passes them (cuLaunchKernel); anything else goes to the
+ * pure launcher, which checks and refuses.  Its failed launches go to on_error(rc, grid, block,
+ * shared_mem).
  */
 
 #include "structmember.h"
@@ -38,7 +45,7 @@ typedef struct {
     PyObject *dict;
     PyObject *slow, *on_error, *epoch, *seen, *owner, *buffer_type, *context_type, *keep;
     Py_ssize_t off_ended, off_context, off_address;   /* a DeviceBuffer's slots (ended: every Resource's) */
-    int ex, owned;
+    int ex, owned, per_call;   /* per_call: the dimensions come with each call (grid, blk, shmem unused) */
     unsigned long owner_ident;
     void *fn, *config, *handle, *stream;
     void **params, **extra;
@@ -168,14 +175,57 @@ static int cuproc_integer(PyObject *a, int kind, char *dst)
     return 0;
 }
 
+/* One launch dimension or the shared memory size given with a call: an exact int in [low, UINT32_MAX].
+ * 0: stored in *out; 1: not taken here (the pure launcher checks it, and refuses or converts it). */
+static int cuproc_call_dimension(PyObject *value, unsigned long low, unsigned int *out)
+{
+    int overflow;
+    long long v;
+    if (!PyLong_CheckExact(value))
+        return 1;
+    v = PyLong_AsLongLongAndOverflow(value, &overflow);   /* an exact int: no error besides overflow */
+    if (overflow || v < (long long)low || v > (long long)UINT32_MAX)
+        return 1;
+    *out = (unsigned int)v;
+    return 0;
+}
+
+/* Grid or block dimensions given with a call: an exact int, or a tuple of 1-3 of them (the rest 1), as
+ * cuproc.launch._dims reads them; 0 or 1 as cuproc_call_dimension. */
+static int cuproc_call_dims(PyObject *value, unsigned int out[3])
+{
+    Py_ssize_t i, n;
+    out[1] = out[2] = 1;
+    if (!PyTuple_CheckExact(value))
+        return cuproc_call_dimension(value, 1, &out[0]);
+    n = PyTuple_GET_SIZE(value);
+    if (n < 1 || n > 3)
+        return 1;
+    for (i = 0; i < n; i++)
+        if (cuproc_call_dimension(PyTuple_GET_ITEM(value, i), 1, &out[i])) return 1;
+    return 0;
+}
+
 static PyObject *cuproc_launcher_call(PyObject *obj, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     cuproc_launcher *self = (cuproc_launcher *)obj;
     Py_ssize_t i, nargs = PyVectorcall_NARGS(nargsf);
     CUresult rc;
     PyObject *code, *result;
-    if (kwnames != NULL || nargs != self->nargs)
+    PyObject *const *values = args;   /* the kernel's arguments: after the dimensions where they come per call */
+    unsigned int grid[3], blk[3], shmem;
+    if (kwnames != NULL || nargs != self->nargs + (self->per_call ? 3 : 0))
         goto slow;
+    if (self->per_call) {
+        if (cuproc_call_dims(args[0], grid) || cuproc_call_dims(args[1], blk)
+            || cuproc_call_dimension(args[2], 0, &shmem))
+            goto slow;
+        values = args + 3;
+    } else {
+        memcpy(grid, self->grid, sizeof grid);
+        memcpy(blk, self->blk, sizeof blk);
+        shmem = self->shmem;
+    }
     if (PyList_GET_ITEM(self->epoch, 0) != PyList_GET_ITEM(self->seen, 0))
         goto slow;   /* something ended, or this is a forked child: the pure launcher verifies */
     if (!self->owned) {   /* the first thread to launch owns the block (set once, by the pure launcher) */
@@ -188,8 +238,8 @@ static PyObject *cuproc_launcher_call(PyObject *obj, PyObject *const *args, size
     }
     if (PyThread_get_thread_ident() != self->owner_ident)
         goto slow;
-    for (i = 0; i < nargs; i++) {
-        PyObject *a = args[i];
+    for (i = 0; i < self->nargs; i++) {
+        PyObject *a = values[i];
         char *dst = self->block + self->offsets[i];
         int kind = self->kinds[i], taken = 0;
         if (kind == K_PTR) {
@@ -209,20 +259,29 @@ static PyObject *cuproc_launcher_call(PyObject *obj, PyObject *const *args, size
         if (taken < 0) return NULL;     /* raised by the value's own conversion code */
         if (taken > 0) goto slow;
     }
+    if (self->per_call && self->ex) {   /* the owner's config: only this thread writes it (others: private) */
+        CUlaunchConfig *config = (CUlaunchConfig *)self->config;
+        config->gridDimX = grid[0]; config->gridDimY = grid[1]; config->gridDimZ = grid[2];
+        config->blockDimX = blk[0]; config->blockDimY = blk[1]; config->blockDimZ = blk[2];
+        config->sharedMemBytes = shmem;
+    }
     Py_BEGIN_ALLOW_THREADS
     if (self->ex)
         rc = ((PFN_cuLaunchKernelEx_v11060)self->fn)((const CUlaunchConfig *)self->config,
                                                       (CUfunction)self->handle, self->params, self->extra);
     else
-        rc = ((PFN_cuLaunchKernel_v4000)self->fn)((CUfunction)self->handle, self->grid[0], self->grid[1],
-                                                   self->grid[2], self->blk[0], self->blk[1], self->blk[2],
-                                                   self->shmem, (CUstream)self->stream, self->params, self->extra);
+        rc = ((PFN_cuLaunchKernel_v4000)self->fn)((CUfunction)self->handle, grid[0], grid[1], grid[2], blk[0],
+                                                   blk[1], blk[2], shmem, (CUstream)self->stream, self->params,
+                                                   self->extra);
     Py_END_ALLOW_THREADS
     if (rc == 0)
         Py_RETURN_NONE;
     code = PyLong_FromLong((long)rc);
     if (code == NULL) return NULL;
-    result = PyObject_CallOneArg(self->on_error, code);
+    if (self->per_call)   /* rebind makes the launch again with this call's dimensions */
+        result = PyObject_CallFunctionObjArgs(self->on_error, code, args[0], args[1], args[2], NULL);
+    else
+        result = PyObject_CallOneArg(self->on_error, code);
     Py_DECREF(code);
     return result;
 slow:
@@ -304,7 +363,8 @@ static int cuproc_dimension(PyObject *value, unsigned int *out)
  *               (the member descriptors that a buffer's ended, context and address and a context's ended
  *               resolve to), keep, ex, fn, config, handle, (gx, gy, gz), (bx, by, bz), shmem, stream, params,
  *               extra, block, block_size, kinds, offsets): every offset plus its kind's size must lie within
- *               block_size; the two ``ended`` must be the one descriptor (both classes are cuproc Resources). */
+ *               block_size; the two ``ended`` must be the one descriptor (both classes are cuproc Resources).
+ *               The dimensions None, None, None: they come with each call (see the top of this file). */
 static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
 {
     PyObject *slow, *on_error, *epoch, *seen, *owner, *buffer_type, *context_type, *members, *keep, *kind_bytes;
@@ -312,8 +372,9 @@ static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
     Py_ssize_t off_ended, off_context, off_address, off_ctx_ended;   /* the last: checked, equal to the first */
     int ex;
     unsigned long long fn, config, handle, stream, params, extra, block;
-    unsigned int g[3], b[3], shmem;
-    PyObject *go[3], *bo[3], *shmem_obj;
+    unsigned int g[3] = {1, 1, 1}, b[3] = {1, 1, 1}, shmem = 0;
+    PyObject *grid_obj, *blk_obj, *shmem_obj;
+    int per_call;
     Py_ssize_t block_size;
     static const Py_ssize_t kind_size[K_COUNT] = {8, 1, 2, 4, 8, 1, 2, 4, 8, 4, 8};
     const char *kinds;
@@ -321,12 +382,19 @@ static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
     cuproc_launcher *self;
     (void)module;
     /* "I" would truncate silently: the dimensions are objects here, checked by cuproc_dimension */
-    if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!OpKKK(OOO)(OOO)OKKKKnO!O!", &slow, &on_error, &PyList_Type, &epoch,
+    if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!OpKKKOOOKKKKnO!O!", &slow, &on_error, &PyList_Type, &epoch,
                           &PyList_Type, &seen, &PyList_Type, &owner, &PyType_Type, &buffer_type, &PyType_Type,
                           &context_type, &PyTuple_Type, &members, &keep, &ex, &fn, &config,
-                          &handle, &go[0], &go[1], &go[2], &bo[0], &bo[1], &bo[2], &shmem_obj, &stream, &params,
+                          &handle, &grid_obj, &blk_obj, &shmem_obj, &stream, &params,
                           &extra, &block, &block_size, &PyBytes_Type, &kind_bytes, &PyTuple_Type, &offsets))
         return NULL;
+    per_call = grid_obj == Py_None && blk_obj == Py_None && shmem_obj == Py_None;
+    if (!per_call && (!PyTuple_CheckExact(grid_obj) || PyTuple_GET_SIZE(grid_obj) != 3
+                      || !PyTuple_CheckExact(blk_obj) || PyTuple_GET_SIZE(blk_obj) != 3)) {
+        PyErr_SetString(PyExc_ValueError, "make_launcher: grid and block are 3-tuples, or all three dimensions "
+                                          "None (a cuproc bug)");
+        return NULL;
+    }
     if (PyTuple_GET_SIZE(members) != 4 || PyTuple_GET_ITEM(members, 3) != PyTuple_GET_ITEM(members, 0)) {
         PyErr_SetString(PyExc_ValueError, "make_launcher: four slots expected, a buffer's and a context's ended "
                                           "the same (a cuproc bug)");
@@ -337,9 +405,10 @@ static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
         || cuproc_slot_offset(PyTuple_GET_ITEM(members, 2), buffer_type, &off_address, "make_launcher")
         || cuproc_slot_offset(PyTuple_GET_ITEM(members, 3), context_type, &off_ctx_ended, "make_launcher"))
         return NULL;
-    for (i = 0; i < 3; i++)
-        if (cuproc_dimension(go[i], &g[i]) || cuproc_dimension(bo[i], &b[i])) return NULL;
-    if (cuproc_dimension(shmem_obj, &shmem)) return NULL;
+    for (i = 0; i < 3 && !per_call; i++)
+        if (cuproc_dimension(PyTuple_GET_ITEM(grid_obj, i), &g[i])
+            || cuproc_dimension(PyTuple_GET_ITEM(blk_obj, i), &b[i])) return NULL;
+    if (!per_call && cuproc_dimension(shmem_obj, &shmem)) return NULL;
     kinds = PyBytes_AS_STRING(kind_bytes);   /* no '#' format: cffi includes Python.h without PY_SSIZE_T_CLEAN */
     nkinds = PyBytes_GET_SIZE(kind_bytes);
     if (PyList_GET_SIZE(epoch) != 1 || PyList_GET_SIZE(seen) != 1 || PyList_GET_SIZE(owner) != 1
@@ -367,7 +436,7 @@ static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
     self->context_type = Py_NewRef(context_type);
     self->off_ended = off_ended; self->off_context = off_context; self->off_address = off_address;
     Py_INCREF(keep); self->keep = keep;
-    self->ex = ex; self->owned = 0; self->owner_ident = 0;
+    self->ex = ex; self->owned = 0; self->owner_ident = 0; self->per_call = per_call;
     self->fn = (void *)(uintptr_t)fn; self->config = (void *)(uintptr_t)config;
     self->handle = (void *)(uintptr_t)handle; self->stream = (void *)(uintptr_t)stream;
     self->params = (void **)(uintptr_t)params; self->extra = (void **)(uintptr_t)extra;
@@ -407,13 +476,14 @@ static PyMethodDef cuproc_make_launcher_def = {
 
 /* The one-shot launch in C: cuproc._fastpath_c.make_one_shot(slow, types, epoch, buffer) returns
  * a method-like callable (Function.launch) that takes the common warm case of cuproc.launch.launch
- * -- fn.launch(grid, block, args) with at most ``signature=`` and ``stream=`` (None or a cuproc
- * Stream), plain-int grid and block, the default shared memory, convention and entry -- builds the
- * very key the Python launch builds, finds the entry in ``function.launch_cache`` and calls its
- * launcher.  The entry found is remembered with its key in ``function.launch_last``, and a call
- * whose key would equal that one takes it without building the key.  Everything else (a Kernel, another stream object, a tuple grid, another keyword, a
- * miss, a moved EPOCH, an entry for another Stream at the same id) goes to ``slow`` (the Python
- * launch) with the arguments unchanged. */
+ * -- fn.launch(grid, block, args) with at most ``signature=``, ``stream=`` (None or a cuproc
+ * Stream) and ``shared_mem=``, the default convention and entry -- builds the very key the Python
+ * launch builds, finds the entry in ``function.launch_cache`` and calls its launcher with the call's
+ * grid, block and shared memory (the launcher checks them: they are not part of the key).  The entry
+ * found is remembered with its key in ``function.launch_last``, and a call whose key would equal that
+ * one takes it without building the key.  Everything else (a Kernel, another stream object, another
+ * keyword, a miss, a moved EPOCH, an entry for another Stream at the same id) goes to ``slow`` (the
+ * Python launch) with the arguments unchanged. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
@@ -422,11 +492,14 @@ typedef struct {
     Py_ssize_t taken, off_cache, off_last;   /* Function's launch_cache and launch_last slots (0: not read yet) */
 } cuproc_one_shot;
 
-static PyObject *cuproc_s_signature, *cuproc_s_stream;
+static PyObject *cuproc_s_signature, *cuproc_s_stream, *cuproc_s_shared_mem, *cuproc_zero;
+
+/* The most kernel arguments the front passes on itself (with grid, block and shared memory, on the C
+ * stack); a launch of more goes to the Python launch, which passes them as well. */
+#define CUPROC_FRONT_ARGS 61
 
 /* The key of cuproc.launch.launch for these values, or NULL with no error set (not taken here). */
-static PyObject *cuproc_one_shot_key(cuproc_one_shot *self, PyObject *grid, PyObject *block, PyObject *values,
-                                     PyObject *signature, PyObject *stream)
+static PyObject *cuproc_one_shot_key(cuproc_one_shot *self, PyObject *values, PyObject *signature, PyObject *stream)
 {
     PyObject *classes, *key, *stream_key = Py_None;
     Py_ssize_t i, n;
@@ -454,15 +527,12 @@ static PyObject *cuproc_one_shot_key(cuproc_one_shot *self, PyObject *grid, PyOb
         stream_key = Py_BuildValue("(ON)", cuproc_s_stream, PyLong_FromVoidPtr(stream));
         if (stream_key == NULL) { Py_DECREF(classes); return NULL; }
     }
-    key = PyTuple_New(7);
+    key = PyTuple_New(4);   /* (classes, stream key, convention, entry) */
     if (key == NULL) { Py_DECREF(classes); Py_DECREF(stream_key); return NULL; }
     PyTuple_SET_ITEM(key, 0, classes);
-    Py_INCREF(grid); PyTuple_SET_ITEM(key, 1, grid);
-    Py_INCREF(block); PyTuple_SET_ITEM(key, 2, block);
-    PyTuple_SET_ITEM(key, 3, PyLong_FromLong(0));   /* a small int: cached by CPython, never NULL */
-    PyTuple_SET_ITEM(key, 4, stream_key);
-    Py_INCREF(self->buffer); PyTuple_SET_ITEM(key, 5, self->buffer);
-    Py_INCREF(Py_None); PyTuple_SET_ITEM(key, 6, Py_None);
+    PyTuple_SET_ITEM(key, 1, stream_key);
+    Py_INCREF(self->buffer); PyTuple_SET_ITEM(key, 2, self->buffer);
+    Py_INCREF(Py_None); PyTuple_SET_ITEM(key, 3, Py_None);
     return key;
 }
 
@@ -483,34 +553,19 @@ static int cuproc_weakly_refers_to(PyObject *ref, PyObject *target)
 #endif
 }
 
-/* Whether two exact ints (``a`` from a key built before, ``b`` checked by the caller) are equal;
- * values beyond long long are not compared here (0: the dict decides). */
-static int cuproc_same_int(PyObject *a, PyObject *b)
-{
-    int overflow_a, overflow_b;
-    long long x, y;
-    if (a == b) return 1;
-    if (!PyLong_CheckExact(a)) return 0;
-    x = PyLong_AsLongLongAndOverflow(a, &overflow_a);
-    y = PyLong_AsLongLongAndOverflow(b, &overflow_b);
-    return !overflow_a && !overflow_b && x == y;
-}
-
 /* Whether the key cuproc_one_shot_key would build for these values equals ``key`` (a key built
- * before, the function's last hit), without building it: same grid and block, the same stream key,
+ * before, the function's last hit), without building it: the same stream key, convention and entry,
  * and the same classes (each value's type, or each signature entry: the very object, or an equal
  * exact str).  Stricter than the dict's equality, never looser; runs no Python code. */
-static int cuproc_same_key(PyObject *key, PyObject *grid, PyObject *block, PyObject *values, PyObject *signature,
+static int cuproc_same_key(cuproc_one_shot *self, PyObject *key, PyObject *values, PyObject *signature,
                            PyObject *stream)
 {
-    PyObject *classes = PyTuple_GET_ITEM(key, 0), *stream_key = PyTuple_GET_ITEM(key, 4), *id;
+    PyObject *classes = PyTuple_GET_ITEM(key, 0), *stream_key = PyTuple_GET_ITEM(key, 1), *id;
     PyObject *const *items;
     Py_ssize_t i, n;
-    if (!PyTuple_CheckExact(classes))
+    if (!PyTuple_CheckExact(classes) || PyTuple_GET_ITEM(key, 2) != self->buffer || PyTuple_GET_ITEM(key, 3) != Py_None)
         return 0;
     n = PyTuple_GET_SIZE(classes);
-    if (!cuproc_same_int(PyTuple_GET_ITEM(key, 1), grid) || !cuproc_same_int(PyTuple_GET_ITEM(key, 2), block))
-        return 0;
     if (stream == Py_None) {
         if (stream_key != Py_None) return 0;
     } else {
@@ -580,16 +635,19 @@ static PyObject *cuproc_one_shot_call(PyObject *obj, PyObject *const *args, size
     cuproc_one_shot *self = (cuproc_one_shot *)obj;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *function, *values, *signature = NULL, *stream = Py_None, *cache, *key, *entry = NULL, *launcher;
-    PyObject *last, *record = NULL, *result;
-    Py_ssize_t k;
+    PyObject *last, *record = NULL, *result, *shared_mem = cuproc_zero;
+    PyObject *stack[3 + CUPROC_FRONT_ARGS];   /* the launcher's arguments: grid, block, shared memory, values */
+    Py_ssize_t k, n;
     if (nargs != 4 || (PyObject *)Py_TYPE(args[0]) != PyList_GET_ITEM(self->types, 0))
         goto slow;
-    for (k = 0; kwnames != NULL && k < PyTuple_GET_SIZE(kwnames); k++) {   /* signature= and stream= only */
+    for (k = 0; kwnames != NULL && k < PyTuple_GET_SIZE(kwnames); k++) {   /* these keywords only */
         PyObject *name = PyTuple_GET_ITEM(kwnames, k);
         if (name == cuproc_s_signature)
             signature = args[nargs + k] == Py_None ? NULL : args[nargs + k];   /* None: keyed by the classes */
         else if (name == cuproc_s_stream)
             stream = args[nargs + k];
+        else if (name == cuproc_s_shared_mem)
+            shared_mem = args[nargs + k];   /* any object: the launcher checks it, as grid and block */
         else
             goto slow;
     }
@@ -599,7 +657,7 @@ static PyObject *cuproc_one_shot_call(PyObject *obj, PyObject *const *args, size
         goto slow;
     function = args[0];
     values = args[3];
-    if (!PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2]) || !PyTuple_CheckExact(values))
+    if (!PyTuple_CheckExact(values) || PyTuple_GET_SIZE(values) > CUPROC_FRONT_ARGS)
         goto slow;
     if (self->off_cache == 0 && cuproc_one_shot_offsets(self) < 0)
         return NULL;
@@ -607,9 +665,9 @@ static PyObject *cuproc_one_shot_call(PyObject *obj, PyObject *const *args, size
      * building the key (its tuples, hashes and the dict lookup are most of a warm call's cost). */
     last = CUPROC_SLOT(function, self->off_last);
     if (last != NULL && PyTuple_CheckExact(last) && PyTuple_GET_SIZE(last) == 2
-        && PyTuple_CheckExact(PyTuple_GET_ITEM(last, 0)) && PyTuple_GET_SIZE(PyTuple_GET_ITEM(last, 0)) == 7
+        && PyTuple_CheckExact(PyTuple_GET_ITEM(last, 0)) && PyTuple_GET_SIZE(PyTuple_GET_ITEM(last, 0)) == 4
         && cuproc_is_entry(PyTuple_GET_ITEM(last, 1))
-        && cuproc_same_key(PyTuple_GET_ITEM(last, 0), args[1], args[2], values, signature, stream)
+        && cuproc_same_key(self, PyTuple_GET_ITEM(last, 0), values, signature, stream)
         && cuproc_entry_for_stream(PyTuple_GET_ITEM(last, 1), stream)
         && cuproc_entry_current(self, PyTuple_GET_ITEM(last, 1)))
         entry = PyTuple_GET_ITEM(last, 1);   /* borrowed: nothing below allocates or runs Python code before
@@ -620,7 +678,7 @@ static PyObject *cuproc_one_shot_call(PyObject *obj, PyObject *const *args, size
         /* The key first: allocating may run a collection, hence Python code (3.10 and 3.11: any
          * allocation of a tracked object), which may replace or clear the cache; so the cache is read
          * after it and held, and the entry found is held across the record's allocation. */
-        key = cuproc_one_shot_key(self, args[1], args[2], values, signature, stream);
+        key = cuproc_one_shot_key(self, values, signature, stream);
         if (key == NULL) {
             if (PyErr_Occurred()) return NULL;
             goto slow;
@@ -665,7 +723,14 @@ static PyObject *cuproc_one_shot_call(PyObject *obj, PyObject *const *args, size
         Py_XDECREF(last);
     }
     self->taken++;
-    result = PyObject_Vectorcall(launcher, &PyTuple_GET_ITEM(values, 0), PyTuple_GET_SIZE(values), NULL);
+    /* borrowed: the caller holds grid, block, shared memory and the values tuple, which holds the values */
+    n = PyTuple_GET_SIZE(values);
+    stack[0] = args[1];
+    stack[1] = args[2];
+    stack[2] = shared_mem;
+    for (k = 0; k < n; k++)
+        stack[3 + k] = PyTuple_GET_ITEM(values, k);
+    result = PyObject_Vectorcall(launcher, stack, 3 + n, NULL);
     Py_DECREF(launcher);
     return result;
 slow:
@@ -803,7 +868,9 @@ static int cuproc_install_launcher(void)
     if (cuproc_launcher_type == NULL) {
         cuproc_s_signature = PyUnicode_InternFromString("signature");
         cuproc_s_stream = PyUnicode_InternFromString("stream");
-        if (cuproc_s_signature && cuproc_s_stream)
+        cuproc_s_shared_mem = PyUnicode_InternFromString("shared_mem");
+        cuproc_zero = PyLong_FromLong(0);   /* the default shared memory, held for good */
+        if (cuproc_s_signature && cuproc_s_stream && cuproc_s_shared_mem && cuproc_zero)
             cuproc_launcher_type = (PyTypeObject *)PyType_FromSpec(&cuproc_launcher_spec);
         if (cuproc_launcher_type != NULL)
             cuproc_one_shot_type = (PyTypeObject *)PyType_FromSpec(&cuproc_one_shot_spec);
