@@ -466,9 +466,11 @@ def cupy_loops(ptr: int, i32: list, f32: list, grids: list[int]) -> dict:
         for i in range(count):
             kernel(grid, block, (ptr, i32[i], f32[i]))
 
+    grid_tuples = [(g,) for g in grids]   # CuPy takes a tuple grid: built in advance, as cuda.core's configs are
+
     def cupy_grid(count, int32=np.int32, float32=np.float32):
         for i in range(count):
-            kernel((grids[i],), block, (ptr, int32(i), float32(i)))
+            kernel(grid_tuples[i], block, (ptr, int32(i), float32(i)))
     return {CUPY: cupy_launch, "CuPy RawModule, NumPy scalars prebuilt": cupy_prebuilt, GRID_CUPY: cupy_grid}
 
 

@@ -458,18 +458,28 @@ def _launch_support(prepared: PreparedLaunch, cu_launch: Any, cached: bool) -> d
         threads).  The block is made once per thread and goes with the thread; so is the launch
         configuration of a launcher taking grid, block and shared memory with each call."""
         launch_dims = _call_dims(grid, block, shared_mem, entry) if per_call else fixed_dims
-        packed = getattr(blocks, "packed", None)
+        # A launch made while this thread's private launch converts its values (a value's __int__ launching
+        # the same kernel) gets a block (and config) of its own, used once: the outer one's stay its own.
+        nested = getattr(blocks, "busy", False)
+        packed = None if nested else getattr(blocks, "packed", None)
         if packed is None:
-            packed = blocks.packed = PackedArgs(types, entry)
-            if per_call and ex:
-                blocks.config = _launch_config((1, 1, 1), (1, 1, 1), 0, stream, [])   # (config, attributes)
-        packed.fill(values)
+            packed = PackedArgs(types, entry)
+            made = _launch_config((1, 1, 1), (1, 1, 1), 0, stream, []) if per_call and ex else None
+            if not nested:
+                blocks.packed, blocks.config = packed, made   # config: (CUlaunchConfig, its attributes)
+        else:
+            made = blocks.config
+        blocks.busy = True
+        try:
+            packed.fill(values)
+        finally:
+            blocks.busy = nested
         params = packed.params if convention == "params" else ffi.NULL
         extra = packed.extra if convention == "buffer" else ffi.NULL
         if ex:
             own = config
             if per_call:
-                own = blocks.config[0]
+                own = made[0]
                 _store_dims(own, launch_dims)
             args: tuple = (own, handle, params, extra)
         else:
@@ -496,7 +506,8 @@ def _launch_support(prepared: PreparedLaunch, cu_launch: Any, cached: bool) -> d
         return ctx.pushed(again)
 
     return {"verify": verify, "private": private, "rebind": rebind, "seen": seen, "holds": resources,
-            "ident": threading.get_ident, "owner": [None], "claim": {}.setdefault}
+            # owner: [the thread that owns the shared block, whether its launch is converting values now]
+            "ident": threading.get_ident, "owner": [None, False], "claim": {}.setdefault}
 
 
 def _launcher_source(types: Sequence[ArgType], grid: tuple | None, block: tuple | None, shared_mem: int | None,
@@ -539,9 +550,16 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple | None, block: tuple 
     # The shared argument block belongs to one thread: the first to launch claims it (dict.setdefault
     # is atomic), and any other thread launches with a private block.  Cheaper than a lock by about
     # 0.25 us per launch, and two threads can never write one block.
-    lines += ["    t = ident()", "    if t != owner[0]:", "        if claim(0, t) != t:",
-              "            return private((" + "".join(n + ", " for n in names) + ")" + "".join(", " + d for d in dims)
-              + ")", "        owner[0] = t"]
+    go_private = ("return private((" + "".join(n + ", " for n in names) + ")" + "".join(", " + d for d in dims)
+                  + ")")
+    lines += ["    t = ident()", "    if t != owner[0]:", "        if claim(0, t) != t:", "            " + go_private,
+              "        owner[0] = t"]
+    # owner[1]: the owner's launch is between its first store and its driver call.  A launch made meanwhile
+    # on the same thread -- a value's __int__ or __float__ launching this kernel again -- takes a private
+    # block: the shared block, the config and the dimensions stay the outer launch's.  (The C launcher sets
+    # and reads the same flag.)
+    lines += ["    if owner[1]:", "        " + go_private, "    owner[1] = True", "    try:"]
+    guarded_from = len(lines)
     if per_call:
         check = "set_dims(grid, block, shared_mem)" if ex else f"d = dims(grid, block, shared_mem, {entry!r})"
         if cache_pointers:
@@ -596,6 +614,8 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple | None, block: tuple 
         lines += ["    except BaseException:"]
         lines += [f"        {p} = None" for p in cached] or ["        pass"]
         lines += ["        raise"]
+    lines[guarded_from:] = ["    " + line for line in lines[guarded_from:]] or ["        pass"]
+    lines += ["    finally:", "        owner[1] = False"]
     if entry == "cuLaunchKernelEx":
         lines.append("    rc = launch_entry(config, handle, params, extra)")
     elif per_call:
@@ -899,6 +919,7 @@ def _launch_uncached(function: Any, grid: Any, block: Any, args: Sequence[Any], 
                 cached[2][0] = epoch
                 cached[0](grid, block, shared_mem, *args)
                 return
+    _call_dims(grid, block, shared_mem, call)   # refused dims build nothing and store nothing
     prepared = PreparedLaunch(function, sig, stream=stream, convention=convention, entry=entry, cached=True).launch
     if key is not None:
         if len(cache) >= _PREPARED_PER_FUNCTION:

@@ -498,7 +498,7 @@ def test_make_launcher_refuses_offsets_and_dimensions_it_cannot_store(fk, pc):
     def make(offsets=(8,), size=16, grid=(1, 1, 1), blk=(1, 1, 1), shmem=0, kind="int64_t", slots=slots,
              context=Context):
         return fastpath.launcher_factory()(
-            print, print, EPOCH, [EPOCH[0]], [None], DeviceBuffer, context, slots, block, False, 1, 0, 0, grid,
+            print, print, EPOCH, [EPOCH[0]], [None, False], DeviceBuffer, context, slots, block, False, 1, 0, 0, grid,
             blk, shmem, 0, 0, 0, address, size, bytes([kinds[kind]]), tuple(offsets))
     assert make().fallbacks == 0                           # fits: offset 8 + 8 bytes in 16
     for bad in ({"offsets": (9,)}, {"offsets": (16,)}, {"offsets": (-1,)}, {"size": 8},

@@ -206,6 +206,14 @@ static int cuproc_call_dims(PyObject *value, unsigned int out[3])
     return 0;
 }
 
+/* owner[1] = flag (Py_True or Py_False): whether the owner's launch is converting its values now. */
+static void cuproc_launcher_busy(cuproc_launcher *self, PyObject *flag)
+{
+    PyObject *old = PyList_GET_ITEM(self->owner, 1);
+    PyList_SET_ITEM(self->owner, 1, Py_NewRef(flag));
+    Py_DECREF(old);   /* a bool: freeing nothing, running no code */
+}
+
 static PyObject *cuproc_launcher_call(PyObject *obj, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     cuproc_launcher *self = (cuproc_launcher *)obj;
@@ -238,6 +246,11 @@ static PyObject *cuproc_launcher_call(PyObject *obj, PyObject *const *args, size
     }
     if (PyThread_get_thread_ident() != self->owner_ident)
         goto slow;
+    /* owner[1]: this thread's launch is converting its values (a value's __int__ launched this kernel again):
+     * the pure launcher gives this nested one a private block, so the outer one's block and config stay its own */
+    if (PyList_GET_ITEM(self->owner, 1) != Py_False)
+        goto slow;
+    cuproc_launcher_busy(self, Py_True);
     for (i = 0; i < self->nargs; i++) {
         PyObject *a = values[i];
         char *dst = self->block + self->offsets[i];
@@ -256,9 +269,13 @@ static PyObject *cuproc_launcher_call(PyObject *obj, PyObject *const *args, size
         } else {
             taken = cuproc_integer(a, kind, dst);
         }
-        if (taken < 0) return NULL;     /* raised by the value's own conversion code */
-        if (taken > 0) goto slow;
+        if (taken != 0) {
+            cuproc_launcher_busy(self, Py_False);
+            if (taken < 0) return NULL;     /* raised by the value's own conversion code */
+            goto slow;
+        }
     }
+    cuproc_launcher_busy(self, Py_False);   /* no Python code runs from here to the driver call */
     if (self->per_call && self->ex) {   /* the owner's config: only this thread writes it (others: private) */
         CUlaunchConfig *config = (CUlaunchConfig *)self->config;
         config->gridDimX = grid[0]; config->gridDimY = grid[1]; config->gridDimZ = grid[2];
@@ -411,7 +428,7 @@ static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
     if (!per_call && cuproc_dimension(shmem_obj, &shmem)) return NULL;
     kinds = PyBytes_AS_STRING(kind_bytes);   /* no '#' format: cffi includes Python.h without PY_SSIZE_T_CLEAN */
     nkinds = PyBytes_GET_SIZE(kind_bytes);
-    if (PyList_GET_SIZE(epoch) != 1 || PyList_GET_SIZE(seen) != 1 || PyList_GET_SIZE(owner) != 1
+    if (PyList_GET_SIZE(epoch) != 1 || PyList_GET_SIZE(seen) != 1 || PyList_GET_SIZE(owner) != 2
         || PyTuple_GET_SIZE(offsets) != nkinds || !PyCallable_Check(slow) || !PyCallable_Check(on_error)
         || fn == 0 || (ex && config == 0) || block == 0 || block_size < 0) {
         PyErr_SetString(PyExc_ValueError, "make_launcher: inconsistent arguments (a cuproc bug)");
