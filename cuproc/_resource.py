@@ -55,7 +55,7 @@ from .errors import ClosedResourceError, CudaWarning
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from typing import Any
 
 # EPOCH[0] changes whenever a resource ends and in a forked child: hot paths cache the epoch at
@@ -185,21 +185,32 @@ class Resource:
         self.close()
 
     def __del__(self) -> None:
-        # On the fast path a dropped live DeviceBuffer of cuMemAlloc memory is let go by the same steps in C
-        # (tools/fastpath_device_buffer.c, cuproc_db_drop): a change here is a change there.
+        # On the fast path a dropped live DeviceBuffer of cuMemAlloc memory is let go by the steps of _drop in C
+        # (tools/fastpath_device_buffer.c, cuproc_db_drop), which hands a failure to _end_drop: a change here
+        # is a change there.
         try:
             if self.ended is not None:
                 return
         except AttributeError:      # __init__ failed before the handle existed: nothing to give back
             return
-        try:
-            if FORKED[0] or any(p.ended_owner() is not None for p in self.parents()):
-                self.ended = "dropped"
-                return
+        self._end_drop(self._drop)
+
+    def _drop(self) -> int:
+        """What dropping a live object does: end it as "dropped" and give its handle back (none in a forked
+        child, or once a parent ended: the handle went with it); returns the CUresult."""
+        if FORKED[0] or any(p.ended_owner() is not None for p in self.parents()):
             self.ended = "dropped"
-            if not self._leaf and self._drop_releases_a_handle():
-                EPOCH[0] += 1
-            rc = self._release()
+            return 0
+        self.ended = "dropped"
+        if not self._leaf and self._drop_releases_a_handle():
+            EPOCH[0] += 1
+        return self._release()
+
+    def _end_drop(self, release: Callable[..., int], *args: Any) -> None:
+        """``release(*args)`` for a finalizer: it never raises; a failure -- an exception, or a nonzero
+        CUresult -- is reported as a warning (:func:`report`)."""
+        try:
+            rc = release(*args)
         except Exception as exc:  # noqa: BLE001 - a finalizer never raises
             report(f"releasing {self.describe()} at collection raised {exc!r}")
             return

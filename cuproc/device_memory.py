@@ -38,7 +38,7 @@ import weakref
 
 from . import _fork, fastpath
 from ._ffi import ffi
-from ._resource import FORKED, Resource, failure_text, report
+from ._resource import FORKED, Resource
 from ._support import handle_int, invalid
 from .allocation import EXPORTS, Allocation
 from .context import Context, register_stream_ordered_memory, synchronize_context
@@ -142,13 +142,17 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
         """close() and the finalizer: cuMemFree, or for stream-ordered memory the claim (removing this
         buffer's entry from its context's table), then cuMemFreeAsync by whoever holds it."""
         if self.stream is None:                              # cuMemAlloc
-            free = self.driver.cuMemFree
-            rc = free(self.address)                          # Context.call's first attempt, inline
-            return self.context.rebind(rc, free, self.address) if rc else 0
+            rc = self.driver.cuMemFree(self.address)         # Context.call's first attempt, inline
+            return self._free_again(rc) if rc else 0
         key = self.claim_key
         entry = self.context.untrack_stream_ordered(key)
         # None: free_async or the teardown took it
         return 0 if entry is None else free_stream_ordered_entry(self.context, key, entry)
+
+    def _free_again(self, rc: int) -> int:
+        """The rest of cuMemFree of this memory once its first attempt answered ``rc``: the context's rebind
+        (a binding error gets a second attempt with the context pushed); returns what is left."""
+        return self.context.rebind(rc, self.driver.cuMemFree, self.address)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -346,24 +350,15 @@ def _c_current_context(driver: Driver) -> Context:
 
 def _c_sync_free_failed(buffer: DeviceBuffer, rc: int) -> None:
     """cuMemFree's first attempt answered ``rc`` (the buffer is claimed): the rebind, else the exception."""
-    drv = buffer.driver
-    rc = buffer.context.rebind(rc, drv.cuMemFree, buffer.address)
+    rc = buffer._free_again(rc)
     if rc:
-        raise drv.error(rc, "cuMemFree")
+        raise buffer.driver.error(rc, "cuMemFree")
 
 
 def _c_sync_drop_failed(buffer: DeviceBuffer, rc: int) -> None:
     """The finalizer's cuMemFree of a dropped live buffer answered ``rc`` (it is ended "dropped"): the
-    rebind, else the warning Resource.__del__ gives (a finalizer never raises)."""
-    try:
-        drv = buffer.driver
-        rc = buffer.context.rebind(rc, drv.cuMemFree, buffer.address)
-    except Exception as exc:  # noqa: BLE001 - a finalizer never raises
-        report(f"releasing {buffer.describe()} at collection raised {exc!r}")
-        return
-    if rc:
-        report(f"{buffer.describe()} was dropped without close() and releasing it failed: "
-               f"{failure_text(drv, rc, 'cuMemFree')}")
+    rebind, else the warning every finalizer gives (Resource._end_drop: it never raises)."""
+    buffer._end_drop(buffer._free_again, rc)
 
 
 _make_device_buffer = fastpath.device_buffer_factory()

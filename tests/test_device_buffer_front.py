@@ -24,6 +24,7 @@ from cuproc.errors import ClosedResourceError, CudaError, InvalidContextError, I
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+from hook_driver import HookDriver  # noqa: E402
 from threads import run_threads  # noqa: E402
 
 FAST = cuproc.fastpath.active()
@@ -172,14 +173,20 @@ def test_an_exported_buffer_is_not_freed_until_the_export_goes(fk, pc):
     assert buf.freed and fk.live("device_alloc") == 0
 
 
-def test_use_after_the_context_ended_is_refused_and_frees_nothing(fk):
+@pytest.mark.parametrize("let_go", ["free", "drop"])
+def test_use_after_the_context_ended_is_refused_and_frees_nothing(fk, let_go):
     ctx = Context.create(0)
     buf = DeviceBuffer(64)
     Context.pop()
     ctx.destroy()
     fk.clear_calls()
-    buf.free()                                                # the memory went with its context
-    assert buf.closed and "cuMemFree" not in fk.calls()
+    if let_go == "free":
+        buf.free()                                            # the memory went with its context
+        assert buf.closed
+    else:
+        del buf                                               # its finalizer gives nothing back either
+        gc.collect()
+    assert "cuMemFree" not in fk.calls() and fk.stale_count() == 0
     with pytest.raises(ClosedResourceError):
         DeviceBuffer(64, context=ctx)
 
@@ -298,16 +305,10 @@ def test_a_new_thread_allocates_in_its_own_current_context(fk, pc):
 def test_lookup_running_python_that_ends_the_context_is_seen(fake):
     """Everything the __init__ front checks is read after the driver-function lookup, which can run Python
     (a handle's __getattr__): a context destroyed meanwhile is refused, as by the Python code."""
-    class Hooked(cuproc.Driver):
-        def __getattr__(self, name: str):
-            hooks = self.__dict__.get("hooks")
-            if name == "cuMemAlloc" and hooks:
-                hooks.pop()()
-            return super().__getattr__(name)
     gc.collect()
     fake.reset()
-    drv = Hooked(library=str(fake.path))
-    drv.hooks = []
+    drv = HookDriver(library=str(fake.path))
+    drv.hooks, drv.hooked = [], ("cuMemAlloc",)
     cuproc.set_default_driver(drv)
     try:
         ctx = Context.create(0)
@@ -407,17 +408,6 @@ def test_a_dropped_live_buffer_is_freed_and_a_failure_is_a_warning(fk, pc):
     gc.collect()
     assert fk.calls().count("cuMemFree") == 2 and "cuCtxPushCurrent" in fk.calls()
     assert fk.live("device_alloc") == 0 and fk.stale_count() == 0
-
-
-def test_a_dropped_buffer_whose_context_ended_frees_nothing(fk):
-    ctx = Context.create(0)
-    buf = DeviceBuffer(64)
-    Context.pop()
-    ctx.destroy()
-    fk.clear_calls()
-    del buf
-    gc.collect()
-    assert "cuMemFree" not in fk.calls() and fk.stale_count() == 0
 
 
 def test_a_failed_cuctxgetcurrent_is_raised_naming_it(fk, pc):

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_memory import COPY_CALLS  # noqa: E402 - the calls the benchmark's rows state, checked here
 from fakedriver import FakeDriver  # noqa: E402
+from hook_driver import HookDriver  # noqa: E402
 from subproc import run_python  # noqa: E402
 from threads import run_threads  # noqa: E402
 
@@ -883,25 +884,14 @@ def test_the_fronts_keep_no_driver_handle_alive(fake):
     assert ref() is None
 
 
-class _HookDriver(cuproc.Driver):
-    """A handle whose attribute hook runs a test's code when the fronts look a function up through it
-    (a name not in its dict): the one point where the fronts let Python run before the driver call."""
-
-    def __getattr__(self, name: str):
-        hooks = self.__dict__.get("hooks")
-        if name in ("cuMemAllocAsync", "cuMemFreeAsync") and hooks:
-            hooks.pop()()
-        return super().__getattr__(name)
-
-
 @pytest.mark.skipif(not FAST, reason="the compiled fronts' order of reads")
 def test_what_python_changes_during_the_fronts_lookup_is_seen(fake):
     """Everything the fronts check is read after the driver-function lookup: a stream closed, a context's
     or a buffer's driver replaced while the lookup runs Python is seen (the Python code takes over)."""
     gc.collect()
     fake.reset()
-    drv = _HookDriver(library=str(fake.path))
-    drv.hooks = []
+    drv = HookDriver(library=str(fake.path))
+    drv.hooks, drv.hooked = [], ("cuMemAllocAsync", "cuMemFreeAsync")
     cuproc.set_default_driver(drv)
     try:
         pc = cuproc.use_device(0)

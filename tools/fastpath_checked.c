@@ -197,15 +197,6 @@ static int cuproc_checked_clear(PyObject *obj)
     return 0;
 }
 
-static void cuproc_checked_dealloc(PyObject *obj)
-{
-    PyTypeObject *tp = Py_TYPE(obj);
-    PyObject_GC_UnTrack(obj);
-    cuproc_checked_clear(obj);
-    tp->tp_free(obj);
-    Py_DECREF(tp);
-}
-
 static PyObject *cuproc_checked_repr(PyObject *obj)
 {
     return PyUnicode_FromFormat("<cuproc checked function %U>", ((cuproc_checked *)obj)->name);
@@ -226,7 +217,7 @@ static PyType_Slot cuproc_checked_slots[] = {
     {Py_tp_call, (void *)PyVectorcall_Call},
     {Py_tp_traverse, (void *)cuproc_checked_traverse},
     {Py_tp_clear, (void *)cuproc_checked_clear},
-    {Py_tp_dealloc, (void *)cuproc_checked_dealloc},
+    {Py_tp_dealloc, (void *)cuproc_front_dealloc},
     {Py_tp_repr, (void *)cuproc_checked_repr},
     {Py_tp_members, (void *)cuproc_checked_members},
     {0, NULL},

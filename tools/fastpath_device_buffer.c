@@ -365,8 +365,8 @@ static int cuproc_db_traverse(PyObject *obj, visitproc visit, void *arg)
     Py_VISIT(self->default_driver); Py_VISIT(self->epoch);
     for (i = 0; i < CUPROC_DB_MEMO; i++) { Py_VISIT(self->memo[i].driver_ref); Py_VISIT(self->memo[i].context_ref); }
     Py_VISIT(Py_TYPE(obj));
-    Py_VISIT(self->get_current.name); Py_VISIT(self->get_current.pointer_of); Py_VISIT(self->get_current.fn);
-    Py_VISIT(self->call.name); Py_VISIT(self->call.pointer_of); Py_VISIT(self->call.fn);
+    if ((i = cuproc_fn_traverse(&self->get_current, visit, arg)) || (i = cuproc_fn_traverse(&self->call, visit, arg)))
+        return i;   /* the visitor's own answer */
     return cuproc_fn_traverse(&self->free_orphan, visit, arg);
 }
 
@@ -384,15 +384,6 @@ static int cuproc_db_clear(PyObject *obj)
     cuproc_fn_clear(&self->call);
     cuproc_fn_clear(&self->free_orphan);
     return 0;
-}
-
-static void cuproc_db_dealloc(PyObject *obj)
-{
-    PyTypeObject *tp = Py_TYPE(obj);
-    PyObject_GC_UnTrack(obj);
-    cuproc_db_clear(obj);
-    tp->tp_free(obj);
-    Py_DECREF(tp);
 }
 
 static PyMemberDef cuproc_db_members[] = {
@@ -414,7 +405,7 @@ static PyType_Slot cuproc_db_slots[] = {
     {Py_tp_descr_get, (void *)cuproc_one_shot_get},   /* a method, as the functions it stands for are */
     {Py_tp_traverse, (void *)cuproc_db_traverse},
     {Py_tp_clear, (void *)cuproc_db_clear},
-    {Py_tp_dealloc, (void *)cuproc_db_dealloc},
+    {Py_tp_dealloc, (void *)cuproc_front_dealloc},
     {Py_tp_members, (void *)cuproc_db_members},
     {Py_tp_doc, (void *)"DeviceBuffer.__init__ / close / Resource._claim with the common case in C; the rest goes "
                         "to Python."},

@@ -59,6 +59,17 @@ typedef struct {
 /* An object slot of ``obj`` at ``off`` (a borrowed reference; NULL while unset). */
 #define CUPROC_SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
+/* tp_dealloc of the fronts' heap types (collected objects that own no C memory): untrack, the type's own
+ * tp_clear, free, and the reference a heap type's instance holds on its type. */
+static void cuproc_front_dealloc(PyObject *obj)
+{
+    PyTypeObject *tp = Py_TYPE(obj);
+    PyObject_GC_UnTrack(obj);
+    tp->tp_clear(obj);
+    tp->tp_free(obj);
+    Py_DECREF(tp);
+}
+
 /* The offset of an object slot from its member descriptor (e.g. DeviceBuffer.__dict__["stream"]), which
  * must be a writable object slot of ``owner`` or of one of its bases, lying inside an ``owner``.  The
  * fronts read (and fastpath_memory.c stores) such slots directly instead of through getattr. */
@@ -782,15 +793,6 @@ static int cuproc_one_shot_clear(PyObject *obj)
     return 0;
 }
 
-static void cuproc_one_shot_dealloc(PyObject *obj)
-{
-    PyTypeObject *tp = Py_TYPE(obj);
-    PyObject_GC_UnTrack(obj);
-    cuproc_one_shot_clear(obj);
-    tp->tp_free(obj);
-    Py_DECREF(tp);
-}
-
 static PyMemberDef cuproc_one_shot_members[] = {
     {"__dictoffset__", T_PYSSIZET, offsetof(cuproc_one_shot, dict), READONLY, NULL},
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(cuproc_one_shot, vectorcall), READONLY, NULL},
@@ -810,7 +812,7 @@ static PyType_Slot cuproc_one_shot_slots[] = {
     {Py_tp_descr_get, (void *)cuproc_one_shot_get},
     {Py_tp_traverse, (void *)cuproc_one_shot_traverse},
     {Py_tp_clear, (void *)cuproc_one_shot_clear},
-    {Py_tp_dealloc, (void *)cuproc_one_shot_dealloc},
+    {Py_tp_dealloc, (void *)cuproc_front_dealloc},
     {Py_tp_members, (void *)cuproc_one_shot_members},
     {Py_tp_doc, (void *)"cuproc.launch.launch with its common warm case in C; the rest goes to the Python launch."},
     {0, NULL},

@@ -593,15 +593,6 @@ static int cuproc_so_clear(PyObject *obj)
     return 0;
 }
 
-static void cuproc_so_dealloc(PyObject *obj)
-{
-    PyTypeObject *tp = Py_TYPE(obj);
-    PyObject_GC_UnTrack(obj);
-    cuproc_so_clear(obj);
-    tp->tp_free(obj);
-    Py_DECREF(tp);
-}
-
 static PyMemberDef cuproc_so_members[] = {
     {"__dictoffset__", T_PYSSIZET, offsetof(cuproc_so, dict), READONLY, NULL},
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(cuproc_so, vectorcall), READONLY, NULL},
@@ -623,7 +614,7 @@ static PyType_Slot cuproc_so_slots[] = {
     {Py_tp_descr_get, (void *)cuproc_one_shot_get},   /* a method, as Function.launch is (fastpath_launch.c) */
     {Py_tp_traverse, (void *)cuproc_so_traverse},
     {Py_tp_clear, (void *)cuproc_so_clear},
-    {Py_tp_dealloc, (void *)cuproc_so_dealloc},
+    {Py_tp_dealloc, (void *)cuproc_front_dealloc},
     {Py_tp_members, (void *)cuproc_so_members},
     {Py_tp_methods, (void *)cuproc_so_methods},
     {Py_tp_doc, (void *)"alloc_async / DeviceBuffer.free_async with the common case in C; the rest goes to Python."},
