@@ -59,9 +59,9 @@ def _load() -> tuple[Any, Any, str]:
             return _abi_ffi(), None, f"off: {stale}"
         lib = _fastpath_c.lib
         if (lib.cuproc_install_launcher() != 0 or lib.cuproc_install_checked() != 0 or lib.cuproc_install_memory() != 0
-                or lib.cuproc_install_device_buffer() != 0):
-            return _abi_ffi(), None, ("off: cuproc._fastpath_c failed to set up its launcher, checked call or "
-                                      "allocation fronts (see the message above)")
+                or lib.cuproc_install_device_buffer() != 0 or lib.cuproc_install_copy() != 0):
+            return _abi_ffi(), None, ("off: cuproc._fastpath_c failed to set up its launcher, checked call, "
+                                      "allocation or copy fronts (see the message above)")
     except Exception as exc:  # noqa: BLE001 - e.g. a module of an older build: never fatal to import cuproc
         return _abi_ffi(), None, (f"off: cuproc._fastpath_c is not usable ({type(exc).__name__}: {exc}; "
                                   f"{_REBUILD})")

@@ -135,6 +135,11 @@ def claim_factory() -> Callable[..., Any] | None:
     return _factory("make_claim")
 
 
+def copy_factory() -> Callable[..., Any] | None:
+    """``cuproc._fastpath_c.make_copy`` (see tools/fastpath_copy.c), or None without the fast path."""
+    return _factory("make_copy")
+
+
 def ask_all() -> Callable[..., int] | None:
     """``cuproc_ask_all`` (see tools/fastpath_resolve.c): many cuGetProcAddress queries in one C call,
     for ``Driver.preload()``; None without the fast path."""
@@ -148,6 +153,8 @@ def ask_all() -> Callable[..., int] | None:
 FRONT_TYPEDEFS = {"cuCtxGetCurrent": "PFN_cuCtxGetCurrent_v4000",
                   "cuMemAlloc": "PFN_cuMemAlloc_v3020",
                   "cuMemFree": "PFN_cuMemFree_v3020",
+                  "cuMemcpyHtoD": "PFN_cuMemcpyHtoD_v3020",
+                  "cuMemcpyDtoH": "PFN_cuMemcpyDtoH_v3020",
                   "cuLaunchKernel": "PFN_cuLaunchKernel_v4000",
                   "cuLaunchKernelEx": "PFN_cuLaunchKernelEx_v11060",
                   "cuMemAllocAsync": "PFN_cuMemAllocAsync_v11020",

@@ -23,13 +23,15 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from . import fastpath
 from ._ffi import ffi
+from ._resource import EPOCH, FORKED, Resource
 from ._support import get_driver, handle_int, invalid
 from .allocation import Allocation
 from .context import Context, call_in
 from .device_memory import DeviceBuffer, DeviceView, GlobalView
 from .driver import Driver
-from .host_memory import HostMemory
+from .host_memory import HostMemory, PinnedBuffer, RegisteredHostMemory
 from .interop import read_cai, wait_for_cai
 from .stream import Stream, as_stream, stream_handle
 
@@ -206,28 +208,41 @@ def _copied_between_allocations(dst: Allocation, src: Allocation, nbytes: int | 
     general path's checks, context and calls but without its :class:`_Side` records and stream
     handling: those cost about 6 us of Python per call on an H100 (2026-11-24), which showed in the
     64 MiB copy goal (issue 9).  False, having done nothing after the checks, for two device sides
-    in different contexts (the general path's cuMemcpyPeer)."""
+    in different contexts (the general path's cuMemcpyPeer).  (On the fast path a C front takes the
+    commonest case before this function: see the end of the module.)"""
     dst.check("cuMemcpy")
     src.check("cuMemcpy")
     # Both sizes are known, so the smaller one needs no check; a given size gets the general check.
     n = min(dst.nbytes, src.nbytes) if nbytes is None else _checked_size("cuMemcpy", nbytes, dst, src)
+    plan = _direct_call(dst, src, n)
+    if plan is None:
+        return False
+    _run(_binding(None, dst, src), None, *plan)
+    _synchronous_done(dst, src)
+    return True
+
+
+def _direct_call(dst: Allocation, src: Allocation, n: int) -> tuple[Any, ...] | None:
+    """The driver call (its C name, then its arguments) that copies ``n`` bytes between two allocations
+    in one context, or None for two device sides in different contexts (cuMemcpyPeer, the general path)."""
     to_device, from_device = dst.kind != "host", src.kind != "host"
-    ctx = _binding(None, dst, src)
     if to_device and from_device:
         if _peer_contexts(dst, src) is not None:
-            return False
-        _run(ctx, None, "cuMemcpyDtoD", dst.address, src.address, n)
-    elif to_device:
-        _run(ctx, None, "cuMemcpyHtoD", dst.address, ffi.cast("void *", src.address), n)
-    elif from_device:
-        _run(ctx, None, "cuMemcpyDtoH", ffi.cast("void *", dst.address), src.address, n)
-    else:
-        raise _both_host()
-    for side in (dst, src):     # as _end: a synchronous call leaves nothing pending on either
+            return None
+        return "cuMemcpyDtoD", dst.address, src.address, n
+    if to_device:
+        return "cuMemcpyHtoD", dst.address, ffi.cast("void *", src.address), n
+    if from_device:
+        return "cuMemcpyDtoH", ffi.cast("void *", dst.address), src.address, n
+    raise _both_host()
+
+
+def _synchronous_done(dst: Allocation, src: Allocation) -> None:
+    """As :func:`_end`: a synchronous call leaves nothing pending on either side."""
+    for side in (dst, src):
         buffer = _tracked(side)
         if buffer is not None:
             buffer.last_stream = None
-    return True
 
 
 def copy_2d(dst: Any, dst_pitch: int, src: Any, src_pitch: int, width_bytes: int, height: int, *,
@@ -340,3 +355,34 @@ def memset_2d(dst: Any, pitch: int, value: int, width: int, height: int, *, elem
 
 
 __all__ = ["copy", "copy_2d", "copy_3d", "memset", "memset_2d"]
+
+
+def _c_copy_failed(rc: int, dst: Allocation, src: Allocation, n: int) -> None:
+    """The C front's driver call (below) answered ``rc``: what :func:`_run` does with a first answer --
+    the context's rebind and second attempt on a binding error (:meth:`Context.rebind`), else the
+    exception naming the call -- then the stores of a copy made."""
+    ctx = _binding(None, dst, src)
+    plan = _direct_call(dst, src, n)
+    assert ctx is not None and plan is not None   # (the front takes a device buffer and host memory only)
+    call, *args = plan
+    drv = ctx.driver
+    rc = ctx.rebind(rc, getattr(drv, call), *args)
+    if rc:
+        raise drv.error(rc, call)
+    _synchronous_done(dst, src)
+
+
+# The compiled fast path's front over copy (tools/fastpath_copy.c): a DeviceBuffer and pinned or registered
+# host memory, either way, no stream, checked since the last resource ended -- the call and the stores in C,
+# everything else to the Python function above.  Why: the Python layers' reach after a copy of tens of
+# megabytes, which leaves the CPU's caches cold (issue 9; the C file's comment has the numbers).
+_make_copy = fastpath.copy_factory()
+_c_copy = None if _make_copy is None else _make_copy(
+        copy, _c_copy_failed, Context, FORKED, EPOCH,
+        tuple(fastpath.pointer_reader(fastpath.FRONT_TYPEDEFS[name]) for name in ("cuMemcpyHtoD", "cuMemcpyDtoH")),
+        ((DeviceBuffer, False, DeviceBuffer.last_stream), (PinnedBuffer, True, HostMemory.last_stream),
+         (RegisteredHostMemory, True, HostMemory.last_stream)),
+        (Resource.driver, Resource.ended, Resource._checked_at, Allocation.context, Allocation.address,
+         Allocation.nbytes))
+if _c_copy is not None:   # (None on a free-threaded build)
+    copy = fastpath.dressed(_c_copy, copy)

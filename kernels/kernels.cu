@@ -57,3 +57,21 @@ extern "C" __global__ void bump(int by) { counter += by; }
 extern "C" __global__ void record_pair(long long *log, int slot, long long a, long long b) {
   if (threadIdx.x == 0 && blockIdx.x == 0) { log[2 * slot] = a; log[2 * slot + 1] = b; }
 }
+
+// What a launch's configuration reached the kernel: block (0,0,0)'s thread (0,0,0) writes the grid,
+// the block, the dynamic shared memory size (%dynamic_smem_size: the launch's sharedMemBytes) and
+// slot + 1 into out[10 * slot ...]; every block's first thread, then every thread, count themselves
+// into out[10 * slot + 8] and out[10 * slot + 9] (gx*gy*gz blocks, that many times bx*by*bz threads).
+extern "C" __global__ void launch_shape(unsigned long long *out, int slot) {
+  unsigned long long *rec = out + 10 * (long long)slot;
+  bool first_thread = threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
+  if (first_thread && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
+    unsigned dynamic_smem;
+    asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_smem));
+    rec[0] = gridDim.x; rec[1] = gridDim.y; rec[2] = gridDim.z;
+    rec[3] = blockDim.x; rec[4] = blockDim.y; rec[5] = blockDim.z;
+    rec[6] = dynamic_smem; rec[7] = slot + 1;
+  }
+  if (first_thread) atomicAdd(&rec[8], 1ULL);
+  atomicAdd(&rec[9], 1ULL);
+}

@@ -306,3 +306,17 @@ def build(out_dir: Path) -> FakeDriver:
                        check=True)
         tmp.replace(lib)  # atomic: a concurrent build never loads a half-written library
     return FakeDriver(lib)
+
+
+def child_preamble(path: Path) -> str:
+    """The start of a script a test runs in a fresh interpreter (tests/subproc.py): the checkout and tests/
+    on ``sys.path``, cuproc imported, the fake driver at ``path`` reset as ``fake`` and made the default
+    handle; what follows makes its own objects (indented by nothing: the caller dedents its own part)."""
+    return (f"import os, sys\n"
+            f"sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]\n"
+            f"from pathlib import Path\n"
+            f"from fakedriver import FakeDriver\n"
+            f"import cuproc\n"
+            f"fake = FakeDriver(Path({str(path)!r}))\n"
+            f"fake.reset()\n"
+            f"cuproc.set_default_driver(cuproc.Driver(library=str(fake.path)))\n")

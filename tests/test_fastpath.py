@@ -937,7 +937,8 @@ def test_make_stream_ordered_refuses_slots_that_are_not_the_classes_own():
 def test_pure_path_reruns_driver_launch_and_ownership():
     files = ["tests/test_driver_sim.py", "tests/test_launch_cpu.py", "tests/test_launch_one_shot.py",
              "tests/test_objects_fake.py", "tests/test_ownership.py", "tests/test_memory_paths.py",
-             "tests/test_fastpath.py", "tests/test_module_namespace.py", "tests/test_device_buffer_front.py"]
+             "tests/test_fastpath.py", "tests/test_module_namespace.py", "tests/test_device_buffer_front.py",
+             "tests/test_copy_front.py"]
     # Of the object tests, those that launch; not the 2000 random sequences (30 s, run once, on the
     # fast path) nor the build test (it does not depend on the path).
     only = "(not test_objects_fake or launch or typed) and not random_sequences and not install_without"
@@ -1005,9 +1006,11 @@ def test_install_without_a_working_compiler_succeeds_with_one_notice(tmp_path):
 def test_the_fronts_typedefs_are_the_ones_the_c_sources_call_through():
     """fastpath.FRONT_TYPEDEFS (what the object layer checks a resolved function against before a C front
     calls it) names exactly the PFN_ types the C fronts cast their function pointers to."""
+    from cuproc import _fastpath_digest
     casts = set()
-    for source in ("fastpath_launch.c", "fastpath_memory.c", "fastpath_device_buffer.c"):
-        casts |= set(re.findall(r"\(\((PFN_\w+)\)", (ROOT / "tools" / source).read_text()))
+    fronts = [s for s in _fastpath_digest.C_SOURCES if s != "tools/fastpath_resolve.c"]   # (that one: no front)
+    for source in fronts:
+        casts |= set(re.findall(r"\(\((PFN_\w+)\)", (ROOT / source).read_text()))
     assert casts == set(fastpath.FRONT_TYPEDEFS.values())
     for name, typedef in fastpath.FRONT_TYPEDEFS.items():
         assert typedef.startswith(f"PFN_{name}_v")

@@ -1,7 +1,10 @@
 """Modules, JIT linking, libraries and kernel launches on a real GPU, checked against NumPy."""
 from __future__ import annotations
 
+import queue
 import runpy
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -300,3 +303,136 @@ def test_warm_one_shot_launches_through_the_c_front_carry_every_value(module):
     assert value[0] - start[0] == 210 + 15
     if before is not None:
         assert L.launch.taken - before == 19 + 4
+
+
+# launch_shape (kernels/kernels.cu) writes what reached it into its call's slot of SHAPE_WORDS words: the
+# grid, the block, the dynamic shared memory size, slot + 1, then the blocks and the threads that ran.
+SHAPE_WORDS = 10
+SHAPE_SIG = ["unsigned long long*", "int"]
+# Call k's dimensions: GRIDS[k % 7], BLOCKS[k % 5], SHARED[k % 9].  Each list holds more than four distinct
+# values, so every call differs from each of the four before it in grid, block and shared memory alike: from
+# the last call, from the last through the same entry (two forms in turn), and from the last through the same
+# entry on the same thread (two threads in turn).  A launch that went out with an earlier call's value shows.
+# The forms mix on purpose: exact ints (on the pure path, a call of exact ints after another stores only the
+# fields that changed), tuples of 1-3 (y and z too), NumPy integers (with the fast path, the C launcher hands
+# these calls to the pure one, so the same config is written by both in turn).
+GRIDS = [3, (2, 3, 2), 5, 1, (4, np.int32(1), 3), 6, np.int64(2)]
+BLOCKS = [64, 1024, (8, 4, 2), 256, 96]
+SHARED = [0, 48 * 1024, 4096, 1000, 16 * 1024 + 4, np.int64(256), 32 * 1024, 8, 40000]
+
+
+def _three(dims) -> tuple[int, ...]:
+    """Grid or block dimensions as launch() reads them: (x, y, z), the missing ones 1."""
+    dims = tuple(map(int, dims)) if isinstance(dims, tuple) else (int(dims),)
+    return dims + (1,) * (3 - len(dims))
+
+
+# what the tests rely on, above: more than four distinct values in each list
+assert all(len({_three(d) for d in dims}) == len(dims) > 4 for dims in (GRIDS, BLOCKS)) \
+    and len(set(map(int, SHARED))) == len(SHARED) > 4
+
+
+def _launch_keywords(entry: str | None, convention: str) -> dict:
+    """entry= and convention= where they are not the defaults: fn.launch(grid, block, args) with at most
+    signature= and shared_mem= is the form the C front takes itself; any other keyword goes to the Python
+    launch (both find the same entry, whose launcher takes the call's dimensions)."""
+    return ({"entry": entry} if entry else {}) | ({"convention": convention} if convention != "buffer" else {})
+
+
+def _launch_shape(fn, out, k: int, kw: dict) -> None:
+    """Call k: slot k, k's dimensions; NumPy scalars (an entry keyed by classes) for k // 2 even, else
+    ``signature=`` (an entry keyed by the signature)."""
+    grid, block, shared = GRIDS[k % len(GRIDS)], BLOCKS[k % len(BLOCKS)], SHARED[k % len(SHARED)]
+    if k // 2 % 2 == 0:
+        fn.launch(grid, block, (out, np.int32(k)), shared_mem=shared, **kw)
+    else:
+        fn.launch(grid, block, (out, k), signature=SHAPE_SIG, shared_mem=shared, **kw)
+
+
+def _check_shapes(out, calls: int) -> None:
+    """Every call's slot holds its own grid, block, shared memory and count of blocks and threads run."""
+    Context.current().synchronize()
+    got = np.zeros((calls, SHAPE_WORDS), np.uint64)
+    mem.copy(got, out)
+    want = np.zeros_like(got)
+    for k in range(calls):
+        grid, block = _three(GRIDS[k % len(GRIDS)]), _three(BLOCKS[k % len(BLOCKS)])
+        blocks = int(np.prod(grid))
+        want[k] = (*grid, *block, int(SHARED[k % len(SHARED)]), k + 1, blocks, blocks * int(np.prod(block)))
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("entry", [None, "cuLaunchKernelEx", "cuLaunchKernel"])
+@pytest.mark.parametrize("convention", ["buffer", "params"])
+def test_one_shot_dims_changing_on_every_launch_reach_the_kernel(module, entry, convention):
+    """40 one-shot launches, each with a grid, block and shared memory size other than the four before, in
+    two forms taking turns every two calls (NumPy scalars, signature=: two entries), through each entry
+    point and convention: the kernel sees each call's own."""
+    fn, calls, kw = module.get_function("launch_shape"), 40, _launch_keywords(entry, convention)
+    before = getattr(L.launch, "taken", None)                  # None: the pure path (no C front)
+    with DeviceBuffer(calls * SHAPE_WORDS * 8) as out:
+        mem.memset(out, 0)
+        for k in range(calls):
+            _launch_shape(fn, out, k, kw)
+        _check_shapes(out, calls)
+    assert len(fn.launch_cache) == 2
+    if before is not None and not kw:
+        assert L.launch.taken - before == calls - 2            # all but each entry's first, by the C front
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["in-turn", "at-once"])
+@pytest.mark.parametrize("entry", [None, "cuLaunchKernelEx", "cuLaunchKernel"])
+@pytest.mark.parametrize("convention", ["buffer", "params"])
+def test_one_shot_dims_from_a_second_thread_reach_the_kernel(module, entry, convention, together):
+    """The main thread makes the even calls and owns both entries (it launches first through each); a
+    second thread makes the odd ones through the same entries, with its own argument block and config.
+    In turn: each call waits for the one before, so the owner's config and the private one each see dims
+    other than their last.  At once: both threads launch freely, switching often.  Each call's slot holds
+    its own dims."""
+    fn, kw = module.get_function("launch_shape"), _launch_keywords(entry, convention)
+    calls = 400 if together else 40
+    todo: queue.Queue = queue.Queue()
+    done: queue.Queue = queue.Queue()
+
+    def second() -> None:
+        for k in iter(todo.get, None):
+            try:
+                _launch_shape(fn, out, k, kw)
+                done.put(None)
+            except BaseException as exc:  # noqa: BLE001 - raised on the main thread
+                done.put(exc)
+
+    def second_done() -> None:
+        error = done.get(timeout=60)
+        if error is not None:
+            raise error
+
+    with DeviceBuffer(calls * SHAPE_WORDS * 8) as out:
+        mem.memset(out, 0)
+        _launch_shape(fn, out, 0, kw)                          # the main thread makes and owns both entries
+        _launch_shape(fn, out, 2, kw)
+        interval = sys.getswitchinterval()
+        worker = threading.Thread(target=second)
+        worker.start()
+        try:
+            if together:
+                sys.setswitchinterval(1e-5)
+                for k in range(1, calls, 2):
+                    todo.put(k)
+                for k in range(4, calls, 2):
+                    _launch_shape(fn, out, k, kw)
+                for _ in range(1, calls, 2):
+                    second_done()
+            else:
+                for k in range(1, calls):                      # 1, 3, 4, 5, 6, ...
+                    if k % 2:
+                        todo.put(k)
+                        second_done()
+                    elif k > 2:
+                        _launch_shape(fn, out, k, kw)
+        finally:
+            sys.setswitchinterval(interval)
+            todo.put(None)
+            worker.join()
+        _check_shapes(out, calls)
+    assert len(fn.launch_cache) == 2

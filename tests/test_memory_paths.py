@@ -810,7 +810,7 @@ def test_a_finalizer_assigned_to_the_class_replaces_the_front(fk, pc, monkeypatc
 
 
 @pytest.mark.skipif(not FAST, reason="the compiled fronts' own hooks")
-def test_the_finalizer_front_is_the_class_finalizer_and_lets_ended_buffers_go_in_c(fk, pc, monkeypatch):
+def test_the_finalizer_front_is_the_class_finalizer_and_lets_ended_buffers_go_in_c(fk, pc):
     """On the fast path the finalizer front is DeviceBuffer's tp_finalize (installed once its __del__):
     an ended buffer is let go in C (counted in ``taken``), a live one goes to Resource.__del__ and is
     freed.  Only the finalizer front, as its class's own __del__, can take the slot."""
@@ -825,11 +825,15 @@ def test_the_finalizer_front_is_the_class_finalizer_and_lets_ended_buffers_go_in
     for other in (mem.alloc_async, DeviceBuffer.free_async):
         with pytest.raises(ValueError, match="only the finalizer front"):
             other.take_finalizer()
-    monkeypatch.setattr(DeviceBuffer, "__del__", front)        # an assignment: Python's own slot again
-    assert not front.finalizes_class
-    mem.alloc_async(64, s).free_async()                        # ... which calls the front as a method
-    assert front.taken == before + 1 and fk.pool_used(0) == 0  # (not the class finalizer: not counted)
-    assert front.take_finalizer() is True and front.finalizes_class
+    # An assignment (of the same front: a monkeypatch's undo would be one more, after the test, and leave
+    # the class on Python's own slot for every test after it) puts Python's own slot back ...
+    try:
+        DeviceBuffer.__del__ = front  # type: ignore[method-assign]
+        assert not front.finalizes_class
+        mem.alloc_async(64, s).free_async()                    # ... which calls the front as a method
+        assert front.taken == before + 1 and fk.pool_used(0) == 0  # (not the class finalizer: not counted)
+    finally:
+        assert front.take_finalizer() is True and front.finalizes_class
 
 
 def test_a_reloaded_device_memory_module_installs_its_own_fronts(fake):

@@ -25,6 +25,7 @@ cffi *API-mode* extension is a direct C call.  This module is one API-mode exten
 * stream-ordered allocation of ``tools/fastpath_memory.c`` (``alloc_async`` / ``DeviceBuffer.free_async``).
 * synchronous allocation of ``tools/fastpath_device_buffer.c`` (``DeviceBuffer(n)``, ``close``/``free``) and
   the one-step claim of every resource (``Resource._claim``).
+* ``memory.copy`` between a device buffer and host memory, ``tools/fastpath_copy.c``.
 * ``preload()``'s driver queries in one call, ``tools/fastpath_resolve.c`` (``cuproc_ask_all``).
 * the declarations of ``headers/`` themselves, so that the module's ``ffi`` knows every type:
   cffi cannot ``include()`` the out-of-line ABI module into an API-mode one, so with the fast
@@ -155,7 +156,7 @@ def ffibuilder(root: Path = ROOT) -> cffi.FFI:
     abi, tools = digests.digest(root, digests.ABI_INPUTS), digests.digest(root, digests.TOOL_INPUTS)
     ffi.cdef("\n".join(cdefs) + "\nconst char *cuproc_abi_digest(void);\nconst char *cuproc_tools_digest(void);\n"
              "int cuproc_install_launcher(void);\nint cuproc_install_checked(void);\nint cuproc_install_memory(void);\n"
-             "int cuproc_install_device_buffer(void);\n"
+             "int cuproc_install_device_buffer(void);\nint cuproc_install_copy(void);\n"
              "int cuproc_ask_all(void *lookup, int v2, const char *names, size_t size, const int *versions,\n"
              "                   unsigned long long flags, int n, void **pointers, int *statuses);\n" + _KIND_CDEF)
     source = "\n".join([
