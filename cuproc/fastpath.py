@@ -28,11 +28,15 @@ Where it applies:
   in C for the common form (at most ``signature=``, ``shared_mem=`` and ``stream=`` -- the default
   stream or a cuproc Stream); the launcher takes that call's grid, block and shared memory (exact
   ints, in C) with the values.  Every other call goes to the Python launch.
+* ``memory.copy(dst, src[, nbytes])`` between a DeviceBuffer and pinned or registered host memory makes its
+  checks, its driver call and its ``last_stream`` stores in C (tools/fastpath_copy.c); every other form,
+  and a driver error, is the Python code.
 * ``Driver.preload()`` makes its cuGetProcAddress queries for the names selected at its version in one
   C call (tools/fastpath_resolve.c) and keeps the same answers.
 """
 from __future__ import annotations
 
+import copyreg   # (already loaded by the interpreter's startup, except under -S: a small module)
 import types
 
 from . import _ffi
@@ -147,8 +151,8 @@ def ask_all() -> Callable[..., int] | None:
     return None if compiled is None else getattr(compiled.lib, "cuproc_ask_all", None)
 
 
-#: The C type through which each compiled front calls its driver function (tools/fastpath_launch.c,
-#: tools/fastpath_memory.c cast to these): a name resolved to another ABI variant keeps its Python path.
+#: The C type through which each compiled front calls its driver function (the fronts in
+#: tools/fastpath_*.c cast to these): a name resolved to another ABI variant keeps its Python path.
 #: Kept here, beside the compiled module, so that the object layer names no ABI version.
 FRONT_TYPEDEFS = {"cuCtxGetCurrent": "PFN_cuCtxGetCurrent_v4000",
                   "cuMemAlloc": "PFN_cuMemAlloc_v3020",
@@ -192,7 +196,14 @@ def dressed(front: Any, original: Any) -> Any:
         setattr(front, attr, value)
     front.__dict__.update(getattr(original, "__dict__", {}))
     front.__wrapped__ = original
+    copyreg.pickle(type(front), _by_name)
     return front
+
+
+def _by_name(front: Any) -> str:
+    """How pickle and copy take a front: by its name in its module, as they take the Python function it
+    stands in for (pickle finds the front there and checks that it is this very object)."""
+    return front.__qualname__
 
 
 def launcher_kinds() -> dict[str, int] | None:

@@ -380,9 +380,10 @@ _make_copy = fastpath.copy_factory()
 _c_copy = None if _make_copy is None else _make_copy(
         copy, _c_copy_failed, Context, FORKED, EPOCH,
         tuple(fastpath.pointer_reader(fastpath.FRONT_TYPEDEFS[name]) for name in ("cuMemcpyHtoD", "cuMemcpyDtoH")),
-        ((DeviceBuffer, False, DeviceBuffer.last_stream), (PinnedBuffer, True, HostMemory.last_stream),
-         (RegisteredHostMemory, True, HostMemory.last_stream)),
-        (Resource.driver, Resource.ended, Resource._checked_at, Allocation.context, Allocation.address,
-         Allocation.nbytes))
+        tuple((cls, cls.kind == "host", owner.__dict__["last_stream"])    # (the slots' member descriptors)
+              for cls, owner in ((DeviceBuffer, DeviceBuffer), (PinnedBuffer, HostMemory),
+                                 (RegisteredHostMemory, HostMemory))),
+        (Resource.__dict__["driver"], Resource.__dict__["ended"], Resource.__dict__["_checked_at"],
+         Allocation.__dict__["context"], Allocation.__dict__["address"], Allocation.__dict__["nbytes"]))
 if _c_copy is not None:   # (None on a free-threaded build)
     copy = fastpath.dressed(_c_copy, copy)

@@ -131,21 +131,32 @@ def test_a_synchronous_copy_clears_what_stream_work_left_recorded(fk, pc):
         x.close()
 
 
-def test_ended_objects_and_an_ended_context_are_refused_before_the_driver(fk, pc):
-    dev, (host, reg) = DeviceBuffer(64), host_kinds(64)
+@pytest.mark.parametrize("ended_side", ["device", "pinned", "registered"])
+def test_an_ended_side_is_refused_before_the_driver_whichever_it_is(fk, pc, ended_side):
+    """Closing a buffer (a leaf) does not move the epoch: the other side stays checked, and the ended one
+    is refused on its own ``ended``, in both directions."""
+    dev, (pinned, registered) = DeviceBuffer(64), host_kinds(64)
+    host = pinned if ended_side != "registered" else registered
     memory.copy(dev, host)
-    memory.copy(reg, dev)
-    for ended, other in ((dev, host), (host, dev)):
-        ended.close()
-        fk.clear_calls()
-        for dst, src in ((ended, other), (other, ended)):
-            with pytest.raises(ClosedResourceError):
-                memory.copy(dst, src)
-        assert fk.calls() == []
-        dev, host = (DeviceBuffer(64), host) if ended is dev else (dev, memory.PinnedBuffer(64))
+    memory.copy(host, dev)                                    # both checked at this epoch
+    ended = dev if ended_side == "device" else host
+    ended.close()
+    fk.clear_calls()
+    before = taken()
+    for dst, src in ((dev, host), (host, dev)):
+        with pytest.raises(ClosedResourceError):
+            memory.copy(dst, src)
+    assert fk.calls() == [] and taken() == before
+    for x in (dev, pinned, registered):
+        x.close()
+
+
+def test_an_ended_context_is_refused_before_the_driver(fk, pc):
+    (host, reg) = host_kinds(64)
     ctx = Context.create(0)
     mine = DeviceBuffer(64)
     memory.copy(mine, host)                                   # checked: the front's case from now on
+    memory.copy(reg, mine)
     Context.pop()
     ctx.destroy()
     fk.clear_calls()
@@ -154,7 +165,60 @@ def test_ended_objects_and_an_ended_context_are_refused_before_the_driver(fk, pc
     with pytest.raises(ClosedResourceError):
         memory.copy(mine, reg)
     assert fk.calls() == []
-    for x in (dev, host, reg):
+    for x in (host, reg):
+        x.close()
+
+
+def test_a_given_size_or_the_smaller_side_is_what_moves(fk, pc):
+    dev, (host, _) = DeviceBuffer(256), host_kinds(128)
+    h = np.frombuffer(host.buffer, np.uint8)
+    h[:] = np.arange(128, dtype=np.uint8)
+    memory.copy(dev, host)                                    # checked (Python): 128 bytes
+    before = taken()
+    h[:] = 0xAA
+    memory.copy(dev, host, 16)                                # 16 bytes in
+    back = np.zeros(256, np.uint8)
+    memory.copy(back, dev)
+    assert (back[:16] == 0xAA).all() and np.array_equal(back[16:128], np.arange(16, 128))
+    h[:] = 0x55
+    memory.copy(host, dev, 8)                                 # 8 bytes out
+    assert (h[:8] == 0xAA).all() and (h[8:] == 0x55).all()
+    h[:] = 7
+    memory.copy(host, dev)                                    # the smaller side: 128, no overrun of the host
+    assert (h[:16] == 0xAA).all() and np.array_equal(h[16:], np.arange(16, 128))
+    assert taken() == before + 3 * FAST
+    del h
+    dev.close()
+    host.close()
+
+
+def test_the_fronts_calls_leave_every_count_of_references_as_it_was(fk, pc):
+    dev, (host, _) = DeviceBuffer(64), host_kinds(64)
+    memory.copy(dev, host)
+    s = Stream()
+    ctx, drv = dev.context, dev.context.driver
+
+    def counts() -> list[int]:
+        return [sys.getrefcount(x) for x in (dev, host, ctx, drv, s)]
+    def rounds(n: int) -> None:
+        for _ in range(n):
+            memory.copy(dev, host)
+            memory.copy(host, dev, 32)
+        fk.fail("cuMemcpyHtoD", CUDA_ERROR_ILLEGAL_ADDRESS, -1)
+        for _ in range(n):
+            with pytest.raises(CudaError):
+                memory.copy(dev, host, 32)
+        fk.fail("cuMemcpyHtoD", 0, 0)
+    rounds(1)                                                 # (what a first failure leaves cached)
+    first = counts()
+    rounds(300)
+    assert counts() == first
+    memory.copy(dev, host, stream=s)                          # dev and host record s ...
+    s.synchronize()
+    held = sys.getrefcount(s)
+    memory.copy(dev, host)                                    # ... until a synchronous copy releases both
+    assert sys.getrefcount(s) == held - 2
+    for x in (dev, host, s):
         x.close()
 
 
@@ -165,9 +229,11 @@ def test_another_current_context_is_bound_around_the_call(fk, pc):
     other = Context.create(0)                                 # now current: dev's context is not
     before = taken()
     fk.clear_calls()
-    memory.copy(host, dev)                                    # the driver answers a binding error first
+    fill(host, np.full(64, 9, np.uint8))
+    memory.copy(host, dev, 8)                                 # the driver answers a binding error first
     assert fk.calls() == ["cuMemcpyDtoH", "cuCtxPushCurrent", "cuMemcpyDtoH", "cuCtxPopCurrent"]
-    assert Context.current() is other and read(host)[0] == 7  # the thread's stack as it was
+    assert Context.current() is other                         # the thread's stack as it was
+    assert (read(host)[:8] == 7).all() and (read(host)[8:] == 9).all()   # the retry copied the size given
     assert taken() == before                                  # (the front's first attempt went to Python's rebind)
     Context.pop()
     with pc.context:                                          # with dev's context current: the front's own call

@@ -176,44 +176,55 @@ def test_device_buffers_land_in_the_right_context_carry_data_and_go_back(primary
 
 def test_copies_between_device_buffers_and_host_memory_match_numpy_and_the_drivers_own_copy(primary):
     """memory.copy between a DeviceBuffer and pinned or registered memory (the C front on the fast path),
-    both ways, whole and partial, from a thread with the context current and one without, in a context
-    not current: the bytes match NumPy's, read back through dlsym'd copies (not cuproc's path)."""
+    both ways, whole and partial, on this thread (the primary context current) and on a new thread (none
+    current: bound per call), one buffer in a created context that is not current: exactly the bytes asked
+    for move, the rest stays as it was, read and written through dlsym'd copies (not cuproc's path)."""
     lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
+    lib.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
     n = 1 << 20
     rng = np.random.default_rng(4)
     other = cuproc.Context.create(0)
     cuproc.Context.pop()                                       # created, not current
     before = getattr(mem.copy, "taken", 0)
-    reg_array = np.zeros(n, np.uint8)
-    cases = [(DeviceBuffer(n), mem.PinnedBuffer(n)), (DeviceBuffer(n), mem.RegisteredHostMemory(reg_array)),
+    cases = [(DeviceBuffer(n), mem.PinnedBuffer(n)), (DeviceBuffer(n), mem.RegisteredHostMemory(np.zeros(n, np.uint8))),
              (DeviceBuffer(n, context=other), mem.PinnedBuffer(n))]
+
+    def device_bytes(dev: DeviceBuffer) -> np.ndarray:
+        got = np.zeros(n, np.uint8)
+        with dev.context:                                      # (the dlsym'd calls need it current)
+            assert lib.cuMemcpyDtoH_v2(got.ctypes.data, dev.address, n) == 0
+        return got
+
+    def set_device_bytes(dev: DeviceBuffer, data: np.ndarray) -> None:
+        with dev.context:
+            assert lib.cuMemcpyHtoD_v2(dev.address, data.ctypes.data, n) == 0
 
     def run(k: int) -> None:
         dev, host = cases[k]
         view = np.frombuffer(host.buffer, np.uint8)
         for size in (n, n // 2 + 3, 1):
+            was = rng.integers(0, 256, n, dtype=np.uint8)
+            set_device_bytes(dev, was)
             data = rng.integers(0, 256, n, dtype=np.uint8)
             view[:] = data
-            mem.copy(dev, host, size)
-            got = np.zeros(n, np.uint8)
-            fresh = rng.integers(0, 256, n, dtype=np.uint8)
-            with dev.context:                                  # (the dlsym'd calls need it current)
-                assert lib.cuMemcpyDtoH_v2(got.ctypes.data_as(ctypes.c_void_p), ctypes.c_uint64(dev.address), n) == 0
-                assert lib.cuMemcpyHtoD_v2(ctypes.c_uint64(dev.address), fresh.ctypes.data_as(ctypes.c_void_p),
-                                           n) == 0
-            assert np.array_equal(got[:size], data[:size])
+            mem.copy(dev, host, size)                          # in: size bytes, the rest as it was
+            got = device_bytes(dev)
+            assert np.array_equal(got[:size], data[:size]) and np.array_equal(got[size:], was[size:])
             view[:] = 0
-            mem.copy(host, dev)
-            assert np.array_equal(view, fresh)
+            mem.copy(host, dev, size)                          # out: size bytes, the rest as it was
+            assert np.array_equal(view[:size], data[:size]) and not view[size:].any()
+            mem.copy(host, dev)                                # out, the whole (the smaller side: both n)
+            assert np.array_equal(view, got)
     for k in range(len(cases)):
-        run(k)                                                 # this thread: the primary context current
+        run(k)
     done: list[int] = []
     t = threading.Thread(target=lambda: [run(k) or done.append(k) for k in range(len(cases))])
-    t.start()                                                  # a new thread: no context current
+    t.start()
     t.join()
     assert done == [0, 1, 2] and cuproc.Context.current() is primary.context
-    if fastpath.active():                                      # the front made most of them itself
-        assert getattr(mem.copy, "taken") >= before + 2 * 3 * 2
+    if fastpath.active():   # the front made the main thread's copies itself, but each pair's first (the check)
+        assert getattr(mem.copy, "taken") >= before + 3 * (3 * 3 - 1)
     for dev, host in cases:
         dev.free()
         host.close()

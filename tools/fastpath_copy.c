@@ -5,11 +5,12 @@
  * fastpath_memory.c (cuproc_fn, cuproc_fn_pointer).
  *
  * Why C: a 64 MiB copy from pinned memory read 0.975x the driver's own call on an H200 (2026-11-28, issue 9's
- * goal is 0.98x) while the Python around the call costs about 3.6 us warm.  The rest is the Python's reach:
- * a copy of tens of megabytes leaves the CPU's caches cold, and the next call's Python layers (the checks, the
- * binding, the stores: a few dozen functions, dicts and code objects) then miss in them.  A diagnostic run on
- * the H200 read memory.copy 11-38 us slower per copy than the same driver call from a one-line lambda, and
- * 19 us more after a 256 MiB cache flush, while the raw call did not move (``.diag``: see issue 9's note).
+ * goal is 0.98x) while the Python around the call costs about 3.6 us warm.  The rest is the Python's reach
+ * when the CPU's caches are cold -- in the benchmark, after its pageable copies (the driver moves those
+ * through staging buffers with the CPU) or a flush; in a program, after any large CPU work: the Python
+ * layers (the checks, the binding, the stores: a few dozen functions, dicts and code objects) then miss in
+ * them.  A diagnostic run on the H200 read memory.copy 11-38 us slower per copy than the same driver call
+ * from a one-line lambda, and 19 us more right after a 256 MiB flush, while the raw call did not move.
  *
  * The front takes only the common case and hands every other call, unchanged, to the Python function
  * (``slow``), which checks, refuses and raises as it always does:
@@ -155,6 +156,10 @@ static PyObject *cuproc_cp_call(PyObject *obj, PyObject *const *args, size_t nar
 release_slow:
     Py_DECREF(dst); Py_DECREF(src); Py_DECREF(ctx); Py_DECREF(drv);
 slow:
+    if (self->slow == NULL) {   /* cleared by the collector (a cycle's finalizer may still call it) */
+        PyErr_SetString(PyExc_RuntimeError, "memory.copy's compiled front was cleared (interpreter shutdown?)");
+        return NULL;
+    }
     return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
 }
 
@@ -178,7 +183,7 @@ static int cuproc_cp_clear(PyObject *obj)
     Py_CLEAR(self->dict); Py_CLEAR(self->slow); Py_CLEAR(self->failed); Py_CLEAR(self->context_type);
     Py_CLEAR(self->forked); Py_CLEAR(self->epoch);
     for (i = 0; i < self->nclasses; i++) Py_CLEAR(self->classes[i]);
-    self->nclasses = 0;   /* (the front refuses every call once cleared: no class matches) */
+    self->nclasses = 0;   /* (no class matches once cleared: every call goes to ``slow``, which refuses) */
     cuproc_fn_clear(&self->htod);
     cuproc_fn_clear(&self->dtoh);
     return 0;
