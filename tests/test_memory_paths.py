@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import weakref
@@ -29,7 +30,7 @@ from cuproc.errors import ClosedResourceError, CudaError, CudaWarning
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_memory import COPY_CALLS  # noqa: E402 - the calls the benchmark's rows state, checked here
-from fakedriver import FakeDriver  # noqa: E402
+from fakedriver import FakeDriver, child_preamble  # noqa: E402
 from hook_driver import HookDriver  # noqa: E402
 from subproc import run_python  # noqa: E402
 from threads import run_threads  # noqa: E402
@@ -842,16 +843,9 @@ def test_the_finalizer_front_is_the_class_finalizer_and_lets_ended_buffers_go_in
 def test_a_reloaded_device_memory_module_installs_its_own_fronts(fake):
     """importlib.reload of cuproc.device_memory makes a new DeviceBuffer class: its fronts (and its
     finalizer) are its own, and buffers of either class are freed."""
-    out = run_python(f"""
-        import gc, importlib, sys
-        sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests")!r}]
-        from pathlib import Path
-        from fakedriver import FakeDriver
-        import cuproc
+    out = run_python(child_preamble(fake.path) + textwrap.dedent("""
+        import gc, importlib
         from cuproc import device_memory as dm
-        fake = FakeDriver(Path({str(fake.path)!r}))
-        fake.reset()
-        cuproc.set_default_driver(cuproc.Driver(library=str(fake.path)))
         pc = cuproc.use_device(0)
         s = cuproc.Stream()
         old = dm.DeviceBuffer
@@ -865,7 +859,7 @@ def test_a_reloaded_device_memory_module_installs_its_own_fronts(fake):
         del kept
         gc.collect()
         print("live", fake.live("async_alloc"), "used", fake.pool_used(0))
-        """, timeout=60).stdout
+        """), timeout=60).stdout
     assert out.strip().splitlines()[-1] == "live 0 used 0"
 
 
