@@ -64,3 +64,15 @@ def test_a_logs_last_result_line_is_what_the_sum_takes(tmp_path):
     assert line(tmp_path / "absent.log") == "not run"
     refused = subprocess.run([sys.executable, script, "--line"], check=False, capture_output=True, text=True)
     assert refused.returncode == 2 and refused.stdout == ""
+
+
+def test_shards_of_one_run_leave_their_deselected_counts_out():
+    shards = ["400 passed, 3 skipped, 406 deselected in 100.00s", "1 failed, 402 passed, 406 deselected in 90.00s"]
+    assert add(shards, shards=True) == "1 failed, 802 passed, 3 skipped in 190.00s (2 parts)"
+    assert add(shards) == "1 failed, 802 passed, 3 skipped, 812 deselected in 190.00s (2 parts)"   # not shards: kept
+    script = str(ROOT / "tools" / "add_pytest_counts.py")
+    out = subprocess.run([sys.executable, script, "--shards", *shards], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1 failed, 802 passed, 3 skipped in 190.00s (2 parts)"
+    for bad in (["--shards"], ["--shards", "--line", "x.log"]):
+        refused = subprocess.run([sys.executable, script, *bad], check=False, capture_output=True, text=True)
+        assert refused.returncode == 2 and refused.stdout == "", bad

@@ -119,6 +119,27 @@ def test_everything_else_goes_to_the_python_code_unchanged(fk, pc):
     s.close()
 
 
+def test_memory_of_a_context_subclass_goes_to_the_python_code(fk, pc):
+    """A Context subclass may bind its own way (its call and rebind): the front takes exactly a Context."""
+    class MyContext(Context):
+        pass
+    mine = MyContext.create(0)
+    try:
+        dev, host = DeviceBuffer(64), memory.PinnedBuffer(64)
+        assert type(dev.context) is MyContext
+        values = np.arange(64, dtype=np.uint8)
+        fill(host, values)
+        before = taken()
+        memory.copy(dev, host)
+        fill(host, np.zeros(64, np.uint8))
+        memory.copy(host, dev)
+        assert taken() == before and np.array_equal(read(host), values)
+        dev.close()
+        host.close()
+    finally:
+        mine.destroy()
+
+
 def test_a_synchronous_copy_clears_what_stream_work_left_recorded(fk, pc):
     dev, (host, _) = DeviceBuffer(64), host_kinds(64)
     s = Stream()

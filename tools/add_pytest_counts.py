@@ -9,7 +9,9 @@ missing.  Counts of words this script does not know (a plugin's "rerun") are add
 after pytest's own.
 
 ``--line LOG`` prints a log's last such line ("not run" without the file), which is what
-``gpu_check.sh`` passes on: one pattern for both.
+``gpu_check.sh`` passes on: one pattern for both.  ``--shards LINE...``: the lines are the shards of one
+run (``CUPROC_TEST_SHARD``, tests/conftest.py), in which every test is deselected in each shard but its
+own: their "deselected" counts say nothing of the run and are left out of the sum.
 
 Why a script: the device allows ten minutes a call, and on a slow machine the whole suite took
 eight of them; ``gpu_check.sh`` can run it as two stages, and the closing note needs one line.
@@ -20,8 +22,9 @@ from __future__ import annotations
 import re
 import sys
 
-USAGE = ("usage: python3 tools/add_pytest_counts.py LINE [LINE...]   (each pytest's last result line, or 'not run')\n"
-         "       python3 tools/add_pytest_counts.py --line LOG        (LOG's last result line: what a LINE is)")
+USAGE = ("usage: python3 tools/add_pytest_counts.py [--shards] LINE [LINE...]   (each pytest's last result line, "
+         "or 'not run'; --shards: the shards of one run, deselected counts left out)\n"
+         "       python3 tools/add_pytest_counts.py --line LOG                   (LOG's last result line: what a LINE is)")
 
 # pytest's words, in the order it prints them
 _ORDER = ("failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "warnings", "errors")
@@ -32,8 +35,9 @@ RESULT_LINE = re.compile(r"^=*\s*(?P<counts>\d+ [a-z]+(?:, \d+ [a-z]+)*|no tests
 _COUNT = re.compile(r"(\d+) ([a-z]+)")
 
 
-def add(lines: list[str]) -> str:
-    """The pytest result ``lines`` added up into one line (see the module's docstring)."""
+def add(lines: list[str], *, shards: bool = False) -> str:
+    """The pytest result ``lines`` added up into one line (see the module's docstring); ``shards``: the
+    lines are shards of one run, whose "deselected" counts are left out."""
     totals: dict[str, int] = {}
     seconds = 0.0
     missing = []
@@ -44,6 +48,8 @@ def add(lines: list[str]) -> str:
             continue
         for number, word in _COUNT.findall(found["counts"]):
             word = _PLURAL.get(word, word)
+            if shards and word == "deselected":
+                continue
             totals[word] = totals.get(word, 0) + int(number)
         seconds += float(found["seconds"])
     order = [w for w in _ORDER if w in totals] + [w for w in totals if w not in _ORDER]
@@ -64,10 +70,12 @@ def last_line(log: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or (argv[0] == "--line" and len(argv) != 2):
+    shards = bool(argv) and argv[0] == "--shards"
+    lines = argv[1:] if shards else argv
+    if not lines or (lines[0] == "--line" and (shards or len(lines) != 2)):
         print(USAGE, file=sys.stderr)
         return 2
-    print(last_line(argv[1]) if argv[0] == "--line" else add(argv))
+    print(last_line(lines[1]) if lines[0] == "--line" else add(lines, shards=shards))
     return 0
 
 

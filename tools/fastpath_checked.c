@@ -134,6 +134,7 @@ static PyObject *cuproc_checked_call(PyObject *obj, PyObject *const *args, size_
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *forked, *rc;
     int failed;
+    if (self->function == NULL) return cuproc_front_cleared(obj);   /* cleared: nothing below is there */
     /* keywords and count first, as Python checks the pure wrapper's parameters before its body */
     if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0)
         return cuproc_checked_keyword_error(self, kwnames);
@@ -199,7 +200,10 @@ static int cuproc_checked_clear(PyObject *obj)
 
 static PyObject *cuproc_checked_repr(PyObject *obj)
 {
-    return PyUnicode_FromFormat("<cuproc checked function %U>", ((cuproc_checked *)obj)->name);
+    PyObject *name = ((cuproc_checked *)obj)->name;
+    if (name == NULL)   /* cleared by the collector */
+        return PyUnicode_FromString("<cuproc checked function (cleared)>");
+    return PyUnicode_FromFormat("<cuproc checked function %U>", name);
 }
 
 static PyMemberDef cuproc_checked_members[] = {

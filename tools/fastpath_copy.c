@@ -82,6 +82,7 @@ static PyObject *cuproc_cp_call(PyObject *obj, PyObject *const *args, size_t nar
     int di, si, to_host;
     void *fn;
     CUresult rc;
+    if (self->slow == NULL) return cuproc_front_cleared(obj);   /* cleared: nothing below is there */
     if (kwnames != NULL || nargs < 2 || nargs > 3) goto slow;
     dst = args[0];
     src = args[1];
@@ -93,7 +94,8 @@ static PyObject *cuproc_cp_call(PyObject *obj, PyObject *const *args, size_t nar
     dev = to_host ? src : dst;
     host = to_host ? dst : src;
     ctx = CUPROC_SLOT(dev, self->off_context);
-    if (ctx == NULL || !PyObject_TypeCheck(ctx, (PyTypeObject *)self->context_type)) goto slow;
+    /* exactly a Context, as DeviceBuffer's fronts take: a subclass may bind (call, rebind) its own way */
+    if (ctx == NULL || (PyObject *)Py_TYPE(ctx) != self->context_type) goto slow;
     drv = CUPROC_SLOT(ctx, self->off_driver);
     if (drv == NULL) goto slow;
     /* The driver's function first: its lookup may run Python (any thread), so every check comes after it,
@@ -156,10 +158,6 @@ static PyObject *cuproc_cp_call(PyObject *obj, PyObject *const *args, size_t nar
 release_slow:
     Py_DECREF(dst); Py_DECREF(src); Py_DECREF(ctx); Py_DECREF(drv);
 slow:
-    if (self->slow == NULL) {   /* cleared by the collector (a cycle's finalizer may still call it) */
-        PyErr_SetString(PyExc_RuntimeError, "memory.copy's compiled front was cleared (interpreter shutdown?)");
-        return NULL;
-    }
     return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
 }
 

@@ -185,6 +185,7 @@ static PyObject *cuproc_db_init(PyObject *obj, PyObject *const *args, size_t nar
     CUdeviceptr out = 0;
     CUresult rc;
     size_t n;
+    if (self->slow == NULL) return cuproc_front_cleared(obj);   /* cleared: nothing below is there */
     if (PyVectorcall_NARGS(nargsf) != 2) goto slow;
     if (kwnames != NULL) {   /* context= alone (an interned name: any other spelling takes the Python code) */
         if (PyTuple_GET_SIZE(kwnames) != 1 || PyTuple_GET_ITEM(kwnames, 0) != self->s_context) goto slow;
@@ -280,6 +281,7 @@ static PyObject *cuproc_db_close(PyObject *obj, PyObject *const *args, size_t na
     unsigned long long dptr;
     CUresult rc;
     void *fn;
+    if (self->slow == NULL) return cuproc_front_cleared(obj);   /* cleared: nothing below is there */
     switch (cuproc_free_start(args, nargsf, kwnames, self->buffer_type, self->off_ended, self->off_driver, &self->call,
                               self->exports, &fn)) {
     case CUPROC_FREE_ENDED: Py_RETURN_NONE;   /* idempotent */
@@ -326,6 +328,7 @@ static PyObject *cuproc_db_claim(PyObject *obj, PyObject *const *args, size_t na
     cuproc_db *self = (cuproc_db *)obj;
     PyObject *res, *how, *leaf, *ended;
     int not_leaf;
+    if (self->slow == NULL) return cuproc_front_cleared(obj);   /* cleared: nothing below is there */
     if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 2)
         goto slow;
     res = args[0];
@@ -480,7 +483,7 @@ static int cuproc_db_drop(PyObject *buf)
     int i;
     for (i = 0; i < CUPROC_DB_CLASSES && cuproc_db_closers[i] != NULL; i++)
         if ((PyObject *)Py_TYPE(buf) == cuproc_db_closers[i]->buffer_type) { self = cuproc_db_closers[i]; break; }
-    if (self == NULL || CUPROC_SLOT(buf, self->off_ended) != Py_None || CUPROC_SLOT(buf, self->off_stream) != Py_None)
+    if (self == NULL || self->slow == NULL || CUPROC_SLOT(buf, self->off_ended) != Py_None || CUPROC_SLOT(buf, self->off_stream) != Py_None)
         return 0;
     drv = CUPROC_SLOT(buf, self->off_driver);
     if (drv == NULL) return 0;

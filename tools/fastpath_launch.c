@@ -70,6 +70,17 @@ static void cuproc_front_dealloc(PyObject *obj)
     Py_DECREF(tp);
 }
 
+/* What a front answers when called after the garbage collector cleared it (tp_clear: a reference cycle through
+ * it being collected, or interpreter shutdown, while something still reaches it): a RuntimeError, never a
+ * call through the NULL it left.  Every front's entry tests the one member its tp_clear empties first. */
+static PyObject *cuproc_front_cleared(PyObject *obj)
+{
+    PyErr_Format(PyExc_RuntimeError, "%s: this compiled front was cleared by the garbage collector (a reference "
+                 "cycle through it is being collected, or the interpreter is shutting down) and cannot be called",
+                 Py_TYPE(obj)->tp_name);
+    return NULL;
+}
+
 /* The offset of an object slot from its member descriptor (e.g. DeviceBuffer.__dict__["stream"]), which
  * must be a writable object slot of ``owner`` or of one of its bases, lying inside an ``owner``.  The
  * fronts read (and fastpath_memory.c stores) such slots directly instead of through getattr. */
@@ -233,6 +244,7 @@ static PyObject *cuproc_launcher_call(PyObject *obj, PyObject *const *args, size
     PyObject *code, *result;
     PyObject *const *values = args;   /* the kernel's arguments: after the dimensions where they come per call */
     unsigned int grid[3], blk[3], shmem;
+    if (self->slow == NULL) return cuproc_front_cleared(obj);   /* cleared: nothing below is there */
     if (kwnames != NULL || nargs != self->nargs + (self->per_call ? 3 : 0))
         goto slow;
     if (self->per_call) {
@@ -666,6 +678,7 @@ static PyObject *cuproc_one_shot_call(PyObject *obj, PyObject *const *args, size
     PyObject *last, *record = NULL, *result, *shared_mem = cuproc_zero;
     PyObject *stack[3 + CUPROC_FRONT_ARGS];   /* the launcher's arguments: grid, block, shared memory, values */
     Py_ssize_t k, n;
+    if (self->slow == NULL) return cuproc_front_cleared(obj);   /* cleared: nothing below is there */
     if (nargs != 4 || (PyObject *)Py_TYPE(args[0]) != PyList_GET_ITEM(self->types, 0))
         goto slow;
     for (k = 0; kwnames != NULL && k < PyTuple_GET_SIZE(kwnames); k++) {   /* these keywords only */

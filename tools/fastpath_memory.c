@@ -287,6 +287,7 @@ static PyObject *cuproc_so_alloc(PyObject *obj, PyObject *const *args, size_t na
     CUresult rc;
     void *fn;
     int failed;
+    if (self->slow == NULL) return cuproc_front_cleared(obj);   /* cleared: nothing below is there */
     if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 2)
         goto slow;
     nbytes = args[0];
@@ -406,6 +407,7 @@ static PyObject *cuproc_so_free(PyObject *obj, PyObject *const *args, size_t nar
     CUstream h;
     CUresult rc;
     void *fn;
+    if (self->slow == NULL) return cuproc_front_cleared(obj);   /* cleared: nothing below is there */
     switch (cuproc_free_start(args, nargsf, kwnames, self->buffer_type, self->off_ended, self->off_driver, &self->f,
                               self->exports, &fn)) {
     case CUPROC_FREE_ENDED: Py_RETURN_NONE;   /* idempotent */
@@ -473,6 +475,7 @@ static int cuproc_so_ended(cuproc_so *self, PyObject *buf)
 static PyObject *cuproc_so_finalize(PyObject *obj, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     cuproc_so *self = (cuproc_so *)obj;
+    if (self->slow == NULL) return cuproc_front_cleared(obj);   /* cleared: nothing below is there */
     if (kwnames == NULL && PyVectorcall_NARGS(nargsf) == 1
         && PyObject_TypeCheck(args[0], (PyTypeObject *)self->buffer_type) && cuproc_so_ended(self, args[0]))
         Py_RETURN_NONE;   /* (not counted: taken counts the class finalizer's own returns) */
@@ -504,6 +507,9 @@ static void cuproc_so_tp_finalize(PyObject *obj)
     int i;
     for (i = 0; i < CUPROC_SO_FINALIZERS && cuproc_so_finalizers[i] != NULL; i++)
         if ((PyObject *)Py_TYPE(obj) == cuproc_so_finalizers[i]->buffer_type) { fin = cuproc_so_finalizers[i]; break; }
+    /* (the table holds its fronts, so the collector never clears one; if something did, the class's __del__
+     * below raises and the failure is reported) */
+    if (fin != NULL && fin->slow == NULL) fin = NULL;
     if (fin != NULL && cuproc_so_ended(fin, obj)) {
         fin->taken++;
         return;
@@ -530,6 +536,7 @@ static PyObject *cuproc_so_take_finalizer(PyObject *obj, PyObject *unused)
     PyObject *del;
     int i;
     (void)unused;
+    if (self->buffer_type == NULL) return cuproc_front_cleared(obj);   /* cleared: nothing below is there */
     if (self->vectorcall != cuproc_so_finalize || !(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || tp->tp_dict == NULL)
         goto bad;
     del = PyDict_GetItemWithError(tp->tp_dict, cuproc_s_del);
@@ -560,6 +567,7 @@ static PyObject *cuproc_so_finalizes_class(PyObject *obj, void *unused)
     cuproc_so *self = (cuproc_so *)obj;
     int i;
     (void)unused;
+    if (self->buffer_type == NULL) return cuproc_front_cleared(obj);   /* cleared: nothing below is there */
     if (((PyTypeObject *)self->buffer_type)->tp_finalize != cuproc_so_tp_finalize) Py_RETURN_FALSE;
     for (i = 0; i < CUPROC_SO_FINALIZERS; i++)
         if (cuproc_so_finalizers[i] == self) Py_RETURN_TRUE;

@@ -3,9 +3,9 @@
 # and the benchmarks, and print a short summary last.
 #
 # On the device:  bash tools/gpu_check.sh [STAGE...]   (carry .whl; results land in $OUT, else ./.device-out)
-#   STAGE: tests (the whole suite, fast path), tests1 and tests2 (every other test file each, for
-#   a device call too short for the whole suite: on a slow machine it took 8 of the 10 minutes one
-#   call may run), pure (the GPU files on the pure path), bench (every benchmark), benchpure (the
+#   STAGE: tests (the whole suite, fast path), tests1 and tests2 (every other test each, by
+#   CUPROC_TEST_SHARD=1/2 and 2/2 (tests/conftest.py), for a device call too short for the whole suite:
+#   on a slow machine it took 8 of the 10 minutes one call may run), pure (the GPU files on the pure path), bench (every benchmark), benchpure (the
 #   launch, call and memory benchmarks once more on the pure path, into pure/: the pure path must stay
 #   default-capable, and before 2026-11-28 no check measured it), summary; none given: tests, pure,
 #   bench, benchpure, summary.  The stages keep their logs in
@@ -46,14 +46,13 @@ for stage in "${stages[@]}"; do
       begin_check
       CUPROC_MATRIX_REPORT=$STATE/matrix_mismatches.jsonl timeout 540 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$STATE/pytest.log"
       echo "${PIPESTATUS[0]}" > "$STATE/pytest.rc" ;;
-    tests1|tests2)   # every other test file each (the GPU files, sorted together, are split between them)
+    tests1|tests2)   # every other test each (shards by test, not by file: a new file cannot unbalance them)
       # never an earlier run's counts: tests1 (run it first) begins the check, tests2 clears what it
       # replaces; each half notes the tree it ran on, and summary says when the two differ
       if [ "$stage" = tests1 ]; then begin_check; else rm -f "$STATE/pytest.log" "$STATE/pytest.rc" "$STATE"/pytest_tests2.*; fi
       tree_digest > "$STATE/pytest_$stage.tree"
-      files=(tests/test_*.py); part=(); first=$([ "$stage" = tests1 ] && echo 0 || echo 1)
-      for ((k = first; k < ${#files[@]}; k += 2)); do part+=("${files[$k]}"); done
-      CUPROC_MATRIX_REPORT=$STATE/matrix_mismatches.jsonl timeout 540 python3 -m pytest -q -p no:cacheprovider "${part[@]}" 2>&1 | tee "$STATE/pytest_$stage.log"
+      CUPROC_TEST_SHARD=${stage#tests}/2 CUPROC_MATRIX_REPORT=$STATE/matrix_mismatches.jsonl timeout 540 \
+        python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$STATE/pytest_$stage.log"
       echo "${PIPESTATUS[0]}" > "$STATE/pytest_$stage.rc" ;;
     pure)   # the GPU files once more on the pure path (the CPU suite reruns its driver/launch/ownership tests itself)
       CUPROC_PURE_PYTHON=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_*.py 2>&1 | tee "$STATE/pytest_pure.log"
@@ -83,7 +82,7 @@ for stage in "${stages[@]}"; do
       suite=$(result "$STATE/pytest.log"); suite_rc=$(rc "$STATE/pytest.rc")
       if [ "$suite" = "not run" ] && { [ -f "$STATE/pytest_tests1.log" ] || [ -f "$STATE/pytest_tests2.log" ]; }; then
         # the two halves, added up (a half without a result line is named in the line)
-        suite=$(python3 tools/add_pytest_counts.py "$(result "$STATE/pytest_tests1.log")" "$(result "$STATE/pytest_tests2.log")")
+        suite=$(python3 tools/add_pytest_counts.py --shards "$(result "$STATE/pytest_tests1.log")" "$(result "$STATE/pytest_tests2.log")")
         suite_rc="$(rc "$STATE/pytest_tests1.rc")/$(rc "$STATE/pytest_tests2.rc")"
         if [ -f "$STATE/pytest_tests1.tree" ] && [ -f "$STATE/pytest_tests2.tree" ] \
            && ! cmp -s "$STATE/pytest_tests1.tree" "$STATE/pytest_tests2.tree"; then
