@@ -37,6 +37,7 @@ Where it applies:
 from __future__ import annotations
 
 import copyreg   # (already loaded by the interpreter's startup, except under -S: a small module)
+import sys
 import types
 
 from . import _ffi
@@ -102,11 +103,20 @@ def pointer(function: Any) -> Any:
     return _slot_pointers.get(function, function)
 
 
+def _gil_held() -> bool:
+    """Whether this interpreter runs with the GIL: always before Python 3.13; on a free-threaded build, only
+    when something enabled it (an extension module that needs it, ``PYTHON_GIL=1``)."""
+    enabled = getattr(sys, "_is_gil_enabled", None)
+    return enabled is None or bool(enabled())
+
+
 def _factory(name: str) -> Any:
     """``cuproc._fastpath_c.<name>``, one of the factories its hand-written C publishes, or None
-    without the fast path."""
+    without the fast path -- or without the GIL: every front makes a test and a store one step by holding
+    it (a claim, the block's owner, the one-shot entry in use), so a free-threaded interpreter running
+    without it uses the Python code, which takes locks, and keeps only the trampolines."""
     compiled = _ffi.COMPILED
-    return None if compiled is None else getattr(compiled, name)
+    return None if compiled is None or not _gil_held() else getattr(compiled, name)
 
 
 def launcher_factory() -> Callable[..., Callable[..., None]] | None:
@@ -210,7 +220,7 @@ def launcher_kinds() -> dict[str, int] | None:
     """The C launcher's kind value per argument type ("pointer" or a scalar C type name), read from
     the compiled module (its ``enum cuproc_kind``), or None without the fast path."""
     compiled = _ffi.COMPILED
-    if compiled is None:
+    if compiled is None or not _gil_held():   # (the C launcher is a front: see _factory)
         return None
     return {ctype: getattr(compiled.lib, f"CUPROC_K_{kind}") for ctype, kind in _KIND_NAMES.items()}
 

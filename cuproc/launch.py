@@ -450,6 +450,26 @@ def _launch_support(prepared: PreparedLaunch, cu_launch: Any, cached: bool) -> d
     fixed_dims: tuple[int, ...] = () if prepared.grid is None or prepared.block is None else \
         (*prepared.grid, *prepared.block, prepared.shared_mem or 0)
 
+    from .device_memory import DeviceView, GlobalView
+    checked_pointers = (Resource, DeviceView, GlobalView)   # cuproc's device memory: what can end under a launch
+    pointer_args = [i for i, t in enumerate(types) if t.kind == "pointer"]
+    real_args = [i for i, t in enumerate(types) if t.kind == "scalar" and t.ctype in ("float", "double")]
+
+    def recheck(values: Sequence[Any]) -> None:
+        """Raise if what this launch holds, or a cuproc object among its pointer values, ended while the values
+        were converted: a conversion that ran Python (a value's ``__int__`` freeing a buffer, unloading the
+        module) must not send a freed address or an unloaded function to the driver.  A resource that can be
+        a parent moves the epoch (:func:`verify`); memory is a leaf, so each pointer value is checked itself."""
+        for i in real_args:       # a NumPy floating class converts in C: noted, so later launches skip this
+            if values[i].__class__ not in REAL_CLASSES:
+                _typed_class(values[i])
+        if EPOCH[0] != seen[0]:
+            verify()
+        for i in pointer_args:
+            value = values[i]
+            if isinstance(value, checked_pointers):
+                value.check(entry)
+
     blocks = threading.local()    # each other thread's own argument block, made on its first launch
 
     def private(values: Sequence[Any], grid: Any = None, block: Any = None, shared_mem: Any = None) -> None:
@@ -474,6 +494,7 @@ def _launch_support(prepared: PreparedLaunch, cu_launch: Any, cached: bool) -> d
             packed.fill(values)
         finally:
             blocks.busy = nested
+        recheck(values)
         params = packed.params if convention == "params" else ffi.NULL
         extra = packed.extra if convention == "buffer" else ffi.NULL
         if ex:
@@ -505,7 +526,8 @@ def _launch_support(prepared: PreparedLaunch, cu_launch: Any, cached: bool) -> d
                                                 shared_params, shared_extra))
         return ctx.pushed(again)
 
-    return {"verify": verify, "private": private, "rebind": rebind, "seen": seen, "holds": resources,
+    return {"verify": verify, "private": private, "rebind": rebind, "recheck": recheck, "seen": seen,
+            "holds": resources,
             # owner: [the thread that owns the shared block, whether its launch is converting values now]
             "ident": threading.get_ident, "owner": [None, False], "claim": {}.setdefault}
 
@@ -592,30 +614,37 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple | None, block: tuple 
                          f"    if {a}.address != p{i}:", f"        {slot} = p{i} = {a}.address",
                          f"elif {a}.__class__ is int:",
                          f"    if {a} != p{i}:", f"        {slot} = p{i} = {a}",
-                         "else:", f"    p{i} = None", f"    w{i}({a})"]
+                         "else:", f"    p{i} = None", "    conv = 1", f"    w{i}({a})"]
             else:
                 body += [f"if {a}.__class__ is DeviceBuffer and {a}.ended is None and {a}.context.ended is None:",
                          f"    {slot} = {a}.address", f"elif {a}.__class__ is int:", f"    {slot} = {a}",
-                         "else:", f"    w{i}({a})"]
+                         "else:", "    conv = 1", f"    w{i}({a})"]
         elif t.kind == "scalar" and t.ctype in ("float", "double"):
-            body += [f"{slot} = {a}"]          # cffi takes any real number here; a str raises TypeError
+            # cffi takes any real number here (a str raises TypeError); one whose class is not a plain real
+            # converts through its __float__, which may run Python
+            body += [f"if {a}.__class__ not in reals:", "    conv = 1", f"{slot} = {a}"]
         elif t.kind == "scalar":
             # only an exact int is stored directly: cffi would truncate a NumPy float silently
             # (and a NumPy integer: cffi converts it exactly and checks its range)
             body += [f"if {a}.__class__ is int or {a}.__class__ in numpy_ints:", f"    {slot} = {a}", "else:",
-                     f"    w{i}({a})"]
+                     "    conv = 1", f"    w{i}({a})"]
         else:
-            body += [f"w{i}({a})"]
+            body += ["conv = 1", f"w{i}({a})"]
     if body:
-        lines += ["    try:"] + ["        " + line for line in body]
+        # conv: some value's conversion may have run Python (its __int__, __float__, a writer's protocol
+        # lookups), which may have ended what the launch holds or freed a buffer stored before it: the
+        # launch checks them again (recheck) before the driver sees an address
+        lines += ["    conv = 0", "    try:"] + ["        " + line for line in body]
         lines += ["    except (TypeError, OverflowError):"]
         lines += [f"        {p} = None" for p in cached]
-        lines += ["        fill((" + "".join(n + ", " for n in names) + "))"]
+        lines += ["        conv = 1", "        fill((" + "".join(n + ", " for n in names) + "))"]
         lines += ["    except BaseException:"]
         lines += [f"        {p} = None" for p in cached] or ["        pass"]
         lines += ["        raise"]
     lines[guarded_from:] = ["    " + line for line in lines[guarded_from:]] or ["        pass"]
     lines += ["    finally:", "        owner[1] = False"]
+    if body:
+        lines += ["    if conv:", "        recheck((" + "".join(n + ", " for n in names) + "))"]
     if entry == "cuLaunchKernelEx":
         lines.append("    rc = launch_entry(config, handle, params, extra)")
     elif per_call:
@@ -661,7 +690,7 @@ def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any, cach
     kinds = _compiled_kinds(prepared)
     env: dict[str, Any] = {
         "launch_entry": cu_launch, "config": prepared.config, "error": error,
-        "DeviceBuffer": DeviceBuffer, "epoch": EPOCH, "numpy_ints": NUMPY_INTEGERS,
+        "DeviceBuffer": DeviceBuffer, "epoch": EPOCH, "numpy_ints": NUMPY_INTEGERS, "reals": REAL_CLASSES,
         "handle": prepared.function.handle, "stream": prepared.stream, "fill": packed.fill,
         "params": packed.params if prepared.convention == "params" else ffi.NULL,
         "extra": packed.extra if prepared.convention == "buffer" else ffi.NULL,
@@ -763,6 +792,9 @@ _TYPED_CLASSES: set[type] = set()
 # NumPy integer scalar classes: a generated launcher stores them into an integer slot directly
 # (cffi converts them exactly and range-checks them); NumPy floats are refused there (they truncate).
 NUMPY_INTEGERS: set[type] = set()
+#: the classes whose conversion to a C float or double runs no Python: int, float, and each NumPy floating
+#: scalar class once a launch met it (_typed_class)
+REAL_CLASSES: set[type] = {int, float}
 
 
 def _typed_class(value: Any) -> bool:
@@ -775,6 +807,8 @@ def _typed_class(value: Any) -> bool:
             and dtype.fields is None and (dtype.kind, dtype.itemsize) in _NUMPY_KINDS:
         if dtype.kind in "iub":
             NUMPY_INTEGERS.add(cls)
+        elif dtype.kind == "f":
+            REAL_CLASSES.add(cls)
     else:
         from .allocation import Allocation
         from .device_memory import DeviceView

@@ -1014,3 +1014,19 @@ def test_the_fronts_typedefs_are_the_ones_the_c_sources_call_through():
     assert casts == set(fastpath.FRONT_TYPEDEFS.values())
     for name, typedef in fastpath.FRONT_TYPEDEFS.items():
         assert typedef.startswith(f"PFN_{name}_v")
+
+
+def test_without_the_gil_no_front_is_made_and_the_trampolines_stay(monkeypatch):
+    """A free-threaded interpreter running without the GIL: every front relies on it to make a test and a
+    store one step, so each factory answers None (the Python code, with its locks, is used), while the
+    trampolines -- plain calls through a pointer -- stay."""
+    factories = [fastpath.launcher_factory, fastpath.checked_factory, fastpath.one_shot_factory,
+                 fastpath.stream_ordered_factory, fastpath.device_buffer_factory, fastpath.claim_factory,
+                 fastpath.copy_factory]
+    with_gil = [f() is not None for f in factories] + [fastpath.launcher_kinds() is not None]
+    assert with_gil == [fastpath.active()] * len(with_gil)
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: False, raising=False)
+    assert [f() for f in factories] == [None] * len(factories) and fastpath.launcher_kinds() is None
+    assert fastpath.active() == (fastpath.status().startswith("on"))   # the trampolines: unchanged
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: True, raising=False)   # a free-threaded build with it
+    assert [f() is not None for f in factories] == [fastpath.active()] * len(factories)

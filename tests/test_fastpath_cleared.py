@@ -134,3 +134,22 @@ assert seen and all("cleared by the garbage collector" in s for s in seen), seen
 print("ok")
 ''', timeout=120)
     assert proc.stdout.strip().endswith("ok")
+
+
+def test_no_front_type_can_be_made_from_python(fk, pc):
+    """An instance made by calling its type would be the cleared state from the start: only the factories make
+    them, so every front type refuses to be called."""
+    from cuproc import Module, launch, memory, transfers
+    from cuproc._resource import Resource
+    from cuproc.device_memory import DeviceBuffer
+    from fakedriver import fake_image
+    mod = Module.load(fake_image({"empty": [8, 4, 4]}))
+    fronts = [mod.get_function("empty").prepare(["float*", "int", "float"], 1, 32), launch.launch,
+              cuproc.driver.default_driver().checked.cuInit, DeviceBuffer.__dict__["__init__"],
+              Resource.__dict__["_claim"], memory.alloc_async, transfers.copy]
+    kinds = {type(front) for front in fronts}
+    assert len(kinds) == 6 and not any(k.__module__ == "builtins" for k in kinds), kinds
+    for kind in kinds:
+        with pytest.raises(TypeError, match="cannot create"):
+            kind()
+    mod.unload()

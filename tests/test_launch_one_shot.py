@@ -745,3 +745,108 @@ def test_a_cold_launch_with_bad_dims_builds_and_stores_nothing(fk, pc):
         assert info.value.call == L.default_entry(fn.driver)
     assert dict(fn.launch_cache) == kept and L._compiled_source.cache_info() == made
     assert fk.launch_count() == count
+
+
+# ----------------------------------------------------------------------------- conversions that end things
+
+class _Ending:
+    """A kernel argument whose conversion to a C int or float (cffi's, the C launcher's) first runs ``act``:
+    Python code in the middle of a launch, after the values before it were stored."""
+
+    def __init__(self, act, value: int = 1) -> None:
+        self.act, self.value = act, value
+
+    def _run(self) -> int:
+        act, self.act = self.act, None      # once: a launch made again from the start converts it again
+        if act is not None:
+            act()
+        return self.value
+
+    def __int__(self) -> int:
+        return self._run()
+
+    def __index__(self) -> int:
+        return self._run()
+
+    def __float__(self) -> float:
+        return float(self._run())
+
+
+@pytest.mark.parametrize("how", ["prepared", "one-shot with a signature"])
+@pytest.mark.parametrize("where", [1, 2])   # the int parameter's conversion, the float parameter's
+def test_a_buffer_freed_by_a_later_arguments_conversion_is_refused_before_the_driver(fk, pc, how, where):
+    """The buffer's address was stored before the value's ``__int__`` / ``__float__`` freed it: the launch
+    checks its pointer values again once a conversion ran Python, and raises naming the launch; no freed
+    address reaches the driver (the fake counts one as a stale use)."""
+    mod = Module.load(IMAGE)
+    fn = mod.get_function("empty")
+    keep, buf = DeviceBuffer(64), DeviceBuffer(64)
+    run = fn.prepare(SIG, 1, 32) if how == "prepared" else None
+    for _ in range(3):                                  # warm: the launcher's block claimed, the entry cached
+        if run is not None:
+            run(keep, 1, 1.0)
+        else:
+            fn.launch(1, 32, (keep, 1, 1.0), signature=SIG)
+    args = [buf, 1, 1.0]
+    args[where] = _Ending(buf.free)
+    launches, stale = fk.launch_count(), fk.stale_count()
+    with pytest.raises(ClosedResourceError) as info:
+        if run is not None:
+            run(*args)
+        else:
+            fn.launch(1, 32, tuple(args), signature=SIG)
+    assert info.value.call == "cuLaunchKernelEx" and "freed" in str(info.value)
+    assert fk.stale_count() == stale and fk.launch_count() == launches and buf.ended == "freed"
+    # the launcher stays usable, with the block's pointer stored again
+    other = DeviceBuffer(64)
+    (run if run is not None else (lambda *a: fn.launch(1, 32, a, signature=SIG)))(other, 5, 2.5)
+    assert fk.last_launch()[1] == struct.pack("<Qif", other.ptr, 5, 2.5) and fk.stale_count() == stale
+    for x in (keep, other, mod):   # now: the exception's traceback keeps them until a collection
+        x.close()
+
+
+@pytest.mark.parametrize("how", ["prepared", "one-shot with a signature", "one-shot with NumPy scalars"])
+def test_a_module_unloaded_by_an_arguments_conversion_is_refused_naming_it(fk, pc, how):
+    """The function's module unloaded by a value's conversion: a ClosedResourceError naming the module (the
+    epoch moved), not the driver's INVALID_HANDLE for a launch of an unloaded function."""
+    mod = Module.load(IMAGE)
+    fn = mod.get_function("empty")
+    buf = DeviceBuffer(64)
+    run = fn.prepare(SIG, 1, 32) if how == "prepared" else None
+    values = (buf, np.int32(1), np.float32(1.0)) if how.endswith("NumPy scalars") else (buf, 1, 1.0)
+    for _ in range(3):
+        if run is not None:
+            run(*values)
+        elif how.endswith("NumPy scalars"):
+            fn.launch(1, 32, values)
+        else:
+            fn.launch(1, 32, values, signature=SIG)
+    stale = fk.stale_count()
+    ending = _Ending(mod.unload)
+    with pytest.raises(ClosedResourceError) as info:
+        if run is not None:
+            run(buf, ending, 1.0)
+        else:   # an object of no NumPy class: the one-shot form needs the signature for it
+            fn.launch(1, 32, (buf, ending, 1.0), signature=SIG)
+    assert info.value.call == "cuLaunchKernelEx" and "unloaded" in str(info.value), str(info.value)
+    assert mod.ended is not None and fk.stale_count() == stale
+    buf.close()   # now: the exception's traceback keeps it until a collection
+
+
+def test_values_converting_without_python_skip_the_second_check(fk, pc, monkeypatch):
+    """Exact ints and floats, NumPy scalars and buffers: no conversion runs Python, so the launch does not
+    check its values again (the check is paid only where Python ran)."""
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    run = fn.prepare(SIG, 1, 32)
+    # (a NumPy class's first launch notes it: it converts in C from then on)
+    for values in [(buf, 1, 1.0), (buf, 2, 3), (buf.ptr, np.int32(4), np.float32(5.0)), (buf, np.int64(6), np.float64(6))]:
+        run(*values)
+    calls = []
+    original = DeviceBuffer.check
+    monkeypatch.setattr(DeviceBuffer, "check", lambda self, call: (calls.append(call), original(self, call))[1])
+    for values in [(buf, 1, 1.0), (buf, 2, 3), (buf.ptr, np.int32(4), np.float32(5.0)), (buf, np.int64(7), 8.5)]:
+        run(*values)
+    assert calls == []
+    run(buf, _Ending(lambda: None), 1.0)     # a conversion that ran Python: the values checked again,
+    assert calls == ([] if FRONT else ["cuLaunchKernelEx"])   # by the C launcher from the buffer's slots

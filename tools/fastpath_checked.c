@@ -229,7 +229,9 @@ static PyType_Slot cuproc_checked_slots[] = {
 
 static PyType_Spec cuproc_checked_spec = {
     "cuproc._fastpath_c.Checked", sizeof(cuproc_checked), 0,
-    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL, cuproc_checked_slots,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL
+        | Py_TPFLAGS_DISALLOW_INSTANTIATION,   /* made by its factory only: never with NULL fields */
+        cuproc_checked_slots,
 };
 
 /* make_checked(function, name, params, error, forked, forked_error, doc): ``params`` a tuple of

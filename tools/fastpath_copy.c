@@ -94,7 +94,8 @@ static PyObject *cuproc_cp_call(PyObject *obj, PyObject *const *args, size_t nar
     dev = to_host ? src : dst;
     host = to_host ? dst : src;
     ctx = CUPROC_SLOT(dev, self->off_context);
-    /* exactly a Context, as DeviceBuffer's fronts take: a subclass may bind (call, rebind) its own way */
+    /* exactly a Context: the Python copy binds through the context's own methods (Context.call), which a
+     * subclass may override; the fronts whose Python code makes its first attempt inline take subclasses */
     if (ctx == NULL || (PyObject *)Py_TYPE(ctx) != self->context_type) goto slow;
     drv = CUPROC_SLOT(ctx, self->off_driver);
     if (drv == NULL) goto slow;

@@ -483,12 +483,14 @@ static int cuproc_db_drop(PyObject *buf)
     int i;
     for (i = 0; i < CUPROC_DB_CLASSES && cuproc_db_closers[i] != NULL; i++)
         if ((PyObject *)Py_TYPE(buf) == cuproc_db_closers[i]->buffer_type) { self = cuproc_db_closers[i]; break; }
-    if (self == NULL || self->slow == NULL || CUPROC_SLOT(buf, self->off_ended) != Py_None || CUPROC_SLOT(buf, self->off_stream) != Py_None)
+    if (self == NULL || self->slow == NULL || CUPROC_SLOT(buf, self->off_ended) != Py_None
+        || CUPROC_SLOT(buf, self->off_stream) != Py_None)
         return 0;
     drv = CUPROC_SLOT(buf, self->off_driver);
     if (drv == NULL) return 0;
     cuproc_error_save(&saved);
     Py_INCREF(drv);
+    Py_INCREF(self);   /* held while Python may run: a new close front for this class replaces the table's row */
     fn = cuproc_fn_pointer(&self->call, drv);   /* may run Python: everything is read after it */
     ctx = CUPROC_SLOT(buf, self->off_context);
     address = CUPROC_SLOT(buf, self->off_address);
@@ -499,6 +501,7 @@ static int cuproc_db_drop(PyObject *buf)
         || ((dptr = cuproc_u64(address)) == (unsigned long long)-1 && PyErr_Occurred())) {
         PyErr_Clear();
         Py_DECREF(drv);
+        Py_DECREF(self);
         cuproc_error_restore(&saved);
         return 0;
     }
@@ -519,6 +522,7 @@ static int cuproc_db_drop(PyObject *buf)
         if (result == NULL) PyErr_WriteUnraisable(self->drop_failed);
         Py_XDECREF(result);
     }
+    Py_DECREF(self);
     cuproc_error_restore(&saved);
     return 1;
 }

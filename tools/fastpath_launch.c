@@ -244,6 +244,7 @@ static PyObject *cuproc_launcher_call(PyObject *obj, PyObject *const *args, size
     PyObject *code, *result;
     PyObject *const *values = args;   /* the kernel's arguments: after the dimensions where they come per call */
     unsigned int grid[3], blk[3], shmem;
+    int converted = 0;   /* a value's conversion may have run Python (its __int__, __float__) */
     if (self->slow == NULL) return cuproc_front_cleared(obj);   /* cleared: nothing below is there */
     if (kwnames != NULL || nargs != self->nargs + (self->per_call ? 3 : 0))
         goto slow;
@@ -285,11 +286,12 @@ static PyObject *cuproc_launcher_call(PyObject *obj, PyObject *const *args, size
         } else if (kind == K_F32 || kind == K_F64) {
             /* an exact int: PyFloat_AsDouble's own result (int.__float__ is PyLong_AsDouble) without its float object */
             double d = PyFloat_CheckExact(a) ? PyFloat_AS_DOUBLE(a)
-                       : PyLong_CheckExact(a) ? PyLong_AsDouble(a) : PyFloat_AsDouble(a);
+                       : PyLong_CheckExact(a) ? PyLong_AsDouble(a) : (converted = 1, PyFloat_AsDouble(a));
             if (d == -1.0 && PyErr_Occurred()) taken = cuproc_declined();
             else if (kind == K_F32) { float f = (float)d; memcpy(dst, &f, 4); }
             else memcpy(dst, &d, 8);
         } else {
+            converted |= !PyLong_Check(a);   /* (an int, subclasses too, converts without Python) */
             taken = cuproc_integer(a, kind, dst);
         }
         if (taken != 0) {
@@ -299,6 +301,23 @@ static PyObject *cuproc_launcher_call(PyObject *obj, PyObject *const *args, size
         }
     }
     cuproc_launcher_busy(self, Py_False);   /* no Python code runs from here to the driver call */
+    /* A conversion that ran Python may have ended what this launch holds (a module unloaded: the epoch moved)
+     * or freed a buffer read before it (a leaf: read its slots again): the pure launcher makes such a launch
+     * again from the start, and refuses it before the driver sees the address. */
+    if (converted) {
+        if (PyList_GET_ITEM(self->epoch, 0) != PyList_GET_ITEM(self->seen, 0))
+            goto slow;
+        for (i = 0; i < self->nargs; i++) {
+            unsigned long long p = 0;
+            if (self->kinds[i] != K_PTR)
+                continue;
+            if (cuproc_live_address(self, values[i], &p) != 0) {
+                PyErr_Clear();
+                goto slow;
+            }
+            memcpy(self->block + self->offsets[i], &p, 8);
+        }
+    }
     if (self->per_call && self->ex) {   /* the owner's config: only this thread writes it (others: private) */
         CUlaunchConfig *config = (CUlaunchConfig *)self->config;
         config->gridDimX = grid[0]; config->gridDimY = grid[1]; config->gridDimZ = grid[2];
@@ -380,7 +399,9 @@ static PyType_Slot cuproc_launcher_slots[] = {
 
 static PyType_Spec cuproc_launcher_spec = {
     "cuproc._fastpath_c.Launcher", sizeof(cuproc_launcher), 0,
-    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL, cuproc_launcher_slots,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL
+        | Py_TPFLAGS_DISALLOW_INSTANTIATION,   /* made by its factory only: never with NULL fields */
+        cuproc_launcher_slots,
 };
 
 static PyTypeObject *cuproc_launcher_type;
@@ -833,7 +854,8 @@ static PyType_Slot cuproc_one_shot_slots[] = {
 
 static PyType_Spec cuproc_one_shot_spec = {
     "cuproc._fastpath_c.OneShot", sizeof(cuproc_one_shot), 0,
-    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR
+        | Py_TPFLAGS_DISALLOW_INSTANTIATION,   /* made by make_one_shot only: never with NULL fields */
     cuproc_one_shot_slots,
 };
 

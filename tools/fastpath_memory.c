@@ -514,11 +514,17 @@ static void cuproc_so_tp_finalize(PyObject *obj)
         fin->taken++;
         return;
     }
-    if (fin != NULL && cuproc_so_live_finalizer != NULL && cuproc_so_live_finalizer(obj))
+    /* held while Python may run (the live finalizer's lookup, a rebind): taking the finalizer again for this
+     * class replaces the table's row, which would free the front in use */
+    Py_XINCREF(fin);
+    if (fin != NULL && cuproc_so_live_finalizer != NULL && cuproc_so_live_finalizer(obj)) {
+        Py_DECREF(fin);
         return;   /* cuMemAlloc memory, freed in C (counted by that front) */
+    }
     cuproc_error_save(&saved);
     /* the front's Python finalizer; a class not in the table (never the case) gets its own __del__ */
     del = fin != NULL ? Py_NewRef(fin->slow) : PyObject_GetAttr((PyObject *)Py_TYPE(obj), cuproc_s_del);
+    Py_XDECREF(fin);
     result = del == NULL ? NULL : PyObject_CallOneArg(del, obj);
     if (result == NULL)
         PyErr_WriteUnraisable(del != NULL ? del : obj);
