@@ -461,14 +461,14 @@ def _launch_support(prepared: PreparedLaunch, cu_launch: Any, cached: bool) -> d
         module) must not send a freed address or an unloaded function to the driver.  A resource that can be
         a parent moves the epoch (:func:`verify`); memory is a leaf, so each pointer value is checked itself."""
         for i in real_args:       # a NumPy floating class converts in C: noted, so later launches skip this
-            if values[i].__class__ not in REAL_CLASSES:
+            if type(values[i]) not in REAL_CLASSES:
                 _typed_class(values[i])
-        if EPOCH[0] != seen[0]:
-            verify()
-        for i in pointer_args:
+        for i in pointer_args:    # (type(), not isinstance: a __class__ property is Python too)
             value = values[i]
-            if isinstance(value, checked_pointers):
+            if issubclass(type(value), checked_pointers):
                 value.check(entry)
+        if EPOCH[0] != seen[0]:   # last: what ran above may have ended something too
+            verify()
 
     blocks = threading.local()    # each other thread's own argument block, made on its first launch
 
@@ -492,9 +492,9 @@ def _launch_support(prepared: PreparedLaunch, cu_launch: Any, cached: bool) -> d
         blocks.busy = True
         try:
             packed.fill(values)
+            recheck(values)   # (while busy: Python it runs that launches this kernel gets a block of its own)
         finally:
             blocks.busy = nested
-        recheck(values)
         params = packed.params if convention == "params" else ffi.NULL
         extra = packed.extra if convention == "buffer" else ffi.NULL
         if ex:
@@ -595,12 +595,15 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple | None, block: tuple 
             else:
                 store = ["            d = (grid, 1, 1, block, 1, 1, shared_mem)"]
             lines += ["    if grid is not lg or block is not lb or shared_mem is not ls:",
-                      "        if grid.__class__ is int and block.__class__ is int and shared_mem.__class__ is int "
+                      "        if type(grid) is int and type(block) is int and type(shared_mem) is int "
                       f"and 0 < grid <= {_UINT_MAX} and 0 < block <= {_UINT_MAX} and 0 <= shared_mem <= {_UINT_MAX}:",
                       *store, "            lg, lb, ls = grid, block, shared_mem", "        else:", f"            {check}",
-                      "            lg = lb = ls = unset"]
+                      "            lg = lb = ls = unset",
+                      # reading other objects may have run Python (their __index__, __iter__) that ended what the
+                      # launch holds: the values are stored after this, so the epoch is all there is to check
+                      "            if epoch[0] != seen[0]:", "                verify()"]
         else:
-            lines += [f"    {check}"]
+            lines += [f"    {check}", "    if epoch[0] != seen[0]:", "        verify()"]
     body: list[str] = []
     for i, t in enumerate(types):
         a, slot = names[i], f"s{i}[0]"
@@ -610,23 +613,23 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple | None, block: tuple 
             # p{i} is the address in the slot: a 64-bit store costs more than the comparison, and
             # the same buffer launch after launch is the common case.  Other writers reset it.
             if cache_pointers:
-                body += [f"if {a}.__class__ is DeviceBuffer and {a}.ended is None and {a}.context.ended is None:",
+                body += [f"if type({a}) is DeviceBuffer and {a}.ended is None and {a}.context.ended is None:",
                          f"    if {a}.address != p{i}:", f"        {slot} = p{i} = {a}.address",
-                         f"elif {a}.__class__ is int:",
+                         f"elif type({a}) is int:",
                          f"    if {a} != p{i}:", f"        {slot} = p{i} = {a}",
                          "else:", f"    p{i} = None", "    conv = 1", f"    w{i}({a})"]
             else:
-                body += [f"if {a}.__class__ is DeviceBuffer and {a}.ended is None and {a}.context.ended is None:",
-                         f"    {slot} = {a}.address", f"elif {a}.__class__ is int:", f"    {slot} = {a}",
+                body += [f"if type({a}) is DeviceBuffer and {a}.ended is None and {a}.context.ended is None:",
+                         f"    {slot} = {a}.address", f"elif type({a}) is int:", f"    {slot} = {a}",
                          "else:", "    conv = 1", f"    w{i}({a})"]
         elif t.kind == "scalar" and t.ctype in ("float", "double"):
             # cffi takes any real number here (a str raises TypeError); one whose class is not a plain real
             # converts through its __float__, which may run Python
-            body += [f"if {a}.__class__ not in reals:", "    conv = 1", f"{slot} = {a}"]
+            body += [f"if type({a}) not in reals:", "    conv = 1", f"{slot} = {a}"]
         elif t.kind == "scalar":
             # only an exact int is stored directly: cffi would truncate a NumPy float silently
             # (and a NumPy integer: cffi converts it exactly and checks its range)
-            body += [f"if {a}.__class__ is int or {a}.__class__ in numpy_ints:", f"    {slot} = {a}", "else:",
+            body += [f"if type({a}) is int or type({a}) in numpy_ints:", f"    {slot} = {a}", "else:",
                      "    conv = 1", f"    w{i}({a})"]
         else:
             body += ["conv = 1", f"w{i}({a})"]
@@ -641,10 +644,11 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple | None, block: tuple 
         lines += ["    except BaseException:"]
         lines += [f"        {p} = None" for p in cached] or ["        pass"]
         lines += ["        raise"]
+        # (before owner[1] is cleared: Python run by the recheck that launches this kernel again gets a block
+        # of its own, as during the stores)
+        lines += ["    if conv:", "        recheck((" + "".join(n + ", " for n in names) + "))"]
     lines[guarded_from:] = ["    " + line for line in lines[guarded_from:]] or ["        pass"]
     lines += ["    finally:", "        owner[1] = False"]
-    if body:
-        lines += ["    if conv:", "        recheck((" + "".join(n + ", " for n in names) + "))"]
     if entry == "cuLaunchKernelEx":
         lines.append("    rc = launch_entry(config, handle, params, extra)")
     elif per_call:
@@ -777,7 +781,7 @@ def _compiled_launcher(prepared: PreparedLaunch, pure: Callable[..., None], kind
     slots = tuple(getattr(cls, name) for cls, name in ((DeviceBuffer, "ended"), (DeviceBuffer, "context"),
                                                        (DeviceBuffer, "address"), (Context, "ended")))
     return fastpath.launcher_factory()(  # type: ignore[misc] - _compiled_kinds checked it is there
-        pure, on_error, EPOCH, env["seen"], env["owner"], DeviceBuffer, Context, slots, keep,
+        pure, on_error, env["recheck"], EPOCH, env["seen"], env["owner"], DeviceBuffer, Context, slots, keep,
         entry == "cuLaunchKernelEx",
         address(fn), address(prepared.config), address(env["handle"]), prepared.grid, prepared.block,
         prepared.shared_mem, address(env["stream"]), address(env["params"]), address(env["extra"]),

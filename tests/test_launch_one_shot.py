@@ -850,3 +850,108 @@ def test_values_converting_without_python_skip_the_second_check(fk, pc, monkeypa
     assert calls == []
     run(buf, _Ending(lambda: None), 1.0)     # a conversion that ran Python: the values checked again,
     assert calls == ([] if FRONT else ["cuLaunchKernelEx"])   # by the C launcher from the buffer's slots
+
+
+class _Counted:
+    """A value that counts its conversions; its first runs ``act`` (each later one returns the same value)."""
+
+    def __init__(self, value: float, act=None) -> None:
+        self.value, self.act, self.count = value, act, 0
+
+    def _run(self):
+        self.count += 1
+        act, self.act = self.act, None
+        if act is not None:
+            act()
+        return self.value
+
+    def __int__(self) -> int:
+        return int(self._run())
+
+    def __index__(self) -> int:
+        return int(self._run())
+
+    def __float__(self) -> float:
+        return float(self._run())
+
+
+def test_something_else_ending_during_a_conversion_leaves_the_launch_as_it_was_converted_once(fk, pc):
+    """An unrelated module unloaded by a value's conversion moves the epoch: the launch checks what it holds
+    again, finds it live, and launches with the values as they were converted -- each once, on both paths."""
+    fn = Module.load(IMAGE).get_function("empty")
+    other = Module.load(IMAGE)
+    buf = DeviceBuffer(64)
+    run = fn.prepare(SIG, 1, 32)
+    for _ in range(3):
+        run(buf, 1, 1.0)
+    value, real = _Counted(7, other.unload), _Counted(2.5)
+    run(buf, value, real)
+    assert other.ended is not None and (value.count, real.count) == (1, 1)
+    assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 7, 2.5)
+
+
+def test_a_launch_made_by_the_recheck_gets_a_block_of_its_own(fk, pc):
+    """The recheck runs Python (a float value's class is noted through its ``dtype``): a launch of the same
+    kernel made there takes a private block, and the outer launch sends its own values, not the nested one's."""
+    fn = Module.load(IMAGE).get_function("empty")
+    a, b = DeviceBuffer(64), DeviceBuffer(64)
+    run = fn.prepare(SIG, 1, 32)
+    for _ in range(3):
+        run(a, 1, 1.0)
+    sent = []
+
+    class Nesting(_Counted):
+        @property
+        def dtype(self):
+            run(b, 99, 9.0)
+            sent.append(fk.last_launch()[1])
+            raise AttributeError("dtype")
+
+    run(a, Nesting(1), Nesting(2.0))
+    assert fk.last_launch()[1] == struct.pack("<Qif", a.ptr, 1, 2.0)
+    assert sent in ([], [struct.pack("<Qif", b.ptr, 99, 9.0)])   # (the C launcher reads no dtype: nothing nested)
+    a.close()
+    b.close()
+
+
+def test_a_grid_whose_conversion_unloads_the_module_is_refused_naming_it(fk, pc):
+    """Dimensions that are not exact ints are read through their ``__index__`` (or as a sequence): Python that
+    may end what the launch holds, before any value is stored -- the launch checks the epoch after them."""
+    mod = Module.load(IMAGE)
+    fn = mod.get_function("empty")
+    buf = DeviceBuffer(64)
+    for _ in range(3):
+        fn.launch(1, 32, (buf, 1, 1.0), signature=SIG)
+    stale, launches = fk.stale_count(), fk.launch_count()
+    with pytest.raises(ClosedResourceError) as info:
+        fn.launch(_Counted(1, mod.unload), 32, (buf, 1, 1.0), signature=SIG)
+    assert info.value.call == "cuLaunchKernelEx" and "unloaded" in str(info.value)
+    assert fk.stale_count() == stale and fk.launch_count() == launches
+    buf.close()
+
+
+def test_another_threads_launch_checks_its_values_again_too(fk, pc):
+    """A thread that is not the block's owner launches with a private block (filled by the general writers):
+    a value's conversion freeing a buffer there is refused as well."""
+    import threading
+    fn = Module.load(IMAGE).get_function("empty")
+    keep, buf = DeviceBuffer(64), DeviceBuffer(64)
+    run = fn.prepare(SIG, 1, 32)
+    run(keep, 1, 1.0)                      # this thread owns the shared block
+    stale, outcome = fk.stale_count(), []
+
+    def other() -> None:
+        ctx = pc.context
+        ctx.push()
+        try:
+            run(buf, _Ending(buf.free), 1.0)
+        except ClosedResourceError as exc:
+            outcome.append(exc.call)
+        finally:
+            ctx.pop()
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert outcome == ["cuLaunchKernelEx"] and fk.stale_count() == stale and buf.ended == "freed"
+    keep.close()

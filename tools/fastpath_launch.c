@@ -43,7 +43,7 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *dict;
-    PyObject *slow, *on_error, *epoch, *seen, *owner, *buffer_type, *context_type, *keep;
+    PyObject *slow, *on_error, *recheck, *epoch, *seen, *owner, *buffer_type, *context_type, *keep;
     Py_ssize_t off_ended, off_context, off_address;   /* a DeviceBuffer's slots (ended: every Resource's) */
     int ex, owned, per_call;   /* per_call: the dimensions come with each call (grid, blk, shmem unused) */
     unsigned long owner_ident;
@@ -236,6 +236,42 @@ static void cuproc_launcher_busy(cuproc_launcher *self, PyObject *flag)
     Py_DECREF(old);   /* a bool: freeing nothing, running no code */
 }
 
+/* After a conversion that ran Python: 0 when the epoch is the one seen and every buffer argument is live (their
+ * addresses stored again); else the pure launcher's recheck(values) runs -- 1 with its error set when it raised,
+ * or, once it passed, 0 when all is well again and 1 (no error) when not. */
+static int cuproc_launcher_recheck(cuproc_launcher *self, PyObject *const *values)
+{
+    Py_ssize_t i;
+    int pass;
+    PyObject *tuple, *result;
+    for (pass = 0; pass < 2; pass++) {
+        int changed = PyList_GET_ITEM(self->epoch, 0) != PyList_GET_ITEM(self->seen, 0);
+        for (i = 0; !changed && i < self->nargs; i++) {
+            unsigned long long p = 0;
+            if (self->kinds[i] != K_PTR)
+                continue;
+            if (cuproc_live_address(self, values[i], &p) != 0) {
+                PyErr_Clear();
+                changed = 1;
+            } else
+                memcpy(self->block + self->offsets[i], &p, 8);
+        }
+        if (!changed)
+            return 0;
+        if (pass == 1)
+            return 1;
+        tuple = PyTuple_New(self->nargs);
+        if (tuple == NULL) return 1;
+        for (i = 0; i < self->nargs; i++)
+            PyTuple_SET_ITEM(tuple, i, Py_NewRef(values[i]));
+        result = PyObject_CallOneArg(self->recheck, tuple);
+        Py_DECREF(tuple);
+        if (result == NULL) return 1;
+        Py_DECREF(result);
+    }
+    return 1;
+}
+
 static PyObject *cuproc_launcher_call(PyObject *obj, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     cuproc_launcher *self = (cuproc_launcher *)obj;
@@ -300,24 +336,17 @@ static PyObject *cuproc_launcher_call(PyObject *obj, PyObject *const *args, size
             goto slow;
         }
     }
-    cuproc_launcher_busy(self, Py_False);   /* no Python code runs from here to the driver call */
     /* A conversion that ran Python may have ended what this launch holds (a module unloaded: the epoch moved)
-     * or freed a buffer read before it (a leaf: read its slots again): the pure launcher makes such a launch
-     * again from the start, and refuses it before the driver sees the address. */
-    if (converted) {
-        if (PyList_GET_ITEM(self->epoch, 0) != PyList_GET_ITEM(self->seen, 0))
-            goto slow;
-        for (i = 0; i < self->nargs; i++) {
-            unsigned long long p = 0;
-            if (self->kinds[i] != K_PTR)
-                continue;
-            if (cuproc_live_address(self, values[i], &p) != 0) {
-                PyErr_Clear();
-                goto slow;
-            }
-            memcpy(self->block + self->offsets[i], &p, 8);
-        }
+     * or freed a buffer read before it (a leaf: its slots are read again).  Then the pure launcher's recheck
+     * runs, still as the block's owner (a launch it makes gets a block of its own): it raises naming the
+     * launch, or finds that what ended is not this launch's and notes the epoch; the values stand, each
+     * converted once, as the pure launcher converts them. */
+    if (converted && cuproc_launcher_recheck(self, values)) {
+        cuproc_launcher_busy(self, Py_False);
+        if (PyErr_Occurred()) return NULL;
+        goto slow;   /* still changed after the recheck (its own Python ended something): made again */
     }
+    cuproc_launcher_busy(self, Py_False);   /* no Python code runs from here to the driver call */
     if (self->per_call && self->ex) {   /* the owner's config: only this thread writes it (others: private) */
         CUlaunchConfig *config = (CUlaunchConfig *)self->config;
         config->gridDimX = grid[0]; config->gridDimY = grid[1]; config->gridDimZ = grid[2];
@@ -351,7 +380,7 @@ slow:
 static int cuproc_launcher_traverse(PyObject *obj, visitproc visit, void *arg)
 {
     cuproc_launcher *self = (cuproc_launcher *)obj;
-    Py_VISIT(self->dict); Py_VISIT(self->slow); Py_VISIT(self->on_error); Py_VISIT(self->epoch);
+    Py_VISIT(self->dict); Py_VISIT(self->slow); Py_VISIT(self->on_error); Py_VISIT(self->recheck); Py_VISIT(self->epoch);
     Py_VISIT(self->seen); Py_VISIT(self->owner); Py_VISIT(self->buffer_type); Py_VISIT(self->context_type);
     Py_VISIT(self->keep);
     Py_VISIT(Py_TYPE(obj));
@@ -361,7 +390,7 @@ static int cuproc_launcher_traverse(PyObject *obj, visitproc visit, void *arg)
 static int cuproc_launcher_clear(PyObject *obj)
 {
     cuproc_launcher *self = (cuproc_launcher *)obj;
-    Py_CLEAR(self->dict); Py_CLEAR(self->slow); Py_CLEAR(self->on_error); Py_CLEAR(self->epoch);
+    Py_CLEAR(self->dict); Py_CLEAR(self->slow); Py_CLEAR(self->on_error); Py_CLEAR(self->recheck); Py_CLEAR(self->epoch);
     Py_CLEAR(self->seen); Py_CLEAR(self->owner); Py_CLEAR(self->buffer_type); Py_CLEAR(self->context_type);
     Py_CLEAR(self->keep);
     return 0;
@@ -428,7 +457,8 @@ static int cuproc_dimension(PyObject *value, unsigned int *out)
  *               The dimensions None, None, None: they come with each call (see the top of this file). */
 static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
 {
-    PyObject *slow, *on_error, *epoch, *seen, *owner, *buffer_type, *context_type, *members, *keep, *kind_bytes;
+    PyObject *slow, *on_error, *recheck, *epoch, *seen, *owner, *buffer_type, *context_type, *members, *keep;
+    PyObject *kind_bytes;
     PyObject *offsets;
     Py_ssize_t off_ended, off_context, off_address, off_ctx_ended;   /* the last: checked, equal to the first */
     int ex;
@@ -443,7 +473,7 @@ static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
     cuproc_launcher *self;
     (void)module;
     /* "I" would truncate silently: the dimensions are objects here, checked by cuproc_dimension */
-    if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!OpKKKOOOKKKKnO!O!", &slow, &on_error, &PyList_Type, &epoch,
+    if (!PyArg_ParseTuple(args, "OOOO!O!O!O!O!O!OpKKKOOOKKKKnO!O!", &slow, &on_error, &recheck, &PyList_Type, &epoch,
                           &PyList_Type, &seen, &PyList_Type, &owner, &PyType_Type, &buffer_type, &PyType_Type,
                           &context_type, &PyTuple_Type, &members, &keep, &ex, &fn, &config,
                           &handle, &grid_obj, &blk_obj, &shmem_obj, &stream, &params,
@@ -474,6 +504,7 @@ static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
     nkinds = PyBytes_GET_SIZE(kind_bytes);
     if (PyList_GET_SIZE(epoch) != 1 || PyList_GET_SIZE(seen) != 1 || PyList_GET_SIZE(owner) != 2
         || PyTuple_GET_SIZE(offsets) != nkinds || !PyCallable_Check(slow) || !PyCallable_Check(on_error)
+        || !PyCallable_Check(recheck)
         || fn == 0 || (ex && config == 0) || block == 0 || block_size < 0) {
         PyErr_SetString(PyExc_ValueError, "make_launcher: inconsistent arguments (a cuproc bug)");
         return NULL;
@@ -490,6 +521,7 @@ static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
     self->dict = NULL;
     Py_INCREF(slow); self->slow = slow;
     Py_INCREF(on_error); self->on_error = on_error;
+    self->recheck = Py_NewRef(recheck);
     Py_INCREF(epoch); self->epoch = epoch;
     Py_INCREF(seen); self->seen = seen;
     Py_INCREF(owner); self->owner = owner;
