@@ -496,9 +496,10 @@ def test_make_launcher_refuses_offsets_and_dimensions_it_cannot_store(fk, pc):
     slots = (DeviceBuffer.ended, DeviceBuffer.context, DeviceBuffer.address, Context.ended)
 
     def make(offsets=(8,), size=16, grid=(1, 1, 1), blk=(1, 1, 1), shmem=0, kind="int64_t", slots=slots,
-             context=Context):
+             context=Context, recheck=print):
         return fastpath.launcher_factory()(
-            print, print, EPOCH, [EPOCH[0]], [None, False], DeviceBuffer, context, slots, block, False, 1, 0, 0, grid,
+            print, print, recheck, EPOCH, [EPOCH[0]], [None, False], DeviceBuffer, context, slots, block, False, 1, 0,
+            0, grid,
             blk, shmem, 0, 0, 0, address, size, bytes([kinds[kind]]), tuple(offsets))
     assert make().fallbacks == 0                           # fits: offset 8 + 8 bytes in 16
     for bad in ({"offsets": (9,)}, {"offsets": (16,)}, {"offsets": (-1,)}, {"size": 8},
@@ -507,7 +508,7 @@ def test_make_launcher_refuses_offsets_and_dimensions_it_cannot_store(fk, pc):
                 # and ended one of the context's class too
                 {"slots": slots[:3]}, {"slots": (*slots[:2], DeviceBuffer.ptr, slots[3])},
                 {"slots": (DeviceBuffer.ended, Context.handle, *slots[2:])},
-                {"slots": (*slots[:3], Context.handle)}, {"context": dict}):
+                {"slots": (*slots[:3], Context.handle)}, {"context": dict}, {"recheck": None}):
         with pytest.raises(ValueError, match="make_launcher"):
             make(**bad)
     for bad in ({"grid": (1 << 32, 1, 1)}, {"blk": (1, 1, -1)}, {"shmem": 1 << 32}, {"grid": (1.0, 1, 1)},
