@@ -182,7 +182,7 @@ static int cuproc_cp_clear(PyObject *obj)
     Py_CLEAR(self->dict); Py_CLEAR(self->slow); Py_CLEAR(self->failed); Py_CLEAR(self->context_type);
     Py_CLEAR(self->forked); Py_CLEAR(self->epoch);
     for (i = 0; i < self->nclasses; i++) Py_CLEAR(self->classes[i]);
-    self->nclasses = 0;   /* (no class matches once cleared: every call goes to ``slow``, which refuses) */
+    self->nclasses = 0;   /* (nothing to release twice: a cleared front refuses every call at its entry) */
     cuproc_fn_clear(&self->htod);
     cuproc_fn_clear(&self->dtoh);
     return 0;

@@ -236,40 +236,44 @@ static void cuproc_launcher_busy(cuproc_launcher *self, PyObject *flag)
     Py_DECREF(old);   /* a bool: freeing nothing, running no code */
 }
 
-/* After a conversion that ran Python: 0 when the epoch is the one seen and every buffer argument is live (their
- * addresses stored again); else the pure launcher's recheck(values) runs -- 1 with its error set when it raised,
- * or, once it passed, 0 when all is well again and 1 (no error) when not. */
+/* Whether something changed under a launch whose conversions ran Python: the epoch moved, or a buffer argument
+ * is no longer live (the addresses of those that are live are stored again). */
+static int cuproc_launcher_changed(cuproc_launcher *self, PyObject *const *values)
+{
+    Py_ssize_t i;
+    if (PyList_GET_ITEM(self->epoch, 0) != PyList_GET_ITEM(self->seen, 0))
+        return 1;
+    for (i = 0; i < self->nargs; i++) {
+        unsigned long long p = 0;
+        if (self->kinds[i] != K_PTR)
+            continue;
+        if (cuproc_live_address(self, values[i], &p) != 0) {
+            PyErr_Clear();
+            return 1;
+        }
+        memcpy(self->block + self->offsets[i], &p, 8);
+    }
+    return 0;
+}
+
+/* After a conversion that ran Python: 0 when nothing changed (cuproc_launcher_changed); else the pure launcher's
+ * recheck(values) runs -- 1 with its error set when it raised, or, once it passed, whether something is still
+ * changed (its own Python may have ended something: 1, no error). */
 static int cuproc_launcher_recheck(cuproc_launcher *self, PyObject *const *values)
 {
     Py_ssize_t i;
-    int pass;
     PyObject *tuple, *result;
-    for (pass = 0; pass < 2; pass++) {
-        int changed = PyList_GET_ITEM(self->epoch, 0) != PyList_GET_ITEM(self->seen, 0);
-        for (i = 0; !changed && i < self->nargs; i++) {
-            unsigned long long p = 0;
-            if (self->kinds[i] != K_PTR)
-                continue;
-            if (cuproc_live_address(self, values[i], &p) != 0) {
-                PyErr_Clear();
-                changed = 1;
-            } else
-                memcpy(self->block + self->offsets[i], &p, 8);
-        }
-        if (!changed)
-            return 0;
-        if (pass == 1)
-            return 1;
-        tuple = PyTuple_New(self->nargs);
-        if (tuple == NULL) return 1;
-        for (i = 0; i < self->nargs; i++)
-            PyTuple_SET_ITEM(tuple, i, Py_NewRef(values[i]));
-        result = PyObject_CallOneArg(self->recheck, tuple);
-        Py_DECREF(tuple);
-        if (result == NULL) return 1;
-        Py_DECREF(result);
-    }
-    return 1;
+    if (!cuproc_launcher_changed(self, values))
+        return 0;
+    tuple = PyTuple_New(self->nargs);
+    if (tuple == NULL) return 1;
+    for (i = 0; i < self->nargs; i++)
+        PyTuple_SET_ITEM(tuple, i, Py_NewRef(values[i]));
+    result = PyObject_CallOneArg(self->recheck, tuple);
+    Py_DECREF(tuple);
+    if (result == NULL) return 1;
+    Py_DECREF(result);
+    return cuproc_launcher_changed(self, values);
 }
 
 static PyObject *cuproc_launcher_call(PyObject *obj, PyObject *const *args, size_t nargsf, PyObject *kwnames)
@@ -380,9 +384,9 @@ slow:
 static int cuproc_launcher_traverse(PyObject *obj, visitproc visit, void *arg)
 {
     cuproc_launcher *self = (cuproc_launcher *)obj;
-    Py_VISIT(self->dict); Py_VISIT(self->slow); Py_VISIT(self->on_error); Py_VISIT(self->recheck); Py_VISIT(self->epoch);
-    Py_VISIT(self->seen); Py_VISIT(self->owner); Py_VISIT(self->buffer_type); Py_VISIT(self->context_type);
-    Py_VISIT(self->keep);
+    Py_VISIT(self->dict); Py_VISIT(self->slow); Py_VISIT(self->on_error); Py_VISIT(self->recheck);
+    Py_VISIT(self->epoch); Py_VISIT(self->seen); Py_VISIT(self->owner); Py_VISIT(self->buffer_type);
+    Py_VISIT(self->context_type); Py_VISIT(self->keep);
     Py_VISIT(Py_TYPE(obj));
     return 0;
 }
@@ -390,9 +394,9 @@ static int cuproc_launcher_traverse(PyObject *obj, visitproc visit, void *arg)
 static int cuproc_launcher_clear(PyObject *obj)
 {
     cuproc_launcher *self = (cuproc_launcher *)obj;
-    Py_CLEAR(self->dict); Py_CLEAR(self->slow); Py_CLEAR(self->on_error); Py_CLEAR(self->recheck); Py_CLEAR(self->epoch);
-    Py_CLEAR(self->seen); Py_CLEAR(self->owner); Py_CLEAR(self->buffer_type); Py_CLEAR(self->context_type);
-    Py_CLEAR(self->keep);
+    Py_CLEAR(self->dict); Py_CLEAR(self->slow); Py_CLEAR(self->on_error); Py_CLEAR(self->recheck);
+    Py_CLEAR(self->epoch); Py_CLEAR(self->seen); Py_CLEAR(self->owner); Py_CLEAR(self->buffer_type);
+    Py_CLEAR(self->context_type); Py_CLEAR(self->keep);
     return 0;
 }
 
@@ -473,8 +477,8 @@ static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
     cuproc_launcher *self;
     (void)module;
     /* "I" would truncate silently: the dimensions are objects here, checked by cuproc_dimension */
-    if (!PyArg_ParseTuple(args, "OOOO!O!O!O!O!O!OpKKKOOOKKKKnO!O!", &slow, &on_error, &recheck, &PyList_Type, &epoch,
-                          &PyList_Type, &seen, &PyList_Type, &owner, &PyType_Type, &buffer_type, &PyType_Type,
+    if (!PyArg_ParseTuple(args, "OOOO!O!O!O!O!O!OpKKKOOOKKKKnO!O!", &slow, &on_error, &recheck, &PyList_Type,
+                          &epoch, &PyList_Type, &seen, &PyList_Type, &owner, &PyType_Type, &buffer_type, &PyType_Type,
                           &context_type, &PyTuple_Type, &members, &keep, &ex, &fn, &config,
                           &handle, &grid_obj, &blk_obj, &shmem_obj, &stream, &params,
                           &extra, &block, &block_size, &PyBytes_Type, &kind_bytes, &PyTuple_Type, &offsets))

@@ -5,8 +5,9 @@
 # On the device:  bash tools/gpu_check.sh [STAGE...]   (carry .whl; results land in $OUT, else ./.device-out)
 #   STAGE: tests (the whole suite, fast path), tests1 and tests2 (every other test each, by
 #   CUPROC_TEST_SHARD=1/2 and 2/2 (tests/conftest.py), for a device call too short for the whole suite:
-#   on a slow machine it took 8 of the 10 minutes one call may run), pure (the GPU files on the pure path), bench (every benchmark), benchpure (the
-#   launch, call and memory benchmarks once more on the pure path, into pure/: the pure path must stay
+#   on a slow machine it took 8 of the 10 minutes one call may run), pure (the GPU files on the pure
+#   path), bench (every benchmark), benchpure (the launch, call and memory benchmarks once more on the
+#   pure path, into pure/: the pure path must stay
 #   default-capable, and before 2026-11-28 no check measured it), summary; none given: tests, pure,
 #   bench, benchpure, summary.  The stages keep their logs in
 #   $GPU_CHECK_STATE (default /tmp/cuproc-gpu-check), so that a device call with a time limit can run
