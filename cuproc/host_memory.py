@@ -45,7 +45,8 @@ class HostMemory(HostArrayExports, Allocation):
 
     @property
     def buffer(self) -> memoryview:
-        """A writable byte memoryview over the memory (zero-copy); it holds this allocation."""
+        """A byte memoryview over the memory (zero-copy), writable unless the memory is ``read_only``;
+        it holds this allocation."""
         address = self.ptr
         view = (ctypes.c_ubyte * self.nbytes).from_address(address)
         view._cuproc_owner = self     # the view keeps the allocation (and its context) alive
@@ -54,7 +55,9 @@ class HostMemory(HostArrayExports, Allocation):
             self.context.add_exporter(self)
         views, key = self._views, id(view)   # ctypes arrays are unhashable: track them by id, weakly
         views[key] = weakref.ref(view, lambda _ref, views=views, key=key: views.pop(key, None))
-        return memoryview(view).cast("B")   # plain bytes: ctypes' "<B" format refuses slice assignment
+        plain = memoryview(view).cast("B")   # plain bytes: ctypes' "<B" format refuses slice assignment
+        # (a read-only registration's pages may be an immutable object's, such as a bytes)
+        return plain.toreadonly() if self.read_only else plain
 
     def has_views(self) -> bool:
         """True while a view made by :attr:`buffer` / :meth:`numpy` / ``memoryview``, or a DLPack
@@ -71,7 +74,8 @@ class HostMemory(HostArrayExports, Allocation):
         refuses while the array lives (without it the array outlives a successful free)."""
 
     def numpy(self, dtype: Any = "u1") -> Any:
-        """A NumPy array over the memory (zero-copy; it holds this allocation)."""
+        """A NumPy array over the memory (zero-copy; it holds this allocation; read-only where the memory
+        is)."""
         import numpy as np
         return np.frombuffer(self.buffer, dtype=dtype)
 
@@ -112,9 +116,14 @@ class PinnedBuffer(HostMemory):
 
 class RegisteredHostMemory(HostMemory):
     """An existing writable, contiguous host buffer, page-locked in place (cuMemHostRegister).
-    It holds the object it registered until unregistered."""
+    It holds the object it registered until unregistered.
 
-    __slots__ = ("obj", "_cbuf")
+    ``read_only=True`` registers a buffer that may be read-only (a ``bytes``, a read-only array) with
+    CU_MEMHOSTREGISTER_READ_ONLY: the memory is then ``read_only``, which every writer refuses before
+    the driver sees it -- a copy or memset into it, and a writable view (``buffer`` and ``numpy()``
+    are read-only, a DLPack export says so) -- since the driver itself would write those pages."""
+
+    __slots__ = ("obj", "_cbuf", "read_only")
     _release_call = "cuMemHostUnregister"
     _ended_word = "unregistered"
 
@@ -132,6 +141,7 @@ class RegisteredHostMemory(HostMemory):
                  (drv.CU_MEMHOSTREGISTER_READ_ONLY if read_only else 0))
         drv.check(run(drv.cuMemHostRegister, cbuf, len(cbuf), flags), "cuMemHostRegister")
         self.obj, self._cbuf = obj, cbuf   # keep the memory alive while registered
+        self.read_only = bool(read_only)
         self._start(drv, ctx, handle_int(cbuf), len(cbuf))
 
     def _release(self) -> int:

@@ -251,6 +251,12 @@ class HostArrayExports:
             raise BufferError(f"__dlpack__: host memory ({_device_name(own)}) cannot be exported to "
                               f"{_device_name(target)}")
         device = target or own
+        # memory registered read-only: only a versioned capsule can say so (DLPack 1.0's flag); an unversioned
+        # one would hand the consumer writable memory, so it is refused (as NumPy refuses), unless copied
+        readonly = not copy and alloc.read_only
+        if readonly and not versioned:
+            raise BufferError(f"__dlpack__: {alloc.describe()} was registered read-only, which only a versioned "
+                              f"DLPack capsule can say: pass max_version=(1, 0), or copy=True")
         if copy:
             alloc = self._copy_on_host()
             ptr = alloc.ptr
@@ -260,7 +266,7 @@ class HostArrayExports:
             _order_consumer(alloc, consumer)
         alloc.context.add_exporter(alloc)
         return _dlpack().to_capsule(alloc, ptr, (alloc.nbytes,), "|u1", device, versioned=versioned,
-                                  copied=bool(copy), allocation=alloc)
+                                  copied=bool(copy), readonly=readonly, allocation=alloc)
 
     def _wait_on_host(self) -> None:
         """Block until the recorded last stream's work is done (cuStreamSynchronize); then nothing is

@@ -46,6 +46,7 @@ from ._support import get_driver, invalid
 from .context import Context, call_in
 from .driver import forked_error
 from .errors import CudaError, result_code
+from .interop import KDL_CUDA, KDL_CUDA_HOST, KDL_CUDA_MANAGED
 from .stream import Stream, as_stream, stream_handle
 
 # Vector types: (component C type, count, device alignment) per the CUDA headers' __align__.
@@ -122,10 +123,21 @@ def infer_type(value: Any, call: str = "cuLaunchKernel") -> ArgType:
         return ArgType("void*", 8, 8, "pointer", "uint64_t")
     if isinstance(value, ffi.CData):
         return arg_type(ffi.typeof(value), call)
+    if getattr(value, "ndim", 0):
+        raise _host_array(value, call, "the argument")
     dtype = getattr(value, "dtype", None)
     if dtype is not None:
         return arg_type(dtype, call)
     raise invalid(call, f"cannot pass a {type(value).__name__} as a kernel argument")
+
+
+def _host_array(value: Any, call: str, where: str) -> Exception:
+    """The refusal of an array (``ndim`` of 1 or more) that is not device memory -- a NumPy array, a CPU
+    tensor -- as a kernel argument: its bytes are on the host, where a kernel cannot read them (one of a
+    single element would otherwise pass as its element's scalar, or as an address made of its bits)."""
+    return invalid(call, f"{where} is a host array ({type(value).__name__} of shape {getattr(value, 'shape', '?')}), "
+                         f"which a kernel cannot read: copy it into device memory (a DeviceBuffer and "
+                         f"memory.copy) and pass that, or pass a scalar (numpy.float32(x), arr[()] ...)")
 
 
 def _device_address(value: Any, call: str) -> int | None:
@@ -144,7 +156,11 @@ def _device_address(value: Any, call: str) -> int | None:
     if cai is not None:
         return int(cai["data"][0])
     if hasattr(value, "__dlpack__") and hasattr(value, "data_ptr"):
-        return int(value.data_ptr())
+        # (a tensor such as torch's: an address the device can use only for memory on a CUDA device, pinned
+        # or managed; a CPU tensor's is host memory)
+        device = value.__dlpack_device__()[0] if hasattr(value, "__dlpack_device__") else None
+        if device in (KDL_CUDA, KDL_CUDA_HOST, KDL_CUDA_MANAGED):
+            return int(value.data_ptr())
     return None
 
 
@@ -158,30 +174,40 @@ def layout(types: Sequence[ArgType]) -> tuple[list[int], int]:
     return offsets, offset
 
 
-def _writer(t: ArgType, address: Any, call: str) -> Callable[[Any], None]:
+def _writer(t: ArgType, address: Any, call: str, index: int = 0) -> Callable[[Any], None]:
     """A function storing one value at ``address`` (a char* into the packed block); its refusals name
-    ``call``, the launch's driver call."""
+    ``call``, the launch's driver call, and the argument (``index``, its C type).  A value's own protocol
+    failing (a NumPy array's ``__index__`` or ``item``, a sequence's length) is refused the same way."""
+    where = f"argument {index} ({t.name})"
     if t.kind == "scalar":
         slot = ffi.cast(t.ctype + " *", address)
 
         def write(value: Any) -> None:
             if type(value) not in (int, float) and hasattr(value, "item") and not isinstance(value, ffi.CData):
+                if getattr(value, "ndim", 0):
+                    raise _host_array(value, call, where)
                 _typed_class(value)    # a NumPy integer class: generated launchers store it directly from now on
                 value = value.item()   # NumPy scalar: its exact value, then cffi's range check
             try:
                 slot[0] = value
             except (TypeError, OverflowError) as exc:
-                raise invalid(call, f"parameter of type {t.name} cannot take {value!r}: {exc}") from None
+                raise invalid(call, f"{where} cannot take {value!r}: {exc}") from None
         return write
     if t.kind == "pointer":
         slot = ffi.cast("uint64_t *", address)
 
         def write(value: Any) -> None:
             if not isinstance(value, int) and hasattr(value, "__index__") and _device_address(value, call) is None:
-                value = value.__index__()   # a NumPy integer holding an address
+                if getattr(value, "ndim", 0):
+                    raise _host_array(value, call, where)
+                try:
+                    value = value.__index__()   # a NumPy integer holding an address
+                except (TypeError, ValueError) as exc:
+                    raise invalid(call, f"{where} needs a device address, got {type(value).__name__}: {exc}") \
+                        from None
             if isinstance(value, int):
                 if not 0 <= value < 1 << 64:
-                    raise invalid(call, f"parameter {t.name} needs a device address, got {value}")
+                    raise invalid(call, f"{where} needs a device address, got {value}")
                 slot[0] = value
                 return
             if isinstance(value, ffi.CData):
@@ -189,7 +215,9 @@ def _writer(t: ArgType, address: Any, call: str) -> Callable[[Any], None]:
                 return
             ptr = _device_address(value, call)
             if ptr is None:
-                raise invalid(call, f"parameter {t.name} needs a device pointer, got {type(value).__name__}")
+                if getattr(value, "ndim", 0):
+                    raise _host_array(value, call, where)
+                raise invalid(call, f"{where} needs a device pointer, got {type(value).__name__}")
             slot[0] = ptr
         return write
     if t.kind == "vector":
@@ -197,17 +225,24 @@ def _writer(t: ArgType, address: Any, call: str) -> Callable[[Any], None]:
         count = t.count
 
         def write(value: Any) -> None:
-            items = list(value)
+            try:
+                items = list(value)
+            except TypeError as exc:
+                raise invalid(call, f"{where} takes {count} components, got {type(value).__name__}: {exc}") \
+                    from None
             if len(items) != count:
-                raise invalid(call, f"{t.name} takes {count} components, got {len(items)}")
+                raise invalid(call, f"{where} takes {count} components, got {len(items)}")
             for i, v in enumerate(items):
-                slot[i] = v.item() if hasattr(v, "item") else v
+                try:
+                    slot[i] = v.item() if hasattr(v, "item") else v
+                except (TypeError, ValueError, OverflowError) as exc:
+                    raise invalid(call, f"{where}, component {i}, cannot take {v!r}: {exc}") from None
         return write
 
     def write_bytes(value: Any) -> None:
         data = _struct_bytes(value, call)
         if len(data) != t.size:
-            raise invalid(call, f"{t.name} is {t.size} bytes, the value is {len(data)}")
+            raise invalid(call, f"{where} is {t.size} bytes, the value is {len(data)}")
         ffi.memmove(address, data, t.size)
     return write_bytes
 
@@ -283,7 +318,8 @@ class PackedArgs:
         self.types = list(types)
         self.offsets, self.size = layout(self.types)
         self.block = ffi.new("char[]", max(self.size, 1))
-        self.writers = [_writer(t, self.block + off, call) for t, off in zip(self.types, self.offsets)]
+        self.writers = [_writer(t, self.block + off, call, i)
+                        for i, (t, off) in enumerate(zip(self.types, self.offsets))]
         self.params = ffi.new("void *[]", [self.block + off for off in self.offsets] or [ffi.NULL])
         self._size = ffi.new("size_t *", self.size)
         self.extra = ffi.new("void *[]", [_PARAM_BUFFER_POINTER, self.block, _PARAM_BUFFER_SIZE, self._size,

@@ -51,6 +51,8 @@ class _Side:
 def _side(obj: Any, call: str, *, writable: bool) -> _Side:
     if isinstance(obj, Allocation):
         obj.check(call)
+        if writable and obj.read_only:
+            raise _read_only(obj, call)
         kind = "host" if obj.kind == "host" else "device"
         return _Side(kind, obj.address, obj.nbytes, obj, obj.context, None, _tracked(obj))
     if isinstance(obj, (DeviceView, GlobalView)):
@@ -69,6 +71,12 @@ def _side(obj: Any, call: str, *, writable: bool) -> _Side:
         raise invalid(call, f"the host side needs {need} buffer-protocol object "
                             f"({type(obj).__name__}: {exc})") from None
     return _Side("host", handle_int(cbuf), len(cbuf), cbuf, None)
+
+
+def _read_only(obj: Allocation, call: str) -> Exception:
+    """The refusal of memory registered read-only as what a call would write (the driver would write it)."""
+    return invalid(call, f"{obj.describe()} was registered read-only (read_only=True): it cannot be written; "
+                         f"copy into writable memory")
 
 
 def _tracked(obj: Allocation) -> DeviceBuffer | HostMemory | None:
@@ -212,6 +220,8 @@ def _copied_between_allocations(dst: Allocation, src: Allocation, nbytes: int | 
     commonest case before this function: see the end of the module.)"""
     dst.check("cuMemcpy")
     src.check("cuMemcpy")
+    if dst.read_only:
+        raise _read_only(dst, "cuMemcpy")
     # Both sizes are known, so the smaller one needs no check; a given size gets the general check.
     n = min(dst.nbytes, src.nbytes) if nbytes is None else _checked_size("cuMemcpy", nbytes, dst, src)
     plan = _direct_call(dst, src, n)
@@ -372,17 +382,19 @@ def _c_copy_failed(rc: int, dst: Allocation, src: Allocation, n: int) -> None:
     _synchronous_done(dst, src)
 
 
-# The compiled fast path's front over copy (tools/fastpath_copy.c): a DeviceBuffer and pinned or registered
-# host memory, either way, no stream, checked since the last resource ended -- the call and the stores in C,
-# everything else to the Python function above.  Why: the Python layers' reach after a copy of tens of
-# megabytes, which leaves the CPU's caches cold (issue 9; the C file's comment has the numbers).
+# The compiled fast path's front over copy (tools/fastpath_copy.c): a DeviceBuffer and pinned host memory,
+# either way, no stream, checked since the last resource ended -- the call and the stores in C, everything
+# else to the Python function above.  Why: the Python layers' reach after a copy of tens of megabytes, which
+# leaves the CPU's caches cold (issue 9; the C file's comment has the numbers).  Registered host memory is
+# not among its classes: a registration may be read-only, which the front cannot see (it reads no such
+# flag), so its copies take the Python code, which refuses one as a destination (a few microseconds more
+# per copy).
 _make_copy = fastpath.copy_factory()
 _c_copy = None if _make_copy is None else _make_copy(
         copy, _c_copy_failed, Context, FORKED, EPOCH,
         tuple(fastpath.pointer_reader(fastpath.FRONT_TYPEDEFS[name]) for name in ("cuMemcpyHtoD", "cuMemcpyDtoH")),
         tuple((cls, cls.kind == "host", owner.__dict__["last_stream"])    # (the slots' member descriptors)
-              for cls, owner in ((DeviceBuffer, DeviceBuffer), (PinnedBuffer, HostMemory),
-                                 (RegisteredHostMemory, HostMemory))),
+              for cls, owner in ((DeviceBuffer, DeviceBuffer), (PinnedBuffer, HostMemory))),
         (Resource.__dict__["driver"], Resource.__dict__["ended"], Resource.__dict__["_checked_at"],
          Allocation.__dict__["context"], Allocation.__dict__["address"], Allocation.__dict__["nbytes"]))
 if _c_copy is not None:   # (None on a free-threaded build)

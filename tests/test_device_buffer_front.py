@@ -315,8 +315,12 @@ def test_lookup_running_python_that_ends_the_context_is_seen(fake):
         DeviceBuffer(64).free()
         drv.__dict__.pop("cuMemAlloc", None)
         drv.hooks.append(lambda: (Context.pop(driver=drv), ctx.destroy()))
-        with pytest.raises((ClosedResourceError, InvalidContextError)):
+        binding = fake.binding_errors()
+        fake.clear_calls()
+        with pytest.raises(ClosedResourceError):
             DeviceBuffer(64, context=ctx)
+        # refused before any allocation: no cuMemAlloc on the destroyed context (nor its binding error)
+        assert "cuMemAlloc" not in fake.calls() and fake.binding_errors() == binding
         assert fake.live("device_alloc") == 0 and fake.stale_count() == 0
     finally:
         cuproc.set_default_driver(None)
@@ -411,14 +415,47 @@ def test_a_dropped_live_buffer_is_freed_and_a_failure_is_a_warning(fk, pc):
 
 
 def test_a_failed_cuctxgetcurrent_is_raised_naming_it(fk, pc):
+    """A driver whose cuCtxGetCurrent fails (as it does until cuInit) is raised naming that call: the C
+    front hands the failure to the Python code, which asks again and raises its answer."""
     DeviceBuffer(8).free()
-    fk.fail("cuCtxGetCurrent", 3)                             # CUDA_ERROR_NOT_INITIALIZED, once
+    fk.fail("cuCtxGetCurrent", 3, -1)                         # CUDA_ERROR_NOT_INITIALIZED, until cleared
     fk.clear_calls()
-    with pytest.raises(cuproc.errors.NotInitializedError) as info:
-        DeviceBuffer(64)
+    try:
+        with pytest.raises(cuproc.errors.NotInitializedError) as info:
+            DeviceBuffer(64)
+    finally:
+        fk.fail("cuCtxGetCurrent", 0, 0)
     assert info.value.call == "cuCtxGetCurrent" and "cuMemAlloc" not in fk.calls()
     DeviceBuffer(8).free()
     assert fk.live("device_alloc") == 0
+
+
+FIRST_OBJECT = r"""
+import sys
+import cuproc
+from cuproc.errors import InvalidContextError
+cuproc.set_default_driver(cuproc.Driver(library={lib!r}))
+cuproc.driver.default_driver()        # the handle is open, and no object has run cuInit for it yet
+try:
+    cuproc.DeviceBuffer(16)
+except InvalidContextError as exc:
+    print(exc.call)
+pc = cuproc.use_device(0)
+buf = cuproc.DeviceBuffer(16)
+buf.free()
+print(buf.freed)
+"""
+
+
+def test_a_first_buffer_before_cuinit_is_refused_as_by_the_python_code(fk):
+    """DeviceBuffer(n) as a process's first object, on an open handle that no object initialized: the
+    refusal is the Python code's (no context is current: cuMemAlloc not called), not the driver's
+    CUDA_ERROR_NOT_INITIALIZED from a cuCtxGetCurrent made before cuInit (a fresh process: cuInit is
+    done once per process, so no earlier test may have run it)."""
+    proc = subprocess.run([sys.executable, "-c", FIRST_OBJECT.format(lib=str(fk.path))], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["cuMemAlloc", "True"], (proc.stdout, proc.stderr)
 
 
 def test_a_half_made_buffer_is_left_to_the_python_code(fk, pc):

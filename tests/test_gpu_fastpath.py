@@ -175,7 +175,7 @@ def test_device_buffers_land_in_the_right_context_carry_data_and_go_back(primary
 
 
 def test_copies_between_device_buffers_and_host_memory_match_numpy_and_the_drivers_own_copy(primary):
-    """memory.copy between a DeviceBuffer and pinned or registered memory (the C front on the fast path),
+    """memory.copy between a DeviceBuffer and pinned (the C front on the fast path) or registered memory,
     both ways, whole and partial, on this thread (the primary context current) and on a new thread (none
     current: bound per call), one buffer in a created context that is not current: exactly the bytes asked
     for move, the rest stays as it was, read and written through dlsym'd copies (not cuproc's path)."""
@@ -223,8 +223,9 @@ def test_copies_between_device_buffers_and_host_memory_match_numpy_and_the_drive
     t.start()
     t.join()
     assert done == [0, 1, 2] and cuproc.Context.current() is primary.context
-    if fastpath.active():   # the front made the main thread's copies itself, but each pair's first (the check)
-        assert getattr(mem.copy, "taken") >= before + 3 * (3 * 3 - 1)
+    if fastpath.active():   # the front made the main thread's copies with pinned memory itself, but each pair's
+        # first (the check); registered memory's are the Python code's (a registration may be read-only)
+        assert getattr(mem.copy, "taken") >= before + 2 * (3 * 3 - 1)
     for dev, host in cases:
         dev.free()
         host.close()

@@ -229,6 +229,23 @@ def test_pinned_mapped_and_registered(primary):
     mem.RegisteredHostMemory(bytes_reg).close()
 
 
+def test_read_only_registration_is_read_and_never_written(primary):
+    """A bytes registered read-only (CU_MEMHOSTREGISTER_READ_ONLY, where the device supports it) copies to the
+    device, read back through NumPy; copies into it are refused before the driver, and the bytes stay."""
+    if not cuproc.Device(0).attribute("READ_ONLY_HOST_REGISTER_SUPPORTED"):
+        pytest.skip("the device cannot register host memory read-only")
+    frozen = bytes(np.arange(1 << 16, dtype=np.uint32).view(np.uint8))
+    with mem.RegisteredHostMemory(frozen, read_only=True) as ro, DeviceBuffer(len(frozen)) as d:
+        mem.copy(d, ro)
+        back = np.zeros(len(frozen), np.uint8)
+        mem.copy(back, d)
+        np.testing.assert_array_equal(back.view(np.uint32), np.arange(1 << 16, dtype=np.uint32))
+        mem.memset(d, 0)
+        with pytest.raises(InvalidValueError, match="registered read-only"):
+            mem.copy(ro, d)
+        assert frozen == bytes(np.arange(1 << 16, dtype=np.uint32).view(np.uint8))
+
+
 def test_managed_memory_prefetch_and_advise(primary):
     with mem.ManagedBuffer(1 << 20) as m:
         view = np.frombuffer(m, dtype=np.float32)

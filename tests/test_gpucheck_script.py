@@ -60,6 +60,14 @@ def test_the_summary_counts_each_benchmark_folders_goals_the_pure_paths_included
                          timeout=60)
     line = out.stdout.strip().splitlines()[-1]
     assert "benchmark goals: 0 met, 0 missed, 0 not evaluated in 0 files; FAILED: bench_launch bench_memory" in line
+    assert "SKIPPED" not in line
+    # GPU files that skipped themselves for want of a driver: named as a failure of the check, not a pass
+    (state / "pytest_pure.log").write_text("SKIPPED [1] tests/test_gpu_launch.py:21: no CUDA driver on this machine\n"
+                                           "1 skipped in 0.10s\n")
+    out = subprocess.run(["bash", str(SCRIPT), "summary"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=60)
+    line = out.stdout.strip().splitlines()[-1]
+    assert line.endswith("; GPU TESTS SKIPPED, no driver opened: pytest_pure.log"), line
 
 
 def test_a_new_check_clears_what_every_stage_left_the_pure_benchmarks_folder_included(tmp_path):

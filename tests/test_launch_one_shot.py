@@ -955,3 +955,72 @@ def test_another_threads_launch_checks_its_values_again_too(fk, pc):
     t.join()
     assert outcome == ["cuLaunchKernelEx"] and fk.stale_count() == stale and buf.ended == "freed"
     keep.close()
+
+
+class CpuTensor:
+    """A CPU tensor as torch exposes one: DLPack on kDLCPU and a data_ptr, which is a host address."""
+
+    ndim, shape = 1, (4,)
+
+    def __init__(self) -> None:
+        self.host = np.zeros(4, np.float32)
+
+    def __dlpack__(self, **kwargs):
+        return self.host.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def data_ptr(self) -> int:
+        return self.host.ctypes.data
+
+
+def test_a_host_array_is_refused_as_an_argument_on_every_form(fk, pc):
+    """A host array (here of one element, whose bits would pass as a scalar or an address) or a CPU tensor
+    is refused before the driver, naming the argument, in the one-shot form without a signature (inferred),
+    with one, and in a prepared launch -- warm or cold, both paths; device memory still launches."""
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    prepared = fn.prepare(SIG, grid=1, block=32)
+    prepared(buf, 1, 1.0)                                               # warm every form first
+    fn.launch(1, 32, (buf, np.int32(1), np.float32(1)))
+    fn.launch(1, 32, (buf, 1, 1.0), signature=SIG)
+    hosts = [np.array([2.5]), np.array([0x1234], np.int64), np.zeros(4, np.float32), CpuTensor()]
+    fk.clear_calls()
+    for host in hosts:
+        for launch in (lambda: fn.launch(1, 32, (host, np.int32(1), np.float32(1))),
+                       lambda: fn.launch(1, 32, (host, 1, 1.0), signature=SIG),
+                       lambda: prepared(host, 1, 1.0)):
+            with pytest.raises(InvalidValueError, match="host array") as info:
+                launch()
+            assert "argument 0" in str(info.value) or "the argument" in str(info.value)
+        with pytest.raises(InvalidValueError, match=r"argument 1 \(int\)"):
+            fn.launch(1, 32, (buf, np.array([3], np.int32), 1.0), signature=SIG)
+        with pytest.raises(InvalidValueError, match="host array"):
+            fn.launch(1, 32, (buf, np.array([3], np.int32), np.float32(1)))
+    assert not [c for c in fk.calls() if c.startswith("cuLaunch")]
+    fn.launch(1, 32, (buf, np.array(3, np.int32)[()], np.float32(1)))  # a scalar read out of an array
+    assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 3, 1.0)
+    buf.free()
+
+
+def test_refusals_name_the_argument_and_its_type(fk, pc):
+    """A value the parameter cannot take is refused as an InvalidValueError naming the argument by position
+    and C type, including failures of the value's own protocols (a NumPy array's __index__)."""
+    module = Module.load(fake_image({"ints": [4, 4, 4], "vec": [8], "ptr": [8]}))
+    run = module.get_function("ints").prepare(["int", "int", "int"], grid=1, block=32)
+    fk.clear_calls()
+    for args, where in (((1, "x", 3), r"argument 1 \(int\)"), ((1, 2, 3.5), r"argument 2 \(int\)"),
+                        ((1 << 40, 2, 3), r"argument 0 \(int\)")):
+        with pytest.raises(InvalidValueError, match=where):
+            run(*args)
+    vec = module.get_function("vec").prepare(["float2"], grid=1, block=32)
+    with pytest.raises(InvalidValueError, match=r"argument 0 \(float2\) takes 2 components"):
+        vec(3)
+    with pytest.raises(InvalidValueError, match=r"argument 0 \(float2\), component 1"):
+        vec((1.0, "y"))
+    ptr = module.get_function("ptr").prepare(["float*"], grid=1, block=32)
+    with pytest.raises(InvalidValueError, match=r"argument 0 \(float\*\) needs a device"):
+        ptr(np.float64(2.0))
+    assert not [c for c in fk.calls() if c.startswith("cuLaunch")]       # every one refused before the driver
+    module.unload()

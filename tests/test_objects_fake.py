@@ -799,6 +799,47 @@ def test_registered_host_memory(fk, pc):
     assert fk.live("registered") == 1
 
 
+def test_read_only_registered_memory_is_never_written(fk, pc):
+    """Memory registered with read_only=True (here an immutable bytes) is refused as what any call would
+    write -- copies on every path (twice: a second copy once took a compiled front), a stream-ordered copy,
+    copy_2d, memset -- before the driver sees it; its views are read-only and an unversioned DLPack export,
+    which cannot say so, is refused.  As a source it copies."""
+    frozen = bytes(range(64))
+    ro = mem.RegisteredHostMemory(frozen, read_only=True)
+    dev = DeviceBuffer(64)
+    mem.copy(dev, bytes(64))
+    assert ro.read_only and not mem.RegisteredHostMemory(np.zeros(8, np.uint8)).read_only
+    stream = Stream()
+    writes = [lambda: mem.copy(ro, dev), lambda: mem.copy(ro, dev), lambda: mem.copy(ro, dev, 8),
+              lambda: mem.copy(ro, dev, stream=stream), lambda: mem.copy(ro, np.zeros(64, np.uint8)),
+              lambda: mem.copy_2d(ro, 8, dev, 8, 8, 8), lambda: mem.memset(ro, 7)]
+    fk.clear_calls()
+    for write in writes:
+        with pytest.raises(InvalidValueError, match="registered read-only") as info:
+            write()
+        assert info.value.call in ("cuMemcpy", "cuMemcpy2D", "cuMemsetD8")
+    assert fk.calls() == [] and frozen == bytes(range(64))
+    mem.copy(dev, ro)                                          # the source side: read, as registered
+    assert (host_of(dev, 64) == np.arange(64, dtype=np.uint8)).all()
+    view = ro.buffer
+    assert view.readonly and not ro.numpy().flags.writeable
+    with pytest.raises(TypeError):
+        view[0] = 1
+    del view
+    with pytest.raises(BufferError, match="read-only"):
+        ro.__dlpack__()
+    through = np.from_dlpack(ro, device="cpu")                 # NumPy asks for a versioned capsule
+    assert not through.flags.writeable and bytes(through) == frozen
+    copied = np.from_dlpack(ro, device="cpu", copy=True)
+    assert bytes(copied) == frozen
+    del through, copied
+    gc.collect()
+    ro.unregister()
+    stream.close()
+    dev.free()
+    assert fk.live("registered") == 0 and fk.live("device_alloc") == 0
+
+
 def test_managed_prefetch_and_advise(fk, pc):
     buf = mem.ManagedBuffer(256)
     host = buf.numpy(np.int32)

@@ -26,7 +26,7 @@
  *     (Python: the context's rebind and retry, then the exception naming the call, or the stores).
  */
 
-#define CUPROC_CP_CLASSES 4   /* DeviceBuffer, PinnedBuffer, RegisteredHostMemory: room for one more */
+#define CUPROC_CP_CLASSES 4   /* DeviceBuffer, PinnedBuffer (not registered memory, which may be read-only) */
 
 typedef struct {
     PyObject_HEAD

@@ -108,7 +108,11 @@ for stage in "${stages[@]}"; do
         [ ${#failed[@]} -eq 0 ] || text="$text; FAILED: ${failed[*]}"
         echo "$text"
       }
+      # the GPU files skip themselves where no driver opens: on the GPU machine that is a failure of the check,
+      # named here (pytest's -ra lists each skip's reason), never a pass with skips
+      nodriver=$(grep -l 'no CUDA driver on this machine' "$STATE"/pytest*.log 2>/dev/null | xargs -r -n1 basename | tr '\n' ' ')
       summary="SUMMARY: $suite on $(head -1 "$STATE/gpu.txt") (pytest rc=$suite_rc); pure-path GPU pass: $(result "$STATE/pytest_pure.log") (rc=$(rc "$STATE/pytest_pure.rc")); fast path $(cat "$STATE/fastpath.txt"); benchmark goals: $(goals "$STATE"), pure path $(goals "$STATE/pure")"
+      [ -z "$nodriver" ] || summary="$summary; GPU TESTS SKIPPED, no driver opened: ${nodriver% }"
       echo "$summary" > "$STATE/summary.txt"
       echo "$summary" ;;
     *) echo "gpu_check: unknown stage '$stage' (tests, tests1, tests2, pure, bench, benchpure, summary)"; exit 2 ;;
