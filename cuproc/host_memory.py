@@ -45,8 +45,7 @@ class HostMemory(HostArrayExports, Allocation):
 
     @property
     def buffer(self) -> memoryview:
-        """A byte memoryview over the memory (zero-copy), writable unless the memory is ``read_only``;
-        it holds this allocation."""
+        """A writable byte memoryview over the memory (zero-copy); it holds this allocation."""
         address = self.ptr
         view = (ctypes.c_ubyte * self.nbytes).from_address(address)
         view._cuproc_owner = self     # the view keeps the allocation (and its context) alive
@@ -55,9 +54,7 @@ class HostMemory(HostArrayExports, Allocation):
             self.context.add_exporter(self)
         views, key = self._views, id(view)   # ctypes arrays are unhashable: track them by id, weakly
         views[key] = weakref.ref(view, lambda _ref, views=views, key=key: views.pop(key, None))
-        plain = memoryview(view).cast("B")   # plain bytes: ctypes' "<B" format refuses slice assignment
-        # (a read-only registration's pages may be an immutable object's, such as a bytes)
-        return plain.toreadonly() if self.read_only else plain
+        return memoryview(view).cast("B")   # plain bytes: ctypes' "<B" format refuses slice assignment
 
     def has_views(self) -> bool:
         """True while a view made by :attr:`buffer` / :meth:`numpy` / ``memoryview``, or a DLPack
@@ -123,12 +120,13 @@ class RegisteredHostMemory(HostMemory):
     the driver sees it -- a copy or memset into it, and a writable view (``buffer`` and ``numpy()``
     are read-only, a DLPack export says so) -- since the driver itself would write those pages."""
 
-    __slots__ = ("obj", "_cbuf", "read_only")
+    __slots__ = ("obj", "_cbuf", "_read_only")
     _release_call = "cuMemHostUnregister"
     _ended_word = "unregistered"
 
     def __init__(self, obj: Any, *, portable: bool = False, mapped: bool = False, read_only: bool = False,
                  context: Context | None = None, driver: Driver | None = None) -> None:
+        self._read_only = bool(read_only)   # first: read by the writers' refusals, even of a half-made object
         try:
             cbuf = ffi.from_buffer(obj, require_writable=not read_only)
         except (TypeError, BufferError, ValueError) as exc:
@@ -141,11 +139,27 @@ class RegisteredHostMemory(HostMemory):
                  (drv.CU_MEMHOSTREGISTER_READ_ONLY if read_only else 0))
         drv.check(run(drv.cuMemHostRegister, cbuf, len(cbuf), flags), "cuMemHostRegister")
         self.obj, self._cbuf = obj, cbuf   # keep the memory alive while registered
-        self.read_only = bool(read_only)
         self._start(drv, ctx, handle_int(cbuf), len(cbuf))
 
     def _release(self) -> int:
         return self.context.call(self.driver.cuMemHostUnregister, self._cbuf)
+
+    @property
+    def read_only(self) -> bool:   # type: ignore[override]  (a class attribute, False, on other memory)
+        """Registered with read_only=True: no copy, memset or view of cuproc's writes it (fixed at registration)."""
+        return self._read_only
+
+    @property
+    def buffer(self) -> memoryview:
+        """A byte memoryview over the memory (zero-copy).  Writable, and holding this registration, as every
+        host memory's view (:attr:`HostMemory.buffer`); for a read-only registration, a read-only view of the
+        registered object itself, whose ``.obj`` is that object (a writable array over its pages, as the others'
+        ``.obj`` is, would let anyone write an immutable ``bytes``).  It needs no hold on the registration: the
+        object owns the pages, which stay valid host memory once unregistered."""
+        if not self._read_only:
+            return HostMemory.buffer.__get__(self)
+        self.check("RegisteredHostMemory.buffer")
+        return memoryview(self.obj).cast("B").toreadonly()
 
     def unregister(self) -> None:
         self.close()

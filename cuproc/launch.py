@@ -112,9 +112,9 @@ def arg_type(spec: Any, call: str = "cuLaunchKernel") -> ArgType:
     raise invalid(call, f"cannot tell the C type of signature entry {spec!r}")
 
 
-def infer_type(value: Any, call: str = "cuLaunchKernel") -> ArgType:
+def infer_type(value: Any, call: str = "cuLaunchKernel", index: int | None = None) -> ArgType:
     """The ArgType a value carries by itself; Python ints and floats carry none.  ``call`` as for
-    :func:`arg_type`."""
+    :func:`arg_type`; ``index``: the argument's position, which a refusal names."""
     if type(value) in (bool, int, float):  # exact: numpy.float64 subclasses float but knows its C type
         raise invalid(call, f"the argument {value!r} is a plain Python {type(value).__name__}: give "
                             "a signature (kernel.prepare([...]) or signature=[...]) or a NumPy scalar "
@@ -124,7 +124,7 @@ def infer_type(value: Any, call: str = "cuLaunchKernel") -> ArgType:
     if isinstance(value, ffi.CData):
         return arg_type(ffi.typeof(value), call)
     if getattr(value, "ndim", 0):
-        raise _host_array(value, call, "the argument")
+        raise _host_array(value, call, "the argument" if index is None else f"argument {index}")
     dtype = getattr(value, "dtype", None)
     if dtype is not None:
         return arg_type(dtype, call)
@@ -183,9 +183,9 @@ def _writer(t: ArgType, address: Any, call: str, index: int = 0) -> Callable[[An
         slot = ffi.cast(t.ctype + " *", address)
 
         def write(value: Any) -> None:
+            if type(value) not in (int, float) and getattr(value, "ndim", 0) and not isinstance(value, ffi.CData):
+                raise _host_array(value, call, where)
             if type(value) not in (int, float) and hasattr(value, "item") and not isinstance(value, ffi.CData):
-                if getattr(value, "ndim", 0):
-                    raise _host_array(value, call, where)
                 _typed_class(value)    # a NumPy integer class: generated launchers store it directly from now on
                 value = value.item()   # NumPy scalar: its exact value, then cffi's range check
             try:
@@ -972,7 +972,7 @@ def _launch_uncached(function: Any, grid: Any, block: Any, args: Sequence[Any], 
         from .module import Function
         _FRONT_TYPES[:] = [Function, Stream, Function.__dict__["launch_cache"], Function.__dict__["launch_last"]]
     if signature is None:
-        sig: tuple = tuple(infer_type(a, call) for a in args)
+        sig: tuple = tuple(infer_type(a, call, i) for i, a in enumerate(args))
         if key is not None and not all(_typed_class(a) for a in args):
             # a value whose class does not fix its C type (an ndarray, a cffi struct): key by the types
             key = ((tuple(map(_type_key, sig)),) + key[1:])
@@ -1066,7 +1066,7 @@ def _launch_cooperative(function: Any, grid: Any, block: Any, args: Sequence[Any
 def _packed_once(function: Any, call: str, args: Sequence[Any], signature: Sequence[Any] | None) -> PackedArgs:
     """A fresh argument block for one launch, after the function's and the signature's checks."""
     function.check(call)
-    types = [arg_type(s, call) for s in signature] if signature is not None else [infer_type(a, call) for a in args]
+    types = [arg_type(s, call) for s in signature] if signature is not None else [infer_type(a, call, i) for i, a in enumerate(args)]
     packed = PackedArgs(types, call)
     check_signature(function, packed)
     packed.fill(args)

@@ -414,9 +414,22 @@ def test_a_dropped_live_buffer_is_freed_and_a_failure_is_a_warning(fk, pc):
     assert fk.live("device_alloc") == 0 and fk.stale_count() == 0
 
 
+@pytest.mark.parametrize("code", [4, 201])   # CUDA_ERROR_DEINITIALIZED, CUDA_ERROR_INVALID_CONTEXT
+def test_a_failed_cuctxgetcurrent_is_raised_naming_it_on_both_paths_alike(fk, pc, code):
+    """A cuCtxGetCurrent failing once is raised naming that call, with no second attempt, on both paths."""
+    DeviceBuffer(8).free()
+    fk.fail("cuCtxGetCurrent", code)
+    fk.clear_calls()
+    with pytest.raises(CudaError) as info:
+        DeviceBuffer(64)
+    assert info.value.call == "cuCtxGetCurrent" and info.value.code == code and fk.calls() == ["cuCtxGetCurrent"]
+    DeviceBuffer(8).free()
+    assert fk.live("device_alloc") == 0
+
+
 def test_a_failed_cuctxgetcurrent_is_raised_naming_it(fk, pc):
-    """A driver whose cuCtxGetCurrent fails (as it does until cuInit) is raised naming that call: the C
-    front hands the failure to the Python code, which asks again and raises its answer."""
+    """A driver whose cuCtxGetCurrent answers CUDA_ERROR_NOT_INITIALIZED (as it does until cuInit) is raised
+    naming that call: the C front hands that answer to the Python code, which asks again and raises its own."""
     DeviceBuffer(8).free()
     fk.fail("cuCtxGetCurrent", 3, -1)                         # CUDA_ERROR_NOT_INITIALIZED, until cleared
     fk.clear_calls()

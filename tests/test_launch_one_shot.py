@@ -993,7 +993,7 @@ def test_a_host_array_is_refused_as_an_argument_on_every_form(fk, pc):
                        lambda: prepared(host, 1, 1.0)):
             with pytest.raises(InvalidValueError, match="host array") as info:
                 launch()
-            assert "argument 0" in str(info.value) or "the argument" in str(info.value)
+            assert "argument 0" in str(info.value)
         with pytest.raises(InvalidValueError, match=r"argument 1 \(int\)"):
             fn.launch(1, 32, (buf, np.array([3], np.int32), 1.0), signature=SIG)
         with pytest.raises(InvalidValueError, match="host array"):
@@ -1020,7 +1020,8 @@ def test_refusals_name_the_argument_and_its_type(fk, pc):
     with pytest.raises(InvalidValueError, match=r"argument 0 \(float2\), component 1"):
         vec((1.0, "y"))
     ptr = module.get_function("ptr").prepare(["float*"], grid=1, block=32)
-    with pytest.raises(InvalidValueError, match=r"argument 0 \(float\*\) needs a device"):
-        ptr(np.float64(2.0))
+    for value in (np.float64(2.0), np.array(2.0)):             # the latter's own __index__ refuses
+        with pytest.raises(InvalidValueError, match=r"argument 0 \(float\*\) needs a device"):
+            ptr(value)
     assert not [c for c in fk.calls() if c.startswith("cuLaunch")]       # every one refused before the driver
     module.unload()

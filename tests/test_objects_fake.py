@@ -822,9 +822,13 @@ def test_read_only_registered_memory_is_never_written(fk, pc):
     mem.copy(dev, ro)                                          # the source side: read, as registered
     assert (host_of(dev, 64) == np.arange(64, dtype=np.uint8)).all()
     view = ro.buffer
-    assert view.readonly and not ro.numpy().flags.writeable
+    assert view.readonly and not ro.numpy().flags.writeable and view.obj is frozen   # no writable array behind it
     with pytest.raises(TypeError):
         view[0] = 1
+    with pytest.raises(TypeError):
+        view.obj[0] = 1
+    with pytest.raises(AttributeError):
+        ro.read_only = False                                   # fixed at registration
     del view
     with pytest.raises(BufferError, match="read-only"):
         ro.__dlpack__()

@@ -211,10 +211,16 @@ static PyObject *cuproc_db_init(PyObject *obj, PyObject *const *args, size_t nar
     alloc = get == NULL ? NULL : cuproc_fn_pointer(&self->call, drv);
     if (alloc == NULL || PyList_GET_ITEM(self->forked, 0) != Py_False) { Py_DECREF(drv); goto slow; }
     rc = ((PFN_cuCtxGetCurrent_v4000)get)(&current);
-    /* An error (CUDA_ERROR_NOT_INITIALIZED: a handle no object opened yet, so cuInit never ran for it), or no
-     * context: the Python code answers, which runs cuInit first where it has not run (_support.get_driver), then
-     * asks again, and raises what that answer says */
-    if (rc != 0 || current == NULL) { Py_DECREF(drv); goto slow; }
+    /* CUDA_ERROR_NOT_INITIALIZED (a handle opened without an object, so cuInit never ran for it), or no context:
+     * the Python code answers, which runs cuInit first where it has not run (_support.get_driver), asks again,
+     * and raises what that answer says.  Any other error is raised naming cuCtxGetCurrent, as the Python code
+     * raises it. */
+    if (rc == CUDA_ERROR_NOT_INITIALIZED || (rc == 0 && current == NULL)) { Py_DECREF(drv); goto slow; }
+    if (rc != 0) {
+        cuproc_db_raise(self, drv, rc, cuproc_s_cuCtxGetCurrent);
+        Py_DECREF(drv);
+        return NULL;
+    }
     if (given != NULL) {   /* it must be the current one: else the Python code pushes it */
         if (!cuproc_db_usable(self, given, drv, current)) { Py_DECREF(drv); goto slow; }
         ctx = Py_NewRef(given);
