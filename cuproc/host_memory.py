@@ -5,7 +5,10 @@ Policy
 ------
 * Every view of the memory -- ``.buffer``, ``.numpy()``, ``memoryview(buf)``
   (``__buffer__``, Python 3.12+) -- holds the allocation, so the memory cannot
-  be freed under it by dropping the allocation.
+  be freed under it by dropping the allocation.  (Except a read-only
+  registration's: its views are of the registered object itself, which owns
+  the pages, so they stay valid host memory after unregistering, and they
+  neither hold the registration nor stop it from being unregistered.)
 * Freeing explicitly while views exist is refused with ``BufferError``, as is
   destroying (or releasing the last retain of, or resetting) the context the
   memory lives in: a NumPy array cannot be told its memory went away, and a
@@ -71,8 +74,8 @@ class HostMemory(HostArrayExports, Allocation):
         refuses while the array lives (without it the array outlives a successful free)."""
 
     def numpy(self, dtype: Any = "u1") -> Any:
-        """A NumPy array over the memory (zero-copy; it holds this allocation; read-only where the memory
-        is)."""
+        """A NumPy array over the memory (zero-copy), over :attr:`buffer`: it holds this allocation as that
+        view does, and is read-only where the memory is."""
         import numpy as np
         return np.frombuffer(self.buffer, dtype=dtype)
 
@@ -145,7 +148,7 @@ class RegisteredHostMemory(HostMemory):
         return self.context.call(self.driver.cuMemHostUnregister, self._cbuf)
 
     @property
-    def read_only(self) -> bool:   # type: ignore[override]  (a class attribute, False, on other memory)
+    def read_only(self) -> bool:  # type: ignore[override]  # a class attribute, False, on other memory
         """Registered with read_only=True: no copy, memset or view of cuproc's writes it (fixed at registration)."""
         return self._read_only
 

@@ -123,12 +123,23 @@ def infer_type(value: Any, call: str = "cuLaunchKernel", index: int | None = Non
         return ArgType("void*", 8, 8, "pointer", "uint64_t")
     if isinstance(value, ffi.CData):
         return arg_type(ffi.typeof(value), call)
-    if getattr(value, "ndim", 0):
+    if _has_dims(value):
         raise _host_array(value, call, "the argument" if index is None else f"argument {index}")
     dtype = getattr(value, "dtype", None)
     if dtype is not None:
         return arg_type(dtype, call)
     raise invalid(call, f"cannot pass a {type(value).__name__} as a kernel argument")
+
+
+def _has_dims(value: Any) -> bool:
+    """Whether ``value`` is an array-like with one dimension or more (its ``ndim`` an int above 0): a NumPy
+    array, a tensor.  A scalar (NumPy's have ``ndim`` 0), anything without ``ndim`` or with an ``ndim`` that
+    is not an int, or that raises, is not."""
+    try:
+        ndim = value.ndim
+    except Exception:   # noqa: BLE001 - a broken or missing attribute: not an array
+        return False
+    return type(ndim) is int and ndim > 0
 
 
 def _host_array(value: Any, call: str, where: str) -> Exception:
@@ -183,7 +194,7 @@ def _writer(t: ArgType, address: Any, call: str, index: int = 0) -> Callable[[An
         slot = ffi.cast(t.ctype + " *", address)
 
         def write(value: Any) -> None:
-            if type(value) not in (int, float) and getattr(value, "ndim", 0) and not isinstance(value, ffi.CData):
+            if type(value) not in (int, float) and not isinstance(value, ffi.CData) and _has_dims(value):
                 raise _host_array(value, call, where)
             if type(value) not in (int, float) and hasattr(value, "item") and not isinstance(value, ffi.CData):
                 _typed_class(value)    # a NumPy integer class: generated launchers store it directly from now on
@@ -198,7 +209,7 @@ def _writer(t: ArgType, address: Any, call: str, index: int = 0) -> Callable[[An
 
         def write(value: Any) -> None:
             if not isinstance(value, int) and hasattr(value, "__index__") and _device_address(value, call) is None:
-                if getattr(value, "ndim", 0):
+                if _has_dims(value):
                     raise _host_array(value, call, where)
                 try:
                     value = value.__index__()   # a NumPy integer holding an address
@@ -215,7 +226,7 @@ def _writer(t: ArgType, address: Any, call: str, index: int = 0) -> Callable[[An
                 return
             ptr = _device_address(value, call)
             if ptr is None:
-                if getattr(value, "ndim", 0):
+                if _has_dims(value):
                     raise _host_array(value, call, where)
                 raise invalid(call, f"{where} needs a device pointer, got {type(value).__name__}")
             slot[0] = ptr

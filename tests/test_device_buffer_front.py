@@ -424,6 +424,14 @@ def test_a_failed_cuctxgetcurrent_is_raised_naming_it_on_both_paths_alike(fk, pc
         DeviceBuffer(64)
     assert info.value.call == "cuCtxGetCurrent" and info.value.code == code and fk.calls() == ["cuCtxGetCurrent"]
     DeviceBuffer(8).free()
+    for count in (1, -1):   # with context= given, the context is pushed whatever cuCtxGetCurrent answers
+        fk.fail("cuCtxGetCurrent", code, count)
+        try:
+            buf = DeviceBuffer(64, context=pc.context)
+        finally:
+            fk.fail("cuCtxGetCurrent", 0, 0)
+        assert buf.context is pc.context and fk.live("device_alloc") == 1
+        buf.free()
     assert fk.live("device_alloc") == 0
 
 

@@ -1020,8 +1020,29 @@ def test_refusals_name_the_argument_and_its_type(fk, pc):
     with pytest.raises(InvalidValueError, match=r"argument 0 \(float2\), component 1"):
         vec((1.0, "y"))
     ptr = module.get_function("ptr").prepare(["float*"], grid=1, block=32)
+    class Dimmed:                                              # dimensions, __index__ and __int__, no item()
+        ndim, shape = 1, (1,)
+
+        def __index__(self) -> int:
+            return 7
+
+        __int__ = __index__
+
+    class OddDims:                                             # an ndim that is no int, or raises: no array
+        ndim = "1"
+
+        def __index__(self) -> int:
+            return 7
+
+        __int__ = __index__
+
+    ints = module.get_function("ints").prepare(["int", "int", "int"], grid=1, block=32)
+    with pytest.raises(InvalidValueError, match=r"argument 2 \(int\) is a host array"):
+        ints(1, 2, Dimmed())
     for value in (np.float64(2.0), np.array(2.0)):             # the latter's own __index__ refuses
         with pytest.raises(InvalidValueError, match=r"argument 0 \(float\*\) needs a device"):
             ptr(value)
     assert not [c for c in fk.calls() if c.startswith("cuLaunch")]       # every one refused before the driver
+    ints(1, 2, OddDims())                                      # stored through its __int__, as any value
+    assert fk.last_launch()[1] == struct.pack("<iii", 1, 2, 7)
     module.unload()

@@ -839,6 +839,9 @@ def test_read_only_registered_memory_is_never_written(fk, pc):
     del through, copied
     gc.collect()
     ro.unregister()
+    for view in (lambda: ro.buffer, ro.numpy):                 # an unregistered registration has no views
+        with pytest.raises(ClosedResourceError):
+            view()
     stream.close()
     dev.free()
     assert fk.live("registered") == 0 and fk.live("device_alloc") == 0

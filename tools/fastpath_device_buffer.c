@@ -211,11 +211,14 @@ static PyObject *cuproc_db_init(PyObject *obj, PyObject *const *args, size_t nar
     alloc = get == NULL ? NULL : cuproc_fn_pointer(&self->call, drv);
     if (alloc == NULL || PyList_GET_ITEM(self->forked, 0) != Py_False) { Py_DECREF(drv); goto slow; }
     rc = ((PFN_cuCtxGetCurrent_v4000)get)(&current);
-    /* CUDA_ERROR_NOT_INITIALIZED (a handle opened without an object, so cuInit never ran for it), or no context:
-     * the Python code answers, which runs cuInit first where it has not run (_support.get_driver), asks again,
-     * and raises what that answer says.  Any other error is raised naming cuCtxGetCurrent, as the Python code
-     * raises it. */
-    if (rc == CUDA_ERROR_NOT_INITIALIZED || (rc == 0 && current == NULL)) { Py_DECREF(drv); goto slow; }
+    /* The Python code answers: CUDA_ERROR_NOT_INITIALIZED (a handle opened without an object, so cuInit never ran
+     * for it: it runs cuInit first, _support.get_driver, asks again, and raises what that answer says); any error
+     * with context= given (it pushes that context whatever the current one is, Context.call_current); no current
+     * context.  Any other error is raised naming cuCtxGetCurrent, as the Python code raises it. */
+    if ((rc != 0 && (rc == CUDA_ERROR_NOT_INITIALIZED || given != NULL)) || (rc == 0 && current == NULL)) {
+        Py_DECREF(drv);
+        goto slow;
+    }
     if (rc != 0) {
         cuproc_db_raise(self, drv, rc, cuproc_s_cuCtxGetCurrent);
         Py_DECREF(drv);
