@@ -670,9 +670,10 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple | None, block: tuple 
                          f"    {slot} = {a}.address", f"elif type({a}) is int:", f"    {slot} = {a}",
                          "else:", "    conv = 1", f"    w{i}({a})"]
         elif t.kind == "scalar" and t.ctype in ("float", "double"):
-            # cffi takes any real number here (a str raises TypeError); one whose class is not a plain real
-            # converts through its __float__, which may run Python
-            body += [f"if type({a}) not in reals:", "    conv = 1", f"{slot} = {a}"]
+            # a plain real (int, float, a NumPy floating class met before) is stored as it is; any other value
+            # goes to the writer, which refuses an array (whose own __float__ would take its one element) and
+            # converts the rest through __float__, which may run Python
+            body += [f"if type({a}) in reals:", f"    {slot} = {a}", "else:", "    conv = 1", f"    w{i}({a})"]
         elif t.kind == "scalar":
             # only an exact int is stored directly: cffi would truncate a NumPy float silently
             # (and a NumPy integer: cffi converts it exactly and checks its range)

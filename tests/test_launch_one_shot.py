@@ -975,6 +975,44 @@ class CpuTensor:
         return self.host.ctypes.data
 
 
+class OneElementTensor:
+    """A one-element CPU tensor as torch's converts: __int__, __index__ and __float__ give its element."""
+
+    ndim, shape = 1, (1,)
+
+    def __len__(self) -> int:
+        return 1
+
+    def __int__(self) -> int:
+        return 3
+
+    __index__ = __int__
+
+    def __float__(self) -> float:
+        return 2.5
+
+
+def test_a_one_element_host_array_is_refused_for_a_scalar_parameter_too(fk, pc):
+    """For int and float parameters as well, warm or cold, prepared or with a signature, on both paths: the
+    array's own conversion would take its element, as the C launcher once did for an int (NumPy before 2.4
+    converts int(np.array([3])) too) and both launchers for a float."""
+    fn = Module.load(IMAGE).get_function("empty")
+    buf = DeviceBuffer(64)
+    prepared = fn.prepare(SIG, grid=1, block=32)
+    prepared(buf, 1, 1.0)
+    fn.launch(1, 32, (buf, 1, 1.0), signature=SIG)
+    fk.clear_calls()
+    for value in (OneElementTensor(), np.array([2.5], np.float32)):
+        for args, where in (((buf, value, 1.0), r"argument 1 \(int\)"), ((buf, 1, value), r"argument 2 \(float\)")):
+            for launch in (lambda: prepared(*args), lambda: fn.launch(1, 32, args, signature=SIG)):
+                with pytest.raises(InvalidValueError, match=where + " is a host array"):
+                    launch()
+    assert not [c for c in fk.calls() if c.startswith("cuLaunch")]
+    prepared(buf, np.int64(4), np.float32(0.5))                 # scalars still launch, through the same paths
+    assert fk.last_launch()[1] == struct.pack("<Qif", buf.ptr, 4, 0.5)
+    buf.free()
+
+
 def test_a_host_array_is_refused_as_an_argument_on_every_form(fk, pc):
     """A host array (here of one element, whose bits would pass as a scalar or an address) or a CPU tensor
     is refused before the driver, naming the argument, in the one-shot form without a signature (inferred),

@@ -153,10 +153,20 @@ static int cuproc_live_address(cuproc_launcher *self, PyObject *a, unsigned long
     return (*out == (unsigned long long)-1 && PyErr_Occurred()) ? cuproc_declined() : 0;
 }
 
+/* Whether ``a``'s class has a length: an array or a tensor (NumPy's and torch's have one, their scalars none).
+ * Such a value is the pure launcher's, whose writer refuses a host array, even one of one element that its own
+ * __int__ or __float__ would convert. */
+static int cuproc_sized(PyObject *a)
+{
+    PySequenceMethods *sq = Py_TYPE(a)->tp_as_sequence;
+    PyMappingMethods *mp = Py_TYPE(a)->tp_as_mapping;
+    return (sq != NULL && sq->sq_length != NULL) || (mp != NULL && mp->mp_length != NULL);
+}
+
 /* An integer value for an integer parameter, exactly when cffi would store it unchanged.  cffi
  * takes an int (bool included) as is and any other non-float object through its nb_int slot
  * (__int__), never through __index__ alone.  Here: an int, or an object with both slots that is no
- * float (NumPy's integer scalars), converted through nb_int as cffi does; anything else, e.g. an
+ * float and has no length (NumPy's integer scalars), converted through nb_int as cffi does; anything else, e.g. an
  * object with only __index__ or only __int__, goes to the pure launcher. */
 static int cuproc_integer(PyObject *a, int kind, char *dst)
 {
@@ -168,7 +178,7 @@ static int cuproc_integer(PyObject *a, int kind, char *dst)
         Py_INCREF(a);
         number = a;
     } else {
-        if (PyFloat_Check(a) || nb == NULL || nb->nb_int == NULL || nb->nb_index == NULL)
+        if (PyFloat_Check(a) || nb == NULL || nb->nb_int == NULL || nb->nb_index == NULL || cuproc_sized(a))
             return 1;
         number = nb->nb_int(a);
         if (number == NULL) return cuproc_declined();
@@ -325,11 +335,15 @@ static PyObject *cuproc_launcher_call(PyObject *obj, PyObject *const *args, size
             if (taken == 0) memcpy(dst, &p, 8);
         } else if (kind == K_F32 || kind == K_F64) {
             /* an exact int: PyFloat_AsDouble's own result (int.__float__ is PyLong_AsDouble) without its float object */
-            double d = PyFloat_CheckExact(a) ? PyFloat_AS_DOUBLE(a)
-                       : PyLong_CheckExact(a) ? PyLong_AsDouble(a) : (converted = 1, PyFloat_AsDouble(a));
-            if (d == -1.0 && PyErr_Occurred()) taken = cuproc_declined();
-            else if (kind == K_F32) { float f = (float)d; memcpy(dst, &f, 4); }
-            else memcpy(dst, &d, 8);
+            if (!PyFloat_CheckExact(a) && !PyLong_CheckExact(a) && cuproc_sized(a)) {
+                taken = 1;   /* an array or a tensor: the pure launcher's, whose writer refuses it */
+            } else {
+                double d = PyFloat_CheckExact(a) ? PyFloat_AS_DOUBLE(a)
+                           : PyLong_CheckExact(a) ? PyLong_AsDouble(a) : (converted = 1, PyFloat_AsDouble(a));
+                if (d == -1.0 && PyErr_Occurred()) taken = cuproc_declined();
+                else if (kind == K_F32) { float f = (float)d; memcpy(dst, &f, 4); }
+                else memcpy(dst, &d, 8);
+            }
         } else {
             converted |= !PyLong_Check(a);   /* (an int, subclasses too, converts without Python) */
             taken = cuproc_integer(a, kind, dst);
