@@ -39,7 +39,7 @@ class Allocation(Resource):
     _leaf = True       # no resource names memory as its parent: freeing it leaves EPOCH alone
     kind = "device"
     #: memory that no copy, memset or writable view may write: a registration made with read_only=True
-    #: (RegisteredHostMemory's slot); a class attribute everywhere else
+    #: (RegisteredHostMemory's property); a class attribute everywhere else
     read_only = False
     #: True where parents() is this class's (the context alone): close() then checks it inline
     _context_is_the_parent = True

@@ -160,7 +160,7 @@ class RegisteredHostMemory(HostMemory):
         ``.obj`` is, would let anyone write an immutable ``bytes``).  It needs no hold on the registration: the
         object owns the pages, which stay valid host memory once unregistered."""
         if not self._read_only:
-            return HostMemory.buffer.__get__(self)
+            return super().buffer
         self.check("RegisteredHostMemory.buffer")
         return memoryview(self.obj).cast("B").toreadonly()
 

@@ -194,11 +194,12 @@ def _writer(t: ArgType, address: Any, call: str, index: int = 0) -> Callable[[An
         slot = ffi.cast(t.ctype + " *", address)
 
         def write(value: Any) -> None:
-            if type(value) not in (int, float) and not isinstance(value, ffi.CData) and _has_dims(value):
-                raise _host_array(value, call, where)
-            if type(value) not in (int, float) and hasattr(value, "item") and not isinstance(value, ffi.CData):
-                _typed_class(value)    # a NumPy integer class: generated launchers store it directly from now on
-                value = value.item()   # NumPy scalar: its exact value, then cffi's range check
+            if type(value) not in (int, float) and not isinstance(value, ffi.CData):
+                if _has_dims(value):
+                    raise _host_array(value, call, where)
+                if hasattr(value, "item"):
+                    _typed_class(value)    # a NumPy scalar class: generated launchers store it directly from now on
+                    value = value.item()   # NumPy scalar: its exact value, then cffi's range check
             try:
                 slot[0] = value
             except (TypeError, OverflowError) as exc:
@@ -500,16 +501,12 @@ def _launch_support(prepared: PreparedLaunch, cu_launch: Any, cached: bool) -> d
     from .device_memory import DeviceView, GlobalView
     checked_pointers = (Resource, DeviceView, GlobalView)   # cuproc's device memory: what can end under a launch
     pointer_args = [i for i, t in enumerate(types) if t.kind == "pointer"]
-    real_args = [i for i, t in enumerate(types) if t.kind == "scalar" and t.ctype in ("float", "double")]
 
     def recheck(values: Sequence[Any]) -> None:
         """Raise if what this launch holds, or a cuproc object among its pointer values, ended while the values
         were converted: a conversion that ran Python (a value's ``__int__`` freeing a buffer, unloading the
         module) must not send a freed address or an unloaded function to the driver.  A resource that can be
         a parent moves the epoch (:func:`verify`); memory is a leaf, so each pointer value is checked itself."""
-        for i in real_args:       # a NumPy floating class converts in C: noted, so later launches skip this
-            if type(values[i]) not in REAL_CLASSES:
-                _typed_class(values[i])
         for i in pointer_args:    # (type(), not isinstance: a __class__ property is Python too)
             value = values[i]
             if issubclass(type(value), checked_pointers):
@@ -1078,7 +1075,8 @@ def _launch_cooperative(function: Any, grid: Any, block: Any, args: Sequence[Any
 def _packed_once(function: Any, call: str, args: Sequence[Any], signature: Sequence[Any] | None) -> PackedArgs:
     """A fresh argument block for one launch, after the function's and the signature's checks."""
     function.check(call)
-    types = [arg_type(s, call) for s in signature] if signature is not None else [infer_type(a, call, i) for i, a in enumerate(args)]
+    types = ([arg_type(s, call) for s in signature] if signature is not None
+             else [infer_type(a, call, i) for i, a in enumerate(args)])
     packed = PackedArgs(types, call)
     check_signature(function, packed)
     packed.fill(args)

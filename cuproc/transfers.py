@@ -31,7 +31,7 @@ from .allocation import Allocation
 from .context import Context, call_in
 from .device_memory import DeviceBuffer, DeviceView, GlobalView
 from .driver import Driver
-from .host_memory import HostMemory, PinnedBuffer, RegisteredHostMemory
+from .host_memory import HostMemory, PinnedBuffer
 from .interop import read_cai, wait_for_cai
 from .stream import Stream, as_stream, stream_handle
 
