@@ -84,12 +84,22 @@ def fk(fake):
     import cuproc
     gc.collect()
     fake.reset()
+    fake.set_reuse(True)      # handles and addresses come back, as on a GPU (fk_strict: never)
     cuproc.set_default_driver(cuproc.Driver(library=str(fake.path)))
     yield fake
     gc.collect()
     stale, calls = fake.stale_count(), fake.stale_calls()
     cuproc.set_default_driver(None)
     assert stale == 0, f"stale handles reached the driver in: {calls}"
+
+
+@pytest.fixture()
+def fk_strict(fk):
+    """``fk`` with reuse off: every handle and cuMemAlloc address is new, so a stale use of one is
+    counted by the fake itself (a test of what the fake catches, not of cuproc's identity rules)."""
+    fk.set_reuse(False)
+    yield fk
+    fk.set_reuse(True)
 
 
 @pytest.fixture()

@@ -21,12 +21,20 @@
  *
  * Model (strict on purpose, see fakedriver.py for the list of choices):
  *   - one mutex guards all state; per-thread context stacks are __thread arrays;
- *   - handles are never reused: 0x1000 + 16*n, n an index in a chunked object table;
- *   - device addresses are never reused, except as a real pool reuses them: a range freed by
- *     cuMemFreeAsync goes back to its pool, and the next allocation from that same pool
- *     (cuMemAllocAsync from the device's current pool, cuMemAllocFromPoolAsync) that fits takes
- *     the most recently freed one (fake_async_reuses counts it).  Never across pools or devices,
- *     never memory freed by cuMemFree, context destroy/reset or pool destroy.  Addresses are
+ *   - handles are 0x1000 + 16*n, n an index in a chunked object table.  Values are handed out
+ *     again as the real driver does (the default; fake_set_reuse(0) or FAKEDRIVER_REUSE=0 turns
+ *     it off for the tests that need every stale handle caught): a destroyed stream, event,
+ *     module, function, library, kernel, pool or context gives its handle to the next object
+ *     made, most recently freed first, and a device's primary context has the same handle on
+ *     every activation.  A stale handle then names a live object, as on a GPU: only cuproc's
+ *     own identity rules can tell the two apart, which is what the reuse is for;
+ *   - device addresses come back the same way: a range freed by cuMemFreeAsync goes back to its
+ *     pool, and the next allocation from that same pool (cuMemAllocAsync from the device's
+ *     current pool, cuMemAllocFromPoolAsync) that fits takes the most recently freed one
+ *     (fake_async_reuses counts it), in both modes.  With reuse on, cuMemAlloc likewise takes the
+ *     most recently freed range of cuMemAlloc memory (freed by cuMemFree or with its context)
+ *     that fits (fake_sync_reuses).  Never across pools or devices, never stream-ordered memory
+ *     freed by cuMemFree, context destroy/reset or pool destroy.  Addresses are
  *     carved from a reserved PROT_NONE window (hint: the 1 TiB below 0x7f0000000000) so no host
  *     allocation can alias them and a host dereference of a device pointer faults as it would on
  *     a GPU; each allocation is backed by calloc'd storage;
@@ -153,12 +161,16 @@ static long stale_count, binding_count;
 static struct ring stale_ring, binding_ring;
 static struct ring call_ring;       /* every entry point called (fake_calls): what a cuproc call costs in calls */
 
-struct primary { int refcount; unsigned flags; handle_t ctx; };
+struct primary { int refcount; unsigned flags; handle_t ctx; handle_t slot; /* its handle, kept across activations */ };
 static struct primary prim[MAX_DEV];
 static handle_t default_pool[MAX_DEV];  /* created on first use, never destroyed */
 static unsigned long long dev_bytes[MAX_DEV];
 
 static unsigned long long event_seq, ctx_ids, buffer_ids;
+
+/* Reuse of handles and addresses (see the model above).  On by default, like the real driver. */
+static int reuse_values = 1;
+static long handle_reuses, sync_reuses;   /* objects that got a dead one's handle; cuMemAlloc ranges again */
 static long launch_count, launch_mismatches;
 static char last_name[256];
 static unsigned char last_args[MAX_ARG_BYTES];
@@ -338,12 +350,24 @@ static struct obj *obj_at(handle_t h) {
 
 static struct obj *live_obj(size_t i) { size_t n = live[i]; return &chunks[n / CHUNK][n % CHUNK]; }
 
-static struct obj *new_obj(int kind, handle_t ctx, int dev) {
-  if (nobjs == (size_t)CHUNK * MAX_CHUNKS) return NULL;
-  if (nobjs % CHUNK == 0 && !chunks[nobjs / CHUNK]) {
-    chunks[nobjs / CHUNK] = calloc(CHUNK, sizeof(struct obj));
-    if (!chunks[nobjs / CHUNK]) return NULL;
+/* Dead objects' slots, the most recently freed last: with reuse on, the next object takes the last. */
+static size_t *free_slots;
+static size_t nfree, cap_free;
+
+static void keep_slot(size_t n) {
+  if (nfree == cap_free) {
+    size_t cap = cap_free ? 2 * cap_free : 256;
+    size_t *grown = realloc(free_slots, cap * sizeof *grown);
+    if (!grown) return; /* the slot is simply never reused */
+    free_slots = grown;
+    cap_free = cap;
   }
+  free_slots[nfree++] = n;
+}
+
+/* A new object of kind.  at: the handle it must have (a primary context's next activation), or 0
+ * for the next free one (a dead object's, with reuse on; else a never used one). */
+static struct obj *new_obj_at(int kind, handle_t ctx, int dev, handle_t at) {
   if (nlive == cap_live) {
     size_t cap = cap_live ? 2 * cap_live : 256;
     size_t *grown = realloc(live, cap * sizeof *grown);
@@ -351,7 +375,20 @@ static struct obj *new_obj(int kind, handle_t ctx, int dev) {
     live = grown;
     cap_live = cap;
   }
-  size_t n = nobjs++;
+  size_t n;
+  if (at) {
+    n = (at - HANDLE_BASE) / 16;
+  } else if (reuse_values && nfree) {
+    n = free_slots[--nfree];
+    handle_reuses++;
+  } else {
+    if (nobjs == (size_t)CHUNK * MAX_CHUNKS) return NULL;
+    if (nobjs % CHUNK == 0 && !chunks[nobjs / CHUNK]) {
+      chunks[nobjs / CHUNK] = calloc(CHUNK, sizeof(struct obj));
+      if (!chunks[nobjs / CHUNK]) return NULL;
+    }
+    n = nobjs++;
+  }
   struct obj *o = &chunks[n / CHUNK][n % CHUNK];
   memset(o, 0, sizeof *o);
   o->kind = kind;
@@ -364,11 +401,15 @@ static struct obj *new_obj(int kind, handle_t ctx, int dev) {
   return o;
 }
 
+static struct obj *new_obj(int kind, handle_t ctx, int dev) { return new_obj_at(kind, ctx, dev, 0); }
+
 static void unlink_obj(struct obj *o) {
   size_t i = o->live_idx;
   live[i] = live[--nlive];
   if (i < nlive) live_obj(i)->live_idx = i;
   o->alive = 0;
+  /* A primary context's handle stays its device's (the next activation takes it again). */
+  if (!(o->kind == K_CTX && o->primary)) keep_slot((o->h - HANDLE_BASE) / 16);
 }
 
 /* ------------------------------------------------------------------ allocations */
@@ -398,6 +439,7 @@ struct alloc {
  * never gets such memory back; the first two stay counted as used by it).  A pool belongs to one
  * device, so a range never moves across devices either. */
 #define REUSE 64
+#define SYNC_RANGES ((handle_t)0)   /* the "pool" of cuMemAlloc ranges (no pool has handle 0) */
 static struct { CUdeviceptr base; size_t span; handle_t pool; } reuse[REUSE];
 static int nreuse;
 static long reuse_count;    /* stream-ordered allocations that got a freed address back */
@@ -482,18 +524,19 @@ static struct alloc *new_alloc(int kind, size_t size, int dev, handle_t ctx, han
   if (device_kind(kind)) {
     /* 256-aligned, plus a 256-byte gap so a small overrun never lands in the next allocation */
     size_t span = (size + 255) / 256 * 256 + 256;
-    CUdeviceptr base = kind == A_ASYNC ? reused_range(pool, &span) : 0;
+    CUdeviceptr base = kind == A_ASYNC ? reused_range(pool, &span)
+                     : kind == A_DEVICE && reuse_values ? reused_range(SYNC_RANGES, &span) : 0;
     if (!base && span > dev_limit - dev_next) { free(a); *rc = E_OUT_OF_MEMORY; return NULL; }
     a->store = calloc(1, size);
     if (!a->store) {
-      if (base) keep_for_reuse(pool, base, span);
+      if (base) keep_for_reuse(kind == A_ASYNC ? pool : SYNC_RANGES, base, span);
       free(a);
       *rc = E_OUT_OF_MEMORY;
       return NULL;
     }
     if (base) {
       a->base = base;
-      reuse_count++;
+      if (kind == A_ASYNC) reuse_count++; else sync_reuses++;
     } else {
       a->base = dev_next;
       dev_next += span;
@@ -527,6 +570,7 @@ static void free_alloc(struct alloc *a) {
   if (device_kind(a->kind)) {
     dev_bytes[a->dev] -= a->size;
     free(a->store);
+    if (a->kind == A_DEVICE && reuse_values) keep_for_reuse(SYNC_RANGES, a->base, a->span);
   } else if (a->kind == A_HOST || a->kind == A_MANAGED) {
     release_host(a->store);
   }
@@ -933,8 +977,8 @@ static CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
 /* CU_LIMIT_STACK_SIZE, PRINTF_FIFO_SIZE, MALLOC_HEAP_SIZE, DEV_RUNTIME_SYNC_DEPTH, ... */
 static const size_t default_limits[N_LIMITS] = {1024, 1048576, 8388608, 2, 2048, 64, 0, 0, 0, 0, 0};
 
-static struct obj *new_ctx(CUdevice dev, unsigned flags, int primary) {
-  struct obj *c = new_obj(K_CTX, 0, dev);
+static struct obj *new_ctx(CUdevice dev, unsigned flags, int primary, handle_t at) {
+  struct obj *c = new_obj_at(K_CTX, 0, dev, at);
   if (!c) return NULL;
   c->primary = (unsigned char)primary;
   c->flags = flags;
@@ -957,7 +1001,7 @@ static CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned flags, CU
   TRY(check_dev(dev));
   sync_tls();
   if (tls_depth == STACK_DEPTH) return E_INVALID_VALUE;
-  struct obj *c = new_ctx(dev, flags, 0);
+  struct obj *c = new_ctx(dev, flags, 0, 0);
   if (!c) return E_OUT_OF_MEMORY;
   push(c->h);
   *pctx = (CUcontext)c->h;
@@ -1132,10 +1176,10 @@ static CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   NEED(pctx);
   TRY(check_dev(dev));
   struct primary *p = &prim[dev];
-  if (!p->ctx) { /* each activation is a new context: handles of an old one stay stale */
-    struct obj *c = new_ctx(dev, p->flags, 1);
+  if (!p->ctx) { /* a new activation: with reuse, under the device's one handle (as on a GPU) */
+    struct obj *c = new_ctx(dev, p->flags, 1, reuse_values ? p->slot : 0);
     if (!c) return E_OUT_OF_MEMORY;
-    p->ctx = c->h;
+    p->ctx = p->slot = c->h;
     p->refcount = 0;
   }
   p->refcount++;
@@ -2445,9 +2489,10 @@ static void lock(void) { pthread_mutex_lock(&mu); }
 static void unlock(void) { pthread_mutex_unlock(&mu); }
 
 /* Destroy everything, clear records.  Not while other threads use the fake.  Kept: cuInit
- * (cuproc initializes once per process), the handle and address counters (never reused: freed
- * stream-ordered ranges are forgotten), and the default pools (a device's default pool is never
- * destroyed; its statistics are cleared). */
+ * (cuproc initializes once per process), the reuse switch, the handles of dead objects (with
+ * reuse on, the next objects take them, the primary contexts' included; freed address ranges are
+ * forgotten), and the default pools (a device's default pool is never destroyed; its statistics
+ * are cleared). */
 EXPORT void fake_reset(void) {
   lock();
   cur_call = "fake_reset";
@@ -2474,7 +2519,7 @@ EXPORT void fake_reset(void) {
   memset(&call_ring, 0, sizeof call_ring);
   launch_count = launch_mismatches = 0;
   nreuse = 0; /* addresses freed before a reset are not handed out again */
-  reuse_count = 0;
+  reuse_count = sync_reuses = handle_reuses = 0;
   last_name[0] = '\0';
   last_nargs = 0;
   memset(last_dims, 0, sizeof last_dims);
@@ -2578,6 +2623,18 @@ EXPORT unsigned long long fake_device_bytes_live(int dev) {
 
 EXPORT void fake_set_launch_pause(int on) { __atomic_store_n(&launch_pause, on, __ATOMIC_RELAXED); }
 EXPORT long fake_async_reuses(void) { lock(); long n = reuse_count; unlock(); return n; }
+EXPORT long fake_sync_reuses(void) { lock(); long n = sync_reuses; unlock(); return n; }
+EXPORT long fake_handle_reuses(void) { lock(); long n = handle_reuses; unlock(); return n; }
+
+/* Reuse of handles and addresses on (1, the default) or off (0: every handle and cuMemAlloc
+ * address is new, so every stale use is caught).  Takes effect for what is made next. */
+EXPORT void fake_set_reuse(int on) { lock(); reuse_values = on != 0; unlock(); }
+EXPORT int fake_reuse(void) { lock(); int on = reuse_values; unlock(); return on; }
+
+__attribute__((constructor)) static void reuse_from_environment(void) {
+  const char *v = getenv("FAKEDRIVER_REUSE");
+  if (v && (strcmp(v, "0") == 0 || strcmp(v, "off") == 0 || strcmp(v, "no") == 0)) reuse_values = 0;
+}
 EXPORT long fake_launch_count(void) { lock(); long n = launch_count; unlock(); return n; }
 EXPORT long fake_launch_mismatches(void) { lock(); long n = launch_mismatches; unlock(); return n; }
 

@@ -35,21 +35,32 @@ Choices made where the real driver is vaguer or more forgiving (the fake is stri
 * cuCtxDestroy destroys everything of the context, pinned and registered host memory
   included (it stays mapped a while, so a numpy view does not crash, but freeing it again is a
   stale use).  Destroying a primary context with cuCtxDestroy is a stale use.
-* cuDevicePrimaryCtxRelease without a retain is a stale use (an over-release).  Every
-  activation of a primary context gets a new handle (so a handle kept past the last release is
-  stale).  cuDevicePrimaryCtxReset destroys everything made in the primary context but keeps
+* cuDevicePrimaryCtxRelease without a retain is a stale use (an over-release).  With reuse on
+  (below), every activation of a device's primary context has the same handle, as on a GPU; with
+  it off, each gets a new one (so a handle kept past the last release is stale).
+  cuDevicePrimaryCtxReset destroys everything made in the primary context but keeps
   the retains and the handle, as the driver documents ("resetting the primary context does not
   release it").
 * cuInit is required first (CUDA_ERROR_NOT_INITIALIZED); ``reset()`` keeps it, and keeps the
   devices' default pools (new statistics), because cuproc initializes once per process.
-* Addresses and handles are never reused, across ``reset()`` too -- except stream-ordered
-  addresses, the way a real pool reuses them: a range freed by cuMemFreeAsync goes back to its
-  pool, and the next allocation from that same pool (cuMemAllocAsync: the device's pool;
-  cuMemAllocFromPoolAsync: the given one) that fits gets the most recently freed one
-  (``async_reuses()`` counts it), so that a late second free of an address is seen (it frees the
-  new allocation, whose own free is then stale).  Never across pools (so never across devices),
-  and never a range freed by cuMemFree, by destroying or resetting its context (the pool keeps
-  counting those as used, as on driver 580) or by destroying its pool.  Device addresses come
+* **Values are reused as the real driver reuses them** (the default): the handle of a destroyed
+  stream, event, module, function, library, kernel, pool or context goes to the next object
+  made, the most recently freed first (``handle_reuses()``), across ``reset()`` too; a device's
+  primary context keeps one handle over all its activations; cuMemAlloc takes the most recently
+  freed cuMemAlloc range that fits (``sync_reuses()``).  So a stale handle or address can name a
+  live object, as on a GPU, and only cuproc's own identity rules keep a dead object from acting
+  on a live one -- the class of bug this mode exists to show.  ``set_reuse(False)`` (or
+  ``FAKEDRIVER_REUSE=0`` in the environment before the library loads) gives every object a new
+  handle and every cuMemAlloc a new address, so that every stale use is counted: for the tests
+  that assert a stale use is caught by the fake itself.
+* Stream-ordered addresses come back in both modes, the way a real pool reuses them: a range
+  freed by cuMemFreeAsync goes back to its pool, and the next allocation from that same pool
+  (cuMemAllocAsync: the device's pool; cuMemAllocFromPoolAsync: the given one) that fits gets the
+  most recently freed one (``async_reuses()`` counts it), so that a late second free of an
+  address is seen (it frees the new allocation, whose own free is then stale).  Never across
+  pools (so never across devices), and never a range freed by cuMemFree, by destroying or
+  resetting its context (the pool keeps counting those as used, as on driver 580) or by
+  destroying its pool.  Device addresses come
   from a reserved, inaccessible window (``device_window()``): dereferencing one on the host faults.
 * Asynchronous work happens at once; cuLaunchHostFunc calls the function on the calling thread.
 * Every entry has the CUDA 13.0 ABI; asked for an older variant (cudaVersion below the one
@@ -158,7 +169,8 @@ class FakeDriver:
         self.path = Path(path)
         lib = self._lib = ctypes.CDLL(str(path))
         for name in ("fake_stale_count", "fake_binding_errors", "fake_live", "fake_launch_count",
-                     "fake_launch_mismatches", "fake_fork_violations", "fake_call_count", "fake_async_reuses"):
+                     "fake_launch_mismatches", "fake_fork_violations", "fake_call_count", "fake_async_reuses",
+                     "fake_sync_reuses", "fake_handle_reuses"):
             getattr(lib, name).restype = ctypes.c_long
         for name in ("fake_pool_used", "fake_device_bytes_live", "fake_device_window"):
             getattr(lib, name).restype = ctypes.c_ulonglong
@@ -231,6 +243,23 @@ class FakeDriver:
         """Stream-ordered allocations that got back an address freed by cuMemFreeAsync into their
         pool (since ``reset()``)."""
         return self._lib.fake_async_reuses()
+
+    def sync_reuses(self) -> int:
+        """cuMemAlloc allocations that got back a freed cuMemAlloc range (since ``reset()``; reuse on)."""
+        return self._lib.fake_sync_reuses()
+
+    def handle_reuses(self) -> int:
+        """Objects made under a dead object's handle (since ``reset()``; reuse on)."""
+        return self._lib.fake_handle_reuses()
+
+    def set_reuse(self, on: bool) -> None:
+        """Hand handles and cuMemAlloc addresses out again as the real driver does (True, the default),
+        or never (False: every stale handle or address is counted by ``stale_count()``)."""
+        self._lib.fake_set_reuse(int(bool(on)))
+
+    @property
+    def reuse(self) -> bool:
+        return bool(self._lib.fake_reuse())
 
     def launch_count(self) -> int:
         return self._lib.fake_launch_count()

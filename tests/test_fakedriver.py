@@ -1,7 +1,9 @@
 """The fake driver itself, driven through cuproc's C-named driver layer (not the object layer).
 
 Each test starts from ``fake.reset()``; the records (stale uses, binding errors) are asserted
-exactly, since provoking them is the point here.
+exactly, since provoking them is the point here.  So the tests run with reuse off (``drv``: every
+handle and cuMemAlloc address new, every stale use counted), except those of reuse itself
+(``reusing``), which is the fake's default and what the object-layer tests run under.
 """
 from __future__ import annotations
 
@@ -37,8 +39,17 @@ def session_driver(fake):
 @pytest.fixture
 def drv(fake, session_driver):
     fake.reset()
+    fake.set_reuse(False)
     yield session_driver
     fake.reset()
+    fake.set_reuse(True)
+
+
+@pytest.fixture
+def reusing(drv, fake):
+    """``drv`` with the fake's default: handles and addresses handed out again."""
+    fake.set_reuse(True)
+    return drv
 
 
 def ok(rc: int) -> None:
@@ -559,3 +570,89 @@ def test_builds_warning_free(tmp_path):
                              "-Wno-missing-field-initializers", "-pthread", "-std=gnu11", "-I", str(tmp_path),
                              str(C_SOURCE)], capture_output=True, text=True, check=False)
     assert result.returncode == 0 and not result.stderr, result.stderr
+
+
+# ---------------------------------------------------------------- reuse (the default mode)
+def test_reuse_hands_destroyed_handles_out_again_most_recent_first(reusing, fake):
+    drv = reusing
+    ctx = new_ctx(drv)
+    before = fake.handle_reuses()
+    s = ffi.new("CUstream *")
+    ok(drv.cuStreamCreate(s, 0))
+    first = s[0]
+    ok(drv.cuStreamCreate(s, 0))
+    second = s[0]
+    ok(drv.cuStreamDestroy(first))
+    ok(drv.cuStreamDestroy(second))
+    e = ffi.new("CUevent *")
+    ok(drv.cuEventCreate(e, 0))
+    assert e[0] == ffi.cast("CUevent", second)       # another kind takes the last freed handle
+    ok(drv.cuStreamCreate(s, 0))
+    assert s[0] == first
+    assert fake.handle_reuses() - before >= 2
+    mod = load(drv, fake_image({"k": [8]}))
+    ok(drv.cuModuleUnload(mod))
+    assert load(drv, fake_image({"k": [8]})) == mod
+    ok(drv.cuCtxDestroy(ctx))          # takes the module, the event and the stream with it
+    assert new_ctx(drv) == ctx         # freed last of all: the context's own handle comes first
+    assert fake.stale_count() == 0
+
+
+def test_reuse_gives_a_primary_context_one_handle_over_its_activations(reusing, fake):
+    drv = reusing
+    out = ffi.new("CUcontext *")
+    ok(drv.cuDevicePrimaryCtxRetain(out, 0))
+    first = out[0]
+    ok(drv.cuDevicePrimaryCtxRelease(0))
+    assert not fake.primary_active(0)
+    new_ctx(drv)                        # a created context does not take the primary's handle
+    ok(drv.cuDevicePrimaryCtxRetain(out, 0))
+    assert out[0] == first and fake.primary_active(0)
+    fake.reset()                        # across a reset too
+    ok(drv.cuDevicePrimaryCtxRetain(out, 0))
+    assert out[0] == first
+
+
+def test_reuse_hands_cumemalloc_addresses_out_again(reusing, fake):
+    drv = reusing
+    ctx = new_ctx(drv)
+    a, b = alloc(drv, 4096), alloc(drv, 4096)
+    assert fake.sync_reuses() == 0
+    ok(drv.cuMemFree(a))
+    ok(drv.cuMemFree(b))
+    assert alloc(drv, 1000) == b        # the most recently freed range that fits
+    assert alloc(drv, 4096) == a
+    big = alloc(drv, 1 << 20)
+    assert big not in (a, b)
+    c = alloc(drv, 64)
+    ok(drv.cuCtxDestroy(ctx))           # memory freed with its context comes back too
+    new_ctx(drv)
+    assert alloc(drv, 64) in (a, b, big, c)
+    assert fake.sync_reuses() == 3 and fake.stale_count() == 0
+
+
+def test_reuse_off_gives_new_values(drv, fake):
+    ctx = new_ctx(drv)
+    a = alloc(drv, 4096)
+    ok(drv.cuMemFree(a))
+    assert alloc(drv, 4096) != a
+    ok(drv.cuCtxDestroy(ctx))
+    assert new_ctx(drv) != ctx
+    out = ffi.new("CUcontext *")
+    ok(drv.cuDevicePrimaryCtxRetain(out, 0))
+    first = out[0]
+    ok(drv.cuDevicePrimaryCtxRelease(0))
+    ok(drv.cuDevicePrimaryCtxRetain(out, 0))
+    assert out[0] != first
+    assert fake.handle_reuses() == 0 and fake.sync_reuses() == 0
+
+
+def test_reuse_off_from_the_environment(fake, tmp_path):
+    """FAKEDRIVER_REUSE=0 before the library loads turns reuse off (for a child process's whole run)."""
+    script = (f"import ctypes; lib = ctypes.CDLL({str(fake.path)!r}); print(lib.fake_reuse())")
+    for value, expected in (("0", "0"), ("1", "1"), (None, "1")):
+        env = {k: v for k, v in os.environ.items() if k != "FAKEDRIVER_REUSE"}
+        if value is not None:
+            env["FAKEDRIVER_REUSE"] = value
+        out = subprocess.run([os.sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == expected

@@ -940,9 +940,9 @@ def test_pure_path_reruns_driver_launch_and_ownership():
              "tests/test_objects_fake.py", "tests/test_ownership.py", "tests/test_memory_paths.py",
              "tests/test_fastpath.py", "tests/test_module_namespace.py", "tests/test_device_buffer_front.py",
              "tests/test_copy_front.py"]
-    # Of the object tests, those that launch; not the 2000 random sequences (30 s, run once, on the
-    # fast path) nor the build test (it does not depend on the path).
-    only = "(not test_objects_fake or launch or typed) and not random_sequences and not install_without"
+    # Of the object tests, those that launch; not the build test (it does not depend on the path).  The
+    # random sequences run both paths themselves (tests/test_sequences_fake.py).
+    only = "(not test_objects_fake or launch or typed) and not install_without"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-k", only, *files]
     out = subprocess.run(command, check=False,
                          capture_output=True, text=True, timeout=900, cwd=ROOT,

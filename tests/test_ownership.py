@@ -575,20 +575,6 @@ def test_a_driver_error_still_says_failed(fk, pc):
     assert not info.value.refused and "cuMemAlloc failed" in str(info.value)
 
 
-# ----------------------------------------------------------------------------- random sequences
-
-def test_random_sequences_never_crash_leak_or_reach_the_driver_stale(fk):
-    proc = run_python(ROOT / "tests" / "sequences.py", "--fake", str(fk.path), "--sequences",
-                      os.environ.get("CUPROC_SEQUENCES", "2000"), "--ops", "30", "--seed", "7", timeout=600)
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["failures"] == [], "\n".join(result["failures"][:3])
-    assert result["leftovers"] == [], result["leftovers"][:5]
-    assert result["stale"] == 0, result["stale_calls"]
-    counts = result["counts"]
-    assert counts["sequences"] >= 2000 and counts["threaded"] >= 1000 and counts.get("forks", 0) > 0
-    print(json.dumps(counts))
-
-
 # ----------------------------------------------------------------------------- review findings
 
 def test_close_of_a_context_keeps_the_same_rules_as_destroy(fk):
