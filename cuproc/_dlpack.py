@@ -2,14 +2,28 @@
 
 The structs are DLPack 1.x's (``dlpack.h``): ``DLManagedTensor`` for the legacy
 ``"dltensor"`` capsule and ``DLManagedTensorVersioned`` for ``"dltensor_versioned"``.
-The capsule destructor and the tensor deleter must be C function pointers; ctypes
-makes both without a compiler.
+The tensor deleter must be a C function pointer; ctypes makes it without a compiler.
+cuproc's capsules have no destructor (why: below).
 
 Export: a managed tensor keeps its owner (the exporting object, and so the
-allocation and its context) alive in :data:`_live` until the consumer -- or the
-capsule's destructor, if never consumed -- calls the deleter, exactly once.
-While any such tensor of an allocation lives, ``id(allocation)`` is in
-:data:`EXPORTS` (explicit frees are refused then, see :mod:`cuproc.allocation`).
+allocation and its context) alive in :data:`_live` until the consumer calls the
+deleter, exactly once -- or, for a capsule never consumed, until :func:`sweep`
+finds it dropped.  While any such tensor of an allocation lives,
+``id(allocation)`` is in :data:`EXPORTS` (explicit frees are refused then, see
+:mod:`cuproc.allocation`).
+
+Why a sweep and no capsule destructor: a destructor runs whenever the capsule
+goes, also while an exception propagates (``(buf.__dlpack__(), 1/0)``, or a
+consumer that refuses the device and drops the capsule with its error set).  A
+destructor made by ctypes or cffi runs Python, which with an error pending turns
+it into a SystemError (or crashed), and the export was never given back.  So
+cuproc's capsules have no destructor -- dropping one runs nothing -- and keep a
+reference here; an allocation's check for views (``has_views``, before a free
+or the last release of its context) first sweeps: a capsule that nobody else
+holds any more and that was never consumed gives its export back then (its
+tensor's deleter runs), as does the next export.  Until then such a capsule keeps
+its buffer alive.  A consumed capsule (renamed ``used_...``) is the consumer's:
+it calls the deleter.
 
 Import: :func:`consume` validates a capsule, renames it ``used_...`` (so its
 producer's destructor leaves the tensor alone) and hands back what the tensor
@@ -24,7 +38,7 @@ from typing import Any, Callable
 
 from . import _fork
 from ._immortal import keep_forever
-from .allocation import EXPORTS   # id(allocation) -> number of its live managed tensors
+from .allocation import EXPORTS, SWEEPS   # id(allocation) -> number of its live managed tensors
 
 _TYPE_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}  # kDLInt, kDLUInt, kDLFloat, kDLComplex, kDLBool
 _TYPE_KINDS = {code: kind for kind, code in _TYPE_CODES.items()}
@@ -71,7 +85,13 @@ DLManagedTensorVersioned._fields_ = [("version", DLPackVersion), ("manager_ctx",
                                      ("dl_tensor", DLTensor)]
 
 _live: dict[int, tuple[Any, ...]] = {}   # address of a managed tensor -> (tensor, shape, owner, allocation key)
-# Reentrant: the deleter and the capsule destructor take it, and a garbage collection run while it is
+# address of a managed tensor -> (its capsule, the capsule's name): the exported capsules not yet consumed
+# (see sweep)
+_unconsumed: dict[int, tuple[Any, bytes]] = {}
+# An object held the way an unconsumed capsule nobody else holds is (by one tuple in a dict): sweep compares
+# a capsule's reference count with this one's, both read at that moment by the same function.
+_ALONE: dict[int, tuple[Any, bytes]] = {0: (object(), b"")}
+# Reentrant: the deleter and the sweep take it, and a garbage collection run while it is
 # held can destroy a capsule on the same thread.  Fresh in a forked child.
 _lock = _fork.rlock()
 
@@ -82,12 +102,6 @@ def _capi(name: str, restype: Any, *argtypes: Any) -> Any:
 
 
 _PyCapsule_New = _capi("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
-# The destructor gets a capsule whose refcount is already zero: handle it as a raw pointer only
-# (PYFUNCTYPE: these are C-API calls, made holding the GIL).
-_PyCapsule_IsValid = ctypes.cast(ctypes.pythonapi.PyCapsule_IsValid,
-                                 ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p))
-_PyCapsule_GetPointer = ctypes.cast(ctypes.pythonapi.PyCapsule_GetPointer,
-                                    ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p))
 # On a live capsule (import side), as Python objects.
 _IsValid = _capi("PyCapsule_IsValid", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
 _GetPointer = _capi("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)
@@ -101,10 +115,12 @@ _SetName = _capi("PyCapsule_SetName", ctypes.c_int, ctypes.py_object, ctypes.c_c
 
 
 def _forget(address: int, _live: dict[int, tuple[Any, ...]] = _live, _exports: dict[int, int] = EXPORTS,
-            _lock: Any = _lock, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
+            _lock: Any = _lock, _finalizing: Callable[[], bool] = sys.is_finalizing,
+            _unconsumed: dict[int, Any] = _unconsumed) -> None:
     if _finalizing():
         return
     with _lock:
+        _unconsumed.pop(address, None)
         entry = _live.pop(address, None)
         if entry is not None and entry[3] is not None:
             left = _exports[entry[3]] - 1
@@ -125,27 +141,9 @@ def _delete_versioned(managed: Any, _forget: Callable[[int], None] = _forget,
     _forget(_addressof(managed.contents))
 
 
-# A capsule keeps its name only while unconsumed: then we own the tensor and must delete it.
-_CAPSULE_KINDS = ((LEGACY_NAME, DLManagedTensor), (VERSIONED_NAME, DLManagedTensorVersioned))
-
-
-@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-def _capsule_destructor(capsule: int, _kinds: Any = _CAPSULE_KINDS, _is_valid: Any = _PyCapsule_IsValid,
-                        _get_pointer: Any = _PyCapsule_GetPointer, _cast: Any = ctypes.cast,
-                        _void_p: Any = ctypes.c_void_p, _raw: Any = _RawDeleter) -> None:
-    for name, struct in _kinds:
-        if _is_valid(capsule, name):
-            address = _get_pointer(capsule, name)
-            deleter = _cast(struct.from_address(address).deleter, _void_p).value
-            if deleter:
-                _raw(deleter)(address)      # the tensor's own deleter, as DLPack says
-            return
-
-
-_DESTRUCTOR_ADDRESS = ctypes.cast(_capsule_destructor, ctypes.c_void_p)
 # _USED_NAMES too: PyCapsule_SetName keeps a pointer into its bytes, and a consumed foreign capsule
 # (torch's, CuPy's) can outlive this module's teardown; its destructor then reads the name.
-for _immortal in (_delete, _delete_versioned, _capsule_destructor, _live, _USED_NAMES):
+for _immortal in (_delete, _delete_versioned, _live, _USED_NAMES):
     keep_forever(_immortal)   # never freed: see above
 del _immortal
 
@@ -177,6 +175,8 @@ def to_capsule(owner: Any, ptr: int, shape: tuple[int, ...], typestr: str, devic
         managed.deleter = _delete_versioned
     else:
         managed.deleter = _delete
+    if _unconsumed:
+        sweep()                 # what was dropped since: exporting in a loop keeps nothing behind
     address = ctypes.addressof(managed)
     key = id(allocation) if allocation is not None else None
     with _lock:
@@ -184,7 +184,41 @@ def to_capsule(owner: Any, ptr: int, shape: tuple[int, ...], typestr: str, devic
         if key is not None:
             EXPORTS[key] = EXPORTS.get(key, 0) + 1
     name = VERSIONED_NAME if versioned else LEGACY_NAME
-    return _PyCapsule_New(address, name, _DESTRUCTOR_ADDRESS)
+    capsule = _PyCapsule_New(address, name, None)   # no destructor: dropping it runs nothing (see the docstring)
+    with _lock:
+        _unconsumed[address] = (capsule, name)
+    return capsule
+
+
+def _references(table: dict[int, tuple[Any, bytes]], key: int) -> int:
+    """The reference count of ``table[key]``'s object as this function sees it: :func:`sweep` reads a capsule's
+    and :data:`_ALONE`'s through it, one after the other, so that both count the same references (the
+    interpreter's own -- a frame, a tracer's view of its locals -- whatever the version)."""
+    held = table[key][0]
+    return sys.getrefcount(held)
+
+
+def sweep() -> None:
+    """Give back the exports of capsules dropped unconsumed (nobody but cuproc holds them: no more
+    references than :data:`_ALONE`'s object has), and forget consumed ones (their consumer calls the
+    deleter).  Runs no Python of anyone else's and needs no destructor."""
+    with _lock:
+        for address in list(_unconsumed):
+            entry = _unconsumed.get(address)
+            if entry is None:
+                continue
+            if not _IsValid(entry[0], entry[1]):
+                del _unconsumed[address]              # consumed: the consumer calls the deleter
+            elif _references(_unconsumed, address) <= _references(_ALONE, 0):
+                del _unconsumed[address]              # nobody else holds it: the tensor's deleter, as DLPack says
+                struct = DLManagedTensorVersioned if entry[1] == VERSIONED_NAME else DLManagedTensor
+                deleter = ctypes.cast(struct.from_address(address).deleter, ctypes.c_void_p).value
+                if deleter:
+                    _RawDeleter(deleter)(address)
+            del entry
+
+
+SWEEPS.append(sweep)
 
 
 class Imported:

@@ -8,7 +8,6 @@ raw version numbers.
 """
 from __future__ import annotations
 
-from . import _fork
 from ._ffi import ffi
 from .driver import Driver, default_driver
 from .errors import CudaError, InvalidValueError, refusal, result_code
@@ -17,24 +16,16 @@ TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run t
 if TYPE_CHECKING:
     from typing import Any
 
-_init_lock = _fork.lock()
-_initialized: set[int] = set()
-
 CUDA_ERROR_INVALID_VALUE = result_code("CUDA_ERROR_INVALID_VALUE")
 CUDA_ERROR_NOT_READY = result_code("CUDA_ERROR_NOT_READY")
 CUDA_ERROR_INVALID_CONTEXT = result_code("CUDA_ERROR_INVALID_CONTEXT")
 
 
 def get_driver(driver: Driver | None = None) -> Driver:
-    """The handle to use, with cuInit(0) done once for it."""
+    """The handle to use, with cuInit(0) done once for it (:meth:`Driver.initialize`: the handle keeps
+    the memo, so a new handle never inherits a dropped one's)."""
     drv = driver if driver is not None else default_driver()
-    key = id(drv)
-    if key not in _initialized:
-        with _init_lock:
-            if key not in _initialized:
-                drv.checked.cuInit(0)
-                _initialized.add(key)
-    return drv
+    return drv if drv.initialized else drv.initialize()
 
 
 def arity(driver: Driver, name: str) -> int:

@@ -23,12 +23,16 @@ from .context import Context
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 #: id(allocation) -> number of its live DLPack tensors.  Kept here, not in _dlpack, so that
 #: checking for exports costs an allocation no import of the DLPack machinery; _dlpack counts in it
 #: (each tensor holds its allocation, so an id here is never reused while counted).
 EXPORTS: dict[int, int] = {}
+#: What settles the count before a refusal: _dlpack registers its sweep of capsules dropped unconsumed
+#: (they run no destructor; see cuproc._dlpack) when it is imported, which any entry in EXPORTS implies.
+SWEEPS: list[Callable[[], None]] = []
 
 
 class Allocation(Resource):
@@ -68,6 +72,10 @@ class Allocation(Resource):
 
     def has_views(self) -> bool:
         """True while a DLPack export of this memory (or, for host memory, a view) is alive."""
+        if id(self) not in EXPORTS:
+            return False
+        for sweep in SWEEPS:          # capsules dropped unconsumed since the last look give theirs back
+            sweep()
         return id(self) in EXPORTS
 
     def close(self) -> None:

@@ -20,12 +20,18 @@ Policy
   :func:`use_device`) is called, and releases exactly that: explicitly, or
   when the PrimaryContext and everything made in its context are gone --
   except at interpreter exit, where the retains that are left go with the
-  process (:meth:`PrimaryRetains.__del__` says why).  When
+  process (:func:`_give_back` says why).  When
   the last release (or :meth:`PrimaryContext.reset`) ends the driver's
   context, the :class:`Context` object ends with it and its dependents refuse.
 * **Host memory views** (NumPy arrays over pinned memory) cannot be
   invalidated, so destroying, resetting or releasing the last retain of a
-  context while such views exist is refused with ``BufferError``.
+  context while such views exist is refused with ``BufferError``.  Leaving a
+  ``with pc:`` (or ``with pc.retained():``) block never fails for views the
+  block may not have made (another thread's): the block's retain is then
+  *kept by the context* -- its objects keep it alive -- and given back once
+  nothing made in it is left and the PrimaryContext is gone (the safety net of
+  :class:`PrimaryRetains`), or taken over by the next ``retain()`` (no driver
+  call), or given back by the next ``release()`` once the views are gone.
 """
 from __future__ import annotations
 
@@ -327,14 +333,14 @@ class Context(Resource):
     def rebind(self, rc: int, function: Callable[..., int], *args: Any) -> int:
         """The rest of :meth:`call` once ``function(*args)`` answered ``rc``: a binding error gets the
         second attempt with this context pushed; any other code stands.  Hot paths that make the first
-        attempt inline (no extra Python frame per call) hand a non-zero code here."""
+        attempt inline (no extra Python frame per call) hand a non-zero code here.
+
+        A failed push raises its own error (cuCtxPushCurrent): the attempt is :func:`with_pushed`'s.  Returning the
+        first answer instead had the caller raise the binding error under its call's name (``cuMemFree failed:
+        CUDA_ERROR_INVALID_CONTEXT``), hiding why the second attempt was never made.  Finalizers reach this
+        through ``Resource._end_drop``, which turns the exception into a warning."""
         if rc == _CTX_ERROR or rc == _HANDLE_ERROR or rc == _DESTROYED_CURRENT:
-            drv = self.driver
-            if drv.cuCtxPushCurrent(self.handle) == 0:   # else the first answer stands
-                try:
-                    rc = function(*args)
-                finally:
-                    pop_pushed(drv)
+            return with_pushed(self.driver, self.handle, function, *args)
         return rc
 
     def pushed(self, function: Callable[..., int], *args: Any) -> int:
@@ -506,13 +512,31 @@ def _forget(ctx: Context) -> None:
             del _known[key]
 
 
+class _Counts:
+    """What a :class:`PrimaryRetains` holds with the driver, apart from the object: its finalizer
+    (:func:`_give_back`) gets this, never the object, so nothing can hand the object out again while
+    its retains are being given back."""
+
+    __slots__ = ("driver", "device", "count", "kept")
+
+    def __init__(self, driver: Driver, device: Any) -> None:
+        self.driver, self.device, self.count, self.kept = driver, device, 0, 0
+
+
 class PrimaryRetains:
-    """The retains cuproc holds on one device's primary context: a count, given back by ``__del__``.
+    """The retains cuproc holds on one device's primary context: a count, given back when the last
+    holder goes (:func:`_give_back`).
 
     Shared by the :class:`PrimaryContext` of the device and by the primary
     :class:`Context` objects it hands out, which hold it strongly: the retains
     outlive the PrimaryContext for as long as anything made in the context is
     alive, and go (deterministically, no reference cycle) when the last holder does.
+
+    The safety net is a ``weakref.finalize``, not ``__del__``: CPython clears weak references only after
+    ``__del__`` has run, so while a ``__del__`` released (the GIL free during the driver call, 56-89 ms on
+    a GPU) the weak table of instances still handed the object to another thread, which retained through
+    it -- and the finalizer, which runs once, never gave that retain back.  A finalize callback runs after
+    the weak references are cleared: :meth:`of` then makes a new object.
     """
 
     _instances: weakref.WeakValueDictionary[tuple[int, int], PrimaryRetains] = weakref.WeakValueDictionary()
@@ -520,18 +544,61 @@ class PrimaryRetains:
 
     def __init__(self, driver: Driver, device: Any) -> None:
         self.driver, self.device = driver, device
-        self.count = 0
+        self._counts = counts = _Counts(driver, device)
         self.handle: Any = None          # the context of the current activation, while retained
         self.lock = _fork.rlock()
+        weakref.finalize(self, _give_back, counts).atexit = False   # at exit: left to the process exit
+
+    @property
+    def count(self) -> int:
+        """The retains held for :meth:`PrimaryContext.retain` calls not yet released."""
+        return self._counts.count
+
+    @count.setter
+    def count(self, value: int) -> None:
+        self._counts.count = value
+
+    @property
+    def kept(self) -> int:
+        """Retains a ``with`` block could not give back (host views of memory made in the context were
+        alive): held by the context for its objects, not counted in ``count`` (see the module docstring)."""
+        return self._counts.kept
+
+    @kept.setter
+    def kept(self, value: int) -> None:
+        self._counts.kept = value
 
     @classmethod
     def of(cls, device: Device) -> PrimaryRetains:
+        """The device's live PrimaryRetains (one whose retains are being given back is no longer in the
+        weak table: see the class docstring)."""
         key = (id(device.driver), device.ordinal)
         with cls._instances_lock:
             found = cls._instances.get(key)
             if found is None:
                 found = cls._instances[key] = cls(device.driver, device.handle)
             return found
+
+    def keep_one(self) -> None:
+        """One of ``count`` becomes a retain kept by the context for its objects (a ``with`` block's
+        exit that the views of memory made in the context refused)."""
+        with self.lock:
+            self.count -= 1
+            self.kept += 1
+
+    def give_back_kept(self, ctx: Context | None) -> None:
+        """Release the kept retains once no view of memory made in ``ctx`` is left (else keep them)."""
+        with self.lock:
+            if not self.kept:
+                return
+            if ctx is not None:
+                try:
+                    ctx.refuse_if_views("cuDevicePrimaryCtxRelease")
+                except BufferError:
+                    return
+            while self.kept:
+                self.driver.checked.cuDevicePrimaryCtxRelease(self.device)
+                self.kept -= 1
 
     def context(self) -> Context:
         """The one live Context object for the retained handle: an existing one (adopted before the
@@ -563,33 +630,33 @@ class PrimaryRetains:
             if ctx is not None:
                 ctx.end(how)
 
-    def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing,
-                _forked: list[bool] = FORKED) -> None:
-        """The safety net: give back the retains still held (nothing made in the context is left).
 
-        Not while the interpreter finalizes: the last release makes the driver destroy the context
-        while the process waits (56-89 ms for one context and a buffer, timed by a probe on an H100,
-        driver 580, 2026-11-25), and the process exit reclaims it anyway -- cuda.core leaves it
-        there too.  What was made in the context and finalized by the teardown has been freed by
-        then (its objects hold the context, so they go first).  An
-        explicit :meth:`PrimaryContext.release`, an ``atexit`` handler's included, still releases;
-        so does a thread that ends before the interpreter does.  (Before this rule, whether the
-        release ran at exit depended on what else was alive: the teardown does not finalize every
-        object, and after a first allocation this one was among those it left.)"""
-        if _finalizing():   # first, and through defaults: module globals may be gone by now
+def _give_back(counts: _Counts, _finalizing: Callable[[], bool] = sys.is_finalizing,
+               _forked: list[bool] = FORKED) -> None:
+    """The safety net of a :class:`PrimaryRetains`: give back the retains it still held once it is gone
+    (nothing made in the context is left).  Never raises; a failure is a warning.
+
+    Not while the interpreter finalizes: the last release makes the driver destroy the context
+    while the process waits (56-89 ms for one context and a buffer, timed by a probe on an H100,
+    driver 580, 2026-11-25), and the process exit reclaims it anyway -- cuda.core leaves it
+    there too.  What was made in the context and finalized by the teardown has been freed by
+    then (its objects hold the context, so they go first).  An explicit
+    :meth:`PrimaryContext.release`, an ``atexit`` handler's included, still releases; so does a
+    thread that ends before the interpreter does."""
+    if _finalizing():   # first, and through defaults: module globals may be gone by now
+        return
+    try:
+        count, counts.count, counts.kept = counts.count + counts.kept, 0, 0
+        if not count or _forked[0]:
             return
-        try:
-            count, self.count = self.count, 0
-            if not count or _forked[0]:
+        for given in range(count):
+            rc = counts.driver.cuDevicePrimaryCtxRelease(counts.device)
+            if rc:   # the rest would fail alike: say how many are left to the process exit
+                report(f"releasing a dropped primary context retain failed ({count - given} of {count} not "
+                       f"released): {failure_text(counts.driver, rc, 'cuDevicePrimaryCtxRelease')}")
                 return
-            for given in range(count):
-                rc = self.driver.cuDevicePrimaryCtxRelease(self.device)
-                if rc:   # the rest would fail alike: say how many are left to the process exit
-                    report(f"releasing a dropped primary context retain failed ({count - given} of {count} not "
-                           f"released): {failure_text(self.driver, rc, 'cuDevicePrimaryCtxRelease')}")
-                    return
-        except Exception as exc:  # noqa: BLE001 - a finalizer never raises
-            report(f"releasing a dropped primary context retain raised {exc!r}")
+    except Exception as exc:  # noqa: BLE001 - a finalizer never raises
+        report(f"releasing a dropped primary context retain raised {exc!r}")
 
 
 class PrimaryContext:
@@ -599,7 +666,7 @@ class PrimaryContext:
     The retains live in a :class:`PrimaryRetains` that the Context objects of the
     primary context share, so what is not released explicitly is given back once
     this object and everything made in the context are gone -- or, when that is the
-    interpreter's exit, left to the process exit (:meth:`PrimaryRetains.__del__`).
+    interpreter's exit, left to the process exit (:func:`_give_back`).
     """
 
     _instances: weakref.WeakValueDictionary[tuple[int, int], PrimaryContext] = weakref.WeakValueDictionary()
@@ -621,16 +688,21 @@ class PrimaryContext:
         """Shared per device: see ``__new__``."""
 
     def retain(self) -> PrimaryContext:
-        """cuDevicePrimaryCtxRetain: one more retain held for this device."""
+        """cuDevicePrimaryCtxRetain: one more retain held for this device.  A retain the context kept for
+        its objects (see the module docstring) is taken over instead, with no driver call."""
         out = ffi.new("CUcontext *")
         r = self._retains
         with r.lock:
+            if r.kept:
+                r.kept -= 1
+                r.count += 1
+                return self
             self.driver.checked.cuDevicePrimaryCtxRetain(out, r.device)
             r.count += 1
             if r.handle is None or handle_int(out[0]) != handle_int(r.handle):
                 r.handle = out[0]
                 self._context = None
-        return self
+            return self
 
     def release(self) -> None:
         """cuDevicePrimaryCtxRelease of one retain cuproc holds.  Releasing the last one first frees the
@@ -643,12 +715,14 @@ class PrimaryContext:
                 raise invalid("cuDevicePrimaryCtxRelease", "cuproc holds no retain of this primary context to "
                                                            "release (never release what you did not retain)")
             ctx = r.known_context()
-            if r.count == 1 and ctx is not None:
-                ctx.refuse_if_views("cuDevicePrimaryCtxRelease")
-                ctx.free_stream_ordered()
+            if r.count == 1:
+                r.give_back_kept(ctx)      # no longer needed once the views are gone
+                if ctx is not None and not r.kept:
+                    ctx.refuse_if_views("cuDevicePrimaryCtxRelease")
+                    ctx.free_stream_ordered()
             self.driver.checked.cuDevicePrimaryCtxRelease(r.device)
             r.count -= 1
-            if r.count == 0:
+            if r.count == 0 and not r.kept:
                 self._context = None
                 r.end_if_inactive("released (its last retain)")
 
@@ -691,7 +765,16 @@ class PrimaryContext:
         try:
             Context.pop(driver=self.driver)
         finally:
+            self._release_at_exit()
+
+    def _release_at_exit(self) -> None:
+        """A ``with`` block's release: where views of memory made in the context refuse it, the retain is
+        kept by the context for its objects (see the module docstring) -- leaving a block never fails for
+        objects it may not have made."""
+        try:
             self.release()
+        except BufferError:
+            self._retains.keep_one()
 
     def set_flags(self, flags: int) -> None:
         self.driver.checked.cuDevicePrimaryCtxSetFlags(self.device.handle, flags)
@@ -748,7 +831,7 @@ class _Retained:
         return self.pc.retain()
 
     def __exit__(self, *exc: object) -> None:
-        self.pc.release()
+        self.pc._release_at_exit()
 
 
 def _context_device(drv: Driver, handle: Any, out: Any) -> int:

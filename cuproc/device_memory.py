@@ -38,11 +38,12 @@ import weakref
 
 from . import _fork, fastpath
 from ._ffi import ffi
-from ._resource import FORKED, Resource
+from ._resource import FORKED, Resource, report
 from ._support import handle_int, invalid
 from .allocation import EXPORTS, Allocation
 from .context import Context, register_stream_ordered_memory, synchronize_context
 from .driver import DEFAULT_HANDLE, Driver
+from .errors import CudaError
 from .interop import KDL_CUDA, DeviceArrayExports, cai, default_marker, typestr_of
 from .stream import Stream, as_stream, default_stream, stream_handle
 
@@ -54,6 +55,9 @@ if TYPE_CHECKING:
     from .pools import MemoryPool
 
 _SIZE_MAX = (1 << (8 * ffi.sizeof("size_t"))) - 1
+_EVENT_DISABLE_TIMING = 2                         # CU_EVENT_DISABLE_TIMING
+_PER_THREAD = 2                                   # CU_STREAM_PER_THREAD's value
+_LEGACY = 1                                       # CU_STREAM_LEGACY's
 _DEVICE_POINTER = ffi.typeof("CUdeviceptr *")   # parsed once: ffi.new of a string parses it per call
 _new_buffer = object.__new__                     # DeviceBuffer has no __new__ of its own: skips a lookup
 _weak = weakref.ref
@@ -69,9 +73,12 @@ StreamOrderedEntry = tuple
 
 def free_stream_ordered_entry(context: Context, key: weakref.ref[DeviceBuffer], entry: StreamOrderedEntry) -> int:
     """cuMemFreeAsync of an entry's memory, by the holder of the claim (whoever removed ``key`` from
-    ``context``'s table); ends the buffer as "freed" if it lives.  Returns the CUresult.  A context's
-    teardown that finds the buffer already collected -- in a reference cycle the weak reference is
-    cleared before the finalizer runs -- still gives the memory back to its pool."""
+    ``context``'s table); ends the buffer as "freed" if it lives.  Returns the CUresult.  The free is
+    ordered after the work cuproc last queued on the buffer on another stream (:func:`after_last_work`;
+    should that fail, after everything in the context: the claim is taken, so the memory must go now).
+    A context's teardown that finds the buffer already collected -- in a reference cycle the weak
+    reference is cleared before the finalizer runs -- still gives the memory back to its pool, after
+    waiting for the context (what was queued on it is not known any more)."""
     buffer = key()
     if buffer is not None and buffer.ended is None:
         buffer.ended = "freed"
@@ -79,13 +86,101 @@ def free_stream_ordered_entry(context: Context, key: weakref.ref[DeviceBuffer], 
     drv = context.driver
     # Stream-ordered memory goes back with cuMemFreeAsync: cuMemFree "succeeds" on it, but the
     # pool keeps counting it as used and never releases it (measured on driver 580).
-    if not isinstance(stream, Stream):                   # a raw or default stream handle
-        return context.call(drv.cuMemFreeAsync, address, stream)
-    if stream.ended_owner() is None:                     # its stream: ordered after the work on it
-        return context.call(drv.cuMemFreeAsync, address, stream.handle)
-    # Its stream is gone: wait for everything in the context, then free on the default stream.
-    rc = synchronize_context(context)
-    return rc or context.call(drv.cuMemFreeAsync, address, default_stream(drv))
+    if isinstance(stream, Stream) and stream.ended_owner() is not None:
+        # Its stream is gone: wait for everything in the context, then free on the default stream.
+        rc = synchronize_context(context)
+        return rc or context.call(drv.cuMemFreeAsync, address, default_stream(drv))
+    handle = stream.handle if isinstance(stream, Stream) else stream   # its stream, or a raw or default one
+    try:
+        if buffer is None:
+            raise LookupError("the buffer was collected: what was last queued on it is not known")
+        after_last_work(buffer, context, handle, stream if isinstance(stream, Stream) else None)
+    except (CudaError, LookupError) as exc:
+        rc = synchronize_context(context)
+        if buffer is not None:                # (a collected buffer's wait is the rule, not a failure)
+            report(f"ordering the free of {describe_stream_ordered_entry(entry)} after its last work failed "
+                   f"({exc}); it waited for its context instead")
+        if rc:
+            return rc
+    return context.call(drv.cuMemFreeAsync, address, handle)
+
+
+def after_last_work(buffer: DeviceBuffer, context: Context, stream: Any, waiter: Stream | None = None) -> None:
+    """Order a stream-ordered free on ``stream`` (a CUstream of ``context``) after the work cuproc last
+    queued on ``buffer`` on another stream (its ``last_stream``: an async copy or memset there, or a
+    synchronous memset or device-to-device copy, which the default stream runs after the call returns).
+    A failure raises, naming the call that failed.
+
+    Why: the pool hands the memory out again -- or releases it at the next synchronization -- once the
+    free is done on *its* stream, whatever still runs on others.  Measured on an H200 (driver 580,
+    2026-11-29): a memset queued on one stream, the buffer freed stream-ordered on another, then a
+    synchronize: the memset faulted (CUDA_ERROR_ILLEGAL_ADDRESS, sticky for the context).  So where the
+    last work went elsewhere, an event recorded there -- in that stream's own context, which may be
+    another (a peer copy) -- is waited for here (cuEventRecord, cuStreamWaitEvent: the free still costs
+    no host wait).  Where that stream is gone, its context is synchronized; where it is a per-thread
+    default stream (which one depends on the thread that queued the work, not known here), the buffer's
+    context is.  Nothing is done when the last work went to ``stream`` itself (the common case).
+    Kernel launches do not set ``last_stream`` (the launch cannot tell what a kernel uses): after a
+    kernel that uses the buffer on another stream, set it, or free on that stream."""
+    order_after(buffer.last_stream, context, stream, waiter)
+
+
+def _legacy_and_blocking(drv: Driver, last: Any, last_handle: Any, stream: Any, waiter: Stream | None) -> bool:
+    """Whether the driver itself orders ``stream`` after ``last``: one of them the legacy default stream, the
+    other a blocking cuproc Stream (the legacy stream and blocking streams wait for each other)."""
+    if drv.per_thread_default_stream:
+        return False
+    legacy = handle_int(_LEGACY)
+    if handle_int(last_handle) == legacy:
+        return waiter is not None and waiter.blocking
+    if handle_int(stream) == legacy or handle_int(stream) == 0:
+        return isinstance(last, Stream) and last.blocking
+    return False
+
+
+def order_after(last: Stream | int | None, context: Context, stream: Any, waiter: Stream | None = None) -> None:
+    """Make ``stream`` (a CUstream of ``context``; ``waiter``, its cuproc Stream where there is one) wait for
+    the work queued so far on ``last`` (a buffer's ``last_stream``: a Stream, a raw handle as an int, None
+    for the default stream), as :func:`after_last_work` says; nothing when they are the same stream, or
+    when the driver orders them itself (the legacy default stream and a blocking stream).  Raises,
+    naming the call."""
+    drv = context.driver
+    owner = context                                    # the context the last stream belongs to
+    if isinstance(last, Stream):
+        owner = last.context
+        if last.ended_owner() is not None:             # closed (its work still runs), or its context gone
+            if owner.ended is None:
+                drv.check(synchronize_context(owner), "cuCtxSynchronize")
+            return
+        last_handle = last.handle
+    else:
+        last_handle = default_stream(drv) if last is None else ffi.cast("CUstream", last)
+    if handle_int(last_handle) == handle_int(stream):
+        return
+    if _legacy_and_blocking(drv, last, last_handle, stream, waiter):
+        return                                         # ordered by the driver already
+    if handle_int(last_handle) == _PER_THREAD:
+        drv.check(synchronize_context(context), "cuCtxSynchronize")
+        return
+    event = owner.call_current(_recorded_event, drv, last_handle)
+    try:
+        drv.check(context.call(drv.cuStreamWaitEvent, stream, event, 0), "cuStreamWaitEvent")
+    finally:
+        rc = owner.call(drv.cuEventDestroy, event)   # the driver keeps it until the wait is done
+        if rc:
+            report(f"destroying the event that ordered work after {owner.describe()}'s stream failed: "
+                   f"{drv.error(rc, 'cuEventDestroy')}")
+
+
+def _recorded_event(drv: Driver, stream: Any) -> Any:
+    """A new event recorded on ``stream`` (in the current context, which must be the stream's)."""
+    out = ffi.new("CUevent *")
+    drv.check(drv.cuEventCreate(out, _EVENT_DISABLE_TIMING), "cuEventCreate")
+    rc = drv.cuEventRecord(out[0], stream)
+    if rc:
+        drv.cuEventDestroy(out[0])       # (its context is current here)
+        raise drv.error(rc, "cuEventRecord")
+    return out[0]
 
 
 def describe_stream_ordered_entry(entry: StreamOrderedEntry) -> str:
@@ -118,6 +213,11 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
     _release_call = "cuMemFree"
 
     def __init__(self, nbytes: int, *, context: Context | None = None, driver: Driver | None = None) -> None:
+        # Once only, before any driver call: a second __init__ would overwrite the handle of the memory this
+        # buffer owns, and nothing would free it.  (The compiled front hands any buffer that is not fresh here.)
+        if hasattr(self, "driver"):
+            raise invalid("cuMemAlloc", "DeviceBuffer.__init__ was called on a buffer that is already initialized; "
+                                        "a second allocation would leak the first (make a new DeviceBuffer)")
         if nbytes.__class__ is not int or nbytes <= 0 or nbytes > _SIZE_MAX:
             raise invalid("cuMemAlloc", f"size must be a positive int that a size_t holds, got {nbytes!r}")
         out = ffi.new(_DEVICE_POINTER)
@@ -166,11 +266,15 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
 
     def free_async(self, stream: Stream | Any | None = None) -> None:
         """cuMemFreeAsync: the memory returns to its pool once prior work on ``stream`` is done
-        (default: the stream it was allocated on, else the default stream).  Idempotent."""
+        (default: the stream it was allocated on, else the default stream).  Idempotent.
+
+        Freeing on the very Stream it came from -- ``free_async()`` or ``free_async(buf.stream)``, the form
+        users write -- is the fast path (three reads, no walk of the parents; in C on the compiled path);
+        any other stream gets the full checks of the buffer and of that stream."""
         if self.ended is not None:
             return
         own = self.stream
-        if stream is None and own.__class__ is Stream:
+        if (stream is None or stream is own) and own.__class__ is Stream:
             # The common case -- freed on the Stream it came from -- without a walk of the parents: the
             # buffer's parent is its context, which alloc_async took from this stream, so these reads are
             # the whole check.
@@ -184,9 +288,12 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
             target = stream if stream is not None else (own if isinstance(own, Stream) else None)
             h = stream_handle(target, self.driver, "cuMemFreeAsync")
             ctx = target.context if isinstance(target, Stream) else self.context
-        if id(self) in EXPORTS:                       # Allocation.has_views, inline (a DeviceBuffer adds no views)
+        if id(self) in EXPORTS and self.has_views():  # the inline test first (a DeviceBuffer adds no views)
             raise BufferError(f"cuMemFreeAsync was not called: {self.describe()} still has views (a DLPack "
                               f"export); drop them first")
+        target = stream if stream is not None else own
+        if self.last_stream is not target:            # the last work cuproc queued on it may have gone elsewhere
+            after_last_work(self, self.context, h, target if isinstance(target, Stream) else None)
         address = self.address
         if own is not None:
             # Stream-ordered: the claim is removing its entry from the context's table, as every way of

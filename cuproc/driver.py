@@ -15,7 +15,10 @@ Policy
   It is the cffi function pointer itself, or with the compiled fast path
   (:mod:`cuproc.fastpath`) a C trampoline bound to that same pointer, which takes
   the same arguments (a few are thin wrappers: cuInit, by-value struct arguments,
-  :class:`AliasedName`; ``fastpath.pointer()`` gives the cffi pointer of any).
+  :class:`AliasedName`).  The driver's own function pointer, on either path and for
+  any of them (``drv.cuX``, ``cuproc.driver.cuX``, :meth:`Driver.resolve`,
+  :meth:`Driver.declare`), is ``cuproc.fastpath.pointer(f)``: ``ffi.cast("void *", f)``
+  of a trampoline would give the trampoline's address, or a TypeError.
   After the first access it is a plain attribute, so a call costs what a call of
   that object costs (on the fast path, about half a bare cffi call through the pointer).  ``drv.checked.cuMemAlloc`` raises
   :class:`~cuproc.errors.CudaError` instead of returning a code.
@@ -41,7 +44,7 @@ Policy
   such names (few: :meth:`Registry.aliased_names`) the attribute is a thin
   :class:`AliasedName` whose repr and docstring say so and whose wrong-arity
   call names the alias.  It is not a cffi pointer: its ``.function`` is (for
-  ``ffi.cast`` or an address).
+  ``ffi.cast`` or an address), which ``fastpath.pointer()`` gives as well.
 * **Functions cuproc's headers lack.**  :meth:`Driver.declare` resolves any
   name with a signature you give, as the programming guide's ``cuFoo``
   example does.
@@ -298,6 +301,7 @@ class Driver(_DriverFunctions):
         self._out: tuple[Any, Any] | None = None      # cuGetProcAddress's out-parameters, reused under the lock
         self._declared: dict[str, Resolution] = {}    # declare()d names the registry lacks
         self._checked: Checked | None = None
+        self._initialized = False                     # cuInit(0) succeeded through this handle (initialize())
         _live_drivers.add(self)
 
     # ---------------------------------------------------------------- opening
@@ -314,6 +318,25 @@ class Driver(_DriverFunctions):
                     else:
                         self._version = min(self._driver_version, self.registry.newest_version)
                     self._lib = lib
+        return self
+
+    @property
+    def initialized(self) -> bool:
+        """True once :meth:`initialize` (cuInit(0)) succeeded through this handle."""
+        return self._initialized
+
+    def initialize(self) -> Driver:
+        """cuInit(0) through this handle, once (thread-safe); raises its CudaError, and tries again next time.
+
+        The object layer calls it for every handle it uses (``_support.get_driver``).  The memo is this
+        handle's own, so it lives and dies with the handle: a memo kept elsewhere by ``id(handle)`` let a new
+        handle (on another library) that Python placed at a dropped one's address skip cuInit, and grew with
+        every handle ever made."""
+        if not self._initialized:
+            with self._lock:
+                if not self._initialized:
+                    self.checked.cuInit(0)
+                    self._initialized = True
         return self
 
     @property
@@ -549,7 +572,12 @@ class Driver(_DriverFunctions):
         return Resolution(name, status, sel.entry_point, sel.typedef, sel.query_version, newer, None, message)
 
     def resolve(self, name: str, version: object = None) -> Callable[..., int]:
-        """The raw function ``name`` at R, or at ``version`` for this one symbol; raises if unavailable."""
+        """The raw function ``name`` at R, or at ``version`` for this one symbol; raises if unavailable.
+
+        It returns the CUresult, as ``drv.<name>`` does, and is what ``drv.<name>`` is: the cffi function
+        pointer on the pure path, a C trampoline calling it on the compiled fast path, a thin wrapper for a
+        few names (see the module docstring).  ``cuproc.fastpath.pointer(f)`` is the driver's own pointer
+        on either path (:attr:`Resolution.function` of :meth:`resolution` is the same pointer)."""
         res = self.resolution(name, version)
         if res.function is None:
             raise self.unavailable_error(res)
@@ -572,9 +600,12 @@ class Driver(_DriverFunctions):
         typedef headers write it, ``"typedef CUresult (CUDAAPI *PFN_cuFoo_v12000)(int x);"``) or
         a cffi type; it must return CUresult.  ``version``: the CUDA version to ask
         ``cuGetProcAddress`` at (default: the driver's own).  The query uses this handle's
-        stream flag.  Returns the function as ``drv.<name>`` is: the cffi pointer returning
-        CUresult, or for a signature with a by-value struct cffi cannot pass (CUmemLocation) the
-        same small converting wrapper registry functions get.  A name the registry lacks is then
+        stream flag.  Returns the function as ``drv.<name>`` is, returning CUresult: for a name the
+        registry lacks, the cffi pointer (or, for a signature with a by-value struct cffi cannot pass
+        (CUmemLocation), the same small converting wrapper registry functions get); for a name it
+        knows, what :meth:`resolve` gives (a C trampoline calling the pointer on the compiled fast
+        path).  ``cuproc.fastpath.pointer(f)`` is the driver's own pointer in every case, on either
+        path.  A name the registry lacks is then
         also ``drv.<name>`` and ``drv.checked.<name>``, known to :meth:`has` and :meth:`resolution`;
         declaring it again replaces all of them (the module namespace's too).
 
@@ -871,6 +902,7 @@ def _public(name: str, res: Resolution) -> Callable[..., int]:
         return function(*converted)
 
     call.__name__ = call.__qualname__ = name
+    call.function = function  # type: ignore[attr-defined]  # the cffi pointer it calls, for fastpath.pointer()
     return call
 
 
@@ -970,6 +1002,7 @@ def _tracking_cuinit(function: Callable[[int], int]) -> Callable[[int], int]:
         if rc == _CUDA_SUCCESS:
             _fork.note_initialized()
         return rc
+    cuInit.function = fastpath.bare(function)  # type: ignore[attr-defined]  # for fastpath.pointer()
     return cuInit
 
 
@@ -992,7 +1025,7 @@ class Checked(_CheckedFunctions):
                 function = getattr(self._driver, name)
                 # A bare pointer or its trampoline has a known arity; wrappers (aliases, by-value structs)
                 # check their own.
-                bare = fastpath.pointer(function)
+                bare = fastpath.bare(function)
                 arity = len(ffi.typeof(bare).args) if isinstance(bare, ffi.CData) else None
                 wrapper = _make_checked(function, name, self._driver.error, arity)
                 self.__dict__[name] = wrapper
@@ -1034,7 +1067,7 @@ def _make_checked(function: Callable[..., int], name: str, error: Callable[[int,
     """
     params: tuple[str, ...] | None = None
     if arity is not None:
-        bare = fastpath.pointer(function)
+        bare = fastpath.bare(function)
         types = [t.cname for t in ffi.typeof(bare).args] if isinstance(bare, ffi.CData) else []
         if len(types) != arity:
             types = ["value"] * arity

@@ -11,15 +11,16 @@ Where it applies:
 
 * ``drv.cuX`` is the trampoline bound to the resolved pointer (``cuproc.driver``); a typedef
   without a trampoline (one taking a struct by value, a signature declared at run time) stays
-  the cffi pointer.
+  the cffi pointer.  :func:`pointer` gives the pointer behind either, on both paths.
 * ``drv.checked.cuX`` is a C callable (tools/fastpath_checked.c) doing what the pure path's
   generated Python wrapper does -- fork check, exact argument count, call, raise on a nonzero
   result -- without a Python frame.
 * ``Function.prepare`` returns a C launcher (``cuproc.launch``) that stores the values into the
   argument block and calls cuLaunchKernel(Ex) in C; every other case -- another thread, an ended
   resource, a fork, a value it does not convert exactly as cffi would -- goes to the pure launcher.
-* ``alloc_async(n, stream)`` and ``buffer.free_async()`` on a cuproc Stream make their driver call and
-  build the buffer and its table entry in C (tools/fastpath_memory.c); every other form is the Python code.
+* ``alloc_async(n, stream)`` and ``buffer.free_async()`` (or ``free_async(stream)`` with the buffer's own
+  Stream) on a cuproc Stream make their driver call and build the buffer and its table entry in C
+  (tools/fastpath_memory.c); every other form is the Python code.
 * ``DeviceBuffer(n)`` (in the current context, or ``context=`` the current one) and ``buffer.free()`` /
   ``close()`` of such memory ask which context is current, allocate, build or claim the buffer, and
   free, in C (tools/fastpath_device_buffer.c); every resource's claim (``Resource._claim``: "not ended
@@ -58,7 +59,7 @@ def status() -> str:
     return _ffi.STATUS
 
 
-# slot trampoline -> the pointer its slot last handed out (for pointer()).  It keeps that cffi pointer
+# slot trampoline -> the pointer its slot last handed out (for bare() and pointer()).  It keeps that cffi pointer
 # (a few dozen bytes per slot, at most CUPROC_SLOTS per typedef) for the process's life, and a claimed
 # slot is never freed: the pointer stays valid as long as its library is loaded, which cuproc never
 # unloads.  Harmless today; a design that unloads libraries would need slots released.
@@ -96,11 +97,36 @@ def trampoline(typedef: str, function: Any) -> Callable[..., int] | None:
     return types.MethodType(call, function)
 
 
-def pointer(function: Any) -> Any:
-    """The cffi function pointer behind what :func:`trampoline` returned (or ``function`` itself)."""
+def bare(function: Any) -> Any:
+    """The cffi function pointer behind what :func:`trampoline` returned, else ``function`` itself (a cffi
+    pointer, or a wrapper: cuproc.driver asks this to tell what takes exactly the typedef's arguments)."""
     if isinstance(function, types.MethodType):
         return function.__self__
-    return _slot_pointers.get(function, function)
+    try:
+        return _slot_pointers.get(function, function)
+    except TypeError:   # unhashable: no trampoline
+        return function
+
+
+def pointer(function: Any) -> Any:
+    """The driver's own function pointer (a cffi function pointer) behind ``function``, on either path: the
+    one documented way to reach it.
+
+    ``function``: anything :mod:`cuproc.driver` hands out for a driver function -- ``drv.cuX``,
+    ``cuproc.driver.cuX``, ``drv.resolve(...)``, ``drv.declare(...)``, the pointer itself -- which is, on the
+    compiled fast path, a C trampoline calling that pointer, and on both paths for a few names a thin Python
+    wrapper (cuInit, functions taking a struct by value, an :class:`~cuproc.driver.AliasedName`; those carry
+    it as ``.function``).  ``ffi.cast("void *", pointer(f))`` is the address cuGetProcAddress handed out
+    (``ffi.cast`` of a trampoline would give the trampoline's own address, or a TypeError).  Anything else --
+    an Unavailable, ``drv.checked.cuX`` (which raises instead of returning the code), your own callable -- is
+    returned as it is.
+    """
+    found = bare(function)
+    if found is function and not isinstance(function, _ffi.ffi.CData):
+        wrapped = getattr(function, "function", None)   # cuproc.driver's wrappers keep the pointer they call
+        if isinstance(wrapped, _ffi.ffi.CData):
+            return wrapped
+    return found
 
 
 def _gil_held() -> bool:
@@ -225,4 +251,4 @@ def launcher_kinds() -> dict[str, int] | None:
     return {ctype: getattr(compiled.lib, f"CUPROC_K_{kind}") for ctype, kind in _KIND_NAMES.items()}
 
 
-__all__ = ["active", "status"]
+__all__ = ["active", "pointer", "status"]

@@ -7,7 +7,8 @@ Policy
   scalars, cuproc buffers / ``__cuda_array_interface__`` / DLPack objects
   (pointers), NumPy structured scalars and cffi structs (structs).  A bare
   Python ``int`` or ``float`` without a signature is refused: a float is never
-  silently passed as a double to a float parameter.
+  silently passed as a double to a float parameter.  A ``CUdeviceptr``
+  parameter is a device pointer, as ``T*`` is: it takes the same values.
 * **Layout.**  Each argument sits at the next offset aligned to its own
   alignment (programming guide, "Kernel Execution"); vector types use their
   device alignment (float2: 8, float4: 16).
@@ -60,8 +61,11 @@ VECTOR_TYPES = {
 _SCALAR_ALIASES = {"char": "int8_t", "signed char": "int8_t", "unsigned char": "uint8_t", "short": "int16_t",
                    "unsigned short": "uint16_t", "int": "int32_t", "unsigned int": "uint32_t",
                    "unsigned": "uint32_t", "long long": "int64_t", "unsigned long long": "uint64_t",
-                   "long": "int64_t", "unsigned long": "uint64_t", "size_t": "uint64_t", "bool": "uint8_t",
-                   "CUdeviceptr": "uint64_t"}
+                   "long": "int64_t", "unsigned long": "uint64_t", "size_t": "uint64_t", "bool": "uint8_t"}
+# The driver API's name for a device address (a 64-bit integer type in cuda.h; CUdeviceptr_v2 is the same type):
+# C driver-API code declares kernel pointers so, and such a parameter takes what ``T*`` takes -- a DeviceBuffer,
+# a view, a __cuda_array_interface__ or DLPack object, an int -- with the same liveness checks.
+_DEVICE_POINTER_TYPES = frozenset({"CUdeviceptr", "CUdeviceptr_v2"})
 _PARAM_BUFFER_POINTER = ffi.cast("void *", DEFINES["CU_LAUNCH_PARAM_BUFFER_POINTER"])
 _PARAM_BUFFER_SIZE = ffi.cast("void *", DEFINES["CU_LAUNCH_PARAM_BUFFER_SIZE"])
 _PARAM_END = ffi.cast("void *", DEFINES["CU_LAUNCH_PARAM_END"])
@@ -92,7 +96,7 @@ def arg_type(spec: Any, call: str = "cuLaunchKernel") -> ArgType:
         return spec
     if isinstance(spec, str):
         text = " ".join(spec.replace("const ", "").split())
-        if text.endswith("*"):
+        if text.endswith("*") or text in _DEVICE_POINTER_TYPES:
             return ArgType(text, 8, 8, "pointer", "uint64_t")
         if text in VECTOR_TYPES:
             comp, count, align = VECTOR_TYPES[text]
@@ -372,7 +376,8 @@ class PreparedLaunch:
     The launch function holds what every launch needs -- the function, its module and
     context, the stream -- and nothing holds it back (no reference cycle: dropping it
     releases the stream and the module at once).  It carries ``entry``, ``convention``,
-    ``grid``, ``block``, ``function`` and ``stream`` as attributes.
+    ``grid``, ``block``, ``function`` and ``stream`` as attributes, and ``prepared``: this
+    PreparedLaunch's state, reaching the launch function weakly (:class:`_LauncherPrepared`).
 
     Threads: the packed block belongs to the first thread that launches; any other thread
     launches with a block of its own, made once per thread (slower: the general writers; never
@@ -445,6 +450,42 @@ class PreparedLaunch:
     def __repr__(self) -> str:
         dims = "dims per call" if self.grid is None else f"grid={self.grid} block={self.block}"
         return f"<cuproc.PreparedLaunch {self.launch.__name__} {dims} {self.entry}/{self.convention}>"
+
+
+class _LauncherPrepared(PreparedLaunch):
+    """``run.prepared``: the PreparedLaunch a launch function carries (on the pure and the compiled launcher).
+
+    It is the prepared launch's own state -- the same packed block, configuration, function and stream
+    objects, the same entry and convention -- but it reaches the launch function (``.launch``) weakly: a
+    launch function holding a PreparedLaunch that held it back would be a reference cycle, and dropping
+    ``run`` must release its stream and module at once, without the garbage collector.  So it launches
+    (``prepared(*args)``, ``prepared.launch``) while ``run`` lives; after that ``.launch`` raises
+    ReferenceError.
+    """
+
+    _launch_ref: Callable[[], Callable[..., None] | None]
+
+    @classmethod
+    def of(cls, prepared: PreparedLaunch, launch: Callable[..., None]) -> _LauncherPrepared:
+        """``prepared``'s state (made, ``launch`` not yet stored on it) for its launch function ``launch``."""
+        view = cls.__new__(cls)
+        view.__dict__.update(prepared.__dict__)
+        view.__dict__.pop("launch", None)
+        view._launch_ref = weakref.ref(launch)
+        return view
+
+    @property
+    def launch(self) -> Callable[..., None]:  # type: ignore[override]  # read-only: the function it came from
+        launch = self._launch_ref()
+        if launch is None:
+            raise ReferenceError("the launch function this PreparedLaunch came from (run.prepared) is gone; "
+                                 "keep run, or prepare again")
+        return launch
+
+    def __repr__(self) -> str:
+        if self._launch_ref() is None:
+            return f"<cuproc.PreparedLaunch of a dropped launch function, {self.entry}/{self.convention}>"
+        return super().__repr__()
 
 
 def default_entry(driver: Any) -> str:
@@ -771,6 +812,9 @@ def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any, cach
                                                                   prepared.grid, prepared.block)
     launch.function = None if cached else prepared.function
     launch.stream = None if cached else prepared.stream_object
+    # ``run.prepared`` (Function.prepare's docstring): this launch's PreparedLaunch.  None for a one-shot
+    # entry, which must hold neither the function nor the stream (see PreparedLaunch).
+    launch.prepared = None if cached else _LauncherPrepared.of(prepared, launch)
     return launch
 
 

@@ -219,7 +219,7 @@ class Stream(Resource):
     it to attach attributes.
     """
 
-    __slots__ = ("context", "handle", "owned", "owner", "_callback_errors")
+    __slots__ = ("context", "handle", "owned", "owner", "_callback_errors", "blocking")
     context: Context
     handle: Any                       # the CUstream (a cffi cdata)
     owned: bool                       # False for another library's stream (from_handle): never destroyed here
@@ -241,6 +241,9 @@ class Stream(Resource):
         self.handle = out[0]
         self.owned, self.owner = True, None
         self._callback_errors = []
+        #: made without CU_STREAM_NON_BLOCKING: its work and the legacy default stream's are ordered both
+        #: ways by the driver (False where not known: another library's stream)
+        self.blocking = not flags & drv.CU_STREAM_NON_BLOCKING
         self.ended = None           # last: a half-built object has nothing to release
 
     @classmethod
@@ -270,6 +273,7 @@ class Stream(Resource):
         stream.driver, stream.context, stream.handle = drv, context, h
         stream.owned, stream.owner = False, owner
         stream._callback_errors = []
+        stream.blocking = False     # not known without asking the driver: treated as non-blocking
         stream.ended = None
         return stream
 

@@ -29,7 +29,7 @@ from ._resource import EPOCH, FORKED, Resource
 from ._support import get_driver, handle_int, invalid
 from .allocation import Allocation
 from .context import Context, call_in
-from .device_memory import DeviceBuffer, DeviceView, GlobalView
+from .device_memory import DeviceBuffer, DeviceView, GlobalView, order_after
 from .driver import Driver
 from .host_memory import HostMemory, PinnedBuffer
 from .interop import read_cai, wait_for_cai
@@ -165,9 +165,28 @@ def _begin(stream: Any, driver: Driver | None, call: str, d: _Side,
         for side in (d, s):
             if side is not None and side.wait is not None:
                 wait_for_cai(side.wait, stream, ctx, drv)
-    if stream is None or isinstance(stream, Stream):
-        return stream, ctx, stream
-    return stream, ctx, handle_int(_stream_arg(stream, ctx, driver, call)) or None   # NULL: the default stream
+    last = stream if stream is None or isinstance(stream, Stream) else \
+        handle_int(_stream_arg(stream, ctx, driver, call)) or None   # NULL: the default stream
+    _order_sides(last, ctx, stream, driver, call, d, s)
+    return stream, ctx, last
+
+
+def _order_sides(last: Any, ctx: Context | None, stream: Any, driver: Driver | None, call: str,
+                 *sides: _Side | None) -> None:
+    """The call about to go on ``stream`` waits for the work cuproc queued last on each buffer it touches on
+    another stream (:func:`~cuproc.device_memory.order_after`).  So the work on one buffer is one chain, and
+    its ``last_stream`` -- the end of the chain -- is all a stream-ordered free must wait for: otherwise a
+    memset on stream A, a copy on stream B, then a free ordered after B alone left A's memset running
+    while the pool took the memory back (a device fault on a GPU).  Nothing when the stream stays the same."""
+    if ctx is None:
+        return
+    handle = None
+    for side in sides:
+        buffer = side.buffer if side is not None else None
+        if buffer is not None and buffer.last_stream is not last:
+            if handle is None:
+                handle = _stream_arg(stream, ctx, driver, call)
+            order_after(buffer.last_stream, ctx, handle, stream if isinstance(stream, Stream) else None)
 
 
 def _end(last: Any, d: _Side, s: _Side | None = None) -> None:
@@ -227,7 +246,12 @@ def _copied_between_allocations(dst: Allocation, src: Allocation, nbytes: int | 
     plan = _direct_call(dst, src, n)
     if plan is None:
         return False
-    _run(_binding(None, dst, src), None, *plan)
+    ctx = _binding(None, dst, src)
+    for side in (dst, src):                      # the default stream waits for work left on others
+        buffer = _tracked(side)
+        if buffer is not None and buffer.last_stream is not None and ctx is not None:
+            order_after(buffer.last_stream, ctx, _stream_arg(None, ctx, None, plan[0]))
+    _run(ctx, None, *plan)
     _synchronous_done(dst, src)
     return True
 

@@ -89,8 +89,10 @@ def fk(fake):
     yield fake
     gc.collect()
     stale, calls = fake.stale_count(), fake.stale_calls()
+    unordered, unordered_calls = fake.unordered_frees(), fake.unordered_calls()
     cuproc.set_default_driver(None)
     assert stale == 0, f"stale handles reached the driver in: {calls}"
+    assert unordered == 0, f"stream-ordered frees not ordered after work on the memory: {unordered_calls}"
 
 
 @pytest.fixture()

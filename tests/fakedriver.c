@@ -15,6 +15,12 @@
  *   binding errors  an operation on a context-owned object while another (or no) context is
  *                   current.  The real driver would often act on the wrong context silently.
  *   launches        the packed argument bytes of every launch, plus a race detector.
+ *   unordered frees a cuMemFreeAsync of memory that asynchronous work on another stream may still
+ *                   use: that work is not ordered before the free (same stream, a synchronize, an
+ *                   event waited for or on, the legacy stream's implicit ordering).  On a GPU the
+ *                   pool may hand the memory out again or release it while that work runs; seen
+ *                   on an H200 as CUDA_ERROR_ILLEGAL_ADDRESS in the other stream's memset (a
+ *                   sticky error).  Here all work is done at once, so it is only a record.
  *   fork            any call in a child forked after cuInit.
  *
  * Tests assert that the stale and binding counters stay 0.
@@ -33,12 +39,36 @@
  *     current pool, cuMemAllocFromPoolAsync) that fits takes the most recently freed one
  *     (fake_async_reuses counts it), in both modes.  With reuse on, cuMemAlloc likewise takes the
  *     most recently freed range of cuMemAlloc memory (freed by cuMemFree or with its context)
- *     that fits (fake_sync_reuses).  Never across pools or devices, never stream-ordered memory
+ *     that fits (fake_sync_reuses), on any device (one unified address space, as on a GPU).  Pool
+ *     ranges never move across pools or devices, and never stream-ordered memory
  *     freed by cuMemFree, context destroy/reset or pool destroy.  Addresses are
  *     carved from a reserved PROT_NONE window (hint: the 1 TiB below 0x7f0000000000) so no host
  *     allocation can alias them and a host dereference of a device pointer faults as it would on
  *     a GPU; each allocation is backed by calloc'd storage;
- *   - pinned, registered and managed memory is real host memory.
+ *   - pinned, registered and managed memory is real host memory;
+ *   - an ordering model, records only (the work itself is still done at once): every stream, the
+ *     legacy (NULL) stream of each context and each thread's per-thread stream has a work counter,
+ *     and each asynchronous operation on it (memset, copy, launch, stream-ordered alloc and free,
+ *     event record, host function, stream wait) takes the next number.  A device allocation keeps
+ *     the last few (stream, number) of the memsets, copies and launches (any 8-byte aligned word
+ *     of the argument block pointing into it) that touched it and are not known complete.
+ *     Known complete: a stream up to its last number after cuStreamSynchronize or a successful
+ *     cuStreamQuery, every stream of a context after cuCtxSynchronize, cuMemFree (it waits for
+ *     the device) or the context's end, the recording stream up to the event after
+ *     cuEventSynchronize or a successful cuEventQuery, the legacy stream and its blocking
+ *     streams after a copy that returns only when done (host memory on one side, no stream).
+ *     Ordered: cuStreamWaitEvent makes the waiting stream's later work follow what the event
+ *     covers (vector clocks: what the recording stream had itself waited for too); work on the
+ *     legacy stream follows all earlier work of the context's blocking streams (created without
+ *     CU_STREAM_NON_BLOCKING, and the per-thread stream, which the driver documents as
+ *     synchronizing with the legacy stream), and their work follows all earlier legacy work.
+ *     Synchronous memsets of device memory and device-to-device copies are recorded as work of
+ *     the current context's legacy stream: per CUDA's "API synchronization behavior" they return
+ *     before they are done (no host-side synchronization).  A cuMemFreeAsync on
+ *     stream S of memory with a recorded touch (T, k), T != S, neither complete nor seen by S,
+ *     is an unordered free.  Bounded: 16 streams per clock, 8 touches per allocation; when full,
+ *     what is complete goes first, then the oldest (a forgotten touch can hide an unordered free,
+ *     a forgotten clock entry invent one: neither happens below 16 streams with pending work).
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -308,6 +338,12 @@ static char *read_file(const char *path, size_t *len) {
   return buf;
 }
 
+/* ------------------------------------------------------------------ ordering: types
+ * See "ordering model" below.  A clock maps a stream's ordering state (uid) to a work number. */
+#define CLOCK 16
+#define TOUCHES 8
+struct clock { int n; struct { unsigned uid; unsigned long long k; } e[CLOCK]; };
+
 /* ------------------------------------------------------------------ objects (handles) */
 enum kind { K_NONE, K_CTX, K_STREAM, K_EVENT, K_MODULE, K_FUNCTION, K_LIBRARY, K_KERNEL, K_POOL, K_LINK };
 
@@ -324,9 +360,11 @@ struct obj {
   int kidx;                 /* function, kernel: index in img->k */
   unsigned flags;
   union {
-    struct { size_t limits[N_LIMITS]; int cache; unsigned long long id; } c;
-    struct { int priority; } s;
-    struct { unsigned long long seq; } e;
+    /* legacy, uid: the ordering states of a context's NULL stream and of a stream (never reused);
+     * clk: what waiting for an event orders after (see the ordering model) */
+    struct { size_t limits[N_LIMITS]; int cache; unsigned long long id; unsigned legacy; } c;
+    struct { int priority; unsigned uid; } s;
+    struct { unsigned long long seq; struct clock *clk; } e;
     struct { int attrs[N_FUNC_ATTRS]; int cache; } f;
     struct { unsigned long long used, used_high, reserved_high, threshold; int reuse[4]; } p;
     struct { char *buf; size_t len; char *out; } l;
@@ -427,6 +465,8 @@ struct alloc {
   char *store;      /* where the bytes live: calloc'd backing or the host memory itself */
   size_t span;      /* device kinds: the address range taken (size rounded up, plus a gap) */
   unsigned long long id;
+  int ntouch;       /* asynchronous work on it not known complete: (stream state, work number) */
+  struct { unsigned uid; unsigned long long k; } touch[TOUCHES];
 };
 
 /* Ranges freed by cuMemFreeAsync, each tagged with its pool, the most recent last.  A pool hands
@@ -593,6 +633,7 @@ static void free_allocs_by(enum afield field, handle_t key) {
 
 /* ------------------------------------------------------------------ destruction */
 static void kill_obj(struct obj *o);
+static void complete_ctx(const struct obj *c);
 
 /* Kill every live object whose ctx (by_ctx) or parent equals key.  Killing edits live[]:
  * walking it downwards stays correct because removal only moves the last (visited) entry. */
@@ -609,6 +650,7 @@ static void kill_obj(struct obj *o) {
   if (!o->alive) return;
   switch (o->kind) {
   case K_CTX:
+    complete_ctx(o); /* implicitly synchronizing: its work is done, nothing is counted */
     kill_by(1, o->h);
     free_allocs_by(BY_CTX, o->h);
     if (o->primary && prim[o->dev].ctx == o->h) prim[o->dev].ctx = 0;
@@ -627,6 +669,9 @@ static void kill_obj(struct obj *o) {
   case K_LINK:
     free(o->u.l.buf);
     free(o->u.l.out);
+    break;
+  case K_EVENT:
+    free(o->u.e.clk);
     break;
   }
   o->img = NULL;
@@ -808,6 +853,231 @@ static CUresult bind_mem(const struct alloc *a, const struct alloc *b) {
   return cur_ctx(&c);
 }
 
+/* ------------------------------------------------------------------ ordering model
+ * Records only: the work is still done at once (see the model at the top).  Each stream's state
+ * lives in sst[uid], uid never reused before fake_reset (a destroyed stream's pending work still
+ * runs; its handle may name a new stream).  uid 0: not modelled (no memory for it); every
+ * function here ignores it. */
+enum { ST_BLOCKING, ST_NONBLOCKING, ST_LEGACY };
+struct sstate {
+  unsigned long long ctx_id;  /* the owning context's u.c.id */
+  unsigned long long work;    /* the number of the last operation enqueued */
+  unsigned long long done;    /* known complete: 1..done */
+  unsigned legacy;            /* its context's legacy stream state */
+  int kind, pending;          /* pending: listed in pending_uids[] */
+  struct clock seen;          /* its later work runs after T's 1..k (waits, the legacy rule) */
+};
+static struct sstate *sst;
+static unsigned nsst, cap_sst;
+static unsigned *pending_uids;   /* states that may have work not known complete */
+static size_t npending, cap_pending;
+static long unordered_count;
+static struct ring unordered_ring;
+
+static unsigned new_state(unsigned long long ctx_id, int kind, unsigned legacy) {
+  if (nsst == 0) nsst = 1; /* uid 0: none */
+  if (nsst >= cap_sst) {
+    unsigned cap = cap_sst ? 2 * cap_sst : 64;
+    struct sstate *grown = realloc(sst, cap * sizeof *grown);
+    if (!grown) return 0;
+    sst = grown;
+    cap_sst = cap;
+  }
+  struct sstate *st = &sst[nsst];
+  memset(st, 0, sizeof *st);
+  st->ctx_id = ctx_id;
+  st->kind = kind;
+  st->legacy = kind == ST_LEGACY ? nsst : legacy;
+  return nsst++;
+}
+
+static unsigned long long clock_get(const struct clock *c, unsigned uid) {
+  for (int i = 0; i < c->n; i++) if (c->e[i].uid == uid) return c->e[i].k;
+  return 0;
+}
+
+/* c learns that T = uid is passed up to k.  What is known complete need not be kept. */
+static void clock_set(struct clock *c, unsigned uid, unsigned long long k) {
+  if (!uid || k <= sst[uid].done) return;
+  for (int i = 0; i < c->n; i++) {
+    if (c->e[i].uid == uid) { if (k > c->e[i].k) c->e[i].k = k; return; }
+  }
+  if (c->n == CLOCK) { /* drop what became complete, else the oldest */
+    int kept = 0;
+    for (int i = 0; i < c->n; i++) if (c->e[i].k > sst[c->e[i].uid].done) c->e[kept++] = c->e[i];
+    c->n = kept;
+    if (c->n == CLOCK) { memmove(&c->e[0], &c->e[1], (CLOCK - 1) * sizeof c->e[0]); c->n--; }
+  }
+  c->e[c->n].uid = uid;
+  c->e[c->n].k = k;
+  c->n++;
+}
+
+static void clock_merge(struct clock *dst, const struct clock *src) {
+  for (int i = 0; i < src->n; i++) clock_set(dst, src->e[i].uid, src->e[i].k);
+}
+
+static void complete_to(unsigned uid, unsigned long long k) {
+  if (uid && k > sst[uid].done) sst[uid].done = k;
+}
+
+/* Everything c covers is complete (an event waited for, or a stream's whole clock). */
+static void complete_clock(const struct clock *c) {
+  for (int i = 0; i < c->n; i++) complete_to(c->e[i].uid, c->e[i].k);
+}
+
+/* All of the stream's work so far is complete, and so is what it waited for. */
+static void complete_stream(unsigned uid) {
+  if (!uid) return;
+  complete_to(uid, sst[uid].work);
+  complete_clock(&sst[uid].seen);
+}
+
+/* Drop the states with nothing pending from pending_uids[]. */
+static void compact_pending(void) {
+  size_t kept = 0;
+  for (size_t i = 0; i < npending; i++) {
+    struct sstate *st = &sst[pending_uids[i]];
+    if (st->done < st->work) pending_uids[kept++] = pending_uids[i];
+    else st->pending = 0;
+  }
+  npending = kept;
+}
+
+/* Every stream of the context, its default streams and destroyed ones included. */
+static void complete_ctx(const struct obj *c) {
+  for (size_t i = 0; i < npending; i++)
+    if (sst[pending_uids[i]].ctx_id == c->u.c.id) complete_stream(pending_uids[i]);
+  compact_pending();
+}
+
+/* The next operation on stream uid: its number.  First the legacy stream's implicit ordering: an
+ * operation on it follows all earlier work of the context's blocking streams, an operation on a
+ * blocking stream all earlier work of the legacy stream (and what each had waited for). */
+static unsigned long long enqueue(unsigned uid) {
+  if (!uid) return 0;
+  struct sstate *st = &sst[uid];
+  if (st->kind == ST_LEGACY) {
+    compact_pending();
+    for (size_t i = 0; i < npending; i++) {
+      struct sstate *b = &sst[pending_uids[i]];
+      if (b == st || b->kind != ST_BLOCKING || b->ctx_id != st->ctx_id) continue;
+      clock_set(&st->seen, pending_uids[i], b->work);
+      clock_merge(&st->seen, &b->seen);
+    }
+  } else if (st->kind == ST_BLOCKING && st->legacy) {
+    struct sstate *l = &sst[st->legacy];
+    if (l->work > l->done) {
+      clock_set(&st->seen, st->legacy, l->work);
+      clock_merge(&st->seen, &l->seen);
+    }
+  }
+  unsigned long long k = ++st->work;
+  if (!st->pending) {
+    if (npending == cap_pending) {
+      size_t cap = cap_pending ? 2 * cap_pending : 64;
+      unsigned *grown = realloc(pending_uids, cap * sizeof *grown);
+      if (!grown) return k; /* never listed: a context synchronize will not see it (records only) */
+      pending_uids = grown;
+      cap_pending = cap;
+    }
+    pending_uids[npending++] = uid;
+    st->pending = 1;
+  }
+  return k;
+}
+
+/* The state of a stream argument that use_stream accepted: c its context, s NULL for a default
+ * stream.  The per-thread stream's is made on a thread's first use in that context. */
+static __thread struct { unsigned long long ctx_id; unsigned uid; } tls_pts[4];
+static __thread unsigned tls_pts_gen, tls_pts_next;
+static unsigned state_of(CUstream h, struct obj *c, struct obj *s) {
+  if (s) return s->u.s.uid;
+  if ((handle_t)h != PER_THREAD_STREAM) return c->u.c.legacy;
+  if (tls_pts_gen != reset_gen) { memset(tls_pts, 0, sizeof tls_pts); tls_pts_gen = reset_gen; }
+  for (int i = 0; i < 4; i++) if (tls_pts[i].uid && tls_pts[i].ctx_id == c->u.c.id) return tls_pts[i].uid;
+  unsigned uid = new_state(c->u.c.id, ST_BLOCKING, c->u.c.legacy);
+  if (uid) {
+    unsigned slot = tls_pts_next++ % 4;
+    tls_pts[slot].ctx_id = c->u.c.id;
+    tls_pts[slot].uid = uid;
+  }
+  return uid;
+}
+
+/* Where an operation goes: its stream's state.  Synchronous operations pass no queue. */
+struct queue { unsigned uid; };
+
+static CUresult use_queue(CUstream h, struct queue *q, struct obj **ctx) {
+  struct obj *c, *s;
+  TRY(use_stream(h, &c, &s));
+  q->uid = state_of(h, c, s);
+  if (ctx) *ctx = c;
+  return OK;
+}
+
+static void touch(struct alloc *a, unsigned uid, unsigned long long k) {
+  if (!a || !uid || !device_kind(a->kind)) return;
+  for (int i = 0; i < a->ntouch; i++) {
+    if (a->touch[i].uid == uid) { if (k > a->touch[i].k) a->touch[i].k = k; return; }
+  }
+  if (a->ntouch == TOUCHES) { /* drop what became complete, else the oldest */
+    int kept = 0;
+    for (int i = 0; i < a->ntouch; i++)
+      if (a->touch[i].k > sst[a->touch[i].uid].done) a->touch[kept++] = a->touch[i];
+    a->ntouch = kept;
+    if (a->ntouch == TOUCHES) {
+      memmove(&a->touch[0], &a->touch[1], (TOUCHES - 1) * sizeof a->touch[0]);
+      a->ntouch--;
+    }
+  }
+  a->touch[a->ntouch].uid = uid;
+  a->touch[a->ntouch].k = k;
+  a->ntouch++;
+}
+
+/* A copy that returns only when it is done: it ran on the current context's legacy stream,
+ * which first waited for the blocking streams, so all of that is complete now. */
+static void host_synchronous(void) {
+  struct obj *c = obj_at(top());
+  if (!c || !c->alive || c->kind != K_CTX) return;
+  enqueue(c->u.c.legacy);
+  complete_stream(c->u.c.legacy);
+}
+
+/* The current context's legacy stream, for the synchronous calls that return before their work is
+ * done (a memset of device memory, a device-to-device copy); 0 without a current context. */
+static int legacy_queue(struct queue *q) {
+  struct obj *c = obj_at(top());
+  if (!c || !c->alive || c->kind != K_CTX) return 0;
+  q->uid = c->u.c.legacy;
+  return 1;
+}
+
+/* A memory operation done: with a queue, a number on its stream and a touch of each device
+ * allocation (a, b may be NULL); without, host_sync says whether it returned only when done. */
+static void queued(const struct queue *q, struct alloc *a, struct alloc *b, int host_sync) {
+  if (!q) { if (host_sync) host_synchronous(); return; }
+  unsigned long long k = enqueue(q->uid);
+  touch(a, q->uid, k);
+  touch(b, q->uid, k);
+}
+
+static int on_device(const struct alloc *a) { return a && device_kind(a->kind); }
+
+/* A free on stream uid (already enqueued): counted when some touch is not ordered before it. */
+static void check_free(const struct alloc *a, unsigned uid) {
+  if (!uid) return;
+  for (int i = 0; i < a->ntouch; i++) {
+    unsigned t = a->touch[i].uid;
+    unsigned long long k = a->touch[i].k;
+    if (t == uid || k <= sst[t].done || clock_get(&sst[uid].seen, t) >= k) continue;
+    unordered_count++;
+    ring_push(&unordered_ring, cur_call);
+    return;
+  }
+}
+
 /* ================================================================== entry points */
 
 /* ------------------------------------------------------------------ init, version */
@@ -983,6 +1253,7 @@ static struct obj *new_ctx(CUdevice dev, unsigned flags, int primary, handle_t a
   c->primary = (unsigned char)primary;
   c->flags = flags;
   c->u.c.id = ++ctx_ids;
+  c->u.c.legacy = new_state(c->u.c.id, ST_LEGACY, 0);
   memcpy(c->u.c.limits, default_limits, sizeof default_limits);
   return c;
 }
@@ -1071,7 +1342,9 @@ static CUresult cuCtxGetDevice_v2(CUdevice *dev, CUcontext ctx) {
 static CUresult cuCtxSynchronize_v2(CUcontext ctx) {
   ENTER("cuCtxSynchronize");
   struct obj *c;
-  return ctx_arg(ctx, &c);
+  TRY(ctx_arg(ctx, &c));
+  complete_ctx(c);
+  return OK;
 }
 
 static CUresult cuCtxGetFlags(unsigned *flags) {
@@ -1223,6 +1496,7 @@ static CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   TRY(check_dev(dev));
   struct obj *c = obj_at(prim[dev].ctx);
   if (c && c->alive) {
+    complete_ctx(c); /* implicitly synchronizing */
     kill_by(1, c->h);
     free_allocs_by(BY_CTX, c->h);
     memcpy(c->u.c.limits, default_limits, sizeof default_limits);
@@ -1252,6 +1526,9 @@ static CUresult cuMemFree_v2(CUdeviceptr dptr) {
                  (a->kind == A_DEVICE || a->kind == A_ASYNC || a->kind == A_MANAGED);
   if (!freeable) return stale(E_INVALID_VALUE);
   TRY(bind_mem(a, NULL));
+  /* It waits for the device: all work of the memory's context is done, nothing is counted. */
+  struct obj *owner = obj_at(a->ctx);
+  if (owner && owner->alive && owner->kind == K_CTX) complete_ctx(owner);
   /* Measured on driver 580 (H100): cuMemFree of a stream-ordered allocation succeeds, but the
    * pool's USED_MEM_CURRENT never drops and the memory cannot be trimmed: a leak.  Modelled here
    * (free_alloc leaves the pool's count, and the range is never reused) so that CI sees code that
@@ -1348,81 +1625,92 @@ static CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
 }
 
 /* ------------------------------------------------------------------ memory: copies */
-static CUresult copy_htod(CUdeviceptr dst, const void *src, size_t n) {
+/* The copy and memset helpers take the queue of an asynchronous call, NULL for a synchronous one. */
+static CUresult copy_htod(CUdeviceptr dst, const void *src, size_t n, const struct queue *q) {
   struct alloc *a;
   char *d;
   TRY(dev_range(dst, n, &a, &d));
   TRY(bind_mem(a, NULL));
+  queued(q, a, NULL, 1);
   if (n) memcpy(d, src, n);
   return OK;
 }
 
-static CUresult copy_dtoh(void *dst, CUdeviceptr src, size_t n) {
+static CUresult copy_dtoh(void *dst, CUdeviceptr src, size_t n, const struct queue *q) {
   struct alloc *a;
   char *s;
   TRY(dev_range(src, n, &a, &s));
   TRY(bind_mem(a, NULL));
+  queued(q, a, NULL, 1);
   if (n) memcpy(dst, s, n);
   return OK;
 }
 
-static CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, int unified) {
+static CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, int unified, const struct queue *q) {
   struct alloc *a, *b;
   char *d, *s;
   TRY((unified ? uni_range : dev_range)(dst, n, &a, &d));
   TRY((unified ? uni_range : dev_range)(src, n, &b, &s));
   TRY(bind_mem(a, b));
+  struct queue legacy;   /* device to device, no stream: the legacy stream's, done after the return */
+  if (!q && on_device(a) && on_device(b) && legacy_queue(&legacy)) q = &legacy;
+  queued(q, a, b, !on_device(a) || !on_device(b));
   if (n) memmove(d, s, n);
   return OK;
 }
 
 static CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
   ENTER("cuMemcpyHtoD");
-  return copy_htod(dst, src, n);
+  return copy_htod(dst, src, n, NULL);
 }
 
 static CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
   ENTER("cuMemcpyDtoH");
-  return copy_dtoh(dst, src, n);
+  return copy_dtoh(dst, src, n, NULL);
 }
 
 static CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
   ENTER("cuMemcpyDtoD");
-  return copy_dtod(dst, src, n, 0);
+  return copy_dtod(dst, src, n, 0, NULL);
 }
 
 static CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
   ENTER("cuMemcpy");
-  return copy_dtod(dst, src, n, 1);
+  return copy_dtod(dst, src, n, 1, NULL);
 }
 
 /* Asynchronous copies happen at once: the stream's context must be current, then as above. */
 static CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream stream) {
   ENTER("cuMemcpyHtoDAsync");
-  TRY(use_stream(stream, NULL, NULL));
-  return copy_htod(dst, src, n);
+  struct queue q;
+  TRY(use_queue(stream, &q, NULL));
+  return copy_htod(dst, src, n, &q);
 }
 
 static CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
   ENTER("cuMemcpyDtoHAsync");
-  TRY(use_stream(stream, NULL, NULL));
-  return copy_dtoh(dst, src, n);
+  struct queue q;
+  TRY(use_queue(stream, &q, NULL));
+  return copy_dtoh(dst, src, n, &q);
 }
 
 static CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream) {
   ENTER("cuMemcpyDtoDAsync");
-  TRY(use_stream(stream, NULL, NULL));
-  return copy_dtod(dst, src, n, 0);
+  struct queue q;
+  TRY(use_queue(stream, &q, NULL));
+  return copy_dtod(dst, src, n, 0, &q);
 }
 
 static CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream) {
   ENTER("cuMemcpyAsync");
-  TRY(use_stream(stream, NULL, NULL));
-  return copy_dtod(dst, src, n, 1);
+  struct queue q;
+  TRY(use_queue(stream, &q, NULL));
+  return copy_dtod(dst, src, n, 1, &q);
 }
 
 /* Peer copies name their contexts, so none has to be current; each pointer must be of its ctx. */
-static CUresult copy_peer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n) {
+static CUresult copy_peer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n,
+                          const struct queue *q) {
   CUresult rc;
   struct obj *dc = get(dctx, K_CTX, &rc);
   if (!dc) return rc;
@@ -1436,20 +1724,22 @@ static CUresult copy_peer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUco
     binding();
     return E_INVALID_VALUE;
   }
+  queued(q, a, b, 0);
   if (n) memmove(d, s, n);
   return OK;
 }
 
 static CUresult cuMemcpyPeer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n) {
   ENTER("cuMemcpyPeer");
-  return copy_peer(dst, dctx, src, sctx, n);
+  return copy_peer(dst, dctx, src, sctx, n, NULL);
 }
 
 static CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx,
                                   size_t n, CUstream stream) {
   ENTER("cuMemcpyPeerAsync");
-  TRY(use_stream(stream, NULL, NULL));
-  return copy_peer(dst, dctx, src, sctx, n);
+  struct queue q;
+  TRY(use_queue(stream, &q, NULL));
+  return copy_peer(dst, dctx, src, sctx, n, &q);
 }
 
 /* One side of a 2D/3D copy: start address and the extent from it that the copy touches. */
@@ -1472,7 +1762,7 @@ static CUresult copy_side(int type, const void *host, CUdeviceptr device, size_t
   }
 }
 
-static CUresult copy_3d(const CUDA_MEMCPY3D *c) {
+static CUresult copy_3d(const CUDA_MEMCPY3D *c, const struct queue *q) {
   size_t w = c->WidthInBytes, h = c->Height, depth = c->Depth;
   if (w == 0 || h == 0 || depth == 0) return OK;
   size_t sh = c->srcHeight ? c->srcHeight : h, dh = c->dstHeight ? c->dstHeight : h;
@@ -1487,13 +1777,14 @@ static CUresult copy_3d(const CUDA_MEMCPY3D *c) {
   TRY(copy_side(c->srcMemoryType, c->srcHost, c->srcDevice, soff, sext, &a, &s));
   TRY(copy_side(c->dstMemoryType, c->dstHost, c->dstDevice, doff, dext, &b, &d));
   TRY(bind_mem(a, b));
+  queued(q, a, b, !on_device(a) || !on_device(b));
   for (size_t z = 0; z < depth; z++)
     for (size_t y = 0; y < h; y++)
       memmove(d + (z * dh + y) * dp, s + (z * sh + y) * sp, w);
   return OK;
 }
 
-static CUresult copy_2d(const CUDA_MEMCPY2D *c) {
+static CUresult copy_2d(const CUDA_MEMCPY2D *c, const struct queue *q) {
   NEED(c);
   CUDA_MEMCPY3D t;
   memset(&t, 0, sizeof t);
@@ -1503,35 +1794,38 @@ static CUresult copy_2d(const CUDA_MEMCPY2D *c) {
   t.dstHost = c->dstHost; t.dstDevice = c->dstDevice; t.dstPitch = c->dstPitch;
   t.WidthInBytes = c->WidthInBytes; t.Height = c->Height; t.Depth = 1;
   if (c->Height > 1) NEED(c->srcPitch >= c->WidthInBytes && c->dstPitch >= c->WidthInBytes);
-  return copy_3d(&t);
+  return copy_3d(&t, q);
 }
 
 static CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *c) {
   ENTER("cuMemcpy2D");
-  return copy_2d(c);
+  return copy_2d(c, NULL);
 }
 
 static CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *c, CUstream stream) {
   ENTER("cuMemcpy2DAsync");
-  TRY(use_stream(stream, NULL, NULL));
-  return copy_2d(c);
+  struct queue q;
+  TRY(use_queue(stream, &q, NULL));
+  return copy_2d(c, &q);
 }
 
 static CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D *c) {
   ENTER("cuMemcpy3D");
   NEED(c);
-  return copy_3d(c);
+  return copy_3d(c, NULL);
 }
 
 static CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D *c, CUstream stream) {
   ENTER("cuMemcpy3DAsync");
   NEED(c);
-  TRY(use_stream(stream, NULL, NULL));
-  return copy_3d(c);
+  struct queue q;
+  TRY(use_queue(stream, &q, NULL));
+  return copy_3d(c, &q);
 }
 
 /* ------------------------------------------------------------------ memory: memset */
-static CUresult memset_2d(CUdeviceptr dst, size_t pitch, unsigned value, size_t elem, size_t width, size_t height) {
+static CUresult memset_2d(CUdeviceptr dst, size_t pitch, unsigned value, size_t elem, size_t width, size_t height,
+                          const struct queue *q) {
   if (dst % elem) return E_INVALID_VALUE;
   if (width == 0 || height == 0) return OK;
   if (height > 1) NEED(pitch >= width * elem);
@@ -1540,6 +1834,9 @@ static CUresult memset_2d(CUdeviceptr dst, size_t pitch, unsigned value, size_t 
   char *d;
   TRY(dev_range(dst, extent, &a, &d));
   TRY(bind_mem(a, NULL));
+  struct queue legacy;
+  if (!q && on_device(a) && legacy_queue(&legacy)) q = &legacy;   /* returns before it is done */
+  queued(q, a, NULL, 0);
   for (size_t y = 0; y < height; y++) {
     char *row = d + y * pitch;
     for (size_t x = 0; x < width; x++) {
@@ -1554,24 +1851,26 @@ static CUresult memset_2d(CUdeviceptr dst, size_t pitch, unsigned value, size_t 
 #define MEMSET_1D(NAME, CALL, T, ELEM)                                                      \
   static CUresult NAME(CUdeviceptr dst, T value, size_t n) {                                  \
     ENTER(CALL);                                                                              \
-    return memset_2d(dst, 0, value, ELEM, n, 1);                                              \
+    return memset_2d(dst, 0, value, ELEM, n, 1, NULL);                                        \
   }
 #define MEMSET_1D_ASYNC(NAME, CALL, T, ELEM)                                                \
   static CUresult NAME(CUdeviceptr dst, T value, size_t n, CUstream stream) {                 \
     ENTER(CALL);                                                                              \
-    TRY(use_stream(stream, NULL, NULL));                                                      \
-    return memset_2d(dst, 0, value, ELEM, n, 1);                                              \
+    struct queue q;                                                                           \
+    TRY(use_queue(stream, &q, NULL));                                                         \
+    return memset_2d(dst, 0, value, ELEM, n, 1, &q);                                          \
   }
 #define MEMSET_2D(NAME, CALL, T, ELEM)                                                      \
   static CUresult NAME(CUdeviceptr dst, size_t pitch, T value, size_t w, size_t h) {          \
     ENTER(CALL);                                                                              \
-    return memset_2d(dst, pitch, value, ELEM, w, h);                                          \
+    return memset_2d(dst, pitch, value, ELEM, w, h, NULL);                                    \
   }
 #define MEMSET_2D_ASYNC(NAME, CALL, T, ELEM)                                                \
   static CUresult NAME(CUdeviceptr dst, size_t pitch, T value, size_t w, size_t h, CUstream stream) { \
     ENTER(CALL);                                                                              \
-    TRY(use_stream(stream, NULL, NULL));                                                      \
-    return memset_2d(dst, pitch, value, ELEM, w, h);                                          \
+    struct queue q;                                                                           \
+    TRY(use_queue(stream, &q, NULL));                                                         \
+    return memset_2d(dst, pitch, value, ELEM, w, h, &q);                                      \
   }
 
 MEMSET_1D(cuMemsetD8_v2, "cuMemsetD8", unsigned char, 1)
@@ -1620,11 +1919,14 @@ static CUresult cuMemPrefetchAsync_v2(CUdeviceptr ptr, size_t n, unsigned long l
   ENTER("cuMemPrefetchAsync");
   (void)location;
   (void)flags;
-  TRY(use_stream(stream, NULL, NULL));
+  struct queue q;
+  TRY(use_queue(stream, &q, NULL));
   struct alloc *a = NULL;
   char *p;
   TRY(uni_range(ptr, n, &a, &p));
-  return a ? OK : stale(E_INVALID_VALUE); /* prefetching memory the driver never gave out */
+  if (!a) return stale(E_INVALID_VALUE); /* prefetching memory the driver never gave out */
+  enqueue(q.uid);
+  return OK;
 }
 
 static CUresult cuMemAdvise_v2(CUdeviceptr ptr, size_t n, int advice, unsigned long long location) {
@@ -1714,7 +2016,8 @@ static CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
 static CUresult alloc_async(CUdeviceptr *dptr, size_t size, struct obj *pool, CUstream stream) {
   NEED(dptr);
   struct obj *c;
-  TRY(use_stream(stream, &c, NULL));
+  struct queue q;
+  TRY(use_queue(stream, &q, &c));
   if (!pool) pool = default_pool_of(c->dev);
   if (!pool) return E_OUT_OF_MEMORY;
   CUresult rc;
@@ -1723,6 +2026,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, struct obj *pool, CU
   pool->u.p.used += size;
   if (pool->u.p.used > pool->u.p.used_high) pool->u.p.used_high = pool->u.p.used;
   if (pool->u.p.used > pool->u.p.reserved_high) pool->u.p.reserved_high = pool->u.p.used;
+  enqueue(q.uid);
   *dptr = a->base;
   return OK;
 }
@@ -1744,8 +2048,11 @@ static CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
   ENTER("cuMemFreeAsync");
   struct alloc *a = find_alloc(dptr, 0);
   if (!a || a->base != dptr || (a->kind != A_ASYNC && a->kind != A_DEVICE)) return stale(E_INVALID_VALUE);
-  TRY(use_stream(stream, NULL, NULL));
+  struct queue q;
+  TRY(use_queue(stream, &q, NULL));
   TRY(bind_mem(a, NULL));
+  enqueue(q.uid);
+  check_free(a, q.uid); /* work on another stream that may still use it: an unordered free */
   /* Back to its pool: no longer counted as used, and the next allocation from that pool may get
    * the address again.  (cuMemAlloc memory freed here is freed for good.) */
   struct obj *pool = a->kind == A_ASYNC ? pool_of(a->pool) : NULL;
@@ -1766,6 +2073,7 @@ static CUresult new_stream(CUstream *ph, unsigned flags, int priority) {
   if (!s) return E_OUT_OF_MEMORY;
   s->flags = flags;
   s->u.s.priority = priority < -5 ? -5 : priority > 0 ? 0 : priority; /* clamped, like the driver */
+  s->u.s.uid = new_state(c->u.c.id, flags & 1 ? ST_NONBLOCKING : ST_BLOCKING, c->u.c.legacy);
   *ph = (CUstream)s->h;
   return OK;
 }
@@ -1790,22 +2098,36 @@ static CUresult cuStreamDestroy_v2(CUstream stream) {
   return OK;
 }
 
-static CUresult cuStreamSynchronize(CUstream stream) {
-  ENTER("cuStreamSynchronize");
-  return use_stream(stream, NULL, NULL);
+/* The stream's work is complete (the legacy stream's after it waited for the blocking streams). */
+static CUresult stream_done(CUstream stream) {
+  struct queue q;
+  TRY(use_queue(stream, &q, NULL));
+  if (q.uid && sst[q.uid].kind == ST_LEGACY) enqueue(q.uid);
+  complete_stream(q.uid);
+  return OK;
 }
 
-static CUresult cuStreamQuery(CUstream stream) {
+static CUresult cuStreamSynchronize(CUstream stream) {
+  ENTER("cuStreamSynchronize");
+  return stream_done(stream);
+}
+
+static CUresult cuStreamQuery(CUstream stream) { /* always done here: as a synchronize */
   ENTER("cuStreamQuery");
-  return use_stream(stream, NULL, NULL);
+  return stream_done(stream);
 }
 
 static CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned flags) {
   ENTER("cuStreamWaitEvent");
   NEED((flags & ~1u) == 0);
-  TRY(use_stream(stream, NULL, NULL));
+  struct queue q;
+  TRY(use_queue(stream, &q, NULL));
   CUresult rc;
-  return get(event, K_EVENT, &rc) ? OK : rc; /* the event may belong to another context */
+  struct obj *e = get(event, K_EVENT, &rc); /* the event may belong to another context */
+  if (!e) return rc;
+  enqueue(q.uid);
+  if (q.uid && e->u.e.clk) clock_merge(&sst[q.uid].seen, e->u.e.clk); /* later work follows the event */
+  return OK;
 }
 
 /* Stream queries need no current context for an explicit stream (nor does the real driver). */
@@ -1848,7 +2170,9 @@ static CUresult cuStreamGetCtx_v2(CUstream stream, CUcontext *pctx, CUgreenCtx *
 static CUresult cuLaunchHostFunc(CUstream stream, CUhostFn fn, void *data) {
   ENTER("cuLaunchHostFunc");
   NEED(fn);
-  TRY(use_stream(stream, NULL, NULL));
+  struct queue q;
+  TRY(use_queue(stream, &q, NULL));
+  enqueue(q.uid);
   pthread_mutex_unlock(&mu);
   held_ = 0;
   fn(data);
@@ -1887,21 +2211,39 @@ static CUresult cuEventRecord(CUevent event, CUstream stream) {
   ENTER("cuEventRecord");
   struct obj *e;
   TRY(use_event(event, &e));
-  TRY(use_stream(stream, NULL, NULL));
+  struct queue q;
+  TRY(use_queue(stream, &q, NULL));
   e->u.e.seq = ++event_seq;
+  /* What waiting for it orders after: the stream up to this record, and what the stream had
+   * waited for itself. */
+  unsigned long long k = enqueue(q.uid);
+  if (!e->u.e.clk) e->u.e.clk = malloc(sizeof *e->u.e.clk);
+  if (e->u.e.clk) {
+    e->u.e.clk->n = 0;
+    if (q.uid) {
+      *e->u.e.clk = sst[q.uid].seen;
+      clock_set(e->u.e.clk, q.uid, k);
+    }
+  }
+  return OK;
+}
+
+/* What the event covers is complete (a successful query says the same as a synchronize). */
+static CUresult event_done(CUevent event) {
+  struct obj *e;
+  TRY(use_event(event, &e));
+  if (e->u.e.clk) complete_clock(e->u.e.clk);
   return OK;
 }
 
 static CUresult cuEventSynchronize(CUevent event) {
   ENTER("cuEventSynchronize");
-  struct obj *e;
-  return use_event(event, &e);
+  return event_done(event);
 }
 
 static CUresult cuEventQuery(CUevent event) {
   ENTER("cuEventQuery");
-  struct obj *e;
-  return use_event(event, &e);
+  return event_done(event);
 }
 
 static CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end) {
@@ -2386,7 +2728,8 @@ static CUresult launch(const char *call, CUfunction func, const struct launch *L
 
   /* Objects may have died while mu was released: that is the caller's race, and stale. */
   struct obj *f;
-  if ((rc = func_arg(func, &f)) != OK || (rc = use_stream(L->stream, NULL, NULL)) != OK) { free(buf); return rc; }
+  struct queue q;
+  if ((rc = func_arg(func, &f)) != OK || (rc = use_queue(L->stream, &q, NULL)) != OK) { free(buf); return rc; }
 
   /* Every 8-byte argument that falls in the device window must point into a live allocation. */
   for (int i = 0; i < k.nparams; i++) {
@@ -2406,6 +2749,13 @@ static CUresult launch(const char *call, CUfunction func, const struct launch *L
     memcpy(&a, buf + k.off[0], 8);
     memcpy(&b, buf + k.off[1], 8);
     if (b != a * 3 + 1 || L->grid[0] != a % 4 + 1) launch_mismatches++;
+  }
+  /* Ordering: every 8-byte aligned word that points into a device allocation touches it. */
+  unsigned long long work = enqueue(q.uid);
+  for (size_t off = 0; off + 8 <= nbytes; off += 8) {
+    CUdeviceptr v;
+    memcpy(&v, buf + off, 8);
+    if (v >= dev_base && v < dev_next) touch(find_alloc(v, 0), q.uid, work);
   }
   launch_count++;
   memcpy(last_name, name, sizeof name);
@@ -2518,6 +2868,10 @@ EXPORT void fake_reset(void) {
   memset(&binding_ring, 0, sizeof binding_ring);
   memset(&call_ring, 0, sizeof call_ring);
   launch_count = launch_mismatches = 0;
+  nsst = 0;     /* the ordering model: every stream state (no context is left to name one) */
+  npending = 0;
+  unordered_count = 0;
+  memset(&unordered_ring, 0, sizeof unordered_ring);
   nreuse = 0; /* addresses freed before a reset are not handed out again */
   reuse_count = sync_reuses = handle_reuses = 0;
   last_name[0] = '\0';
@@ -2555,6 +2909,9 @@ static int ring_format(const struct ring *r, char *buf, int size) {
 /* The last 16 calls recorded, oldest first, comma-separated. */
 EXPORT int fake_stale_calls(char *buf, int size) { lock(); int n = ring_format(&stale_ring, buf, size); unlock(); return n; }
 EXPORT int fake_binding_calls(char *buf, int size) { lock(); int n = ring_format(&binding_ring, buf, size); unlock(); return n; }
+/* cuMemFreeAsync calls that freed memory other streams' work may still use (see the model). */
+EXPORT long fake_unordered_frees(void) { lock(); long n = unordered_count; unlock(); return n; }
+EXPORT int fake_unordered_calls(char *buf, int size) { lock(); int n = ring_format(&unordered_ring, buf, size); unlock(); return n; }
 /* Every entry point entered: how many since the last fake_clear_calls (or reset), and the last 16. */
 EXPORT long fake_call_count(void) { lock(); long n = call_ring.total; unlock(); return n; }
 EXPORT int fake_calls(char *buf, int size) { lock(); int n = ring_format(&call_ring, buf, size); unlock(); return n; }

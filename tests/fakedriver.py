@@ -15,6 +15,14 @@ turn what would be a crash on a real driver into a number a test can assert is 0
   launch made with another call's grid);
 * ``last_launch()`` / ``last_launch_config()`` / ``last_shared_mem()`` -- the last launch's kernel and
   argument bytes, its grid, block and stream, and its dynamic shared memory size;
+* ``unordered_frees()`` -- cuMemFreeAsync calls that free memory which asynchronous work on another
+  stream may still use (``unordered_calls()``): a memset, copy or launch (a pointer into the memory
+  in its argument block) not ordered before the free by running on the same stream, by a
+  synchronize (stream, context, event, cuMemFree), by an event the freeing stream waited for, or by
+  the legacy stream's implicit ordering with blocking streams.  Why: on an H200, an allocation on
+  S1, a memset of it on S2 behind a long kernel, cuMemFreeAsync on S1 and cuStreamSynchronize(S1)
+  let the pool release or reuse the memory, and S2's memset fails with CUDA_ERROR_ILLEGAL_ADDRESS (a
+  sticky error).  The fake does all work at once, so it can only record the missing order;
 * ``fork_violations()`` -- calls made in a child forked after ``cuInit``.
 * ``calls()`` / ``call_count()`` -- the entry points called since ``clear_calls()``: which driver
   calls a cuproc operation makes, so that an extra query or sync shows on CPU.
@@ -63,6 +71,12 @@ Choices made where the real driver is vaguer or more forgiving (the fake is stri
   destroying its pool.  Device addresses come
   from a reserved, inaccessible window (``device_window()``): dereferencing one on the host faults.
 * Asynchronous work happens at once; cuLaunchHostFunc calls the function on the calling thread.
+  Its order is still modelled, for ``unordered_frees()`` (see the top of fakedriver.c): work
+  numbers per stream, vector clocks for event waits, the legacy stream ordered both ways with
+  blocking streams (the per-thread stream counts as one, as the driver documents); synchronous
+  memsets of device memory and device-to-device copies are legacy-stream work (they return
+  before they are done, per CUDA's API synchronization behavior), copies with host memory on
+  one side and no stream complete the legacy stream and the blocking streams.
 * Every entry has the CUDA 13.0 ABI; asked for an older variant (cudaVersion below the one
   implemented), cuGetProcAddress_v2 answers VERSION_NOT_SUFFICIENT rather than hand out a
   function of another signature.
@@ -170,7 +184,7 @@ class FakeDriver:
         lib = self._lib = ctypes.CDLL(str(path))
         for name in ("fake_stale_count", "fake_binding_errors", "fake_live", "fake_launch_count",
                      "fake_launch_mismatches", "fake_fork_violations", "fake_call_count", "fake_async_reuses",
-                     "fake_sync_reuses", "fake_handle_reuses"):
+                     "fake_sync_reuses", "fake_handle_reuses", "fake_unordered_frees"):
             getattr(lib, name).restype = ctypes.c_long
         for name in ("fake_pool_used", "fake_device_bytes_live", "fake_device_window"):
             getattr(lib, name).restype = ctypes.c_ulonglong
@@ -292,6 +306,14 @@ class FakeDriver:
     def fork_violations(self) -> int:
         return self._lib.fake_fork_violations()
 
+    def unordered_frees(self) -> int:
+        """cuMemFreeAsync calls that freed memory another stream's work was not ordered before
+        (since ``reset()``; see the module docstring)."""
+        return self._lib.fake_unordered_frees()
+
+    def unordered_calls(self) -> list[str]:
+        return self._names(self._lib.fake_unordered_calls)
+
     def fail(self, call: str, code: int, count: int = 1) -> None:
         """The next ``count`` calls of ``call`` (C base name, "cuMemFree") return ``code`` and do
         nothing; ``count=-1``: every call until cleared; ``count=0``: clear."""
@@ -306,6 +328,7 @@ class FakeDriver:
         """The counters in one dict, for assertion messages."""
         return {"stale": self.stale_count(), "stale_calls": self.stale_calls(),
                 "binding": self.binding_errors(), "binding_calls": self.binding_calls(),
+                "unordered": self.unordered_frees(), "unordered_calls": self.unordered_calls(),
                 "launch_mismatches": self.launch_mismatches(), "fork_violations": self.fork_violations()}
 
     @staticmethod

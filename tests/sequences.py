@@ -59,13 +59,14 @@ class Failure(Exception):
 # driver's reuse of handles and addresses can confuse.
 
 class Node:
-    __slots__ = ("kind", "parents", "ended", "stream")
+    __slots__ = ("kind", "parents", "ended", "stream", "launches_on")
 
     def __init__(self, kind: str, *parents: "Node | None", stream: "Node | None" = None) -> None:
         self.kind = kind
         self.parents = tuple(p for p in parents if p is not None)
         self.ended = False
         self.stream = stream       # a stream-ordered buffer's stream: not a parent, where free_async() frees
+        self.launches_on: Any = None   # a prepared launch's (Stream or None for the default one, context)
 
     def dead(self) -> bool:
         return self.ended or any(p.dead() for p in self.parents)
@@ -270,8 +271,10 @@ def op_prepare(w: World) -> None:
         if stream is not None and stream.context is not fn.context:
             stream, snode = None, None
         w.involves(fnode, snode)
-        w.add("run", fn.prepare(["float*", "int", "float"], 1, 32, stream=stream),
-              w.model.node("run", fnode, snode))
+        run = fn.prepare(["float*", "int", "float"], 1, 32, stream=stream)
+        node = w.model.node("run", fnode, snode)
+        node.launches_on = (stream, fn.context)
+        w.add("run", run, node)
 
 
 def _a_buffer(w: World) -> tuple[Any, Node | None]:
@@ -332,16 +335,19 @@ def op_memset(w: World) -> None:
 
 def op_launch_prepared(w: World) -> None:
     (run, rnode), (buf, bnode) = w.pick("run"), w.pick("buf")
-    if run is not None and buf is not None:
+    # A kernel uses memory of its own context (another context's is not its to use: a program error)
+    if run is not None and buf is not None and buf.context is rnode.launches_on[1]:
         w.involves(rnode, bnode)
         run(buf, N, 1.5)
+        buf.last_stream = rnode.launches_on[0]   # the documented contract: a launch does not set it
 
 
 def op_launch(w: World) -> None:
     (fn, fnode), (buf, bnode) = w.pick("fn"), w.pick("buf")
-    if fn is not None and buf is not None:
+    if fn is not None and buf is not None and buf.context is fn.context:
         w.involves(fnode, bnode)
         fn.launch(1, 32, (buf, np.int32(N), np.float32(2.0)))
+        buf.last_stream = None                # (the default stream), as the user must say
 
 
 def op_sync(w: World) -> None:
@@ -420,6 +426,9 @@ OPS: list[tuple[Callable[[World], None], float]] = [
     (op_free_async, 1.5),
 ]
 _FUNCS, _WEIGHTS = zip(*OPS)
+# The operations that NumPy views of pinned memory may refuse (BufferError): freeing that memory, destroying or
+# releasing for the last time its context.  Anywhere else a BufferError is a finding.
+VIEWS_REFUSE = frozenset({op_close, op_ctx_destroy, op_release})
 
 
 def run_ops(w: World, count: int, seed_label: str, failures: list[str], counts: dict[str, int],
@@ -442,6 +451,9 @@ def run_ops(w: World, count: int, seed_label: str, failures: list[str], counts: 
         except BufferError:
             outcome = "views"
             counts["views"] = counts.get("views", 0) + 1
+            if op not in VIEWS_REFUSE:
+                failures.append(f"{seed_label} {op.__name__}: BufferError where no view can refuse: "
+                                f"{traceback.format_exc(limit=6)}")
         except Exception as exc:  # noqa: BLE001 - everything else is a finding
             outcome = type(exc).__name__
             failures.append(f"{seed_label} {op.__name__}: {traceback.format_exc(limit=6)}")
@@ -452,6 +464,37 @@ def run_ops(w: World, count: int, seed_label: str, failures: list[str], counts: 
                                 f"involves ended: {describe(w.involved)}")
         if log is not None:
             log.append(f"{op.__name__[3:]}:{outcome}")
+        if PROBE:
+            probe(seed_label, op.__name__, outcome, failures)
+
+
+# ----------------------------------------------------------------------------- the device-error probe
+#
+# --probe (GPU, with --warm-up: the primary context stays active): after every operation, synchronize
+# the primary context through the raw driver; the first operation after which that fails (a device
+# error such as CUDA_ERROR_LAUNCH_FAILED is sticky) is reported with the last operations of every thread.
+PROBE: list[bool] = []
+_recent: list[str] = []
+_probe_lock = threading.Lock()
+
+
+def probe(label: str, op: str, outcome: str, failures: list[str]) -> None:
+    drv = cuproc.driver.default_driver()
+    ffi = cuproc.ffi
+    with _probe_lock:
+        _recent.append(f"{label} {threading.current_thread().name} {op}:{outcome}")
+        del _recent[:-40]
+        if len(PROBE) > 1:
+            return
+        ctx = ffi.new("CUcontext *")
+        if drv.cuDevicePrimaryCtxRetain(ctx, 0):
+            return
+        rc = drv.cuCtxSynchronize(ctx[0])
+        drv.cuDevicePrimaryCtxRelease(0)
+        if rc:
+            PROBE.append(True)
+            failures.append(f"{label} {op}: the primary context's synchronize failed with {rc} right after it; "
+                            "the last operations, oldest first:\n  " + "\n  ".join(_recent))
 
 
 # ----------------------------------------------------------------------------- fork
@@ -570,10 +613,16 @@ class FakeChecker:
         self.lib = ctypes.CDLL(path)
         self.lib.fake_stale_calls.argtypes = [ctypes.c_char_p, ctypes.c_int]
         self.lib.fake_live.argtypes = [ctypes.c_char_p]
+        self.lib.fake_unordered_frees.restype = ctypes.c_long
         self.held = 0               # retains the run holds throughout (--warm-up)
 
     def stale(self) -> int:
         return self.lib.fake_stale_count()
+
+    def unordered(self) -> int:
+        """Stream-ordered frees not ordered after work queued on the memory on another stream (on a GPU the
+        pool may hand the memory out, or release it, while that work runs: a device fault)."""
+        return self.lib.fake_unordered_frees()
 
     def stale_calls(self) -> str:
         import ctypes
@@ -658,6 +707,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm-up", action="store_true",
                     help="first use the device, release its last retain, and hold a new retain while the "
                          "sequences run (each sequence then starts in a re-retained primary context)")
+    ap.add_argument("--probe", action="store_true",
+                    help="(GPU, with --warm-up) synchronize the primary context after every operation and report "
+                         "the first one after which that fails")
     ap.add_argument("--outcomes", help="write each single-threaded sequence's operation outcomes here (JSON)")
     args = ap.parse_args(argv)
     if args.fake:
@@ -673,6 +725,9 @@ def main(argv: list[str] | None = None) -> int:
     counts: dict[str, int] = {"sequences": 0, "threaded": 0}
     leftovers: list[str] = []
     outcomes: dict[str, str] = {}           # seed -> each operation's outcome (single-threaded sequences)
+    reported = unordered = 0
+    if args.probe:
+        PROBE.append(True)
     held = None
     if args.warm_up:
         warm_up()
@@ -690,7 +745,15 @@ def main(argv: list[str] | None = None) -> int:
             outcomes[str(seed)] = " ".join(log)
         counts["sequences"] += 1
         counts["threaded"] += threads > 1
-        left = checker.leftovers()
+        if isinstance(checker, FakeChecker) and checker.unordered() > unordered:
+            failures.append(f"seed={seed}: {checker.unordered() - unordered} stream-ordered free(s) not ordered "
+                            f"after work queued on the memory on another stream")
+            unordered = checker.unordered()
+        try:
+            left = checker.leftovers()
+        except Exception:  # noqa: BLE001 - the driver's own check failed (a device error): stop here
+            failures.append(f"seed={seed} checker: {traceback.format_exc(limit=4)}")
+            break
         if isinstance(checker, GpuChecker) and i < args.sequences // 2:
             left.pop("device_bytes_lost", None)      # judged from the rebase on (see GpuChecker.rebase)
         if left:
@@ -699,8 +762,14 @@ def main(argv: list[str] | None = None) -> int:
                 if type(obj).__module__.startswith("cuproc."):
                     alive[type(obj).__name__] = alive.get(type(obj).__name__, 0) + 1
             leftovers.append(f"seed={seed}: {left}; cuproc objects alive: {alive}")
+            if held is not None:
+                break              # a reset would take the held retain with it: everything after would fail
             if args.fake:
                 checker.lib.fake_reset()
+                unordered = 0
+        for failure in failures[reported:]:      # as they come: a crash later loses nothing
+            print(failure, file=sys.stderr, flush=True)
+        reported = len(failures)
         if len(failures) > 20:
             break
     result: dict[str, Any] = {"counts": counts, "failures": failures[:20], "leftovers": leftovers[:20]}
@@ -711,6 +780,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.fake:
         result["stale"] = checker.stale()
         result["stale_calls"] = checker.stale_calls()
+        result["unordered"] = checker.unordered()
+        ubuf = __import__("ctypes").create_string_buffer(4096)
+        checker.lib.fake_unordered_calls(ubuf, 4096)
+        result["unordered_calls"] = ubuf.value.decode()
+        result["binding"] = checker.lib.fake_binding_errors()
+        buf = __import__("ctypes").create_string_buffer(4096)
+        checker.lib.fake_binding_calls(buf, 4096)
+        result["binding_calls"] = buf.value.decode()
     print(json.dumps(result))
     return 0
 

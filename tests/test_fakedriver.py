@@ -656,3 +656,195 @@ def test_reuse_off_from_the_environment(fake, tmp_path):
             env["FAKEDRIVER_REUSE"] = value
         out = subprocess.run([os.sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == expected
+
+
+# ---------------------------------------------------------------- ordering: unordered frees
+NON_BLOCKING = 1        # CU_STREAM_NON_BLOCKING
+PER_THREAD = 0x2        # CU_STREAM_PER_THREAD
+
+
+def new_stream(drv, flags: int = NON_BLOCKING):
+    s = ffi.new("CUstream *")
+    ok(drv.cuStreamCreate(s, flags))
+    return s[0]
+
+
+def new_event(drv):
+    e = ffi.new("CUevent *")
+    ok(drv.cuEventCreate(e, 0))
+    return e[0]
+
+
+def test_a_free_not_ordered_after_another_streams_memset_is_counted(drv, fake):
+    """The H200 case: memory allocated on S1, written on S2, freed on S1 with nothing ordering S2's
+    write before the free.  On the GPU S2's memset can fault (CUDA_ERROR_ILLEGAL_ADDRESS)."""
+    new_ctx(drv)
+    s1, s2 = new_stream(drv), new_stream(drv)
+    p = async_alloc(drv, 256, s1)
+    ok(drv.cuMemsetD8Async(p, 7, 256, s2))
+    ok(drv.cuMemFreeAsync(p, s1))
+    assert fake.unordered_frees() == 1 and fake.unordered_calls() == ["cuMemFreeAsync"]
+    assert fake.records()["unordered"] == 1 and fake.stale_count() == 0
+    fake.reset()
+    assert fake.unordered_frees() == 0 and fake.unordered_calls() == []
+
+
+@pytest.mark.parametrize("order", ["same stream", "event wait", "event chain", "stream sync", "stream query",
+                                   "context sync", "event sync", "event query", "copy to host"])
+def test_a_free_ordered_after_the_memset_is_not_counted(drv, fake, order):
+    """What orders S2's memset before S1's free: running on S1 itself, S1 waiting for an event recorded
+    after it on S2 (directly, or through a third stream that waited for it), or the host knowing it is
+    done (S2 or the context synchronized, the event synchronized or queried, a copy to the host on the
+    legacy stream, which waited for the blocking S2)."""
+    new_ctx(drv)
+    s1, s2 = new_stream(drv), new_stream(drv, 0 if order == "copy to host" else NON_BLOCKING)
+    p = async_alloc(drv, 256, s1)
+    ok(drv.cuMemsetD8Async(p, 7, 256, s1 if order == "same stream" else s2))
+    e = new_event(drv)
+    if order == "event wait":
+        ok(drv.cuEventRecord(e, s2))
+        ok(drv.cuStreamWaitEvent(s1, e, 0))
+    elif order == "event chain":                    # S2 -> S3 -> S1: S3's event covers what S3 waited for
+        s3, e3 = new_stream(drv), new_event(drv)
+        ok(drv.cuEventRecord(e, s2))
+        ok(drv.cuStreamWaitEvent(s3, e, 0))
+        ok(drv.cuEventRecord(e3, s3))
+        ok(drv.cuStreamWaitEvent(s1, e3, 0))
+    elif order == "stream sync":
+        ok(drv.cuStreamSynchronize(s2))
+    elif order == "stream query":
+        ok(drv.cuStreamQuery(s2))
+    elif order == "context sync":
+        ok(drv.cuCtxSynchronize(ffi.NULL))
+    elif order in ("event sync", "event query"):
+        ok(drv.cuEventRecord(e, s2))
+        ok(drv.cuEventSynchronize(e) if order == "event sync" else drv.cuEventQuery(e))
+    elif order == "copy to host":
+        ok(drv.cuMemcpyDtoH(ffi.new("char[4]"), p, 4))
+    ok(drv.cuMemFreeAsync(p, s1))
+    assert fake.unordered_frees() == 0, fake.records()
+
+
+def test_an_event_orders_only_the_work_recorded_before_it(drv, fake):
+    new_ctx(drv)
+    s1, s2, e = new_stream(drv), new_stream(drv), new_event(drv)
+    p = async_alloc(drv, 256, s1)
+    ok(drv.cuEventRecord(e, s2))
+    ok(drv.cuMemsetD8Async(p, 7, 256, s2))          # after the record: the event does not cover it
+    ok(drv.cuStreamWaitEvent(s1, e, 0))
+    ok(drv.cuEventSynchronize(e))
+    ok(drv.cuMemFreeAsync(p, s1))
+    assert fake.unordered_frees() == 1
+
+
+@pytest.mark.parametrize("holds", ["pointer", "pointer inside a struct", "nothing"])
+def test_a_launch_touches_what_its_argument_block_points_into(drv, fake, holds):
+    """Any 8-byte aligned word of the packed arguments that points into an allocation: a launch on S2
+    using it, then a free on S1, is counted; a launch that does not name it is not."""
+    new_ctx(drv)
+    mod = load(drv, fake_image({"ptr": [8], "pair": [4, 16]}))
+    s1, s2 = new_stream(drv), new_stream(drv)
+    p = async_alloc(drv, 256, s1)
+    if holds == "pointer inside a struct":         # a 16-byte parameter whose second word is p + 8
+        packed = ffi.new("char[]", struct.pack("<I12xQQ", 1, 0, p + 8))
+        size = ffi.new("size_t *", 32)
+        extra = ffi.new("void *[]", [ffi.cast("void *", 1), packed, ffi.cast("void *", 2), size, ffi.NULL])
+        ok(drv.cuLaunchKernel(function(drv, mod, "pair"), 1, 1, 1, 1, 1, 1, 0, s2, ffi.NULL, extra))
+    else:
+        args, keep = params(("unsigned long long", p if holds == "pointer" else 12345))
+        ok(drv.cuLaunchKernel(function(drv, mod, "ptr"), 1, 1, 1, 1, 1, 1, 0, s2, args, ffi.NULL))
+    ok(drv.cuMemFreeAsync(p, s1))
+    assert fake.unordered_frees() == (0 if holds == "nothing" else 1)
+
+
+@pytest.mark.parametrize("writer, freer, counted", [
+    ("legacy", "blocking", 0),                 # a blocking stream's work follows earlier legacy work
+    ("legacy", "non-blocking", 1),
+    ("legacy", "per-thread", 0),               # documented: it synchronizes with the legacy stream
+    ("blocking", "legacy", 0),                 # legacy work follows earlier blocking-stream work
+    ("non-blocking", "legacy", 1),
+    ("blocking", "other blocking", 1),         # two blocking streams are not ordered with each other ...
+    ("blocking, then legacy work", "other blocking", 0),   # ... unless legacy work came in between
+])
+def test_the_legacy_stream_orders_blocking_streams(drv, fake, writer, freer, counted):
+    new_ctx(drv)
+    streams = {"legacy": ffi.NULL, "per-thread": ffi.cast("CUstream", PER_THREAD),
+               "blocking": new_stream(drv, 0), "other blocking": new_stream(drv, 0),
+               "non-blocking": new_stream(drv, NON_BLOCKING)}
+    p = async_alloc(drv, 256, streams[freer])
+    ok(drv.cuMemsetD8Async(p, 7, 256, streams[writer.split(",")[0]]))
+    if writer.endswith("legacy work"):
+        q = async_alloc(drv, 64, ffi.NULL)
+        ok(drv.cuMemsetD8Async(q, 0, 64, ffi.NULL))
+    ok(drv.cuMemFreeAsync(p, streams[freer]))
+    assert fake.unordered_frees() == counted, fake.records()
+
+
+@pytest.mark.parametrize("how", ["cuMemFree", "context destroy", "primary release", "primary reset"])
+def test_implicitly_synchronizing_calls_complete_work_and_are_never_counted(drv, fake, how):
+    """cuMemFree waits for the device, a context's end (destroy, last primary release, primary reset) for
+    the context's work: none is an unordered free, and the work waited for is complete for the frees
+    that follow.  Here: S2 (in another context for the ends, so that p outlives it) writes p, then the
+    implicitly synchronizing call, then p is freed on S1 without any other order."""
+    a_ctx = new_ctx(drv)
+    s1 = new_stream(drv)
+    p = async_alloc(drv, 256, s1)
+    if how == "cuMemFree":
+        s2 = new_stream(drv)
+        a = alloc(drv, 256)
+        ok(drv.cuMemsetD8Async(a, 7, 256, s2))
+        ok(drv.cuMemsetD8Async(p, 7, 256, s2))
+        ok(drv.cuMemFree(a))
+    else:
+        if how == "context destroy":
+            other = new_ctx(drv)
+        else:
+            primary = ffi.new("CUcontext *")
+            ok(drv.cuDevicePrimaryCtxRetain(primary, 0))
+            ok(drv.cuCtxPushCurrent(primary[0]))
+            other = primary[0]
+        s2, q = new_stream(drv), alloc(drv, 256)
+        ok(drv.cuMemcpyPeerAsync(p, a_ctx, q, other, 256, s2))     # S2 (other context) writes p
+        if how == "context destroy":
+            ok(drv.cuCtxDestroy(other))
+        else:
+            ok(drv.cuCtxPopCurrent(ffi.NULL))
+            ok(drv.cuDevicePrimaryCtxReset(0) if how == "primary reset" else drv.cuDevicePrimaryCtxRelease(0))
+        assert drv_current(drv) == a_ctx
+    ok(drv.cuMemFreeAsync(p, s1))
+    assert fake.unordered_frees() == 0 and fake.stale_count() == 0 and fake.binding_errors() == 0
+
+
+def test_a_destroyed_streams_work_is_kept_under_its_own_identity(reusing, fake):
+    """A stream destroyed with work pending: the work still runs.  A new stream that gets its handle
+    back is another stream, so its free is not ordered after the old one's memset."""
+    drv = reusing
+    new_ctx(drv)
+    s1, s2 = new_stream(drv), new_stream(drv)
+    p = async_alloc(drv, 256, s1)
+    ok(drv.cuMemsetD8Async(p, 7, 256, s2))
+    ok(drv.cuStreamDestroy(s2))
+    s3 = new_stream(drv)
+    assert s3 == s2
+    ok(drv.cuMemFreeAsync(p, s3))
+    assert fake.unordered_frees() == 1 and fake.stale_count() == 0
+
+
+@pytest.mark.parametrize("write, freer, counted", [
+    ("memset", "non-blocking", 1),             # a synchronous memset returns before it is done
+    ("memset", "blocking", 0),                 # ... on the legacy stream, which blocking streams follow
+    ("memset", "legacy", 0),
+    ("device copy", "non-blocking", 1),        # so does a device-to-device copy
+    ("device copy", "blocking", 0),
+])
+def test_synchronous_memsets_and_device_copies_are_legacy_stream_work(drv, fake, write, freer, counted):
+    new_ctx(drv)
+    stream = {"legacy": ffi.NULL, "blocking": new_stream(drv, 0), "non-blocking": new_stream(drv, NON_BLOCKING)}[freer]
+    p = async_alloc(drv, 256, stream)
+    if write == "memset":
+        ok(drv.cuMemsetD8(p, 7, 256))
+    else:
+        q = alloc(drv, 256)
+        ok(drv.cuMemcpyDtoD(q, p, 256))
+    ok(drv.cuMemFreeAsync(p, stream))
+    assert fake.unordered_frees() == counted, fake.records()

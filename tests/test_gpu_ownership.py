@@ -356,7 +356,10 @@ def test_8_reset_marks_buffers_and_never_frees_a_reused_address():
 def test_9_random_sequences_on_the_gpu():
     """In a child process: it checks the primary context's state, which is per process."""
     n = os.environ.get("CUPROC_GPU_SEQUENCES", "150")
-    proc = run_python(ROOT / "tests" / "sequences.py", "--sequences", n, "--ops", "30", "--seed", "11", timeout=400)
+    # After a warm-up that releases the primary context's last retain and retains it again: how the
+    # first GPU run of issue 35 met a device fault (a free not ordered after a memset on another stream)
+    proc = run_python(ROOT / "tests" / "sequences.py", "--sequences", n, "--ops", "30", "--seed", "11",
+                      "--warm-up", timeout=400)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["failures"] == [], "\n".join(result["failures"][:3])
     assert result["leftovers"] == [], result["leftovers"][:5]

@@ -227,8 +227,8 @@ def test_dropped_unconsumed_capsule_runs_its_deleter(fk, pc):
     for mv in (None, (1, 0)):
         cap = buf.__dlpack__(max_version=mv)
         assert len(_dlpack._live) == before + 1 and buf.has_views()
-        del cap
-        assert len(_dlpack._live) == before and not buf.has_views()
+        del cap                                      # no destructor runs: the check for views sweeps
+        assert not buf.has_views() and len(_dlpack._live) == before
     buf.free()
 
 
@@ -438,7 +438,8 @@ def test_import_refusals_leave_the_capsule_to_its_producer(fk, pc):
         with pytest.raises(BufferError):
             from_dlpack(bad)
         gc.collect()
-        assert bad.deleted == 1                             # refused: the unconsumed capsule deleted itself
+        _dlpack.sweep()                                     # (what any check for views or export does)
+        assert bad.deleted == 1                             # refused: the unconsumed capsule's tensor deleted
     host = Producer(buf, device=(1, 0))
     with pytest.raises(BufferError):
         from_dlpack(host)                                   # CPU memory: NumPy's business

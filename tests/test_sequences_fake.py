@@ -60,6 +60,8 @@ def run_both_paths(fake_path: Path, tmp: Path, sequences: int, seed: int, parall
         assert result["failures"] == [], f"{where}:\n" + "\n".join(result["failures"][:3])
         assert result["leftovers"] == [], f"{where}: {result['leftovers'][:5]}"
         assert result["stale"] == 0, f"{where}: {result['stale_calls']}"
+        assert result["unordered"] == 0, f"{where}: frees not ordered after the work on the memory: " \
+                                         f"{result['unordered_calls']}"
         for key, n in result["counts"].items():
             total[key] = total.get(key, 0) + n
     for warm in (False, True):

@@ -106,6 +106,9 @@ static PyObject *cuproc_cp_call(PyObject *obj, PyObject *const *args, size_t nar
     if (fn == NULL || PyList_GET_ITEM(self->forked, 0) != Py_False || CUPROC_SLOT(dev, self->off_context) != ctx
         || CUPROC_SLOT(ctx, self->off_driver) != drv || !cuproc_cp_checked(self, dst) || !cuproc_cp_checked(self, src))
         goto release_slow;
+    /* work left on a stream: the Python code orders the copy after it (transfers._order_sides) */
+    if (CUPROC_SLOT(dst, self->off_last[di]) != Py_None || CUPROC_SLOT(src, self->off_last[si]) != Py_None)
+        goto release_slow;
     daddr = cuproc_cp_u64(CUPROC_SLOT(dev, self->off_address));
     haddr = cuproc_cp_u64(CUPROC_SLOT(host, self->off_address));
     dsize = cuproc_cp_u64(CUPROC_SLOT(dev, self->off_nbytes));

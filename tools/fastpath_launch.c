@@ -43,6 +43,7 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *dict;
+    PyObject *weaklist;   /* its ``prepared`` (cuproc.launch) reaches it weakly, as a Python launcher's does */
     PyObject *slow, *on_error, *recheck, *epoch, *seen, *owner, *buffer_type, *context_type, *keep;
     Py_ssize_t off_ended, off_context, off_address;   /* a DeviceBuffer's slots (ended: every Resource's) */
     int ex, owned, per_call;   /* per_call: the dimensions come with each call (grid, blk, shmem unused) */
@@ -419,6 +420,7 @@ static void cuproc_launcher_dealloc(PyObject *obj)
     cuproc_launcher *self = (cuproc_launcher *)obj;
     PyTypeObject *tp = Py_TYPE(obj);
     PyObject_GC_UnTrack(obj);
+    if (self->weaklist != NULL) PyObject_ClearWeakRefs(obj);
     cuproc_launcher_clear(obj);
     PyMem_Free(self->kinds);
     PyMem_Free(self->offsets);
@@ -428,6 +430,7 @@ static void cuproc_launcher_dealloc(PyObject *obj)
 
 static PyMemberDef cuproc_launcher_members[] = {
     {"__dictoffset__", T_PYSSIZET, offsetof(cuproc_launcher, dict), READONLY, NULL},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(cuproc_launcher, weaklist), READONLY, NULL},
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(cuproc_launcher, vectorcall), READONLY, NULL},
     {"fallbacks", T_PYSSIZET, offsetof(cuproc_launcher, fallbacks), READONLY,
      "how many calls went to the pure launcher (the first one claims the block; the rest say why it is slow)"},
@@ -537,6 +540,7 @@ static PyObject *cuproc_make_launcher(PyObject *module, PyObject *args)
     if (self == NULL) return NULL;
     self->vectorcall = cuproc_launcher_call;
     self->dict = NULL;
+    self->weaklist = NULL;
     Py_INCREF(slow); self->slow = slow;
     Py_INCREF(on_error); self->on_error = on_error;
     self->recheck = Py_NewRef(recheck);

@@ -20,7 +20,8 @@
  *     code stores them), its ``claim_key`` (its weak reference) and the entry (address, stream)
  *     under that key in the context's table.  A driver error goes to ``failed(stream, nbytes, rc)``
  *     (Python: the context's rebind and retry, or the exception), never a second first attempt.
- *   buffer.free_async(): an exact DeviceBuffer allocated on an exact Stream, both live with their
+ *   buffer.free_async(), or free_async(stream) with that buffer's own Stream object (or None), positional or
+ *     ``stream=``: an exact DeviceBuffer allocated on an exact Stream, both live with their
  *     context, no exports of it, not forked.  Everything it needs is read first; then the claim --
  *     removing the buffer's entry from its context's table, under the GIL -- and ``ended`` set to
  *     "freed", as the Python method does; no entry: ended, nothing freed (whoever took it frees).
@@ -399,16 +400,37 @@ static int cuproc_free_start(PyObject *const *args, size_t nargsf, PyObject *kwn
     return CUPROC_FREE_GO;
 }
 
+/* free_async's stream argument, positional or ``stream=``: 1 with it in *given (borrowed from args; NULL when
+ * none was given), 0 for any other form of call (the Python method's). */
+static int cuproc_so_free_stream(PyObject *const *args, size_t nargsf, PyObject *kwnames, PyObject **given)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    *given = NULL;
+    if (kwnames == NULL) {
+        if (nargs == 2) *given = args[1];
+        return nargs == 1 || nargs == 2;
+    }
+    if (nargs != 1 || PyTuple_GET_SIZE(kwnames) != 1
+        || PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "stream") != 0)
+        return 0;
+    *given = args[1];
+    return 1;
+}
+
 static PyObject *cuproc_so_free(PyObject *obj, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     cuproc_so *self = (cuproc_so *)obj;
-    PyObject *buf, *own, *bctx, *table, *key, *entry, *address;
+    PyObject *buf, *own, *bctx, *table, *key, *entry, *address, *given;
     unsigned long long dptr;
     CUstream h;
     CUresult rc;
     void *fn;
     if (self->slow == NULL) return cuproc_front_cleared(obj);   /* cleared: nothing below is there */
-    switch (cuproc_free_start(args, nargsf, kwnames, self->buffer_type, self->off_ended, self->off_driver, &self->f,
+    /* free_async(), free_async(None) and free_async(s) where s is the buffer's own Stream: one path (the Python
+     * method's too); any other stream goes to the Python method, which checks it in full */
+    if (!cuproc_so_free_stream(args, nargsf, kwnames, &given))
+        goto slow;
+    switch (cuproc_free_start(args, 1, NULL, self->buffer_type, self->off_ended, self->off_driver, &self->f,
                               self->exports, &fn)) {
     case CUPROC_FREE_ENDED: Py_RETURN_NONE;   /* idempotent */
     case CUPROC_FREE_SLOW: goto slow;
@@ -421,8 +443,11 @@ static PyObject *cuproc_so_free(PyObject *obj, PyObject *const *args, size_t nar
     bctx = CUPROC_SLOT(buf, self->off_context);
     address = CUPROC_SLOT(buf, self->off_address);
     if (own == NULL || (PyObject *)Py_TYPE(own) != self->stream_type || bctx == NULL || address == NULL
-        || !PyLong_CheckExact(address))
+        || !PyLong_CheckExact(address) || (given != NULL && given != Py_None && given != own))
         goto slow;
+    /* the last work cuproc queued on it went to another stream: the Python method orders the free after it
+     * (device_memory.after_last_work) */
+    if (CUPROC_SLOT(buf, self->off_last) != own) goto slow;
     /* the checks of the Python method: the stream, its context (the buffer's: alloc_async took it from
      * this stream) and fork */
     if (!PyObject_TypeCheck(bctx, (PyTypeObject *)self->context_type) || CUPROC_SLOT(own, self->off_ended) != Py_None
