@@ -611,7 +611,6 @@ class FakeChecker:
     def __init__(self, path: str) -> None:
         import ctypes
         self.lib = ctypes.CDLL(path)
-        self.lib.fake_stale_calls.argtypes = [ctypes.c_char_p, ctypes.c_int]
         self.lib.fake_live.argtypes = [ctypes.c_char_p]
         self.lib.fake_unordered_frees.restype = ctypes.c_long
         self.held = 0               # retains the run holds throughout (--warm-up)
@@ -624,10 +623,11 @@ class FakeChecker:
         pool may hand the memory out, or release it, while that work runs: a device fault)."""
         return self.lib.fake_unordered_frees()
 
-    def stale_calls(self) -> str:
+    def calls(self, record: str) -> str:
+        """The last calls a record of the fake names ("stale", "unordered", "binding"), comma-separated."""
         import ctypes
         buf = ctypes.create_string_buffer(4096)
-        self.lib.fake_stale_calls(buf, 4096)
+        getattr(self.lib, f"fake_{record}_calls")(buf, 4096)
         return buf.value.decode()
 
     def leftovers(self) -> dict[str, int]:
@@ -779,15 +779,10 @@ def main(argv: list[str] | None = None) -> int:
         result["driver_kept_mib_first_half"] = checker.one_time / 2**20
     if args.fake:
         result["stale"] = checker.stale()
-        result["stale_calls"] = checker.stale_calls()
         result["unordered"] = checker.unordered()
-        ubuf = __import__("ctypes").create_string_buffer(4096)
-        checker.lib.fake_unordered_calls(ubuf, 4096)
-        result["unordered_calls"] = ubuf.value.decode()
         result["binding"] = checker.lib.fake_binding_errors()
-        buf = __import__("ctypes").create_string_buffer(4096)
-        checker.lib.fake_binding_calls(buf, 4096)
-        result["binding_calls"] = buf.value.decode()
+        for record in ("stale", "unordered", "binding"):
+            result[f"{record}_calls"] = checker.calls(record)
     print(json.dumps(result))
     return 0
 
