@@ -52,8 +52,10 @@ OURS_DROPPED = "cuproc DeviceBuffer(n), dropped (its finalizer frees)"
 BIND_SYNC, BIND_ASYNC = "cuda.bindings cuMemAlloc+cuMemFree", "cuda.bindings cuMemAllocAsync+cuMemFreeAsync"
 #: the driver calls one memory.copy makes, per row kind: the raw-name row's entry point and nothing else
 #: (no pointer query, no sync, no context switch); checked on the fake driver by the tests and --smoke
-COPY_CALLS = {"pinned H2D": ["cuMemcpyHtoD"], "pinned D2H": ["cuMemcpyDtoH"],
-              "pageable H2D": ["cuMemcpyHtoD"], "pageable D2H": ["cuMemcpyDtoH"]}
+# cuCtxGetCurrent first: a synchronous copy runs in whichever context is current (on its default stream), so
+# memory.copy checks that the buffer's is (and pushes it when not; issue 35, measured on driver 580)
+COPY_CALLS = {"pinned H2D": ["cuCtxGetCurrent", "cuMemcpyHtoD"], "pinned D2H": ["cuCtxGetCurrent", "cuMemcpyDtoH"],
+              "pageable H2D": ["cuCtxGetCurrent", "cuMemcpyHtoD"], "pageable D2H": ["cuCtxGetCurrent", "cuMemcpyDtoH"]}
 
 
 #: the state each allocation group runs in (recorded in the JSON: before 2026-11-28 04:30 UTC ``sync_us`` ran

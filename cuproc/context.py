@@ -10,11 +10,28 @@ Policy
   classify it).  One live object per handle, so destroying it is seen by
   everything made in it.
 * **Binding.**  Every operation runs in its object's context, from any
-  thread, through :meth:`Context.call`: the call is made as is, and only when
-  the driver answers that the current context is wrong (or absent) is the
-  object's context pushed for a second attempt and popped again.  The calling
-  thread's stack is never changed behind its back, and a thread whose current
-  context is already right pays nothing.
+  thread.  The driver routes a call in one of two ways, and cuproc binds
+  each accordingly (measured on driver 580 with another context current):
+
+  - *By a handle*: a call on a stream, event, module or function that names
+    it (a launch or memset on a stream, a stream synchronize, an unload) runs
+    in that object's context whichever context is current.
+    :meth:`Context.call` makes it as is; only when the driver answers that
+    the current context is absent or destroyed (or, for a launch or an event
+    record on the default stream, that the handle is not the current
+    context's) is the object's context pushed for a second attempt and
+    popped again.
+  - *By the current context*: a synchronous copy or memset, anything on the
+    default stream (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD), creating
+    and allocating.  The driver carries it out *in whichever context is
+    current*, even on another context's memory: unordered with that
+    context's work, so a free there may run first (a device fault, seen on
+    an H200).  :meth:`Context.call_current` makes it with the object's
+    context current (pushed and popped only when another one is);
+    :meth:`Context.call_on` picks between the two by the stream argument.
+
+  The calling thread's stack is never changed behind its back, and a thread
+  whose current context is already right pays one cuCtxGetCurrent at most.
 * **Primary contexts** are reference counted by the driver.  cuproc retains
   one exactly as often as :meth:`PrimaryContext.retain` (or
   :func:`use_device`) is called, and releases exactly that: explicitly, or
@@ -349,13 +366,22 @@ class Context(Resource):
 
     def call_current(self, function: Callable[..., int], *args: Any) -> int:
         """``function(*args)`` with this context current, for calls that act on whatever context is
-        current (create, allocate, limits): they succeed in the wrong one, so :meth:`call`'s retry
-        on error cannot be relied on.  Pushes and pops only when another context is current."""
+        current (create, allocate, limits, a synchronous copy or memset, anything on the default
+        stream): they succeed in the wrong one, so :meth:`call`'s retry on error cannot be relied on.
+        Pushes and pops only when another context is current."""
         drv = self.driver
         out = _popped()
         if drv.cuCtxGetCurrent(out) == 0 and out[0] == self.handle:
             return function(*args)
         return self.pushed(function, *args)
+
+    def call_on(self, stream: Any, function: Callable[..., int], *args: Any) -> int:
+        """``function(*args)``, a call whose CUstream argument is ``stream``: on a stream of its own the
+        driver routes it by that stream (:meth:`call`); on a default stream it runs in the current
+        context (:meth:`call_current`).  See the module docstring."""
+        if is_default_stream(stream):
+            return self.call_current(function, *args)
+        return self.call(function, *args)
 
     def run(self, call: str, *args: Any) -> None:
         """``call`` (a C name) with this context current, raising CudaError on failure."""
@@ -489,6 +515,12 @@ def call_in(context: Context | None, function: Callable[..., int], *args: Any) -
     """``function(*args)`` bound to ``context`` (:meth:`Context.call`), or as is when there is none
     (a raw address or a library kernel: the current context)."""
     return context.call(function, *args) if context is not None else function(*args)
+
+
+def is_default_stream(stream: Any) -> bool:
+    """Whether a CUstream value names no stream of its own -- NULL, CU_STREAM_LEGACY (1) or
+    CU_STREAM_PER_THREAD (2): the default stream of whichever context is current."""
+    return stream is None or handle_int(stream) <= 2
 
 
 def _register(ctx: Context) -> Context:

@@ -89,7 +89,7 @@ def free_stream_ordered_entry(context: Context, key: weakref.ref[DeviceBuffer], 
     if isinstance(stream, Stream) and stream.ended_owner() is not None:
         # Its stream is gone: wait for everything in the context, then free on the default stream.
         rc = synchronize_context(context)
-        return rc or context.call(drv.cuMemFreeAsync, address, default_stream(drv))
+        return rc or context.call_current(drv.cuMemFreeAsync, address, default_stream(drv))
     handle = stream.handle if isinstance(stream, Stream) else stream   # its stream, or a raw or default one
     try:
         if buffer is None:
@@ -102,7 +102,7 @@ def free_stream_ordered_entry(context: Context, key: weakref.ref[DeviceBuffer], 
                    f"({exc}); it waited for its context instead")
         if rc:
             return rc
-    return context.call(drv.cuMemFreeAsync, address, handle)
+    return context.call_on(handle, drv.cuMemFreeAsync, address, handle)
 
 
 def after_last_work(buffer: DeviceBuffer, context: Context, stream: Any, waiter: Stream | None = None) -> None:
@@ -164,7 +164,7 @@ def order_after(last: Stream | int | None, context: Context, stream: Any, waiter
         return
     event = owner.call_current(_recorded_event, drv, last_handle)
     try:
-        drv.check(context.call(drv.cuStreamWaitEvent, stream, event, 0), "cuStreamWaitEvent")
+        drv.check(context.call_on(stream, drv.cuStreamWaitEvent, stream, event, 0), "cuStreamWaitEvent")
     finally:
         rc = owner.call(drv.cuEventDestroy, event)   # the driver keeps it until the wait is done
         if rc:
@@ -305,9 +305,14 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
             self.ended = "freed"
         elif not self._claim("freed"):
             return
-        rc = self.driver.cuMemFreeAsync(address, h)  # Context.call's first attempt, inline
+        if own.__class__ is Stream and h is own.handle:   # a Stream's own handle is never a default stream
+            rc = self.driver.cuMemFreeAsync(address, h)  # Context.call's first attempt, inline
+            if rc:
+                _free_failed(ctx, rc, address, h)
+            return
+        rc = ctx.call_on(h, self.driver.cuMemFreeAsync, address, h)   # (a default stream: the current one's)
         if rc:
-            _free_failed(ctx, rc, address, h)
+            raise self.driver.error(rc, "cuMemFreeAsync")
 
 
 def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: MemoryPool | None = None,
@@ -404,7 +409,7 @@ def _c_alloc_failed(stream: Stream, nbytes: int, rc: int, address: int | None = 
     ctx, h = stream.context, stream.handle
     drv = ctx.driver
     if address is not None:
-        ctx.call(drv.cuMemFreeAsync, address, h)
+        ctx.call(drv.cuMemFreeAsync, address, h)     # (a Stream's handle: never a default stream)
         return None
     out = ffi.new(_DEVICE_POINTER)
     rc = ctx.rebind(rc, drv.cuMemAllocAsync, out, nbytes, h)

@@ -38,7 +38,7 @@ from __future__ import annotations
 from ._ffi import ffi
 from ._resource import Resource
 from ._support import get_driver, handle_int, invalid
-from .context import Context, call_in
+from .context import Context
 from .driver import Driver
 from .stream import Stream, as_stream, default_stream, foreign_context, order_after, stream_handle
 
@@ -346,7 +346,9 @@ def wait_for_cai(stream: int, waiter: Stream | Any | None, context: Context | No
         return
     if stream == default_marker(driver):
         return          # a synchronous call runs on that default stream: already ordered after its work
-    rc = call_in(context, driver.cuStreamSynchronize, ffi_stream(stream))
+    h = ffi_stream(stream)
+    # a default stream (1, 2) is whichever context is current's: the exporter's, when known, must be
+    rc = context.call_on(h, driver.cuStreamSynchronize, h) if context is not None else driver.cuStreamSynchronize(h)
     if rc:
         raise driver.error(rc, "cuStreamSynchronize")
 

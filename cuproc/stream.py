@@ -97,8 +97,8 @@ def as_stream(stream: Stream | Any | None, call: str = "stream", *,
     if stream is None or isinstance(stream, (Stream, int, ffi.CData)):
         return stream
     handle = foreign_stream_handle(stream, call)
-    if handle == 0:                 # a library's name for the NULL (default) stream: nothing to keep
-        return ffi.cast("CUstream", 0)
+    if handle <= 2:     # a library's name for a default stream (NULL, legacy, per-thread): nothing to keep
+        return ffi.cast("CUstream", handle)
     drv = get_driver(driver if context is None else context.driver)
     return Stream.from_handle(handle, owner=stream, context=foreign_context(handle, context, drv),
                               driver=drv)
@@ -258,11 +258,14 @@ class Stream(Resource):
         drv = get_driver(driver if context is None else context.driver)
         if isinstance(handle, ffi.CData):
             handle = handle_int(handle)
-        if not isinstance(handle, int) or isinstance(handle, bool) or handle <= 0:
-            # The driver call a bad handle stops: cuStreamGetCtx, unless the context was given.
+        if not isinstance(handle, int) or isinstance(handle, bool) or handle <= 2:
+            # The driver call a bad handle stops: cuStreamGetCtx, unless the context was given.  A Stream is
+            # never a default stream (0, CU_STREAM_LEGACY = 1, CU_STREAM_PER_THREAD = 2): those are whichever
+            # context is current's, so calls on them are bound differently (Context.call_on).
             raise invalid("cuStreamGetCtx" if context is None else "Stream.from_handle",
-                          f"a stream handle is a positive int or a CUstream, got {handle!r} "
-                          "(0 is ambiguous: name the default stream with None)")
+                          f"a stream handle is an int above 2 or a CUstream, got {handle!r} (0, 1 and 2 name "
+                          "the default stream of whichever context is current: pass None, or the value itself "
+                          "where a call takes a stream)")
         h = ffi.cast("CUstream", handle)
         if context is None:
             rc, found = _stream_context(drv, h)

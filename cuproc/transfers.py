@@ -28,7 +28,7 @@ from ._ffi import ffi
 from ._resource import EPOCH, FORKED, Resource
 from ._support import get_driver, handle_int, invalid
 from .allocation import Allocation
-from .context import Context, call_in
+from .context import Context
 from .device_memory import DeviceBuffer, DeviceView, GlobalView, order_after
 from .driver import Driver
 from .host_memory import HostMemory, PinnedBuffer
@@ -140,8 +140,18 @@ def _both_host() -> Exception:
 
 
 def _run(ctx: Context | None, driver: Driver | None, call: str, *args: Any) -> None:
+    """``call(*args)`` in ``ctx``: a synchronous copy or memset, or an asynchronous one on a default stream,
+    runs in whichever context is current (on its default stream, unordered with ``ctx``'s work), so it is
+    made with ``ctx`` current; one on a stream of its own goes where that stream is (Context.call_on).
+    With no context known (raw addresses), as is."""
     drv = ctx.driver if ctx is not None else get_driver(driver)
-    rc = call_in(ctx, getattr(drv, call), *args)
+    fn = getattr(drv, call)
+    if ctx is None:
+        rc = fn(*args)
+    elif call.endswith("Async"):
+        rc = ctx.call_on(args[-1], fn, *args)
+    else:
+        rc = ctx.call_current(fn, *args)
     if rc:
         raise drv.error(rc, call)
 
@@ -392,7 +402,8 @@ __all__ = ["copy", "copy_2d", "copy_3d", "memset", "memset_2d"]
 
 
 def _c_copy_failed(rc: int, dst: Allocation, src: Allocation, n: int) -> None:
-    """The C front's driver call (below) answered ``rc``: what :func:`_run` does with a first answer --
+    """The C front's driver call (below; made only with the device side's context current) answered ``rc``:
+    what :func:`_run` does with a first answer --
     the context's rebind and second attempt on a binding error (:meth:`Context.rebind`), else the
     exception naming the call -- then the stores of a copy made."""
     ctx = _binding(None, dst, src)
@@ -415,11 +426,13 @@ def _c_copy_failed(rc: int, dst: Allocation, src: Allocation, n: int) -> None:
 # per copy).
 _make_copy = fastpath.copy_factory()
 _c_copy = None if _make_copy is None else _make_copy(
-        copy, _c_copy_failed, Context, FORKED, EPOCH,
-        tuple(fastpath.pointer_reader(fastpath.FRONT_TYPEDEFS[name]) for name in ("cuMemcpyHtoD", "cuMemcpyDtoH")),
+        copy, _c_copy_failed, Context, ffi.typeof("CUcontext"), FORKED, EPOCH,
+        tuple(fastpath.pointer_reader(fastpath.FRONT_TYPEDEFS[name])
+              for name in ("cuMemcpyHtoD", "cuMemcpyDtoH", "cuCtxGetCurrent")),
         tuple((cls, cls.kind == "host", owner.__dict__["last_stream"])    # (the slots' member descriptors)
               for cls, owner in ((DeviceBuffer, DeviceBuffer), (PinnedBuffer, HostMemory))),
         (Resource.__dict__["driver"], Resource.__dict__["ended"], Resource.__dict__["_checked_at"],
-         Allocation.__dict__["context"], Allocation.__dict__["address"], Allocation.__dict__["nbytes"]))
+         Allocation.__dict__["context"], Allocation.__dict__["address"], Allocation.__dict__["nbytes"],
+         Context.__dict__["handle"]))
 if _c_copy is not None:   # (None on a free-threaded build)
     copy = fastpath.dressed(_c_copy, copy)

@@ -90,9 +90,11 @@ def fk(fake):
     gc.collect()
     stale, calls = fake.stale_count(), fake.stale_calls()
     unordered, unordered_calls = fake.unordered_frees(), fake.unordered_calls()
+    misrouted, misrouted_calls = fake.misrouted_count(), fake.misrouted_calls()
     cuproc.set_default_driver(None)
     assert stale == 0, f"stale handles reached the driver in: {calls}"
     assert unordered == 0, f"stream-ordered frees not ordered after work on the memory: {unordered_calls}"
+    assert misrouted == 0, f"work on a context's memory ran in another, current context: {misrouted_calls}"
 
 
 @pytest.fixture()

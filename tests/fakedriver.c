@@ -12,8 +12,20 @@
  *
  *   stale uses      a destroyed, unknown or wrong-kind handle, or a device pointer outside
  *                   every live allocation.  Returns the real error code and counts it.
- *   binding errors  an operation on a context-owned object while another (or no) context is
- *                   current.  The real driver would often act on the wrong context silently.
+ *   binding errors  an operation while no context (or a destroyed one) is current, a launch on
+ *                   the default stream of a function of another context, or an event record on
+ *                   the default stream of an event of another context (the real driver answers
+ *                   the last two with CUDA_ERROR_INVALID_HANDLE, measured on driver 580).  An
+ *                   operation on an object of another context that names its stream (or needs
+ *                   none: unload, destroy, query) is carried out, as the real driver does.
+ *   misrouted       an operation on memory of one context that runs in whichever context is
+ *                   current -- a synchronous copy or memset, or an asynchronous one on the
+ *                   default stream -- while another context is current.  The real driver carries
+ *                   it out, on the current context's default stream (measured on driver 580): it
+ *                   is not ordered with the memory's own context's work, and a free there may
+ *                   run before it (seen on an H200 as CUDA_ERROR_LAUNCH_FAILED after a memset of
+ *                   a created context's buffer made while the primary context was current).
+ *                   Done here too (on the current context's streams), and recorded.
  *   launches        the packed argument bytes of every launch, plus a race detector.
  *   unordered frees a cuMemFreeAsync of memory that asynchronous work on another stream may still
  *                   use: that work is not ordered before the free (same stream, a synchronize, an
@@ -23,7 +35,7 @@
  *                   sticky error).  Here all work is done at once, so it is only a record.
  *   fork            any call in a child forked after cuInit.
  *
- * Tests assert that the stale and binding counters stay 0.
+ * Tests assert that the stale, misrouted and unordered counters stay 0.
  *
  * Model (strict on purpose, see fakedriver.py for the list of choices):
  *   - one mutex guards all state; per-thread context stacks are __thread arrays;
@@ -187,8 +199,8 @@ static int ndev = 2;
 
 #define RING 16
 struct ring { const char *names[RING]; long total; };
-static long stale_count, binding_count;
-static struct ring stale_ring, binding_ring;
+static long stale_count, binding_count, misrouted_count;
+static struct ring stale_ring, binding_ring, misrouted_ring;
 static struct ring call_ring;       /* every entry point called (fake_calls): what a cuproc call costs in calls */
 
 struct primary { int refcount; unsigned flags; handle_t ctx; handle_t slot; /* its handle, kept across activations */ };
@@ -695,6 +707,19 @@ static CUresult binding(void) {
   return E_INVALID_CONTEXT;
 }
 
+/* Work on memory of another context put on the current context's streams (see the top). */
+static void misrouted(void) {
+  misrouted_count++;
+  ring_push(&misrouted_ring, cur_call);
+}
+
+/* A launch or event record on the default stream of an object of another context. */
+static CUresult foreign_on_default(void) {
+  binding_count++;
+  ring_push(&binding_ring, cur_call);
+  return E_INVALID_HANDLE;
+}
+
 /* The thread's current context was destroyed by someone else (cuCtxDestroy on another thread, the
  * last primary release).  The caller passed no stale handle: per the cuCtxDestroy documentation
  * the driver answers CUDA_ERROR_CONTEXT_IS_DESTROYED.  A binding error, not a stale use. */
@@ -777,13 +802,6 @@ static CUresult cur_ctx(struct obj **c) {
   return OK;
 }
 
-/* The current context is cur but the object lives in another one. */
-static CUresult wrong_ctx(handle_t cur) {
-  struct obj *o = obj_at(cur);
-  if (cur && (!o || !o->alive)) return destroyed_current();
-  return binding();
-}
-
 /* An explicit ctx argument, NULL meaning the current one. */
 static CUresult ctx_arg(CUcontext h, struct obj **c) {
   if (!h) return cur_ctx(c);
@@ -796,16 +814,15 @@ static int is_default_stream(CUstream h) {
   return v == 0 || v == LEGACY_STREAM || v == PER_THREAD_STREAM;
 }
 
-/* A stream argument of a stream-ordered call: its context must be current (strict). */
+/* A stream argument of a stream-ordered call.  A default stream is the current context's; a
+ * stream names its own context, which need not be current (the real driver routes the work by the
+ * stream), but some live context must be (strict: unmeasured with none current). */
 static CUresult use_stream(CUstream h, struct obj **ctx, struct obj **stream) {
   struct obj *c, *s = NULL;
   CUresult rc;
-  if (is_default_stream(h)) {
-    TRY(cur_ctx(&c));
-  } else {
+  TRY(cur_ctx(&c));
+  if (!is_default_stream(h)) {
     if (!(s = get(h, K_STREAM, &rc))) return rc;
-    handle_t cur = top();
-    if (cur != s->ctx) return wrong_ctx(cur);
     c = obj_at(s->ctx);
   }
   if (ctx) *ctx = c;
@@ -813,10 +830,12 @@ static CUresult use_stream(CUstream h, struct obj **ctx, struct obj **stream) {
   return OK;
 }
 
-/* An object owned by a context that must be current. */
+/* An operation on an object owned by a context: the real driver carries it out whichever context is
+ * current, but some live one must be (strict: unmeasured with none current). */
 static CUresult need_current(const struct obj *o) {
-  handle_t cur = top();
-  return cur == o->ctx ? OK : wrong_ctx(cur);
+  (void)o;
+  struct obj *c;
+  return cur_ctx(&c);
 }
 
 static CUresult check_dev(CUdevice dev) { return dev >= 0 && dev < ndev ? OK : E_INVALID_DEVICE; }
@@ -841,16 +860,23 @@ static CUresult uni_range(CUdeviceptr addr, size_t n, struct alloc **pa, char **
   return OK;
 }
 
-/* A memory operation touching allocations a and b (either may be NULL): one bound side's
- * context being current is enough; with no bound side any live current context will do. */
-static CUresult bind_mem(const struct alloc *a, const struct alloc *b) {
+/* Where an operation goes (below); BY_POINTER: a synchronous call the driver routes by the memory
+ * (cuMemFree, measured to work with another context current on driver 580). */
+struct queue { unsigned uid; int named; };
+static const struct queue BY_POINTER = {0, 1};
+
+/* A memory operation touching allocations a and b (either may be NULL), on queue q (NULL: a
+ * synchronous one).  Some live context must be current.  One that runs in the current context (no
+ * stream named) while neither bound side's context is current is misrouted: carried out, recorded. */
+static CUresult bind_mem(const struct alloc *a, const struct alloc *b, const struct queue *q) {
+  struct obj *c;
+  TRY(cur_ctx(&c));
   handle_t cur = top();
   int need = 0;
   if (a && a->bound) { need = 1; if (a->ctx == cur) return OK; }
   if (b && b->bound) { need = 1; if (b->ctx == cur) return OK; }
-  if (need) return wrong_ctx(cur);
-  struct obj *c;
-  return cur_ctx(&c);
+  if (need && !(q && q->named)) misrouted();
+  return OK;
 }
 
 /* ------------------------------------------------------------------ ordering model
@@ -1005,13 +1031,13 @@ static unsigned state_of(CUstream h, struct obj *c, struct obj *s) {
   return uid;
 }
 
-/* Where an operation goes: its stream's state.  Synchronous operations pass no queue. */
-struct queue { unsigned uid; };
-
+/* Where an operation goes: its stream's state, and whether the call named that stream (not a
+ * default stream: the current context's).  Synchronous operations pass no queue. */
 static CUresult use_queue(CUstream h, struct queue *q, struct obj **ctx) {
   struct obj *c, *s;
   TRY(use_stream(h, &c, &s));
   q->uid = state_of(h, c, s);
+  q->named = s != NULL;
   if (ctx) *ctx = c;
   return OK;
 }
@@ -1051,6 +1077,7 @@ static int legacy_queue(struct queue *q) {
   struct obj *c = obj_at(top());
   if (!c || !c->alive || c->kind != K_CTX) return 0;
   q->uid = c->u.c.legacy;
+  q->named = 0;
   return 1;
 }
 
@@ -1525,7 +1552,7 @@ static CUresult cuMemFree_v2(CUdeviceptr dptr) {
   int freeable = a && a->base == dptr && !a->owner &&
                  (a->kind == A_DEVICE || a->kind == A_ASYNC || a->kind == A_MANAGED);
   if (!freeable) return stale(E_INVALID_VALUE);
-  TRY(bind_mem(a, NULL));
+  TRY(bind_mem(a, NULL, &BY_POINTER));
   /* It waits for the device: all work of the memory's context is done, nothing is counted. */
   struct obj *owner = obj_at(a->ctx);
   if (owner && owner->alive && owner->kind == K_CTX) complete_ctx(owner);
@@ -1630,7 +1657,7 @@ static CUresult copy_htod(CUdeviceptr dst, const void *src, size_t n, const stru
   struct alloc *a;
   char *d;
   TRY(dev_range(dst, n, &a, &d));
-  TRY(bind_mem(a, NULL));
+  TRY(bind_mem(a, NULL, q));
   queued(q, a, NULL, 1);
   if (n) memcpy(d, src, n);
   return OK;
@@ -1640,7 +1667,7 @@ static CUresult copy_dtoh(void *dst, CUdeviceptr src, size_t n, const struct que
   struct alloc *a;
   char *s;
   TRY(dev_range(src, n, &a, &s));
-  TRY(bind_mem(a, NULL));
+  TRY(bind_mem(a, NULL, q));
   queued(q, a, NULL, 1);
   if (n) memcpy(dst, s, n);
   return OK;
@@ -1651,7 +1678,7 @@ static CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, int unifie
   char *d, *s;
   TRY((unified ? uni_range : dev_range)(dst, n, &a, &d));
   TRY((unified ? uni_range : dev_range)(src, n, &b, &s));
-  TRY(bind_mem(a, b));
+  TRY(bind_mem(a, b, q));
   struct queue legacy;   /* device to device, no stream: the legacy stream's, done after the return */
   if (!q && on_device(a) && on_device(b) && legacy_queue(&legacy)) q = &legacy;
   queued(q, a, b, !on_device(a) || !on_device(b));
@@ -1776,7 +1803,7 @@ static CUresult copy_3d(const CUDA_MEMCPY3D *c, const struct queue *q) {
   char *s, *d;
   TRY(copy_side(c->srcMemoryType, c->srcHost, c->srcDevice, soff, sext, &a, &s));
   TRY(copy_side(c->dstMemoryType, c->dstHost, c->dstDevice, doff, dext, &b, &d));
-  TRY(bind_mem(a, b));
+  TRY(bind_mem(a, b, q));
   queued(q, a, b, !on_device(a) || !on_device(b));
   for (size_t z = 0; z < depth; z++)
     for (size_t y = 0; y < h; y++)
@@ -1833,7 +1860,7 @@ static CUresult memset_2d(CUdeviceptr dst, size_t pitch, unsigned value, size_t 
   struct alloc *a;
   char *d;
   TRY(dev_range(dst, extent, &a, &d));
-  TRY(bind_mem(a, NULL));
+  TRY(bind_mem(a, NULL, q));
   struct queue legacy;
   if (!q && on_device(a) && legacy_queue(&legacy)) q = &legacy;   /* returns before it is done */
   queued(q, a, NULL, 0);
@@ -2050,7 +2077,7 @@ static CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
   if (!a || a->base != dptr || (a->kind != A_ASYNC && a->kind != A_DEVICE)) return stale(E_INVALID_VALUE);
   struct queue q;
   TRY(use_queue(stream, &q, NULL));
-  TRY(bind_mem(a, NULL));
+  TRY(bind_mem(a, NULL, &q));
   enqueue(q.uid);
   check_free(a, q.uid); /* work on another stream that may still use it: an unordered free */
   /* Back to its pool: no longer counted as used, and the next allocation from that pool may get
@@ -2211,6 +2238,7 @@ static CUresult cuEventRecord(CUevent event, CUstream stream) {
   ENTER("cuEventRecord");
   struct obj *e;
   TRY(use_event(event, &e));
+  if (is_default_stream(stream) && e->ctx != top()) return foreign_on_default();
   struct queue q;
   TRY(use_queue(stream, &q, NULL));
   e->u.e.seq = ++event_seq;
@@ -2648,8 +2676,10 @@ struct launch {
 static CUresult launch_check(CUfunction func, const struct launch *L, struct kinfo *layout, char *name, size_t size) {
   struct obj *f;
   TRY(func_arg(func, &f));
-  if (f->kind == K_FUNCTION) TRY(need_current(f));
-  else { struct obj *c; TRY(cur_ctx(&c)); } /* a CUkernel launches in the current context */
+  if (f->kind == K_FUNCTION) {
+    TRY(need_current(f));
+    if (is_default_stream(L->stream) && f->ctx != top()) return foreign_on_default();
+  } else { struct obj *c; TRY(cur_ctx(&c)); } /* a CUkernel launches in the current context */
   TRY(use_stream(L->stream, NULL, NULL));
   for (int i = 0; i < 3; i++) NEED(L->grid[i] && L->block[i]);
   NEED((unsigned long long)L->block[0] * L->block[1] * L->block[2] <= 1024);
@@ -2863,9 +2893,10 @@ EXPORT void fake_reset(void) {
   }
   ndev = 2;
   reset_gen++;
-  stale_count = binding_count = 0;
+  stale_count = binding_count = misrouted_count = 0;
   memset(&stale_ring, 0, sizeof stale_ring);
   memset(&binding_ring, 0, sizeof binding_ring);
+  memset(&misrouted_ring, 0, sizeof misrouted_ring);
   memset(&call_ring, 0, sizeof call_ring);
   launch_count = launch_mismatches = 0;
   nsst = 0;     /* the ordering model: every stream state (no context is left to name one) */
@@ -2892,6 +2923,7 @@ EXPORT void fake_set_device_count(int n) {
 
 EXPORT long fake_stale_count(void) { lock(); long n = stale_count; unlock(); return n; }
 EXPORT long fake_binding_errors(void) { lock(); long n = binding_count; unlock(); return n; }
+EXPORT long fake_misrouted_count(void) { lock(); long n = misrouted_count; unlock(); return n; }
 
 static int ring_format(const struct ring *r, char *buf, int size) {
   if (!buf || size <= 0) return 0;
@@ -2909,6 +2941,7 @@ static int ring_format(const struct ring *r, char *buf, int size) {
 /* The last 16 calls recorded, oldest first, comma-separated. */
 EXPORT int fake_stale_calls(char *buf, int size) { lock(); int n = ring_format(&stale_ring, buf, size); unlock(); return n; }
 EXPORT int fake_binding_calls(char *buf, int size) { lock(); int n = ring_format(&binding_ring, buf, size); unlock(); return n; }
+EXPORT int fake_misrouted_calls(char *buf, int size) { lock(); int n = ring_format(&misrouted_ring, buf, size); unlock(); return n; }
 /* cuMemFreeAsync calls that freed memory other streams' work may still use (see the model). */
 EXPORT long fake_unordered_frees(void) { lock(); long n = unordered_count; unlock(); return n; }
 EXPORT int fake_unordered_calls(char *buf, int size) { lock(); int n = ring_format(&unordered_ring, buf, size); unlock(); return n; }

@@ -7,8 +7,17 @@ turn what would be a crash on a real driver into a number a test can assert is 0
 
 * ``stale_count()`` -- uses of a destroyed, unknown or wrong-kind handle, or of a device pointer
   outside every live allocation (``stale_calls()`` names the last 16 calls);
-* ``binding_errors()`` -- operations on a context-owned object while its context is not current
-  (``binding_calls()``);
+* ``binding_errors()`` -- operations with no (or a destroyed) context current, and launches and
+  event records on the default stream of another context's function or event, which the real
+  driver refuses with CUDA_ERROR_INVALID_HANDLE (``binding_calls()``): cuproc's first attempt
+  may meet these, and its second attempt binds the right context;
+* ``misrouted_count()`` -- operations on memory of one context that run in whichever context is
+  current (a synchronous copy or memset, an asynchronous one on the default stream) made while
+  another context is current (``misrouted_calls()``).  The real driver (580) carries them out on
+  the *current* context's default stream, unordered with the memory's own context: on an H200 a
+  memset of a created context's buffer made with the primary context current, then the buffer's
+  free and its context's destruction, ended in CUDA_ERROR_LAUNCH_FAILED.  The fake does the same
+  and records it; no cuproc call may make one;
 * ``launch_mismatches()`` -- launches of ``fake_pair(a, b)`` with ``b != 3*a + 1``: the fake waits
   before reading the argument block, so callers that share one between threads are caught; and of
   ``fake_grid_pair(a, b)`` that break that rule or have a grid whose x is not ``a % 4 + 1`` (a
@@ -33,9 +42,12 @@ same library instance (the dynamic loader opens one copy per file).
 Choices made where the real driver is vaguer or more forgiving (the fake is strict on purpose):
 
 * Calls that create or allocate need a live current context (CUDA_ERROR_INVALID_CONTEXT).  An
-  operation on a stream, event, module, device allocation, or a launch of a CUfunction, needs
-  *that object's* context current; a device-to-device copy needs either side's.  Both count as
-  binding errors; so does a missing current context.  Queries of an explicit stream
+  operation on a stream, event, module or device allocation of another context, or a launch of its
+  CUfunction on a named stream, is carried out as the real driver (580) does (measured with another
+  context current: cuLaunchKernel on the function's stream, cuMemsetD8 and the synchronous copies,
+  cuStreamSynchronize/Query, cuEventSynchronize, cuMemFree, cuMemFreeAsync, cuModuleUnload,
+  cuStreamDestroy and cuEventDestroy all returned 0); with *no* context current it is a binding
+  error (strict: not measured).  The default stream is always the current context's.  Queries of an explicit stream
   (priority, flags, context), function attributes and occupancy need no current context.
 * Context independent: devices, primary contexts, cuCtxCreate/Destroy and the stack calls,
   libraries and kernels, the linker, pools, cuPointerGetAttribute, cuMemFreeHost,
@@ -184,7 +196,7 @@ class FakeDriver:
         lib = self._lib = ctypes.CDLL(str(path))
         for name in ("fake_stale_count", "fake_binding_errors", "fake_live", "fake_launch_count",
                      "fake_launch_mismatches", "fake_fork_violations", "fake_call_count", "fake_async_reuses",
-                     "fake_sync_reuses", "fake_handle_reuses", "fake_unordered_frees"):
+                     "fake_sync_reuses", "fake_handle_reuses", "fake_unordered_frees", "fake_misrouted_count"):
             getattr(lib, name).restype = ctypes.c_long
         for name in ("fake_pool_used", "fake_device_bytes_live", "fake_device_window"):
             getattr(lib, name).restype = ctypes.c_ulonglong
@@ -314,6 +326,14 @@ class FakeDriver:
     def unordered_calls(self) -> list[str]:
         return self._names(self._lib.fake_unordered_calls)
 
+    def misrouted_count(self) -> int:
+        """Operations on memory of one context run in another, current one (since ``reset()``; see the
+        module docstring)."""
+        return self._lib.fake_misrouted_count()
+
+    def misrouted_calls(self) -> list[str]:
+        return self._names(self._lib.fake_misrouted_calls)
+
     def fail(self, call: str, code: int, count: int = 1) -> None:
         """The next ``count`` calls of ``call`` (C base name, "cuMemFree") return ``code`` and do
         nothing; ``count=-1``: every call until cleared; ``count=0``: clear."""
@@ -329,6 +349,7 @@ class FakeDriver:
         return {"stale": self.stale_count(), "stale_calls": self.stale_calls(),
                 "binding": self.binding_errors(), "binding_calls": self.binding_calls(),
                 "unordered": self.unordered_frees(), "unordered_calls": self.unordered_calls(),
+                "misrouted": self.misrouted_count(), "misrouted_calls": self.misrouted_calls(),
                 "launch_mismatches": self.launch_mismatches(), "fork_violations": self.fork_violations()}
 
     @staticmethod

@@ -464,6 +464,8 @@ def run_ops(w: World, count: int, seed_label: str, failures: list[str], counts: 
                                 f"involves ended: {describe(w.involved)}")
         if log is not None:
             log.append(f"{op.__name__[3:]}:{outcome}")
+        if TRACE:
+            TRACE.append(f"{seed_label} {op.__name__[3:]}:{outcome} {describe(w.involved)}")
         if PROBE:
             probe(seed_label, op.__name__, outcome, failures)
 
@@ -474,6 +476,9 @@ def run_ops(w: World, count: int, seed_label: str, failures: list[str], counts: 
 # the primary context through the raw driver; the first operation after which that fails (a device
 # error such as CUDA_ERROR_LAUNCH_FAILED is sticky) is reported with the last operations of every thread.
 PROBE: list[bool] = []
+# --trace: every operation of the running sequence, all threads, in the order they ended (with a failure
+# the checker meets after the sequence, the whole sequence is what to look at)
+TRACE: list[str] = []
 _recent: list[str] = []
 _probe_lock = threading.Lock()
 
@@ -613,6 +618,7 @@ class FakeChecker:
         self.lib = ctypes.CDLL(path)
         self.lib.fake_live.argtypes = [ctypes.c_char_p]
         self.lib.fake_unordered_frees.restype = ctypes.c_long
+        self.lib.fake_misrouted_count.restype = ctypes.c_long
         self.held = 0               # retains the run holds throughout (--warm-up)
 
     def stale(self) -> int:
@@ -623,8 +629,14 @@ class FakeChecker:
         pool may hand the memory out, or release it, while that work runs: a device fault)."""
         return self.lib.fake_unordered_frees()
 
+    def misrouted(self) -> int:
+        """Work on one context's memory run in another, current context (on a GPU it is not ordered with
+        the memory's own context: a free there may run first, a device fault)."""
+        return self.lib.fake_misrouted_count()
+
     def calls(self, record: str) -> str:
-        """The last calls a record of the fake names ("stale", "unordered", "binding"), comma-separated."""
+        """The last calls a record of the fake names ("stale", "unordered", "binding", "misrouted"),
+        comma-separated."""
         import ctypes
         buf = ctypes.create_string_buffer(4096)
         getattr(self.lib, f"fake_{record}_calls")(buf, 4096)
@@ -710,6 +722,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probe", action="store_true",
                     help="(GPU, with --warm-up) synchronize the primary context after every operation and report "
                          "the first one after which that fails")
+    ap.add_argument("--start", type=int, default=0, help="the first sequence's index (its seed follows)")
+    ap.add_argument("--trace", action="store_true",
+                    help="with a failure the checker meets, report every operation of that sequence")
     ap.add_argument("--outcomes", help="write each single-threaded sequence's operation outcomes here (JSON)")
     args = ap.parse_args(argv)
     if args.fake:
@@ -725,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
     counts: dict[str, int] = {"sequences": 0, "threaded": 0}
     leftovers: list[str] = []
     outcomes: dict[str, str] = {}           # seed -> each operation's outcome (single-threaded sequences)
-    reported = unordered = 0
+    reported = unordered = misrouted = 0
     if args.probe:
         PROBE.append(True)
     held = None
@@ -733,8 +748,10 @@ def main(argv: list[str] | None = None) -> int:
         warm_up()
         held = cuproc.use_device(0)
         checker.held = held.retain_count
-    for i in range(args.sequences):
-        if i == args.sequences // 2 and isinstance(checker, GpuChecker):
+    if args.trace:
+        TRACE.append("(trace)")
+    for i in range(args.start, args.start + args.sequences):
+        if i == args.start + args.sequences // 2 and isinstance(checker, GpuChecker):
             checker.rebase()
         seed = args.seed * 1_000_003 + i
         threads = args.threads if i % 2 else 1
@@ -749,12 +766,18 @@ def main(argv: list[str] | None = None) -> int:
             failures.append(f"seed={seed}: {checker.unordered() - unordered} stream-ordered free(s) not ordered "
                             f"after work queued on the memory on another stream")
             unordered = checker.unordered()
+        if isinstance(checker, FakeChecker) and checker.misrouted() > misrouted:
+            failures.append(f"seed={seed}: {checker.misrouted() - misrouted} operation(s) on a context's memory ran "
+                            f"in another, current context: {checker.calls('misrouted')}")
+            misrouted = checker.misrouted()
         try:
             left = checker.leftovers()
         except Exception:  # noqa: BLE001 - the driver's own check failed (a device error): stop here
-            failures.append(f"seed={seed} checker: {traceback.format_exc(limit=4)}")
+            failures.append(f"seed={seed} checker: {traceback.format_exc(limit=4)}" + (
+                "\n  the sequence's operations:\n  " + "\n  ".join(TRACE[1:]) if TRACE else ""))
             break
-        if isinstance(checker, GpuChecker) and i < args.sequences // 2:
+        del TRACE[1:]
+        if isinstance(checker, GpuChecker) and i < args.start + args.sequences // 2:
             left.pop("device_bytes_lost", None)      # judged from the rebase on (see GpuChecker.rebase)
         if left:
             alive: dict[str, int] = {}
@@ -766,7 +789,7 @@ def main(argv: list[str] | None = None) -> int:
                 break              # a reset would take the held retain with it: everything after would fail
             if args.fake:
                 checker.lib.fake_reset()
-                unordered = 0
+                unordered = misrouted = 0
         for failure in failures[reported:]:      # as they come: a crash later loses nothing
             print(failure, file=sys.stderr, flush=True)
         reported = len(failures)
@@ -780,8 +803,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.fake:
         result["stale"] = checker.stale()
         result["unordered"] = checker.unordered()
+        result["misrouted"] = checker.misrouted()
         result["binding"] = checker.lib.fake_binding_errors()
-        for record in ("stale", "unordered", "binding"):
+        for record in ("stale", "unordered", "binding", "misrouted"):
             result[f"{record}_calls"] = checker.calls(record)
     print(json.dumps(result))
     return 0

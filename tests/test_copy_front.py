@@ -67,12 +67,13 @@ def test_both_directions_make_one_driver_call_and_move_the_bytes(fk, pc):
         before = taken()
         fk.clear_calls()
         memory.copy(host, dev)
-        assert fk.calls() == ["cuMemcpyDtoH"] and taken() == before + by_front(host)
+        # the current context asked first: a synchronous copy runs in whichever one is current
+        assert fk.calls() == ["cuCtxGetCurrent", "cuMemcpyDtoH"] and taken() == before + by_front(host)
         assert np.array_equal(read(host), values)
         fill(host, values[::-1].copy())
         fk.clear_calls()
         memory.copy(dev, host)
-        assert fk.calls() == ["cuMemcpyHtoD"] and taken() == before + 2 * by_front(host)
+        assert fk.calls() == ["cuCtxGetCurrent", "cuMemcpyHtoD"] and taken() == before + 2 * by_front(host)
         back = np.zeros(512, np.uint8)
         memory.copy(back, dev)                                # NumPy: the Python code
         assert np.array_equal(back, values[::-1]) and taken() == before + 2 * by_front(host)
@@ -259,11 +260,13 @@ def test_another_current_context_is_bound_around_the_call(fk, pc):
     before = taken()
     fk.clear_calls()
     fill(host, np.full(64, 9, np.uint8))
-    memory.copy(host, dev, 8)                                 # the driver answers a binding error first
-    assert fk.calls() == ["cuMemcpyDtoH", "cuCtxPushCurrent", "cuMemcpyDtoH", "cuCtxPopCurrent"]
+    memory.copy(host, dev, 8)      # the real driver would copy in `other` (on its default stream): dev's is pushed
+    calls = fk.calls()
+    assert calls[-3:] == ["cuCtxPushCurrent", "cuMemcpyDtoH", "cuCtxPopCurrent"] and calls.count("cuMemcpyDtoH") == 1
+    assert set(calls[:-3]) == {"cuCtxGetCurrent"} and fk.misrouted_count() == 0
     assert Context.current() is other                         # the thread's stack as it was
     assert (read(host)[:8] == 7).all() and (read(host)[8:] == 9).all()   # the retry copied the size given
-    assert taken() == before                                  # (the front's first attempt went to Python's rebind)
+    assert taken() == before                                  # (the front handed the call to the Python code)
     Context.pop()
     with pc.context:                                          # with dev's context current: the front's own call
         memory.copy(host, dev)
@@ -359,8 +362,10 @@ def test_threads_copying_their_own_buffers_get_their_own_bytes(fk, pc):
             Context.pop()
     binding = fk.binding_errors()
     run_threads(work, 8)
-    assert taken() == before + FAST * 4 * 200 * 2             # a binding error goes to Python ...
-    assert fk.binding_errors() - binding == 4 * 200 * 3       # ... one per copy of a thread without a context
+    # a thread without the context current goes to Python, which pushes it: never a call in no (or the
+    # wrong) context, so no binding error either
+    assert taken() == before + FAST * 4 * 200 * 2
+    assert fk.binding_errors() == binding and fk.misrouted_count() == 0
     for dev, host in pairs:
         dev.close()
         host.close()
@@ -393,23 +398,28 @@ def test_the_factory_refuses_slots_that_are_not_the_classes_own():
     from cuproc.allocation import Allocation
     from cuproc.host_memory import HostMemory, PinnedBuffer
     make = cuproc.fastpath.copy_factory()
-    readers = (print, print)
+    readers = (print, print, print)
     members = (Resource.driver, Resource.ended, Resource._checked_at, Allocation.context, Allocation.address,
-               Allocation.nbytes)
+               Allocation.nbytes, Context.handle)
+    ctype = cuproc.ffi.typeof("CUcontext")
     table = ((DeviceBuffer, False, DeviceBuffer.last_stream), (PinnedBuffer, True, HostMemory.last_stream))
-    front = make(print, print, Context, FORKED, EPOCH, readers, table, members)
+    front = make(print, print, Context, ctype, FORKED, EPOCH, readers, table, members)
     assert callable(front) and front.taken == 0
     for bad_table in (((DeviceBuffer, False, HostMemory.last_stream),),      # another class's slot
                       ((PinnedBuffer, True, DeviceBuffer.last_stream),),
                       ((Context, False, DeviceBuffer.last_stream),)):        # not an Allocation
         with pytest.raises(ValueError, match="slot"):
-            make(print, print, Context, FORKED, EPOCH, readers, bad_table, members)
+            make(print, print, Context, ctype, FORKED, EPOCH, readers, bad_table, members)
     with pytest.raises(ValueError, match="slot"):
-        make(print, print, Context, FORKED, EPOCH, readers, table, (Context.handle, *members[1:]))
+        make(print, print, Context, ctype, FORKED, EPOCH, readers, table, (Context.handle, *members[1:]))
+    with pytest.raises(ValueError, match="slot"):     # the context's handle must be a Context slot
+        make(print, print, Context, ctype, FORKED, EPOCH, readers, table, (*members[:6], DeviceBuffer.last_stream))
     with pytest.raises(ValueError, match="inconsistent"):
-        make(print, print, Context, FORKED, EPOCH, readers, table * 3, members)   # more classes than room
+        make(print, print, Context, ctype, FORKED, EPOCH, readers[:2], table, members)
+    with pytest.raises(ValueError, match="inconsistent"):
+        make(print, print, Context, ctype, FORKED, EPOCH, readers, table * 3, members)   # more classes than room
     with pytest.raises(ValueError, match="not \\(class"):
-        make(print, print, Context, FORKED, EPOCH, readers, ((DeviceBuffer, False),), members)
+        make(print, print, Context, ctype, FORKED, EPOCH, readers, ((DeviceBuffer, False),), members)
     with pytest.raises(TypeError):
         type(front)()                                         # made by the factory only
     assert memory.copy is transfers.copy and memory.copy.__wrapped__.__name__ == "copy"

@@ -241,21 +241,42 @@ def test_primary_context_refcount(drv, fake):
 
 
 # ---------------------------------------------------------------- binding
-def test_wrong_context_is_a_binding_error(drv, fake):
+def test_another_current_context_is_routed_as_the_real_driver_routes_it(drv, fake):
+    """What driver 580 did on an H200 with context B current and objects of context A (2026-11-29, tests/
+    test_gpu_routing.py measures it): calls that name a stream, event or module of A run in A; a synchronous
+    memset or copy of A's memory runs in B (misrouted: recorded); a launch of A's function and a record of A's
+    event on the default stream are refused with CUDA_ERROR_INVALID_HANDLE (binding errors); with no context
+    current, a binding error (INVALID_CONTEXT)."""
     a = new_ctx(drv)
     p = alloc(drv, 64)
-    s = ffi.new("CUstream *")
+    s, e = ffi.new("CUstream *"), ffi.new("CUevent *")
     ok(drv.cuStreamCreate(s, 0))
+    ok(drv.cuEventCreate(e, 0))
+    f = function(drv, load(drv, fake_image({"k": [8]})), "k")
+    arg = ffi.new("unsigned long long *", p)
+    params = ffi.new("void *[1]", [arg])
     new_ctx(drv)  # b is current now
-    assert drv.cuMemFree(p) == INVALID_CONTEXT
-    assert drv.cuMemsetD8(p, 1, 64) == INVALID_CONTEXT
-    assert drv.cuStreamSynchronize(s[0]) == INVALID_CONTEXT
+    ok(drv.cuStreamSynchronize(s[0]))
+    ok(drv.cuEventRecord(e[0], s[0]))
+    ok(drv.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s[0], params, ffi.NULL))
+    assert fake.binding_errors() == 0 and fake.misrouted_count() == 0
+    assert drv.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, ffi.NULL, params, ffi.NULL) == INVALID_HANDLE
+    assert drv.cuEventRecord(e[0], ffi.NULL) == INVALID_HANDLE
+    assert fake.binding_calls() == ["cuLaunchKernel", "cuEventRecord"]
+    ok(drv.cuMemsetD8(p, 1, 64))                    # carried out, in b
+    out = ffi.new("char[64]")
+    ok(drv.cuMemcpyDtoH(out, p, 64))
+    assert ffi.buffer(out)[:] == b"\x01" * 64
+    ok(drv.cuMemsetD8Async(p, 2, 64, s[0]))         # on a's named stream: routed there, not misrouted
     q = alloc(drv, 64)
-    ok(drv.cuMemcpyDtoD(q, p, 64))  # either side's context is enough
-    assert fake.binding_errors() == 3 and fake.stale_count() == 0
-    assert fake.binding_calls() == ["cuMemFree", "cuMemsetD8", "cuStreamSynchronize"]
-    ok(drv.cuCtxPushCurrent(a))
-    ok(drv.cuMemFree(p))
+    ok(drv.cuMemcpyDtoD(q, p, 64))                  # one side is b's: not misrouted
+    assert fake.misrouted_count() == 2 and fake.misrouted_calls() == ["cuMemsetD8", "cuMemcpyDtoH"]
+    ok(drv.cuMemFree(p))                            # routed by the pointer
+    out_ctx = ffi.new("CUcontext *")
+    ok(drv.cuCtxPopCurrent(out_ctx))
+    ok(drv.cuCtxPopCurrent(out_ctx))                # none current now
+    assert drv.cuStreamSynchronize(s[0]) == INVALID_CONTEXT
+    assert fake.stale_count() == 0
 
 
 def test_memory_round_trip(drv, fake):

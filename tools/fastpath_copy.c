@@ -19,7 +19,11 @@
  *     an exact host-memory class of the table Python hands over (no subclass, no view, no CAI exporter, no
  *     buffer-protocol object); each side not ended and checked since the last resource ended (its
  *     ``_checked_at`` is EPOCH[0]: the Python check's own shortcut); not a forked child; ``nbytes`` None or an
- *     exact int from 0 to both sizes.  The call is the device side's context's driver's cuMemcpyHtoD or
+ *     exact int from 0 to both sizes; the device side's context current on this thread (cuCtxGetCurrent, a
+ *     read of the driver's thread state: a synchronous copy runs in whichever context is current, on its
+ *     default stream, even on another context's memory -- unordered with that context's work, measured on
+ *     driver 580 -- so with another one current the Python code pushes the right one, Context.call_current).
+ *     The call is the device side's context's driver's cuMemcpyHtoD or
  *     cuMemcpyDtoH as that driver publishes it (the selected ABI variant, checked to have the front's C type),
  *     made with the GIL released, as cffi's calls are.  Success stores None as both sides' ``last_stream``
  *     (a synchronous copy leaves nothing pending); a driver error goes to ``failed(rc, dst, src, n)``
@@ -32,13 +36,13 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *dict;
-    PyObject *slow, *failed, *context_type, *forked, *epoch;
+    PyObject *slow, *failed, *context_type, *ccontext_type, *forked, *epoch;
     PyObject *classes[CUPROC_CP_CLASSES];   /* exact classes taken */
     int is_host[CUPROC_CP_CLASSES];
     Py_ssize_t off_last[CUPROC_CP_CLASSES];  /* each class's last_stream slot */
     int nclasses;
-    Py_ssize_t off_driver, off_ended, off_checked, off_context, off_address, off_nbytes;
-    cuproc_fn htod, dtoh;
+    Py_ssize_t off_driver, off_ended, off_checked, off_context, off_address, off_nbytes, off_ctx_handle;
+    cuproc_fn htod, dtoh, get_current;
     Py_ssize_t taken;
 } cuproc_cp;
 
@@ -49,6 +53,20 @@ static int cuproc_cp_class(cuproc_cp *self, PyObject *obj)
     for (i = 0; i < self->nclasses; i++)
         if ((PyObject *)Py_TYPE(obj) == self->classes[i]) return i;
     return -1;
+}
+
+/* Whether ``ctx`` (an exact Context) is this thread's current context; 0 also when either is not known. */
+static int cuproc_cp_current(cuproc_cp *self, PyObject *ctx, void *get)
+{
+    PyObject *handle = CUPROC_SLOT(ctx, self->off_ctx_handle);
+    CUcontext current = NULL;
+    char *raw;
+    if (handle == NULL) return 0;
+    Py_INCREF(handle);                 /* held across the conversion */
+    raw = _cffi_to_c_pointer(handle, (struct _cffi_ctypedescr *)self->ccontext_type);
+    Py_DECREF(handle);
+    if (raw == NULL) { PyErr_Clear(); return 0; }
+    return ((PFN_cuCtxGetCurrent_v4000)get)(&current) == 0 && (void *)current == (void *)raw;
 }
 
 /* Whether ``obj`` (of a table class) is usable as Resource.check would find it without walking its parents:
@@ -80,7 +98,7 @@ static PyObject *cuproc_cp_call(PyObject *obj, PyObject *const *args, size_t nar
     PyObject *dst, *src, *dev, *host, *ctx, *drv, *given, *code, *result;
     unsigned long long daddr, haddr, dsize, hsize, n;
     int di, si, to_host;
-    void *fn;
+    void *fn, *get;
     CUresult rc;
     if (self->slow == NULL) return cuproc_front_cleared(obj);   /* cleared: nothing below is there */
     if (kwnames != NULL || nargs < 2 || nargs > 3) goto slow;
@@ -103,7 +121,8 @@ static PyObject *cuproc_cp_call(PyObject *obj, PyObject *const *args, size_t nar
      * on what this call holds. */
     Py_INCREF(dst); Py_INCREF(src); Py_INCREF(ctx); Py_INCREF(drv);
     fn = cuproc_fn_pointer(to_host ? &self->dtoh : &self->htod, drv);
-    if (fn == NULL || PyList_GET_ITEM(self->forked, 0) != Py_False || CUPROC_SLOT(dev, self->off_context) != ctx
+    get = fn == NULL ? NULL : cuproc_fn_pointer(&self->get_current, drv);
+    if (get == NULL || PyList_GET_ITEM(self->forked, 0) != Py_False || CUPROC_SLOT(dev, self->off_context) != ctx
         || CUPROC_SLOT(ctx, self->off_driver) != drv || !cuproc_cp_checked(self, dst) || !cuproc_cp_checked(self, src))
         goto release_slow;
     /* work left on a stream: the Python code orders the copy after it (transfers._order_sides) */
@@ -121,6 +140,10 @@ static PyObject *cuproc_cp_call(PyObject *obj, PyObject *const *args, size_t nar
     else if (!PyLong_CheckExact(given) || (n = cuproc_cp_u64(given)) == (unsigned long long)-1 || n > dsize
              || n > hsize || n > (unsigned long long)PY_SSIZE_T_MAX)
         goto release_slow;   /* not an int, negative, an overrun: Python refuses */
+    /* another context current (or none): the Python code makes the copy with this one current (after the
+     * checks above, so that a call Python refuses makes no driver call at all) */
+    if (!cuproc_cp_current(self, ctx, get))
+        goto release_slow;
     Py_BEGIN_ALLOW_THREADS
     if (to_host)
         rc = ((PFN_cuMemcpyDtoH_v3020)fn)((void *)(uintptr_t)haddr, (CUdeviceptr)daddr, (size_t)n);
@@ -170,12 +193,14 @@ static int cuproc_cp_traverse(PyObject *obj, visitproc visit, void *arg)
     cuproc_cp *self = (cuproc_cp *)obj;
     int i;
     Py_VISIT(self->dict); Py_VISIT(self->slow); Py_VISIT(self->failed); Py_VISIT(self->context_type);
-    Py_VISIT(self->forked); Py_VISIT(self->epoch);
+    Py_VISIT(self->ccontext_type); Py_VISIT(self->forked); Py_VISIT(self->epoch);
     for (i = 0; i < self->nclasses; i++) Py_VISIT(self->classes[i]);
     Py_VISIT(Py_TYPE(obj));
     if ((i = cuproc_fn_traverse(&self->htod, visit, arg)))
         return i;   /* the visitor's own answer */
-    return cuproc_fn_traverse(&self->dtoh, visit, arg);
+    if ((i = cuproc_fn_traverse(&self->dtoh, visit, arg)))
+        return i;
+    return cuproc_fn_traverse(&self->get_current, visit, arg);
 }
 
 static int cuproc_cp_clear(PyObject *obj)
@@ -183,11 +208,12 @@ static int cuproc_cp_clear(PyObject *obj)
     cuproc_cp *self = (cuproc_cp *)obj;
     int i;
     Py_CLEAR(self->dict); Py_CLEAR(self->slow); Py_CLEAR(self->failed); Py_CLEAR(self->context_type);
-    Py_CLEAR(self->forked); Py_CLEAR(self->epoch);
+    Py_CLEAR(self->ccontext_type); Py_CLEAR(self->forked); Py_CLEAR(self->epoch);
     for (i = 0; i < self->nclasses; i++) Py_CLEAR(self->classes[i]);
     self->nclasses = 0;   /* (nothing to release twice: a cleared front refuses every call at its entry) */
     cuproc_fn_clear(&self->htod);
     cuproc_fn_clear(&self->dtoh);
+    cuproc_fn_clear(&self->get_current);
     return 0;
 }
 
@@ -225,29 +251,32 @@ static PyType_Spec cuproc_cp_spec = {
 };
 
 static PyTypeObject *cuproc_cp_type;
-static PyObject *cuproc_s_cuMemcpyHtoD, *cuproc_s_cuMemcpyDtoH;
+static PyObject *cuproc_s_cuMemcpyHtoD, *cuproc_s_cuMemcpyDtoH, *cuproc_s_cp_cuCtxGetCurrent;
 
-/* make_copy(slow, failed, Context, FORKED, EPOCH, (pointer readers of cuMemcpyHtoD, cuMemcpyDtoH),
+/* make_copy(slow, failed, Context, the ctype of CUcontext, FORKED, EPOCH,
+ *     (pointer readers of cuMemcpyHtoD, cuMemcpyDtoH, cuCtxGetCurrent),
  *     ((class, is_host, its last_stream member descriptor), ...),
  *     (the member descriptors of a Resource's driver, ended and _checked_at, an Allocation's context, address
- *      and nbytes))
+ *      and nbytes, a Context's handle))
  *   -> the copy front, or None on a free-threaded build (its reads of the slots rely on the GIL) */
 static PyObject *cuproc_make_copy(PyObject *module, PyObject *args)
 {
-    PyObject *slow, *failed, *context_type, *forked, *epoch, *readers, *table, *members;
-    Py_ssize_t offsets[6], i;
+    PyObject *slow, *failed, *context_type, *ccontext_type, *forked, *epoch, *readers, *table, *members;
+    Py_ssize_t offsets[6], ctx_handle, i;
     cuproc_cp *self;
     (void)module;
 #ifdef Py_GIL_DISABLED
     (void)args;
     Py_RETURN_NONE;
 #endif
-    if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!O!", &slow, &failed, &PyType_Type, &context_type, &PyList_Type, &forked,
-                          &PyList_Type, &epoch, &PyTuple_Type, &readers, &PyTuple_Type, &table, &PyTuple_Type, &members))
+    if (!PyArg_ParseTuple(args, "OOO!OO!O!O!O!O!", &slow, &failed, &PyType_Type, &context_type, &ccontext_type,
+                          &PyList_Type, &forked, &PyList_Type, &epoch, &PyTuple_Type, &readers, &PyTuple_Type, &table,
+                          &PyTuple_Type, &members))
         return NULL;
     if (!PyCallable_Check(slow) || !PyCallable_Check(failed) || PyList_GET_SIZE(forked) != 1
-        || PyList_GET_SIZE(epoch) != 1 || PyTuple_GET_SIZE(readers) != 2 || !PyCallable_Check(PyTuple_GET_ITEM(readers, 0))
-        || !PyCallable_Check(PyTuple_GET_ITEM(readers, 1)) || PyTuple_GET_SIZE(members) != 6
+        || PyList_GET_SIZE(epoch) != 1 || PyTuple_GET_SIZE(readers) != 3 || !PyCallable_Check(PyTuple_GET_ITEM(readers, 0))
+        || !PyCallable_Check(PyTuple_GET_ITEM(readers, 1)) || !PyCallable_Check(PyTuple_GET_ITEM(readers, 2))
+        || PyTuple_GET_SIZE(members) != 7
         || PyTuple_GET_SIZE(table) < 1 || PyTuple_GET_SIZE(table) > CUPROC_CP_CLASSES) {
         PyErr_SetString(PyExc_ValueError, "make_copy: inconsistent arguments (a cuproc bug)");
         return NULL;
@@ -256,16 +285,19 @@ static PyObject *cuproc_make_copy(PyObject *module, PyObject *args)
      * each offset is checked against every class it is read from, or a read would fall outside the object */
     for (i = 0; i < 3; i++)
         if (cuproc_slot_offset(PyTuple_GET_ITEM(members, i), context_type, &offsets[i], "make_copy") < 0) return NULL;
+    if (cuproc_slot_offset(PyTuple_GET_ITEM(members, 6), context_type, &ctx_handle, "make_copy") < 0) return NULL;
     self = PyObject_GC_New(cuproc_cp, cuproc_cp_type);
     if (self == NULL) return NULL;
     self->vectorcall = cuproc_cp_call;
     self->dict = NULL;
     self->slow = Py_NewRef(slow); self->failed = Py_NewRef(failed); self->context_type = Py_NewRef(context_type);
+    self->ccontext_type = Py_NewRef(ccontext_type); self->off_ctx_handle = ctx_handle;
     self->forked = Py_NewRef(forked); self->epoch = Py_NewRef(epoch);
     self->nclasses = 0;
     self->taken = 0;
     cuproc_fn_init(&self->htod, cuproc_s_cuMemcpyHtoD, PyTuple_GET_ITEM(readers, 0));
     cuproc_fn_init(&self->dtoh, cuproc_s_cuMemcpyDtoH, PyTuple_GET_ITEM(readers, 1));
+    cuproc_fn_init(&self->get_current, cuproc_s_cp_cuCtxGetCurrent, PyTuple_GET_ITEM(readers, 2));
     PyObject_GC_Track(self);
     for (i = 0; i < PyTuple_GET_SIZE(table); i++) {
         PyObject *row = PyTuple_GET_ITEM(table, i), *cls;
@@ -308,7 +340,8 @@ static int cuproc_install_copy(void)
     if (cuproc_cp_type == NULL) {
         cuproc_s_cuMemcpyHtoD = PyUnicode_InternFromString("cuMemcpyHtoD");
         cuproc_s_cuMemcpyDtoH = PyUnicode_InternFromString("cuMemcpyDtoH");
-        if (cuproc_s_cuMemcpyHtoD && cuproc_s_cuMemcpyDtoH)
+        cuproc_s_cp_cuCtxGetCurrent = PyUnicode_InternFromString("cuCtxGetCurrent");
+        if (cuproc_s_cuMemcpyHtoD && cuproc_s_cuMemcpyDtoH && cuproc_s_cp_cuCtxGetCurrent)
             cuproc_cp_type = (PyTypeObject *)PyType_FromSpec(&cuproc_cp_spec);
     }
     rc = cuproc_publish(&cuproc_make_copy_def, "CopyFront", cuproc_cp_type);
