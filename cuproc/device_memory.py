@@ -39,13 +39,13 @@ import weakref
 from . import _fork, fastpath
 from ._ffi import ffi
 from ._resource import FORKED, Resource, report
-from ._support import handle_int, invalid
+from ._support import get_driver, handle_int, invalid
 from .allocation import EXPORTS, Allocation
-from .context import Context, register_stream_ordered_memory, synchronize_context
+from .context import Context, is_default_stream, register_stream_ordered_memory, synchronize_context
 from .driver import DEFAULT_HANDLE, Driver
 from .errors import CudaError
 from .interop import KDL_CUDA, DeviceArrayExports, cai, default_marker, typestr_of
-from .stream import Stream, as_stream, default_stream, stream_handle
+from .stream import Stream, as_stream, default_stream, foreign_context, stream_handle
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
@@ -125,10 +125,12 @@ def after_last_work(buffer: DeviceBuffer, context: Context, stream: Any, waiter:
     order_after(buffer.last_stream, context, stream, waiter)
 
 
-def _legacy_and_blocking(drv: Driver, last: Any, last_handle: Any, stream: Any, waiter: Stream | None) -> bool:
-    """Whether the driver itself orders ``stream`` after ``last``: one of them the legacy default stream, the
-    other a blocking cuproc Stream (the legacy stream and blocking streams wait for each other)."""
-    if drv.per_thread_default_stream:
+def _legacy_and_blocking(drv: Driver, last: Any, last_handle: Any, owner: Context, stream: Any, context: Context,
+                         waiter: Stream | None) -> bool:
+    """Whether the driver itself orders ``stream`` (of ``context``) after ``last`` (of ``owner``): one of them
+    the legacy default stream, the other a blocking cuproc Stream *of the same context* (the legacy stream and
+    that context's blocking streams wait for each other; another context's are not ordered with it)."""
+    if drv.per_thread_default_stream or owner is not context:
         return False
     legacy = handle_int(_LEGACY)
     if handle_int(last_handle) == legacy:
@@ -155,9 +157,11 @@ def order_after(last: Stream | int | None, context: Context, stream: Any, waiter
         last_handle = last.handle
     else:
         last_handle = default_stream(drv) if last is None else ffi.cast("CUstream", last)
+        if last is not None and last > _PER_THREAD:     # a raw stream of its own: its context, as the driver says
+            owner = foreign_context(last, None, drv)
     if handle_int(last_handle) == handle_int(stream):
         return
-    if _legacy_and_blocking(drv, last, last_handle, stream, waiter):
+    if _legacy_and_blocking(drv, last, last_handle, owner, stream, context, waiter):
         return                                         # ordered by the driver already
     if handle_int(last_handle) == _PER_THREAD:
         drv.check(synchronize_context(context), "cuCtxSynchronize")
@@ -384,6 +388,14 @@ def _placement(stream: Stream | Any | None, context: Context | None, driver: Dri
     if isinstance(stream, Stream):
         stream.check("cuMemAllocAsync")
         return stream, stream.context, stream.handle, stream, stream.context.call   # it names its context
+    if stream is not None:
+        given = Context.given(context, "cuMemAllocAsync") if context is not None else None
+        drv = given.driver if given is not None else get_driver(driver)
+        h = stream_handle(stream, drv)
+        if not is_default_stream(h):                   # a raw stream of its own: its context, as the driver says
+            ctx = given if given is not None else foreign_context(handle_int(h), None, drv)
+            ctx.check("cuMemAllocAsync")
+            return h, ctx, h, handle_int(h), ctx.call    # (the driver routes the call by the stream)
     ctx, run = Context.target(context, "cuMemAllocAsync", driver=driver)   # the default stream: the current one's
     h = stream_handle(stream, ctx.driver) if stream is not None else default_stream(ctx.driver)
     return h, ctx, h, handle_int(h) or None, run      # last_stream None: the default (NULL) stream

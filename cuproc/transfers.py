@@ -15,8 +15,11 @@ Policy
   waits for the exporter's stream (an event on ``stream``, else a host wait).
   Another library's stream object is taken as ``stream``.
 * Every call runs bound to the context that owns the memory (or the stream's,
-  for stream-ordered work): from any thread, with no setup
-  (:meth:`cuproc.context.Context.call`).  A freed buffer, or one whose context
+  for stream-ordered work): from any thread, with no setup.  A synchronous
+  call, or one on a default stream, runs in whichever context is current, so
+  it is made with that context current (:meth:`cuproc.context.Context.call_current`;
+  for raw, CAI and DLPack memory, the context the driver records for it); one
+  on a stream of its own goes as is (:meth:`cuproc.context.Context.call_on`).  A freed buffer, or one whose context
   ended, is refused before its address reaches the driver.
 """
 from __future__ import annotations
@@ -114,8 +117,12 @@ def _checked_size(call: str, nbytes: int | None, *sides: _Placed) -> int:
     return nbytes
 
 
-def _binding(stream: Any, *sides: _Placed) -> Context | None:
-    """The context a transfer runs in: the stream's, else the first device side's that cuproc knows."""
+def _binding(stream: Any, *sides: _Placed, driver: Driver | None = None) -> Context | None:
+    """The context a transfer runs in: the stream's, else the first device side's that cuproc knows, else
+    (raw addresses, CAI and DLPack sides) the context the driver records for a device side's memory.  Why
+    the last: a synchronous copy or memset runs in whichever context is current, on its default stream,
+    unordered with the memory's own context (measured on driver 580); stream-ordered pool memory has no
+    context (cuPointerGetAttribute answers NULL), and then the call runs as is."""
     if isinstance(stream, Stream):
         return stream.context
     for side in sides:
@@ -124,7 +131,22 @@ def _binding(stream: Any, *sides: _Placed) -> Context | None:
     for side in sides:
         if side.context is not None:
             return side.context
+    for side in sides:
+        if side.kind != "host":
+            found = _recorded_context(side.ptr, driver)
+            if found is not None:
+                return found
     return None
+
+
+def _recorded_context(address: int, driver: Driver | None) -> Context | None:
+    """The Context object of the context the driver records for device memory at ``address``
+    (CU_POINTER_ATTRIBUTE_CONTEXT), or None: no context (pool memory), or not device memory it knows."""
+    drv = get_driver(driver)
+    out = ffi.new("CUcontext *")
+    if drv.cuPointerGetAttribute(out, drv.CU_POINTER_ATTRIBUTE_CONTEXT, address) or out[0] == ffi.NULL:
+        return None
+    return Context.adopt(out[0], driver=drv)
 
 
 def _peer_contexts(d: _Placed, s: _Placed) -> tuple[Context, Context] | None:
@@ -139,19 +161,22 @@ def _both_host() -> Exception:
     return invalid("cuMemcpy", "both sides are host memory: use memoryview slicing or numpy.copyto")
 
 
-def _run(ctx: Context | None, driver: Driver | None, call: str, *args: Any) -> None:
+def _run(ctx: Context | None, driver: Driver | None, call: str, *args: Any, on: Any = None) -> None:
     """``call(*args)`` in ``ctx``: a synchronous copy or memset, or an asynchronous one on a default stream,
     runs in whichever context is current (on its default stream, unordered with ``ctx``'s work), so it is
-    made with ``ctx`` current; one on a stream of its own goes where that stream is (Context.call_on).
-    With no context known (raw addresses), as is."""
+    made with ``ctx`` current; one on a stream of its own goes where that stream is (Context.call_on).  ``on``:
+    an asynchronous call's stream as given (a Stream is never a default stream: no test of its handle).
+    With no context known (pool memory at a raw address), as is."""
     drv = ctx.driver if ctx is not None else get_driver(driver)
     fn = getattr(drv, call)
     if ctx is None:
         rc = fn(*args)
-    elif call.endswith("Async"):
-        rc = ctx.call_on(args[-1], fn, *args)
-    else:
+    elif not call.endswith("Async"):
         rc = ctx.call_current(fn, *args)
+    elif on.__class__ is Stream:
+        rc = ctx.call(fn, *args)
+    else:
+        rc = ctx.call_on(args[-1], fn, *args)
     if rc:
         raise drv.error(rc, call)
 
@@ -169,7 +194,7 @@ def _begin(stream: Any, driver: Driver | None, call: str, d: _Side,
     default stream -- the NULL handle included, so that no export ever names stream 0)."""
     if stream is not None and not isinstance(stream, Stream):
         stream = as_stream(stream, call, driver=driver)
-    ctx = _binding(stream, d) if s is None else _binding(stream, d, s)
+    ctx = _binding(stream, d, driver=driver) if s is None else _binding(stream, d, s, driver=driver)
     if d.wait is not None or (s is not None and s.wait is not None):
         drv = ctx.driver if ctx is not None else get_driver(driver)
         for side in (d, s):
@@ -224,17 +249,19 @@ def copy(dst: Any, src: Any, nbytes: int | None = None, *, stream: Stream | Any 
     tail = (_stream_arg(stream, ctx, driver, "cuMemcpyAsync"),) if asynchronous else ()
     suffix = "Async" if asynchronous else ""
     if d.kind == "device" and s.kind == "host":
-        _run(ctx, driver, "cuMemcpyHtoD" + suffix, d.ptr, ffi.cast("void *", s.ptr), n, *tail)
+        _run(ctx, driver, "cuMemcpyHtoD" + suffix, d.ptr, ffi.cast("void *", s.ptr), n, *tail, on=stream)
     elif d.kind == "host" and s.kind == "device":
-        _run(ctx, driver, "cuMemcpyDtoH" + suffix, ffi.cast("void *", d.ptr), s.ptr, n, *tail)
+        _run(ctx, driver, "cuMemcpyDtoH" + suffix, ffi.cast("void *", d.ptr), s.ptr, n, *tail, on=stream)
     elif d.kind == "device" and s.kind == "device":
         peer = _peer_contexts(d, s)
         if peer is not None:
             dc, sc = peer
-            _run(ctx if asynchronous else None, dc.driver, "cuMemcpyPeer" + suffix, d.ptr, dc.handle,
-                 s.ptr, sc.handle, n, *tail)
+            # synchronous: the driver still wants a current context (CUDA_ERROR_INVALID_CONTEXT with none,
+            # measured on driver 580): the destination's
+            _run(ctx if asynchronous else dc, dc.driver, "cuMemcpyPeer" + suffix, d.ptr, dc.handle,
+                 s.ptr, sc.handle, n, *tail, on=stream)
         else:
-            _run(ctx, driver, "cuMemcpyDtoD" + suffix, d.ptr, s.ptr, n, *tail)
+            _run(ctx, driver, "cuMemcpyDtoD" + suffix, d.ptr, s.ptr, n, *tail, on=stream)
     else:
         raise _both_host()
     _end(last, d, s)
@@ -309,7 +336,7 @@ def copy_2d(dst: Any, dst_pitch: int, src: Any, src_pitch: int, width_bytes: int
     if stream is None:
         _run(ctx, driver, "cuMemcpy2D", p)
     else:
-        _run(ctx, driver, "cuMemcpy2DAsync", p, _stream_arg(stream, ctx, driver, "cuMemcpy2DAsync"))
+        _run(ctx, driver, "cuMemcpy2DAsync", p, _stream_arg(stream, ctx, driver, "cuMemcpy2DAsync"), on=stream)
     _end(last, d, s)
 
 
@@ -337,7 +364,7 @@ def copy_3d(dst: Any, dst_pitch: int, dst_height: int, src: Any, src_pitch: int,
     if stream is None:
         _run(ctx, driver, "cuMemcpy3D", p)
     else:
-        _run(ctx, driver, "cuMemcpy3DAsync", p, _stream_arg(stream, ctx, driver, "cuMemcpy3DAsync"))
+        _run(ctx, driver, "cuMemcpy3DAsync", p, _stream_arg(stream, ctx, driver, "cuMemcpy3DAsync"), on=stream)
     _end(last, d, s)
 
 
@@ -372,7 +399,8 @@ def memset(dst: Any, value: int, count: int | None = None, *, element_bits: int 
     if stream is None:
         _run(ctx, driver, call, d.ptr, value, count)
     else:
-        _run(ctx, driver, call + "Async", d.ptr, value, count, _stream_arg(stream, ctx, driver, call + "Async"))
+        _run(ctx, driver, call + "Async", d.ptr, value, count, _stream_arg(stream, ctx, driver, call + "Async"),
+             on=stream)
     _end(last, d)
 
 
@@ -394,7 +422,7 @@ def memset_2d(dst: Any, pitch: int, value: int, width: int, height: int, *, elem
         _run(ctx, driver, call, d.ptr, pitch, value, width, height)
     else:
         _run(ctx, driver, call + "Async", d.ptr, pitch, value, width, height,
-             _stream_arg(stream, ctx, driver, call + "Async"))
+             _stream_arg(stream, ctx, driver, call + "Async"), on=stream)
     _end(last, d)
 
 
@@ -402,19 +430,16 @@ __all__ = ["copy", "copy_2d", "copy_3d", "memset", "memset_2d"]
 
 
 def _c_copy_failed(rc: int, dst: Allocation, src: Allocation, n: int) -> None:
-    """The C front's driver call (below; made only with the device side's context current) answered ``rc``:
-    what :func:`_run` does with a first answer --
-    the context's rebind and second attempt on a binding error (:meth:`Context.rebind`), else the
-    exception naming the call -- then the stores of a copy made."""
+    """The C front's driver call (below; made only with the device side's context current) answered ``rc``
+    (never 0): the exception naming the call, as :func:`_run` raises it."""
     ctx = _binding(None, dst, src)
     plan = _direct_call(dst, src, n)
     assert ctx is not None and plan is not None   # (the front takes a device buffer and host memory only)
-    call, *args = plan
-    drv = ctx.driver
-    rc = ctx.rebind(rc, getattr(drv, call), *args)
-    if rc:
-        raise drv.error(rc, call)
-    _synchronous_done(dst, src)
+    call, *_ = plan
+    # No second attempt: the front made the call with the context current, so a binding answer is not
+    # cuproc's to fix (another thread destroyed the context mid-call, say), and a retry would copy again
+    # where the Python code (_run) raises: the same call, the same outcome on both paths.
+    raise ctx.driver.error(rc, call)
 
 
 # The compiled fast path's front over copy (tools/fastpath_copy.c): a DeviceBuffer and pinned host memory,

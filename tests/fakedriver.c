@@ -12,10 +12,11 @@
  *
  *   stale uses      a destroyed, unknown or wrong-kind handle, or a device pointer outside
  *                   every live allocation.  Returns the real error code and counts it.
- *   binding errors  an operation while no context (or a destroyed one) is current, a launch on
- *                   the default stream of a function of another context, or an event record on
- *                   the default stream of an event of another context (the real driver answers
- *                   the last two with CUDA_ERROR_INVALID_HANDLE, measured on driver 580).  An
+ *   binding errors  an operation while no context (or a destroyed one) is current (a peer copy
+ *                   too), a launch of a function of another context than its stream's, or an
+ *                   event record of an event of another context than the stream's -- the default
+ *                   stream being the current context's (the real driver answers the last two
+ *                   with CUDA_ERROR_INVALID_HANDLE, measured on driver 580).  An
  *                   operation on an object of another context that names its stream (or needs
  *                   none: unload, destroy, query) is carried out, as the real driver does.
  *   misrouted       an operation on memory of one context that runs in whichever context is
@@ -713,7 +714,8 @@ static void misrouted(void) {
   ring_push(&misrouted_ring, cur_call);
 }
 
-/* A launch or event record on the default stream of an object of another context. */
+/* A launch or event record of an object of another context than the stream's (the default stream: the
+ * current context's): the real driver answers CUDA_ERROR_INVALID_HANDLE (measured on driver 580). */
 static CUresult foreign_on_default(void) {
   binding_count++;
   ring_push(&binding_ring, cur_call);
@@ -1758,6 +1760,8 @@ static CUresult copy_peer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUco
 
 static CUresult cuMemcpyPeer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n) {
   ENTER("cuMemcpyPeer");
+  struct obj *c;
+  TRY(cur_ctx(&c));   /* CUDA_ERROR_INVALID_CONTEXT with none current, though both contexts are named (580) */
   return copy_peer(dst, dctx, src, sctx, n, NULL);
 }
 
@@ -2240,7 +2244,10 @@ static CUresult cuEventRecord(CUevent event, CUstream stream) {
   TRY(use_event(event, &e));
   if (is_default_stream(stream) && e->ctx != top()) return foreign_on_default();
   struct queue q;
-  TRY(use_queue(stream, &q, NULL));
+  struct obj *sctx;
+  TRY(use_queue(stream, &q, &sctx));
+  /* an event of one context recorded on a stream of another: CUDA_ERROR_INVALID_HANDLE (driver 580) */
+  if (sctx->h != e->ctx) return foreign_on_default();
   e->u.e.seq = ++event_seq;
   /* What waiting for it orders after: the stream up to this record, and what the stream had
    * waited for itself. */
@@ -2676,11 +2683,14 @@ struct launch {
 static CUresult launch_check(CUfunction func, const struct launch *L, struct kinfo *layout, char *name, size_t size) {
   struct obj *f;
   TRY(func_arg(func, &f));
+  struct obj *sctx;
   if (f->kind == K_FUNCTION) {
     TRY(need_current(f));
     if (is_default_stream(L->stream) && f->ctx != top()) return foreign_on_default();
   } else { struct obj *c; TRY(cur_ctx(&c)); } /* a CUkernel launches in the current context */
-  TRY(use_stream(L->stream, NULL, NULL));
+  TRY(use_stream(L->stream, &sctx, NULL));
+  /* a function of one context on a stream of another: CUDA_ERROR_INVALID_HANDLE (measured on driver 580) */
+  if (f->kind == K_FUNCTION && sctx->h != f->ctx) return foreign_on_default();
   for (int i = 0; i < 3; i++) NEED(L->grid[i] && L->block[i]);
   NEED((unsigned long long)L->block[0] * L->block[1] * L->block[2] <= 1024);
   NEED(!(L->params && L->extra));

@@ -58,7 +58,11 @@ def test_a_synchronous_copy_runs_in_the_buffers_context(fk, pc, created, copy, d
     buf = DeviceBuffer(N * 4, context=created)
     src = np.arange(N, dtype=np.float32)
     pinned = mem.PinnedBuffer(N * 4)               # the front's case: device buffer and pinned memory
+    with created:                                  # the pair checked once, with its context current: from
+        copy(buf, pinned)                          # here on the front (where built) would take the copy
+        copy(pinned, buf)                          # itself, were the context current
     pinned.numpy(np.float32)[:] = src
+    taken = getattr(mem.copy, "taken", 0)
     fk.clear_calls()
     if direction == "htod":
         copy(buf, pinned)
@@ -66,12 +70,82 @@ def test_a_synchronous_copy_runs_in_the_buffers_context(fk, pc, created, copy, d
         mem.copy(buf, src)
         copy(pinned, buf)
     _routed(fk)
+    assert getattr(mem.copy, "taken", 0) == taken  # the front handed it to the Python code, which pushed
+    assert "cuCtxPushCurrent" in fk.calls()
     back = np.zeros_like(src)
     mem.copy(back, buf)
     assert np.array_equal(back, src) and np.array_equal(pinned.numpy(np.float32), src)
     # the context was pushed for the call and popped: the primary one is current again
     assert Context.current() is pc.context
     buf.close()
+
+
+class _Exported:
+    """Another library's array over device memory (``__cuda_array_interface__``, no stream to wait for)."""
+
+    def __init__(self, address: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (address, False),
+                                         "version": 3, "stream": None}
+
+
+def test_raw_and_exported_memory_runs_in_the_context_the_driver_records_for_it(fk, created):
+    """A raw address or a CAI array names no cuproc context: the driver's record of the memory's context
+    (CU_POINTER_ATTRIBUTE_CONTEXT) is where a synchronous call must run."""
+    buf = DeviceBuffer(N * 4, context=created)
+    mem.memset(_Exported(buf.ptr, N * 4), 7)
+    mem.memset(buf.ptr, 8, N * 4)
+    mem.copy(_Exported(buf.ptr, 16), np.full(16, 9, np.uint8))
+    _routed(fk)
+    back = np.zeros(N * 4, np.uint8)
+    mem.copy(back, buf)
+    assert (back[:16] == 9).all() and (back[16:] == 8).all()
+    buf.close()
+
+
+def test_a_failed_front_copy_is_raised_not_made_again(fk, pc):
+    """The front makes the copy with the context current: a binding answer is raised as the Python code raises
+    it, never retried (a retry copied a second time where the Python code raised)."""
+    buf, pinned = DeviceBuffer(64), mem.PinnedBuffer(64)
+    for _ in range(2):
+        mem.copy(pinned, buf)                      # checked: the front's case from here on
+    for how in (mem.copy, getattr(mem.copy, "__wrapped__", mem.copy)):
+        fk.fail("cuMemcpyDtoH", cuproc.driver.CUDA_ERROR_INVALID_CONTEXT, 1)
+        fk.clear_calls()
+        with pytest.raises(cuproc.CudaError) as info:
+            how(pinned, buf)
+        assert info.value.call == "cuMemcpyDtoH" and fk.calls().count("cuMemcpyDtoH") == 1
+    buf.close()
+    pinned.close()
+
+
+def test_a_raw_stream_of_another_context_belongs_to_that_context(fk, pc, created):
+    """A raw stream handle names its own context (cuStreamGetCtx): work ordered after it records its event
+    there, and memory allocated on it is that context's (it ends with it)."""
+    s = Stream(context=created)
+    raw = int(cuproc.ffi.cast("uintptr_t", s.handle))
+    buf = mem.alloc_async(256, stream=raw)
+    assert buf.context is created
+    mem.memset(buf, 1, stream=raw)
+    back = np.zeros(256, np.uint8)
+    mem.copy(back, buf)                            # the default stream waits for the raw stream's memset
+    assert (back == 1).all() and fk.binding_errors() == 0
+    buf.free_async()
+    _routed(fk)
+    assert fk.live("async_alloc") == 0 and fk.stale_count() == 0
+    s.close()
+
+
+def test_a_blocking_stream_of_another_context_is_not_ordered_with_this_ones_default_stream(fk, pc, created):
+    """The legacy stream waits for the blocking streams of its own context only: a copy on another context's
+    blocking stream into a buffer freed on this context's default stream must be waited for explicitly."""
+    s = Stream(context=created)                    # blocking
+    near = mem.alloc_async(256, context=pc.context)
+    far = DeviceBuffer(256, context=created)
+    mem.copy(near, far, stream=s)                  # a peer copy on the other context's blocking stream
+    near.free_async()                              # on the primary context's default stream
+    assert fk.unordered_frees() == 0
+    far.close()
+    s.close()
 
 
 def test_async_work_on_the_default_stream_runs_in_the_buffers_context(fk, created):

@@ -91,7 +91,7 @@ def test_resolution_through_cuproc(drv, fake):
     assert drv.has("cuMemAlloc")
     assert drv.resolution("cuMemAlloc").status == "resolved"
     assert drv.resolution("cuCtxCreate").entry_point == "cuCtxCreate_v4"
-    assert drv.resolution("cuGraphCreate").status == "symbol_not_found"  # not modelled
+    assert drv.resolution("cuArrayCreate").status == "symbol_not_found"  # not modelled
     count = ffi.new("int *")
     ok(drv.cuDeviceGetCount(count))
     assert count[0] == 2
@@ -262,7 +262,7 @@ def test_another_current_context_is_routed_as_the_real_driver_routes_it(drv, fak
     assert fake.binding_errors() == 0 and fake.misrouted_count() == 0
     assert drv.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, ffi.NULL, params, ffi.NULL) == INVALID_HANDLE
     assert drv.cuEventRecord(e[0], ffi.NULL) == INVALID_HANDLE
-    assert fake.binding_calls() == ["cuLaunchKernel", "cuEventRecord"]
+    assert fake.binding_calls() == ["cuLaunchKernel", "cuEventRecord"]     # (each refused on the default stream)
     ok(drv.cuMemsetD8(p, 1, 64))                    # carried out, in b
     out = ffi.new("char[64]")
     ok(drv.cuMemcpyDtoH(out, p, 64))
@@ -271,11 +271,16 @@ def test_another_current_context_is_routed_as_the_real_driver_routes_it(drv, fak
     q = alloc(drv, 64)
     ok(drv.cuMemcpyDtoD(q, p, 64))                  # one side is b's: not misrouted
     assert fake.misrouted_count() == 2 and fake.misrouted_calls() == ["cuMemsetD8", "cuMemcpyDtoH"]
+    sb = ffi.new("CUstream *")
+    ok(drv.cuStreamCreate(sb, 0))                   # a stream of b: a's function and event are refused there
+    assert drv.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, sb[0], params, ffi.NULL) == INVALID_HANDLE
+    assert drv.cuEventRecord(e[0], sb[0]) == INVALID_HANDLE
     ok(drv.cuMemFree(p))                            # routed by the pointer
     out_ctx = ffi.new("CUcontext *")
     ok(drv.cuCtxPopCurrent(out_ctx))
     ok(drv.cuCtxPopCurrent(out_ctx))                # none current now
     assert drv.cuStreamSynchronize(s[0]) == INVALID_CONTEXT
+    assert drv.cuMemcpyPeer(q, a, q, a, 64) == INVALID_CONTEXT     # both contexts named, none current
     assert fake.stale_count() == 0
 
 

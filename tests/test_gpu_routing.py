@@ -41,9 +41,16 @@ def test_what_the_driver_carries_out_in_another_context(primary):
         p, n, x = ffi.new("unsigned long long *", buf.ptr), ffi.new("int *", 0), ffi.new("float *", 0)
         params = ffi.new("void *[3]", [p, n, x])
         launch = drv.cuLaunchKernel
-        # refused on the default stream: the handle is not the current context's
-        assert launch(fn.handle, 1, 1, 1, 32, 1, 1, 0, ffi.NULL, params, ffi.NULL) == INVALID_HANDLE
-        assert drv.cuEventRecord(ev.handle, ffi.NULL) == INVALID_HANDLE
+        # refused on a default stream (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) -- the current context's --
+        # and on a stream of another context: the handle is not that stream's context's
+        own = Stream(non_blocking=True)             # a stream of b
+        for default in (0, 1, 2):
+            h = ffi.cast("CUstream", default)
+            assert launch(fn.handle, 1, 1, 1, 32, 1, 1, 0, h, params, ffi.NULL) == INVALID_HANDLE
+            assert drv.cuEventRecord(ev.handle, h) == INVALID_HANDLE
+        assert launch(fn.handle, 1, 1, 1, 32, 1, 1, 0, own.handle, params, ffi.NULL) == INVALID_HANDLE
+        assert drv.cuEventRecord(ev.handle, own.handle) == INVALID_HANDLE
+        own.close()
         # carried out: a named stream of A, and A's memory by a synchronous memset (on B's default stream)
         assert launch(fn.handle, 1, 1, 1, 32, 1, 1, 0, s.handle, params, ffi.NULL) == 0
         assert drv.cuMemsetD8(buf.ptr, 9, 4096) == 0

@@ -657,8 +657,10 @@ def test_the_lean_copy_between_allocations_does_what_the_general_path_does(fk, p
         far = DeviceBuffer(size, context=other)
         fill(99)
         mem.copy(far, d)
-        assert _outcome(fk, lambda: mem.copy(far, d)) == (["cuMemcpyPeer"], None)
-        assert _outcome(fk, lambda: mem.copy(d, far)) == (["cuMemcpyPeer"], None)
+        # a synchronous peer copy runs with the destination's context current (the driver wants one current)
+        assert _outcome(fk, lambda: mem.copy(far, d)) == (
+            ["cuCtxGetCurrent", "cuCtxPushCurrent", "cuMemcpyPeer", "cuCtxPopCurrent"], None)
+        assert _outcome(fk, lambda: mem.copy(d, far)) == (["cuCtxGetCurrent", "cuMemcpyPeer"], None)
         back = np.empty(size, np.uint8)
         mem.copy(back, far)
         assert back.tobytes() == contents()[0]

@@ -27,7 +27,7 @@
  *     cuMemcpyDtoH as that driver publishes it (the selected ABI variant, checked to have the front's C type),
  *     made with the GIL released, as cffi's calls are.  Success stores None as both sides' ``last_stream``
  *     (a synchronous copy leaves nothing pending); a driver error goes to ``failed(rc, dst, src, n)``
- *     (Python: the context's rebind and retry, then the exception naming the call, or the stores).
+ *     (Python: the exception naming the call; no second attempt, the context was current).
  */
 
 #define CUPROC_CP_CLASSES 4   /* DeviceBuffer, PinnedBuffer (not registered memory, which may be read-only) */
