@@ -32,8 +32,7 @@ from harness import (  # noqa: E402
     per_call_us,
     round_order,
     smoke_driver,
-    write_results,
-)
+    write_results, OUT_HELP, results_dir)
 
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # installed packages have .pyc
 BARE = "bare cffi (a cffi function pointer to the resolved address, in a local)"
@@ -251,9 +250,10 @@ def trivial_call_times(number: int, smoke: bool) -> Interleaved:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--out", type=Path, default=None, help=OUT_HELP)
     p.add_argument("--smoke", action="store_true", help="run on the fake driver, no C floor, no peers")
     args = p.parse_args(argv)
+    args.out = results_dir(args.out)
     runs, number = (2, 2000) if args.smoke else (15, 100_000)
     with tempfile.TemporaryDirectory() as tmp:
         if args.smoke:

@@ -66,7 +66,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # noqa: E402, I001
     ROOT, Goals, build_c, frozen_heap, machine, one_cpu, paired_ratio, peer, plot_bars, round_order,
-    smoke_driver, write_results)
+    smoke_driver, write_results, OUT_HELP, results_dir)
 
 CUBIN = ROOT / "kernels" / "kernels.cubin"
 DEFAULT = "cuproc prepared (default)"   # what Function.prepare gives without options
@@ -625,9 +625,10 @@ def control_note(reading: str, f: dict, against: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--out", type=Path, default=None, help=OUT_HELP)
     p.add_argument("--smoke", action="store_true", help="run on the fake driver, no C floor, no peers")
     args = p.parse_args(argv)
+    args.out = results_dir(args.out)
     burst_size, reps, steady = (16, 5, 64) if args.smoke else (256, 200, 20_000)
     own_process = None
     with tempfile.TemporaryDirectory() as tmp:

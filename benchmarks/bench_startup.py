@@ -44,8 +44,7 @@ from harness import (  # noqa: E402
     plot_bars,
     round_order,
     smoke_driver,
-    write_results,
-)
+    write_results, OUT_HELP, results_dir)
 
 CTYPES = "ctypes + cuInit"
 EXIT_ROW = "cuproc, leaving by os._exit (no teardown)"
@@ -158,10 +157,11 @@ def quartiles(values: list[float]) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--out", type=Path, default=None, help=OUT_HELP)
     p.add_argument("--smoke", action="store_true", help="cuproc on the fake driver only")
     p.add_argument("--runs", type=int, default=21, help="rounds (heavy peers: every third round)")
     args = p.parse_args(argv)
+    args.out = results_dir(args.out)
     env = dict(os.environ)
     runs = 2 if args.smoke else args.runs
     errors: dict[str, str] = {}

@@ -310,6 +310,16 @@ def plot_panels(path: Path, title: str, xlabel: str,
     return path.name
 
 
+OUT_HELP = ("where the results (bench_X.md, .json, .png) go; default: a new temporary folder, printed.  "
+            "tools/gpu_check.sh names one; tools/collect_results.py copies a run into benchmarks/results/")
+
+
+def results_dir(out: Path | None) -> Path:
+    """``--out`` as given, else a new temporary folder: a run (a ``--smoke`` run above all) never writes into
+    the checkout unless told to (issue 41: untracked result files appeared in benchmarks/results/)."""
+    return out if out is not None else Path(tempfile.mkdtemp(prefix="cuproc-bench-"))
+
+
 def write_results(out_dir: Path, name: str, data: dict[str, Any], table: list[list[str]],
                   header: list[str], notes: list[str], goals: Goals, plots: list[str | None] = ()) -> Path:
     """``<name>.md`` (machine, date, path, goals, table, notes, plots) and ``<name>.json`` in out_dir."""

@@ -56,6 +56,33 @@ if TYPE_CHECKING:
         pointer_attributes,
     )
     from .module import Function, JitResult, Kernel, Library, Linker, Module
+    from .graph import Graph, GraphExec, GraphInstantiateError, GraphUpdateError
+    from .graph_nodes import (
+        ChildGraphNode,
+        ConditionalHandle,
+        ConditionalNode,
+        EmptyNode,
+        EventRecordNode,
+        EventWaitNode,
+        GraphNode,
+        HostNode,
+        KernelNode,
+        KernelNodeParams,
+        MemAllocNode,
+        MemFreeNode,
+        MemcpyNode,
+        MemsetNode,
+    )
+    from .stream_capture import CaptureInfo, StreamCapture, capture, capture_info, capture_status
+    from .program import (
+        CompileCache,
+        CompileError,
+        NvrtcError,
+        NvrtcNotFoundError,
+        ObjectCode,
+        Program,
+        compile_kernel,
+    )
     from .stream import (
         Event,
         HostCallbackError,
@@ -68,8 +95,10 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"   # the one place: pyproject.toml reads it ([tool.setuptools.dynamic])
 
-# device_memory before memory: a first DeviceBuffer imports no host memory, pools or transfers
-_LAZY_MODULES = ("context", "device", "stream", "device_memory", "memory", "module")
+# device_memory before memory: a first DeviceBuffer imports no host memory, pools or transfers.
+# program last: it (and NVRTC's declarations, never NVRTC itself) loads only for its own names.
+_LAZY_MODULES = ("context", "device", "stream", "device_memory", "memory", "module", "graph", "graph_nodes",
+                 "stream_capture", "program")
 
 __all__ = [
     "ClosedResourceError", "CudaWarning", "CudaError", "CudaVersion", "Driver", "DriverNotFoundError", "DriverTooOldError", "ForkedProcessError",
@@ -82,6 +111,13 @@ __all__ = [
     "PinnedBuffer", "RegisteredHostMemory", "alloc_async", "copy", "copy_2d", "copy_3d", "from_dlpack", "mem_info", "memset",
     "memset_2d", "pointer_attributes", "Function", "JitResult", "Kernel", "Library", "Linker", "Module",
     "Event", "HostCallbackError", "Stream", "default_stream", "launch_host_func", "stream_context", "stream_handle",
+    # CUDA graphs (lazy)
+    "Graph", "GraphExec", "GraphInstantiateError", "GraphUpdateError", "ChildGraphNode", "ConditionalHandle",
+    "ConditionalNode", "EmptyNode", "EventRecordNode", "EventWaitNode", "GraphNode", "HostNode", "KernelNode",
+    "KernelNodeParams", "MemAllocNode", "MemFreeNode", "MemcpyNode", "MemsetNode", "CaptureInfo", "StreamCapture",
+    "capture", "capture_info", "capture_status",
+    # kernels from source (lazy; NVRTC itself opens at the first compile)
+    "CompileCache", "CompileError", "NvrtcError", "NvrtcNotFoundError", "ObjectCode", "Program", "compile_kernel",
 ]
 
 

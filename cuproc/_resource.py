@@ -17,7 +17,8 @@ Every object that holds a driver handle is a :class:`Resource`.
 * **One finalizer.**  ``__del__`` is the safety net for objects dropped without
   ``close()``: it releases the handle once, never raises, and reports a driver
   failure as a :class:`~cuproc.errors.CudaWarning` (silent only while the
-  interpreter itself is shutting down).  A child whose parent already ended
+  interpreter itself is shutting down).  A release that a running stream
+  capture prohibits is put off to the capture's end (:data:`DEFER_DROP`).  A child whose parent already ended
   releases nothing: its handle went with the parent.
 * **Fork.**  In a child forked after CUDA was initialized, ``check`` raises
   :class:`~cuproc.errors.ForkedProcessError` and finalizers do nothing (the
@@ -63,6 +64,11 @@ if TYPE_CHECKING:
 EPOCH: list[int] = [0]
 FORKED = _fork.FORKED
 _CLAIM = _fork.lock()   # makes "not ended yet -> ended" one step when threads close the same object
+#: ``DEFER_DROP[0](resource)``, when set, is asked by every finalizer before it gives a handle back: True
+#: means it took the resource and will end it later (``resource._end_drop(resource._drop)``).  Set by
+#: cuproc.stream_capture, which must keep a finalizer's release (cuMemFree, cuModuleUnload,
+#: cuGraphExecDestroy...) out of a stream capture that prohibits it (this module cannot import that one).
+DEFER_DROP: list[Callable[[Resource], bool] | None] = [None]
 
 
 def _bump_epoch_in_child() -> None:
@@ -193,6 +199,9 @@ class Resource:
                 return
         except AttributeError:      # __init__ failed before the handle existed: nothing to give back
             return
+        defer = DEFER_DROP[0]
+        if defer is not None and defer(self):   # kept (resurrected) until a stream capture ended
+            return
         self._end_drop(self._drop)
 
     def _drop(self) -> int:
@@ -246,4 +255,4 @@ def report(message: str, _finalizing: Any = sys.is_finalizing, _warn: Any = _war
         pass
 
 
-__all__ = ["EPOCH", "Resource", "report"]
+__all__ = ["DEFER_DROP", "EPOCH", "Resource", "report"]

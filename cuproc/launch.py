@@ -1157,5 +1157,11 @@ def pack_bytes(signature: Sequence[Any], values: Sequence[Any]) -> bytes:
     return bytes(ffi.buffer(packed.block, packed.size))
 
 
+# The argument packing and checks of a launch, for the other layers that build kernel launches (graph kernel
+# nodes, cuproc.graph_nodes): importable from here, not part of the public API.
+pack_arguments = _packed_once
+launch_dims = _dims
+shared_mem_bytes = _shared_mem
+
 __all__ = ["ArgType", "PackedArgs", "PreparedLaunch", "arg_type", "infer_type", "launch", "launch_ex", "layout",
            "pack_bytes"]

@@ -32,10 +32,6 @@ from .launch import launch as _one_shot_launch
 
 _LOG_SIZE = 1 << 14
 _UNSUPPORTED_PTX = result_code("CUDA_ERROR_UNSUPPORTED_PTX_VERSION")
-# The newest PTX ISA each CUDA release's driver JIT accepts (from the PTX ISA release notes).
-_PTX_ISA_OF_CUDA = {(11, 8): "7.8", (12, 0): "8.0", (12, 1): "8.1", (12, 2): "8.2", (12, 3): "8.3",
-                    (12, 4): "8.4", (12, 5): "8.5", (12, 6): "8.5", (12, 8): "8.7", (12, 9): "8.8",
-                    (13, 0): "9.0"}
 
 
 class JitResult:
@@ -101,7 +97,9 @@ def _load_error(drv: Driver, rc: int, call: str, raw: bytes, jit: _JitOptions | 
     if rc == _UNSUPPORTED_PTX:
         m = re.search(rb"^\s*\.version\s+(\d+\.\d+)", raw, re.M)
         dv = drv.driver_version
-        supported = _PTX_ISA_OF_CUDA.get((dv.major, dv.minor), "an older ISA")
+        from .ptx_isa import max_ptx_isa   # the one table of PTX ISA per CUDA version; only on this error path
+        limit = max_ptx_isa(dv)
+        supported = str(limit) if limit is not None else "an ISA cuproc does not know"
         extra.append(f"the PTX declares ISA .version {m.group(1).decode() if m else '?'}, this CUDA {dv} "
                      f"driver accepts up to PTX ISA {supported}: rebuild with an older toolkit "
                      f"(or -arch for an older PTX ISA), or upgrade the driver")

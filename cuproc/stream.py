@@ -210,6 +210,41 @@ def _host_trampoline() -> Any:
         return _trampoline[0]
 
 
+def host_function_mark() -> int:
+    """A mark of the host functions launched so far (for :func:`take_host_functions`): what a stream capture
+    notes when it begins, to find the host functions it met."""
+    return _next_token[0]
+
+
+def take_host_function(fn_pointer: Any, user_data: Any) -> Callable[[], Any] | None:
+    """The callable of a host function that :func:`launch_host_func` queued -- ``fn_pointer`` and
+    ``user_data`` as a host node made of it by a stream capture reports them -- whose record is removed:
+    the caller (a graph, which runs it at each launch) keeps it from now on.  None for another function or
+    a record already gone."""
+    if not _trampoline or fn_pointer != _trampoline[0]:
+        return None
+    with _pending_lock:
+        record = _pending.pop(handle_int(user_data), None)
+    return None if record is None else record[0]
+
+
+def take_host_functions(since: int, streams: Any) -> int:
+    """Forget the host functions launched after mark ``since`` on any of ``streams`` (Stream objects):
+    a failed stream capture's, which will never run.  Returns how many went."""
+    with _pending_lock:
+        gone = [t for t, (_fn, s) in _pending.items() if t > since and any(s is x for x in streams)]
+        for token in gone:
+            del _pending[token]
+    return len(gone)
+
+
+def host_function_streams(since: int) -> list[Stream]:
+    """The streams of the host functions launched after mark ``since`` and not run yet (each once)."""
+    with _pending_lock:
+        found = [s for t, (_fn, s) in _pending.items() if t > since]
+    return list({id(s): s for s in found}.values())
+
+
 class Stream(Resource):
     """A CUDA stream (cuStreamCreateWithPriority) in the context current at creation, which it holds.
 
@@ -347,6 +382,12 @@ class Stream(Resource):
         """Run ``fn()`` on a driver thread once prior work on the stream is done (cuLaunchHostFunc).
         ``fn`` must not call CUDA."""
         launch_host_func(self, fn)
+
+    def capture(self, mode: str | int = "global") -> Any:
+        """``with stream.capture(mode) as graph:`` records what is enqueued here into a Graph
+        (cuStreamBeginCapture / cuStreamEndCapture; see :mod:`cuproc.stream_capture`)."""
+        from .stream_capture import StreamCapture   # (cuproc.stream_capture imports this module)
+        return StreamCapture(self, mode)
 
     def __repr__(self) -> str:
         return f"<cuproc.Stream {handle_int(self.handle):#x}{' ' + self.ended if self.ended else ''}>"

@@ -2829,6 +2829,8 @@ static CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, voi
   return launch("cuLaunchKernelEx", f, &L);
 }
 
+#include "fakedriver_graphs.c"   /* graphs and stream capture (its top comment says how) */
+
 /* ================================================================== lookup */
 struct entry { const char *symbol; int version; void *fn; };
 struct error_name { int code; const char *name, *text; };

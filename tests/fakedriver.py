@@ -111,6 +111,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 C_SOURCE = Path(__file__).resolve().parent / "fakedriver.c"
+GRAPHS_SOURCE = Path(__file__).resolve().parent / "fakedriver_graphs.c"   # #included by fakedriver.c
 ABI_VERSION = 13000
 CFLAGS = ("-shared", "-fPIC", "-O1", "-Wall", "-pthread", "-std=gnu11", "-fvisibility=hidden")
 LIVE_KINDS = ("context", "primary", "device_alloc", "host_alloc", "managed_alloc", "registered",
@@ -365,14 +366,16 @@ def build(out_dir: Path) -> FakeDriver:
     if cc is None:
         raise RuntimeError("no C compiler (cc) to build the fake driver")
     c_text = C_SOURCE.read_text()
-    header = tables(c_text)
-    tag = hashlib.sha256((c_text + header + " ".join(CFLAGS)).encode()).hexdigest()[:12]
+    graphs_text = GRAPHS_SOURCE.read_text()
+    header = tables(c_text + "\n" + graphs_text)
+    tag = hashlib.sha256((c_text + graphs_text + header + " ".join(CFLAGS)).encode()).hexdigest()[:12]
     out_dir = Path(out_dir)
     lib = out_dir / f"libfakecuda-{tag}.so"
     if not lib.exists():
         work = out_dir / f"fakecuda-{tag}"
         work.mkdir(parents=True, exist_ok=True)
         (work / "fakedriver.c").write_text(c_text)
+        (work / GRAPHS_SOURCE.name).write_text(graphs_text)
         (work / "fakedriver_tables.h").write_text(header)
         tmp = work / lib.name
         subprocess.run([cc, *CFLAGS, "-I", str(work), "-o", str(tmp), str(work / "fakedriver.c")],

@@ -8,7 +8,8 @@ ARCH=${ARCH:-90}
 $NVCC -ptx -arch=compute_$ARCH -o kernels.ptx kernels.cu
 $NVCC -cubin -arch=sm_$ARCH -o kernels.cubin kernels.cu
 $NVCC -fatbin -gencode arch=compute_$ARCH,code=sm_$ARCH -gencode arch=compute_$ARCH,code=compute_$ARCH -o kernels.fatbin kernels.cu
+$NVCC -cubin -arch=sm_$ARCH -o graph_kernels.cubin graph_kernels.cu    # the graph tests (conditional nodes)
 $NVCC -ptx -rdc=true -arch=compute_$ARCH -o ptxjit_a.ptx ptxjit_a.cu
 $NVCC -ptx -rdc=true -arch=compute_$ARCH -o ptxjit_b.ptx ptxjit_b.cu
 $NVCC --version | tail -2 > NVCC_VERSION
-ls -l kernels.ptx kernels.cubin kernels.fatbin ptxjit_a.ptx ptxjit_b.ptx
+ls -l kernels.ptx kernels.cubin kernels.fatbin graph_kernels.cubin ptxjit_a.ptx ptxjit_b.ptx

@@ -1,0 +1,749 @@
+"""The nodes of a CUDA graph: what each kind holds, how its parameters are built, read and set.
+
+Policy
+------
+* **One object per node.**  A :class:`GraphNode` names a node of one
+  :class:`~cuproc.graph.Graph` (``node.graph``) and holds that graph.  What the
+  node *refers to* -- the packed kernel argument block, the buffers and
+  functions in its arguments, a host callable, an event, a child graph's own
+  references -- is kept by the graph in a :class:`NodeRecord` under the node's
+  handle, not by the node object: dropping a node object changes nothing, and a
+  graph keeps what its nodes use for as long as it lives.  An executable graph
+  takes a copy of those records (:mod:`cuproc.graph`).
+* **Same packing as a launch.**  A kernel node's arguments are packed by
+  :mod:`cuproc.launch`'s own code (signature or inferred C types, the driver's
+  parameter sizes checked); a pointer argument may be a cuproc buffer, a view,
+  an int address, or another library's array.
+* **The ABI of the requested version.**  The parameter structs are the ones the
+  handle's selected entry point takes (``CUDA_KERNEL_NODE_PARAMS`` v1 at 11.x,
+  v2 from 12.0; ``cuGraphAddDependencies`` with or without edge data), read
+  from the entry point's own typedef, never from a version number.
+* **Lifetime.**  A node is a resource whose parent is its graph: once the graph
+  (or its context) ends, the node refuses with
+  :class:`~cuproc.errors.ClosedResourceError`.  ``destroy()`` (or ``close()``)
+  removes it from the graph (``cuGraphDestroyNode``); dropping the object does
+  not.  Nodes of a conditional node's body, or of a child graph node's graph,
+  belong to the root graph and hold the node whose body they are in.
+* **Host nodes.**  The callable is kept by the graph (and by every executable
+  graph made from it) and called by the driver on each launch; an exception
+  it raises is reported as a :class:`~cuproc.errors.CudaWarning` at once (on
+  the driver's thread) and kept in :attr:`HostNode.errors`, never lost.
+"""
+from __future__ import annotations
+
+import weakref
+
+from . import _fork
+from ._ffi import ffi
+from ._immortal import keep_forever
+from ._namedtuple import NamedTuple
+from ._resource import Resource
+from ._support import arity, handle_int, invalid
+from .context import Context
+from .device_memory import DeviceView, GlobalView
+from .errors import CudaWarning
+
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+    from typing import Any
+
+    from .driver import Driver
+    from .graph import Graph
+
+_NODE_TYPES = ffi.typeof("CUgraphNodeType").elements            # value -> CU_GRAPH_NODE_TYPE_*
+_NODE_TYPE = ffi.typeof("CUgraphNodeType").relements
+CONDITIONAL_TYPES = {"if": 0, "while": 1, "switch": 2}           # CUgraphConditionalNodeType
+_COND_ASSIGN_DEFAULT = 1                                          # CU_GRAPH_COND_ASSIGN_DEFAULT
+_PINNED, _ON_DEVICE = 1, 1                                        # CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE
+
+
+# ----------------------------------------------------------------------------- records
+
+class NodeRecord:
+    """What one node refers to, kept by its graph: ``keep`` (objects that must stay alive: the packed
+    argument block, a host call, another library's array), ``held`` (cuproc resources checked before the
+    graph is instantiated or launched: functions, buffers, events) and, for a conditional node or a child
+    graph node, ``bodies`` (the records of the nodes in each of its graphs).  ``kernel`` is a kernel
+    node's (function, packed arguments, values, dimensions, shared memory): what setting new arguments
+    reuses; ``graphs`` the CUgraph handles of a conditional node's bodies; ``info`` what else a kind of
+    node remembers (a conditional node's kind and handle)."""
+
+    __slots__ = ("handle", "keep", "held", "bodies", "graphs", "kernel", "info", "wrapper", "__weakref__")
+
+    def __init__(self, handle: int, keep: tuple = (), held: tuple[Resource, ...] = (),
+                 bodies: tuple[dict[int, NodeRecord], ...] = (), kernel: tuple | None = None) -> None:
+        self.handle, self.keep, self.held, self.bodies, self.kernel = handle, keep, held, bodies, kernel
+        self.graphs: tuple[Any, ...] = ()
+        self.info: tuple[Any, ...] = ()
+        self.wrapper: weakref.ref[GraphNode] | None = None
+
+    def everything(self) -> Iterable[NodeRecord]:
+        """This record and those of the nodes in its bodies, recursively."""
+        yield self
+        for body in self.bodies:
+            for record in list(body.values()):
+                yield from record.everything()
+
+
+def held_by(values: Iterable[Any]) -> tuple[tuple[Resource, ...], tuple[Any, ...]]:
+    """(cuproc resources to check, other objects to keep alive) among the values a node refers to: a
+    buffer or any resource as is, a view by its buffer, a ``__device__`` variable by its module or library
+    (and context); another library's array (``__cuda_array_interface__``, DLPack) is only kept alive."""
+    resources: list[Resource] = []
+    keep: list[Any] = []
+    for value in values:
+        if isinstance(value, Resource):
+            resources.append(value)
+        elif isinstance(value, DeviceView):
+            resources.append(value.buffer)
+        elif isinstance(value, GlobalView):
+            resources.append(value.owner)
+            if value.context is not None:
+                resources.append(value.context)
+        elif not isinstance(value, (int, float, bool, bytes, str, ffi.CData)) and value is not None \
+                and (hasattr(value, "__cuda_array_interface__") or hasattr(value, "__dlpack__")):
+            keep.append(value)
+    return tuple(dict.fromkeys(resources)), tuple(keep)
+
+
+def param_struct(driver: Driver, call: str, index: int) -> Any:
+    """The struct type the entry point ``call`` selected for this handle takes as argument ``index`` (a
+    pointer type's item): the ABI of the requested version, read from its typedef."""
+    res = driver.resolution(call)
+    if res.typedef is None:
+        raise driver.unavailable_error(res)
+    return ffi.typeof(res.typedef).args[index].item
+
+
+def node_array(nodes: Sequence[GraphNode]) -> Any:
+    """A ``CUgraphNode[]`` of the nodes' handles (NULL for none)."""
+    return ffi.new("CUgraphNode[]", [n.handle for n in nodes]) if nodes else ffi.NULL
+
+
+# ----------------------------------------------------------------------------- host calls
+
+class HostCall:
+    """A host node's callable and what it raised, kept alive by the graph and its executable graphs.
+
+    The driver calls :func:`_run_host_call` with the call's token; the token maps to this object
+    weakly, so a host node whose graphs are all gone does nothing (its callable went with them)."""
+
+    __slots__ = ("fn", "token", "errors", "__weakref__")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        if not callable(fn):
+            raise invalid("cuGraphAddHostNode", f"a host node calls a Python callable, not {type(fn).__name__}")
+        self.fn = fn
+        self.errors: list[BaseException] = []
+        with _host_lock:
+            _next_token[0] += 1
+            self.token = _next_token[0]
+            _host_calls[self.token] = weakref.ref(self, _forget_token(self.token))
+
+    def __repr__(self) -> str:
+        return f"<cuproc host call {self.fn!r}, {len(self.errors)} error(s)>"
+
+
+_host_calls: dict[int, weakref.ref[HostCall]] = {}
+_host_lock = _fork.lock()
+_next_token = [0]
+#: errors kept per host call (the first ones: the warning reports every one)
+_ERRORS_KEPT = 16
+
+
+def _forget_token(token: int) -> Callable[[Any], None]:
+    def forget(_: Any, _calls: dict = _host_calls) -> None:
+        _calls.pop(token, None)
+    return forget
+
+
+def _run_host_call(user_data: Any, _calls: dict = _host_calls, _int: Any = handle_int,
+                   _category: type = CudaWarning, _kept: int = _ERRORS_KEPT) -> None:
+    """The C function every host node calls (on a driver thread).  Never raises: an exception of the
+    callable becomes a warning (and is kept on the call); reads no module globals (the defaults), since
+    the driver may call it during the interpreter's teardown."""
+    try:
+        ref = _calls.get(_int(user_data))
+        call = ref() if ref is not None else None
+        if call is None:
+            return
+        try:
+            call.fn()
+        except BaseException as exc:  # noqa: BLE001 - reported, never lost in a driver thread
+            if len(call.errors) < _kept:
+                call.errors.append(exc)
+            import sys
+            import warnings
+            if not sys.is_finalizing():
+                warnings.warn(f"a graph's host node raised {type(exc).__name__}: {exc} (in {call.fn!r})",
+                              _category, stacklevel=1)
+    except BaseException:  # noqa: BLE001 - nothing may leave a C callback
+        pass
+
+
+_trampoline: list[Any] = []
+
+
+def host_trampoline() -> Any:
+    """The one cffi callback around :func:`_run_host_call`, made on first use and never freed (the driver
+    may call it after this module's teardown)."""
+    with _host_lock:
+        if not _trampoline:
+            callback = ffi.callback("void(void *)", _run_host_call)
+            keep_forever(callback)
+            _trampoline.append(callback)
+        return _trampoline[0]
+
+
+def host_params(call: HostCall) -> Any:
+    """``CUDA_HOST_NODE_PARAMS`` (v1) for a host call."""
+    p = ffi.new("CUDA_HOST_NODE_PARAMS_v1 *")
+    p.fn = host_trampoline()
+    p.userData = ffi.cast("void *", call.token)
+    return p
+
+
+def adopted_host_call(fn_pointer: Any, user_data: Any) -> HostCall | None:
+    """The HostCall for a host node that cuLaunchHostFunc made during a stream capture with
+    :mod:`cuproc.stream`'s trampoline, whose pending record (the callable) it takes over; None for a
+    node of another origin.  Such a record would be run once and dropped: a graph runs it each launch."""
+    from .stream import take_host_function
+    fn = take_host_function(fn_pointer, user_data)
+    return None if fn is None else HostCall(fn)
+
+
+# ----------------------------------------------------------------------------- conditional handles
+
+class _U64:
+    """The C type a conditional handle has as a kernel argument (``unsigned long long``), in the form
+    cuproc's argument packing reads a NumPy dtype: a handle passed without a signature packs as a uint64."""
+
+    kind, itemsize, alignment, fields = "u", 8, 8, None
+
+
+class ConditionalHandle(int):
+    """A conditional node's handle (``CUgraphConditionalHandle``, cuGraphConditionalHandleCreate).
+
+    An int: pass it as a kernel argument (a ``unsigned long long``, with or without a signature) to a
+    kernel that sets the condition (``cudaGraphSetConditional``).  ``default`` is the value each launch
+    starts from (None: not reset at launch).  It belongs to its graph (``graph``, while that lives) and
+    goes with it; it refers to the graph weakly (a graph's nodes keep their handle's value only)."""
+
+    dtype = _U64()
+
+    default: int | None
+    _graph: weakref.ref[Graph]
+    _records: dict[int, NodeRecord]
+
+    def __new__(cls, value: int, graph: Graph, default: int | None) -> ConditionalHandle:
+        self = super().__new__(cls, value)
+        self.default = default
+        self._graph = weakref.ref(graph)
+        self._records = graph._records       # what identifies its graph (shared by the graph's views)
+        return self
+
+    @property
+    def graph(self) -> Graph | None:
+        return self._graph()
+
+    def __repr__(self) -> str:
+        return f"<cuproc.ConditionalHandle {int(self):#x} default={self.default}>"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a ConditionalHandle belongs to its graph and cannot be pickled")
+
+
+# ----------------------------------------------------------------------------- nodes
+
+class GraphNode(Resource):
+    """A node of a graph (see the module docstring).  ``node.graph`` is its graph; ``type`` its kind
+    (``"kernel"``, ``"memcpy"``, ...)."""
+
+    _release_call = "cuGraphDestroyNode"
+    _ended_word = "destroyed"
+    type = "node"
+
+    def __init__(self, graph: Graph, handle: Any, record: NodeRecord) -> None:
+        self.driver = graph.driver
+        self.graph = graph
+        self.handle = ffi.cast("CUgraphNode", handle)
+        self.record = record
+        record.wrapper = weakref.ref(self)
+        self.ended = None
+
+    # ------------------------------------------------------------ resource
+    def parents(self) -> tuple[Resource, ...]:
+        return (self.graph,)
+
+    def describe(self) -> str:
+        return f"{self.type} node {handle_int(self.handle):#x} of {self.graph.describe()}"
+
+    def _drop_releases_a_handle(self) -> bool:
+        return False
+
+    def _drop(self) -> int:
+        self.ended = "dropped"    # the node stays in its graph: only destroy() removes it
+        return 0
+
+    def _release(self) -> int:
+        rc = self.graph.context.call_current(self.driver.cuGraphDestroyNode, self.handle)
+        if not rc:
+            self.graph._forget(self)
+        return rc
+
+    def destroy(self) -> None:
+        """cuGraphDestroyNode: remove this node (and its edges) from the graph.  Idempotent."""
+        if self.ended is None:
+            self.check("cuGraphDestroyNode")
+        self.close()
+
+    def _use(self, call: str) -> Context:
+        """Check this node for ``call``; the context to run it in."""
+        self.check(call)
+        return self.graph.context
+
+    # ------------------------------------------------------------ dependencies
+    @property
+    def dependencies(self) -> list[GraphNode]:
+        """The nodes this one runs after (cuGraphNodeGetDependencies, at the handle's ABI)."""
+        return self._edges("cuGraphNodeGetDependencies")
+
+    @property
+    def dependents(self) -> list[GraphNode]:
+        """The nodes that run after this one (cuGraphNodeGetDependentNodes)."""
+        return self._edges("cuGraphNodeGetDependentNodes")
+
+    def _edges(self, call: str) -> list[GraphNode]:
+        ctx = self._use(call)
+        drv = self.driver
+        fn = getattr(drv, call)
+        with_edges = arity(drv, call) == 4          # 12.3+: (node, nodes, edgeData, count)
+        count = ffi.new("size_t *")
+        args = (self.handle, ffi.NULL, ffi.NULL, count) if with_edges else (self.handle, ffi.NULL, count)
+        drv.check(ctx.call_current(fn, *args), call)
+        if not count[0]:
+            return []
+        out = ffi.new("CUgraphNode[]", count[0])
+        args = (self.handle, out, ffi.NULL, count) if with_edges else (self.handle, out, count)
+        drv.check(ctx.call_current(fn, *args), call)
+        return [self.graph._node(out[i]) for i in range(count[0])]
+
+    def add_dependencies(self, *nodes: GraphNode) -> None:
+        """Make this node run after ``nodes`` (cuGraphAddDependencies)."""
+        self.graph._edit_edges("cuGraphAddDependencies", list(nodes), [self] * len(nodes))
+
+    def remove_dependencies(self, *nodes: GraphNode) -> None:
+        """Remove the edges from ``nodes`` to this node (cuGraphRemoveDependencies)."""
+        self.graph._edit_edges("cuGraphRemoveDependencies", list(nodes), [self] * len(nodes))
+
+    def __repr__(self) -> str:
+        state = f" {self.ended}" if self.ended else ""
+        return f"<cuproc.{type(self).__name__} {handle_int(self.handle):#x}{state}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GraphNode) and other.record is self.record and other.graph is self.graph
+
+    def __hash__(self) -> int:
+        return hash((id(self.graph), id(self.record)))
+
+
+class KernelNodeParams(NamedTuple):
+    """What cuGraphKernelNodeGetParams reports: the function (the cuproc Function the node was made with,
+    while it is the driver's answer; else the raw CUfunction), grid, block, dynamic shared memory, and the
+    argument block as the kernel receives it (empty for a node cuproc did not make)."""
+
+    function: Any
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int
+    arg_bytes: bytes
+
+
+class KernelNode(GraphNode):
+    """A kernel launch (cuGraphAddKernelNode).  ``params`` reads it back; :meth:`set_params` changes
+    its arguments, grid, block or shared memory in the graph (an executable graph made before keeps what
+    it had: set them there with :meth:`~cuproc.graph.GraphExec.set_kernel_args`)."""
+
+    type = "kernel"
+
+    @property
+    def params(self) -> KernelNodeParams:
+        ctx = self._use("cuGraphKernelNodeGetParams")
+        drv = self.driver
+        p = ffi.new(ffi.getctype(param_struct(drv, "cuGraphKernelNodeGetParams", 1), "*"))
+        drv.check(ctx.call_current(drv.cuGraphKernelNodeGetParams, self.handle, p), "cuGraphKernelNodeGetParams")
+        kernel = self.record.kernel
+        function: Any = p.func
+        arg_bytes = b""
+        if kernel is not None:
+            fn, packed = kernel[0], kernel[1]
+            if handle_int(fn.handle) == handle_int(p.func):
+                function = fn
+            if p.kernelParams != ffi.NULL:   # one pointer per parameter, in the packed layout
+                block = bytearray(packed.size)
+                for i, (t, offset) in enumerate(zip(packed.types, packed.offsets)):
+                    block[offset:offset + t.size] = ffi.buffer(p.kernelParams[i], t.size)
+                arg_bytes = bytes(block)
+        return KernelNodeParams(function, (p.gridDimX, p.gridDimY, p.gridDimZ),
+                                (p.blockDimX, p.blockDimY, p.blockDimZ), p.sharedMemBytes, arg_bytes)
+
+    def set_params(self, args: Sequence[Any] | None = None, *, grid: Any = None, block: Any = None,
+                   shared_mem: int | None = None, signature: Sequence[Any] | None = None) -> None:
+        """cuGraphKernelNodeSetParams: new arguments (packed as a launch packs them: by ``signature``,
+        else by the node's own types), grid, block or shared memory; what is not given stays."""
+        call = "cuGraphKernelNodeSetParams"
+        ctx = self._use(call)
+        kernel = self.record.kernel
+        if kernel is None:
+            raise invalid(call, f"{self.describe()} was not made by cuproc (a captured node): its argument "
+                                "types are not known here; set it through the driver's own call")
+        function, packed, values, dims, shared = kernel
+        reuse = args is None and signature is None      # the block already holds these values
+        new = kernel_parts(self.graph, function, call, values if args is None else args,
+                           packed.types if signature is None else signature,
+                           dims[:3] if grid is None else grid, dims[3:] if block is None else block,
+                           shared if shared_mem is None else shared_mem, packed if reuse else None)
+        p = kernel_struct(self.driver, call, 1, new)
+        self.driver.check(ctx.call_current(self.driver.cuGraphKernelNodeSetParams, self.handle, p), call)
+        apply_kernel(self.record, new)
+
+
+def kernel_parts(graph: Graph, function: Any, call: str, args: Sequence[Any], signature: Sequence[Any] | None,
+                 grid: Any, block: Any, shared_mem: Any, packed: Any = None) -> tuple:
+    """(function, packed, values, dims, shared_mem, held, keep) of a kernel node: ``function`` a Function or
+    Kernel (a library kernel becomes its CUfunction in the graph's context), the arguments packed by
+    :mod:`cuproc.launch`'s own code (``packed``: an argument block to reuse as is), the dimensions checked."""
+    from .launch import launch_dims, pack_arguments, shared_mem_bytes
+    from .module import Function, Kernel
+    if isinstance(function, Kernel):
+        function = function.function(graph.context)
+    elif not isinstance(function, Function):
+        raise invalid(call, f"a kernel node launches a cuproc Function or Kernel, not {type(function).__name__}")
+    if function.context is not None and function.context is not graph.context:
+        raise invalid(call, f"{function.describe()} belongs to {function.context.describe()}, not to the graph's "
+                            f"{graph.context.describe()}: a graph's kernels run in its context")
+    given = tuple(args)
+    if packed is None:
+        packed = pack_arguments(function, call, given, signature)
+    else:
+        function.check(call)
+    # what is kept to pack again: a conditional handle as its value (it refers to its graph, which keeps this)
+    values = tuple(int(v) if isinstance(v, ConditionalHandle) else v for v in given)
+    dim6 = (*launch_dims(grid, "grid", call), *launch_dims(block, "block", call))
+    held, keep = held_by(given)
+    return function, packed, values, dim6, shared_mem_bytes(shared_mem, call), (*function.ancestors(), function) + held, keep
+
+
+def kernel_struct(driver: Driver, call: str, index: int, parts: tuple) -> Any:
+    """The kernel node parameter struct ``call`` takes at this handle's ABI (v1 or v2), filled from
+    :func:`kernel_parts`: kernelParams convention, the CUfunction (v2's kern and ctx left NULL)."""
+    function, packed, _values, dims, shared = parts[:5]
+    p = ffi.new(ffi.getctype(param_struct(driver, call, index), "*"))
+    p.func = function.handle
+    p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ = dims
+    p.sharedMemBytes = shared
+    p.kernelParams = packed.params
+    p.extra = ffi.NULL
+    return p
+
+
+def apply_kernel(record: NodeRecord, parts: tuple) -> None:
+    """Store a kernel node's new parts in its record (what the graph keeps and checks)."""
+    function, packed, values, dims, shared, held, keep = parts
+    record.kernel = (function, packed, values, dims, shared)
+    record.keep = (packed, *keep)
+    record.held = tuple(dict.fromkeys(held))
+
+
+class MemcpyNode(GraphNode):
+    """A copy (cuGraphAddMemcpyNode).  ``params`` is the driver's CUDA_MEMCPY3D; :meth:`set_params`
+    gives it new sides."""
+
+    type = "memcpy"
+
+    @property
+    def params(self) -> Any:
+        ctx = self._use("cuGraphMemcpyNodeGetParams")
+        p = ffi.new("CUDA_MEMCPY3D_v2 *")
+        self.driver.check(ctx.call_current(self.driver.cuGraphMemcpyNodeGetParams, self.handle, p),
+                          "cuGraphMemcpyNodeGetParams")
+        return p[0]
+
+    def set_params(self, dst: Any, src: Any, nbytes: int | None = None) -> None:
+        """cuGraphMemcpyNodeSetParams: copy ``nbytes`` from ``src`` to ``dst`` (checked as memory.copy checks)."""
+        call = "cuGraphMemcpyNodeSetParams"
+        ctx = self._use(call)
+        p, _ctx, held, keep = copy_struct(self.graph, call, dst, src, nbytes)
+        self.driver.check(ctx.call_current(self.driver.cuGraphMemcpyNodeSetParams, self.handle, p), call)
+        self.record.held, self.record.keep = held, keep
+
+
+def copy_struct(graph: Graph, call: str, dst: Any, src: Any, nbytes: int | None) -> tuple[Any, Context, tuple, tuple]:
+    """(CUDA_MEMCPY3D, the context it runs in, resources held, objects kept) of a 1-D copy between any two
+    sides memory.copy takes, checked as it checks them (sizes, a read-only destination)."""
+    from .transfers import _both_host, _checked_size, _place, _side
+    d, s = _side(dst, call, writable=True), _side(src, call, writable=False)
+    n = _checked_size(call, nbytes, d, s)
+    if d.kind == "host" and s.kind == "host":
+        raise _both_host()
+    if d.context is not None and s.context is not None and d.context is not s.context and \
+            d.kind != "host" and s.kind != "host":
+        raise invalid(call, "a memcpy node copies within one context; these sides are in two")
+    ctx = next((side.context for side in (d, s) if side.kind != "host" and side.context is not None), graph.context)
+    p = ffi.new("CUDA_MEMCPY3D_v2 *")
+    _place(graph.driver, p, "src", s)
+    _place(graph.driver, p, "dst", d)
+    p.WidthInBytes, p.Height, p.Depth = n, 1, 1
+    held, keep = held_by((dst, src))
+    return p, ctx, held, keep + tuple(side.keep for side in (d, s) if side.keep is not None)
+
+
+class MemsetNode(GraphNode):
+    """A fill (cuGraphAddMemsetNode).  ``params`` is the driver's CUDA_MEMSET_NODE_PARAMS."""
+
+    type = "memset"
+
+    @property
+    def params(self) -> Any:
+        ctx = self._use("cuGraphMemsetNodeGetParams")
+        p = ffi.new("CUDA_MEMSET_NODE_PARAMS_v1 *")
+        self.driver.check(ctx.call_current(self.driver.cuGraphMemsetNodeGetParams, self.handle, p),
+                          "cuGraphMemsetNodeGetParams")
+        return p[0]
+
+    def set_params(self, dst: Any, value: int, count: int | None = None, *, element_bits: int = 8) -> None:
+        """cuGraphMemsetNodeSetParams: fill ``count`` elements of ``element_bits`` of ``dst`` with ``value``."""
+        call = "cuGraphMemsetNodeSetParams"
+        ctx = self._use(call)
+        p, _ctx, held, keep = memset_struct(self.graph, call, dst, value, count, element_bits)
+        self.driver.check(ctx.call_current(self.driver.cuGraphMemsetNodeSetParams, self.handle, p), call)
+        self.record.held, self.record.keep = held, keep
+
+
+def memset_struct(graph: Graph, call: str, dst: Any, value: int, count: int | None,
+                  element_bits: int) -> tuple[Any, Context, tuple, tuple]:
+    """(CUDA_MEMSET_NODE_PARAMS, its context, resources held, objects kept) of a 1-D fill, checked as
+    memory.memset checks one."""
+    from .transfers import _side
+    if element_bits not in (8, 16, 32):
+        raise invalid(call, f"element_bits must be 8, 16 or 32, got {element_bits}")
+    d = _side(dst, call, writable=True)
+    if d.kind != "device":
+        raise invalid(call, "a memset node fills device memory; the destination is host memory")
+    size = element_bits // 8
+    if count is None:
+        if d.nbytes is None:
+            raise invalid(call, "count is needed for a raw pointer")
+        count = d.nbytes // size
+    if isinstance(count, bool) or not isinstance(count, int) or count <= 0 or \
+            (d.nbytes is not None and count * size > d.nbytes):
+        raise invalid(call, f"{count!r} elements of {size} bytes do not fit the {d.nbytes}-byte destination "
+                            "(a memset node fills one element at least)")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < (1 << element_bits):
+        raise invalid(call, f"value {value!r} does not fit {element_bits} bits")
+    if d.ptr % size:
+        raise invalid(call, f"the destination {d.ptr:#x} is not aligned to {size} bytes")
+    p = ffi.new("CUDA_MEMSET_NODE_PARAMS_v1 *")
+    p.dst, p.value, p.elementSize, p.width, p.height, p.pitch = d.ptr, value, size, count, 1, count * size
+    held, keep = held_by((dst,))
+    return p, d.context or graph.context, held, keep
+
+
+class HostNode(GraphNode):
+    """A call of a Python callable on a driver thread (cuGraphAddHostNode).  The callable must not call
+    CUDA.  ``errors``: what it raised (each also reported as a CudaWarning)."""
+
+    type = "host"
+
+    @property
+    def function(self) -> Any:
+        call = self._call()
+        return None if call is None else call.fn
+
+    @property
+    def errors(self) -> list[BaseException]:
+        call = self._call()
+        return [] if call is None else list(call.errors)
+
+    def _call(self) -> HostCall | None:
+        return next((k for k in self.record.keep if isinstance(k, HostCall)), None)
+
+    def set_params(self, fn: Callable[[], Any]) -> None:
+        """cuGraphHostNodeSetParams: call ``fn`` instead."""
+        call = "cuGraphHostNodeSetParams"
+        ctx = self._use(call)
+        host = HostCall(fn)
+        self.driver.check(ctx.call_current(self.driver.cuGraphHostNodeSetParams, self.handle, host_params(host)),
+                          call)
+        self.record.keep = (host,)
+
+
+class _EventNode(GraphNode):
+    _get = _set = ""
+
+    @property
+    def event(self) -> Any:
+        """The event (the cuproc Event the node was made with, while it is the driver's answer)."""
+        ctx = self._use(self._get)
+        out = ffi.new("CUevent *")
+        self.driver.check(ctx.call_current(getattr(self.driver, self._get), self.handle, out), self._get)
+        for held in self.record.held:
+            if handle_int(getattr(held, "handle", 0)) == handle_int(out[0]):
+                return held
+        return out[0]
+
+    def set_event(self, event: Any) -> None:
+        ctx = self._use(self._set)
+        event.check(self._set)
+        self.driver.check(ctx.call_current(getattr(self.driver, self._set), self.handle, event.handle), self._set)
+        self.record.held = (event,)
+
+
+class EventRecordNode(_EventNode):
+    """Records an event (cuGraphAddEventRecordNode); the node holds the Event."""
+
+    type = "event_record"
+    _get, _set = "cuGraphEventRecordNodeGetEvent", "cuGraphEventRecordNodeSetEvent"
+
+
+class EventWaitNode(_EventNode):
+    """Waits for an event (cuGraphAddEventWaitNode); the node holds the Event."""
+
+    type = "event_wait"
+    _get, _set = "cuGraphEventWaitNodeGetEvent", "cuGraphEventWaitNodeSetEvent"
+
+
+class ChildGraphNode(GraphNode):
+    """A graph run as one node (cuGraphAddChildGraphNode, which copies the child: later changes to the
+    child Graph do not reach the node).  ``child_graph`` is the node's own copy, which may be changed."""
+
+    type = "graph"
+
+    @property
+    def child_graph(self) -> Graph:
+        ctx = self._use("cuGraphChildGraphNodeGetGraph")
+        out = ffi.new("CUgraph *")
+        self.driver.check(ctx.call_current(self.driver.cuGraphChildGraphNodeGetGraph, self.handle, out),
+                          "cuGraphChildGraphNodeGetGraph")
+        return self.graph._body(out[0], self, self.record.bodies[0])
+
+
+class EmptyNode(GraphNode):
+    """A node that does nothing: a join point for dependencies (cuGraphAddEmptyNode)."""
+
+    type = "empty"
+
+
+class MemAllocNode(GraphNode):
+    """Graph-owned device memory (cuGraphAddMemAllocNode): ``address`` is fixed when the node is made and
+    valid in the graph's launches from this node on, until a free node (or, with
+    ``AUTO_FREE_ON_LAUNCH``, the next launch)."""
+
+    type = "mem_alloc"
+
+    @property
+    def params(self) -> Any:
+        ctx = self._use("cuGraphMemAllocNodeGetParams")
+        p = ffi.new("CUDA_MEM_ALLOC_NODE_PARAMS *")
+        self.driver.check(ctx.call_current(self.driver.cuGraphMemAllocNodeGetParams, self.handle, p),
+                          "cuGraphMemAllocNodeGetParams")
+        return p[0]
+
+    @property
+    def address(self) -> int:
+        return int(self.params.dptr)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.params.bytesize)
+
+
+class MemFreeNode(GraphNode):
+    """Frees graph-owned memory (cuGraphAddMemFreeNode)."""
+
+    type = "mem_free"
+
+    @property
+    def address(self) -> int:
+        ctx = self._use("cuGraphMemFreeNodeGetParams")
+        out = ffi.new("CUdeviceptr *")
+        self.driver.check(ctx.call_current(self.driver.cuGraphMemFreeNodeGetParams, self.handle, out),
+                          "cuGraphMemFreeNodeGetParams")
+        return int(out[0])
+
+
+class ConditionalNode(GraphNode):
+    """IF, IF/ELSE, WHILE or SWITCH on a :class:`ConditionalHandle` (cuGraphAddNode, CUDA 12.3+).  Its
+    ``bodies`` are graphs owned by the node: add their nodes there.  ``kind``: "if", "while" or "switch"."""
+
+    type = "conditional"
+
+    @property
+    def bodies(self) -> tuple[Graph, ...]:
+        self.check("cuGraphAddNode")
+        return tuple(self.graph._body(h, self, records) for h, records in zip(self.record.graphs, self.record.bodies))
+
+    @property
+    def kind(self) -> str:
+        """"if", "while" or "switch" (an IF node with an else body is an "if" with two bodies)."""
+        return self.record.info[0] if self.record.info else "unknown"
+
+    @property
+    def condition(self) -> int | None:
+        """The value of the handle that decides (None for a node cuproc did not make)."""
+        return self.record.info[1] if self.record.info else None
+
+    @property
+    def body(self) -> Graph:
+        """The body of an IF or WHILE node (the first of ``bodies``)."""
+        return self.bodies[0]
+
+    @property
+    def then_body(self) -> Graph:
+        """An IF node's body run when the condition is not 0."""
+        return self.bodies[0]
+
+    @property
+    def else_body(self) -> Graph:
+        """An IF/ELSE node's body run when the condition is 0."""
+        bodies = self.bodies
+        if len(bodies) < 2:
+            raise invalid("cuGraphAddNode", f"{self.describe()} has no else body (make it with add_if_else)")
+        return bodies[1]
+
+
+NODE_CLASSES: dict[str, type[GraphNode]] = {
+    "CU_GRAPH_NODE_TYPE_KERNEL": KernelNode, "CU_GRAPH_NODE_TYPE_MEMCPY": MemcpyNode,
+    "CU_GRAPH_NODE_TYPE_MEMSET": MemsetNode, "CU_GRAPH_NODE_TYPE_HOST": HostNode,
+    "CU_GRAPH_NODE_TYPE_GRAPH": ChildGraphNode, "CU_GRAPH_NODE_TYPE_EMPTY": EmptyNode,
+    "CU_GRAPH_NODE_TYPE_WAIT_EVENT": EventWaitNode, "CU_GRAPH_NODE_TYPE_EVENT_RECORD": EventRecordNode,
+    "CU_GRAPH_NODE_TYPE_MEM_ALLOC": MemAllocNode, "CU_GRAPH_NODE_TYPE_MEM_FREE": MemFreeNode,
+    "CU_GRAPH_NODE_TYPE_CONDITIONAL": ConditionalNode,
+}
+
+
+def node_class(type_value: int) -> type[GraphNode]:
+    """The node class of a CUgraphNodeType value (GraphNode for a kind cuproc has no class for)."""
+    return NODE_CLASSES.get(_NODE_TYPES.get(type_value, ""), GraphNode)
+
+
+def alloc_params(graph: Graph, nbytes: int) -> Any:
+    """CUDA_MEM_ALLOC_NODE_PARAMS for ``nbytes`` of pinned device memory on the graph's device."""
+    call = "cuGraphAddMemAllocNode"
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+        raise invalid(call, f"nbytes must be a positive int, got {nbytes!r}")
+    p = ffi.new("CUDA_MEM_ALLOC_NODE_PARAMS *")
+    p.poolProps.allocType = _PINNED
+    p.poolProps.location.type = _ON_DEVICE
+    p.poolProps.location.id = graph.context.device.ordinal
+    p.accessDescs = ffi.NULL
+    p.accessDescCount = 0
+    p.bytesize = nbytes
+    return p
+
+
+
+__all__ = ["ChildGraphNode", "ConditionalHandle", "ConditionalNode", "EmptyNode", "EventRecordNode", "EventWaitNode",
+           "GraphNode", "HostNode", "KernelNode", "KernelNodeParams", "MemAllocNode", "MemFreeNode", "MemcpyNode",
+           "MemsetNode"]

@@ -1,0 +1,453 @@
+"""CUDA graphs (issue 36) on a real GPU, checked against NumPy: a captured mix of work replayed 1,000
+times, the same work built node by node, kernel arguments changed on the executable graph, a WHILE
+node, capture on the per-thread default stream, the graph functions at requested versions 11.8, 12.0,
+12.4 and 13.0 (pointer identity with dlsym, and the whole graph layer on a handle pinned to each), the
+DOT export against the driver's own, and bad input (what could crash runs in a fresh interpreter)."""
+from __future__ import annotations
+
+import gc
+import os
+import re
+import tempfile
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cuproc
+from cuproc import DeviceBuffer, Event, Graph, Module, PinnedBuffer, Stream
+from cuproc import loader
+from cuproc import memory as mem
+from cuproc.driver import Driver
+from cuproc.errors import ClosedResourceError, CudaError, SymbolNotFoundError
+from cuproc.graph import GraphUpdateError
+from cuproc.registry import default_registry
+from cuproc.stream import CU_STREAM_PER_THREAD
+from cuproc.stream_capture import capture, capture_info, capture_status
+from rules import expected_entry, typedefs_by_symbol
+from subproc import run_python
+
+pytestmark = pytest.mark.gpu
+if not cuproc.is_driver_available():
+    pytest.skip("no CUDA driver on this machine", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parent.parent
+CUBIN = ROOT / "kernels" / "graph_kernels.cubin"   # kernels.cu and the graph kernels
+ffi = cuproc.ffi
+N = 1 << 12
+BLOCK = 256
+GRID = (N + BLOCK - 1) // BLOCK
+VADD = ["float*", "float*", "float*", "int"]
+
+
+@pytest.fixture()
+def kit(primary):
+    class Kit:
+        pass
+    k = Kit()
+    k.module = Module.load(CUBIN)
+    k.vadd = k.module.get_function("VecAdd_kernel")
+    k.fill = k.module.get_function("fill_value")
+    k.stream = Stream()
+    yield k
+    k.stream.synchronize()
+
+
+def host(buf, n=N, dtype=np.float32):
+    out = np.zeros(n, dtype)
+    mem.copy(out, buf, out.nbytes)
+    return out
+
+
+def pinned_with(values: np.ndarray, **where) -> PinnedBuffer:
+    buf = PinnedBuffer(values.nbytes, **where)
+    view = buf.numpy(values.dtype)
+    view[:] = values
+    del view                                      # (a live view refuses the buffer's free)
+    return buf
+
+
+# ----------------------------------------------------------------------------- capture and replay
+
+def _mixed_work(kit, run, x, acc, tmp, src, stream):
+    """One replay's work: tmp <- src (a copy of pinned memory), x <- 0 then 1.5 (memset, fill),
+    acc += tmp (prepared launch), acc += x (one-shot launch)."""
+    mem.copy(tmp, src, stream=stream)
+    mem.memset(x, 0, stream=stream)
+    kit.fill.launch(GRID, BLOCK, (x, np.int32(N), np.float32(1.5)), stream=stream)
+    run(tmp, acc, acc, N)
+    kit.vadd.launch(GRID, BLOCK, (x, acc, acc, np.int32(N)), stream=stream)
+
+
+def test_capture_of_mixed_work_replayed_1000_times(kit):
+    rng = np.random.default_rng(1)
+    values = rng.random(N, dtype=np.float32).round(3)
+    src = pinned_with(values)
+    x, acc, tmp = DeviceBuffer(4 * N), DeviceBuffer(4 * N), DeviceBuffer(4 * N)
+    mem.memset(acc, 0)
+    run = kit.vadd.prepare(VADD, GRID, BLOCK, stream=kit.stream)
+    with kit.stream.capture() as graph:
+        assert capture_status(kit.stream) == "active"
+        _mixed_work(kit, run, x, acc, tmp, src, kit.stream)
+    assert capture_status(kit.stream) == "none"
+    assert sorted(n.type for n in graph.nodes) == ["kernel", "kernel", "kernel", "memcpy", "memset"]
+    exe = graph.instantiate()
+    expected = np.zeros(N, np.float32)
+    for _ in range(1000):
+        exe.launch(kit.stream)
+        expected += values
+        expected += np.float32(1.5)
+    kit.stream.synchronize()
+    np.testing.assert_allclose(host(acc), expected, rtol=1e-5)
+
+
+def test_the_same_work_built_node_by_node(kit):
+    rng = np.random.default_rng(2)
+    values = rng.random(N, dtype=np.float32).round(3)
+    src = pinned_with(values)
+    x, acc, tmp = DeviceBuffer(4 * N), DeviceBuffer(4 * N), DeviceBuffer(4 * N)
+    mem.memset(acc, 0)
+    g = Graph()
+    copy = g.add_memcpy(tmp, src)
+    wipe = g.add_memset(x, 0, depends_on=copy)
+    fill = g.add_kernel(kit.fill, GRID, BLOCK, (x, np.int32(N), np.float32(1.5)), depends_on=wipe)
+    first = g.add_kernel(kit.vadd, GRID, BLOCK, (tmp, acc, acc, np.int32(N)), depends_on=fill)
+    g.add_kernel(kit.vadd, GRID, BLOCK, (x, acc, acc, np.int32(N)), depends_on=first)
+    exe = g.instantiate()
+    del g, src, x, tmp                                  # the executable graph holds them
+    gc.collect()
+    for _ in range(1000):
+        exe.launch(kit.stream)
+    kit.stream.synchronize()
+    np.testing.assert_allclose(host(acc), 1000 * (values + np.float32(1.5)), rtol=1e-4)
+
+
+def test_kernel_arguments_change_on_the_executable_graph(kit):
+    """A value, a buffer and a count change between launches; the graph itself does not."""
+    a, b = DeviceBuffer(4 * N), DeviceBuffer(4 * N)
+    mem.memset(a, 0)
+    mem.memset(b, 0)
+    g = Graph()
+    node = g.add_kernel(kit.fill, GRID, BLOCK, (a, np.int32(N), np.float32(1.0)))
+    before = node.params.arg_bytes
+    exe = g.instantiate()
+    exe.launch(kit.stream)
+    np.testing.assert_array_equal(host(a), np.ones(N, np.float32))
+    exe.set_kernel_args(node, (a, np.int32(N), np.float32(2.0)))
+    exe.launch(kit.stream)
+    np.testing.assert_array_equal(host(a), np.full(N, 2.0, np.float32))
+    exe.set_kernel_args(node, (b, np.int32(N // 3), np.float32(3.0)))
+    exe.launch(kit.stream)
+    expected = np.zeros(N, np.float32)
+    expected[:N // 3] = 3.0
+    np.testing.assert_array_equal(host(b), expected)
+    np.testing.assert_array_equal(host(a), np.full(N, 2.0, np.float32))
+    assert node.params.arg_bytes == before
+
+
+@pytest.mark.parametrize("k", [5, 0])
+def test_while_node_runs_k_iterations(kit, k):
+    set_condition = kit.module.get_function("set_condition")
+    countdown = kit.module.get_function("countdown")
+    state = DeviceBuffer(8)                               # [counter, iterations]
+    mem.copy(state, np.array([k, 0], np.int32))
+    g = Graph()
+    handle = g.conditional_handle(default=0)
+    first = g.add_kernel(set_condition, 1, 1, (handle, state))
+    loop = g.add_while(handle, depends_on=first)
+    loop.body.add_kernel(countdown, 1, 1, (handle, state, state.address + 4),
+                         signature=["unsigned long long", "int*", "int*"])
+    exe = g.instantiate()
+    exe.launch(kit.stream)
+    kit.stream.synchronize()
+    assert host(state, 2, np.int32).tolist() == [0, k]
+    mem.copy(state, np.array([3, 0], np.int32))
+    exe.launch(kit.stream)
+    kit.stream.synchronize()
+    assert host(state, 2, np.int32).tolist() == [0, 3]
+
+
+def test_if_else_node(kit):
+    set_condition = kit.module.get_function("set_condition")
+    out = DeviceBuffer(4 * N)
+    for value, expected in ((1, 1.0), (0, 2.0)):
+        state = DeviceBuffer(8)
+        mem.copy(state, np.array([value, 0], np.int32))
+        g = Graph()
+        handle = g.conditional_handle()
+        node = g.add_if_else(handle, depends_on=g.add_kernel(set_condition, 1, 1, (handle, state)))
+        node.then_body.add_kernel(kit.fill, GRID, BLOCK, (out, np.int32(N), np.float32(1.0)))
+        node.else_body.add_kernel(kit.fill, GRID, BLOCK, (out, np.int32(N), np.float32(2.0)))
+        g.instantiate().launch(kit.stream)
+        kit.stream.synchronize()
+        np.testing.assert_array_equal(host(out), np.full(N, expected, np.float32))
+
+
+def test_capture_on_the_per_thread_default_stream():
+    drv = Driver(per_thread_default_stream=True)
+    pc = cuproc.use_device(0, driver=drv)
+    try:
+        fill = Module.load(CUBIN, context=pc.context).get_function("fill_value")
+        buf = DeviceBuffer(4 * N, context=pc.context)
+        with capture(driver=drv) as graph:             # the handle's default stream: the per-thread one
+            assert capture_status(driver=drv) == "active"
+            mem.memset(buf, 0, stream=CU_STREAM_PER_THREAD)
+            fill.launch(GRID, BLOCK, (buf, np.int32(N // 2), np.float32(4.0)), stream=CU_STREAM_PER_THREAD)
+        exe = graph.instantiate()
+        exe.launch(None)
+        drv.check(drv.cuStreamSynchronize(CU_STREAM_PER_THREAD), "cuStreamSynchronize")
+        expected = np.zeros(N, np.float32)
+        expected[:N // 2] = 4.0
+        np.testing.assert_array_equal(host(buf), expected)
+        del exe, graph, buf, fill
+        gc.collect()
+    finally:
+        drv.cuCtxSetCurrent(ffi.NULL)
+        pc.release()
+
+
+# ----------------------------------------------------------------------------- requested versions
+
+def graph_symbols() -> list[str]:
+    reg = default_registry()
+    return sorted(n for n in reg if (n.startswith("cuGraph") and not n.startswith("cuGraphics"))
+                  or "Capture" in n or n.startswith("cuUserObject"))
+
+
+@pytest.fixture(scope="module")
+def libcuda():
+    return loader.open_library()
+
+
+@pytest.mark.parametrize("per_thread", [False, True], ids=["legacy", "ptds"])
+@pytest.mark.parametrize("requested", ["11.8", "12.0", "12.4", "13.0"])
+def test_graph_functions_resolve_to_dlsym(libcuda, requested, per_thread):
+    drv = Driver(requested, per_thread_default_stream=per_thread)
+    typedefs = typedefs_by_symbol()
+    wrong, declined, resolved = [], [], []
+    for name in graph_symbols():
+        entry = expected_entry(typedefs[name], name, int(drv.version), per_thread)
+        res = drv.resolution(name)
+        if entry is None:                       # not at R: a newer-driver feature, or nothing
+            continue
+        exported = libcuda.symbol_address(entry)
+        if res.status == "resolved" and not res.newer_driver_feature:
+            resolved.append(name)
+            if res.entry_point != entry or int(ffi.cast("uintptr_t", res.function)) != exported:
+                wrong.append((name, res.entry_point, entry))
+        elif exported is not None:
+            declined.append((name, res.status))
+    assert not wrong, wrong
+    assert not declined, declined
+    assert {"cuGraphCreate", "cuGraphLaunch", "cuStreamBeginCapture", "cuGraphAddKernelNode"} <= set(resolved)
+
+
+def exercise(drv: Driver) -> dict:
+    """The graph layer on a handle pinned to ``drv.version``: explicit graph, instantiate, launch, update,
+    kernel arguments, capture and its queries, DOT, and conditional nodes where the version has them."""
+    seen: dict = {}
+    pc = cuproc.use_device(0, driver=drv)
+    try:
+        _exercise(drv, pc.context, seen)          # (everything it made is gone when it returns)
+        gc.collect()
+    finally:
+        drv.cuCtxSetCurrent(ffi.NULL)
+        pc.release()
+    return seen
+
+
+def _exercise(drv: Driver, ctx: cuproc.Context, seen: dict) -> None:
+    module = Module.load(CUBIN, context=ctx)
+    vadd, fill = module.get_function("VecAdd_kernel"), module.get_function("fill_value")
+    stream = Stream(context=ctx)
+    values = np.arange(N, dtype=np.float32)
+    src = pinned_with(values, context=ctx)
+    a, b, c = (DeviceBuffer(4 * N, context=ctx) for _ in range(3))
+    g = Graph(context=ctx)
+    copy = g.add_memcpy(a, src)
+    ones = g.add_kernel(fill, GRID, BLOCK, (b, np.int32(N), np.float32(1.0)))
+    add = g.add_kernel(vadd, GRID, BLOCK, (a, b, c, np.int32(N)), depends_on=[copy, ones])
+    calls: list = []
+    g.add_host(lambda: calls.append(1), depends_on=add)
+    rec = g.add_event_record(Event(timing=False, context=ctx), depends_on=add)
+    child = Graph(context=ctx)
+    child.add_memset(b, 0)
+    g.add_child_graph(child, depends_on=rec)
+    assert set(add.dependencies) == {copy, ones} and len(g.edges) == 5
+    exe = g.instantiate()
+    exe.upload(stream)
+    exe.launch(stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(host(c), values + 1)
+    assert calls == [1] and host(b).sum() == 0
+    exe.set_kernel_args(add, (a, a, c, np.int32(N)))
+    exe.launch(stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(host(c), 2 * values)
+    g2 = Graph(context=ctx)
+    g2.add_kernel(vadd, GRID, BLOCK, (a, a, c, np.int32(N)))
+    with pytest.raises(GraphUpdateError):
+        exe.update(g2)
+    with stream.capture(mode="relaxed") as captured:
+        info = capture_info(stream)
+        seen["capture_info"] = (info.status, info.dependencies)
+        vadd.launch(GRID, BLOCK, (a, a, c, np.int32(N)), stream=stream)
+    captured_exe = captured.instantiate()
+    captured_exe.update(g2)                       # the same shape: applies
+    captured_exe.launch(stream)
+    stream.synchronize()
+    seen["dot_kernels"] = g.to_dot().count("VecAdd_kernel") >= 1
+    if drv.has("cuGraphConditionalHandleCreate", newer_driver_features=False):
+        state = DeviceBuffer(8, context=ctx)
+        mem.copy(state, np.array([4, 0], np.int32))
+        w = Graph(context=ctx)
+        handle = w.conditional_handle(default=0)
+        first = w.add_kernel(module.get_function("set_condition"), 1, 1, (handle, state))
+        loop = w.add_while(handle, depends_on=first)
+        loop.body.add_kernel(module.get_function("countdown"), 1, 1, (handle, state, state.address + 4),
+                             signature=["unsigned long long", "int*", "int*"])
+        w.instantiate().launch(stream)
+        stream.synchronize()
+        seen["while"] = host(state, 2, np.int32).tolist()
+    else:
+        with pytest.raises(SymbolNotFoundError):
+            Graph(context=ctx).conditional_handle()
+        seen["while"] = None
+    stream.synchronize()
+
+
+@pytest.mark.parametrize("requested", ["11.8", "12.0", "12.4", "13.0"])
+def test_the_graph_layer_on_a_handle_pinned_to(requested):
+    drv = Driver(requested)
+    seen = exercise(drv)
+    status, deps = seen["capture_info"]
+    assert status == "active" and deps == ()
+    assert seen["dot_kernels"]
+    has_conditionals = drv.version >= cuproc.CudaVersion(12, 3)
+    assert seen["while"] == ([0, 4] if has_conditionals else None)
+    instantiate = drv.resolution("cuGraphInstantiateWithParams")
+    assert (instantiate.status == "resolved" and not instantiate.newer_driver_feature) == \
+        (drv.version >= cuproc.CudaVersion(12, 0))
+
+
+# ----------------------------------------------------------------------------- the picture
+
+def test_dot_has_one_statement_per_kernel_node_as_the_drivers_own(kit):
+    a = DeviceBuffer(4 * N)
+    g = Graph()
+    prev = None
+    for i in range(5):
+        prev = g.add_kernel(kit.fill, GRID, BLOCK, (a, np.int32(N), np.float32(i)), depends_on=prev)
+    g.add_memset(a, 0, depends_on=prev)
+    dot = g.to_dot()
+    drv = cuproc.driver.default_driver()
+    fd, path = tempfile.mkstemp(suffix=".dot")
+    os.close(fd)
+    try:
+        drv.check(drv.cuGraphDebugDotPrint(g.handle, path.encode(), 0), "cuGraphDebugDotPrint")
+        own = Path(path).read_text()
+    finally:
+        os.unlink(path)
+    assert dot == own
+    statements = re.findall(r'^"[^"]+"\s*\[(.*?)\];?\s*$', dot, re.M | re.S)   # node statements (no edges)
+    assert len(statements) == 6
+    assert sum("fill_value" in s for s in statements) == 5
+    assert len(g.to_dot(verbose=True)) > len(dot)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def test_launching_after_destroy_is_refused(kit):
+    g = Graph()
+    g.add_kernel(kit.fill, 1, 1, (DeviceBuffer(4), np.int32(1), np.float32(1.0)))
+    exe = g.instantiate()
+    exe.destroy()
+    with pytest.raises(ClosedResourceError, match="destroyed"):
+        exe.launch(kit.stream)
+    g.destroy()
+    with pytest.raises(ClosedResourceError, match="destroyed"):
+        g.instantiate()
+
+
+def test_an_update_that_cannot_apply(kit):
+    a = DeviceBuffer(4 * N)
+    g = Graph()
+    g.add_kernel(kit.fill, GRID, BLOCK, (a, np.int32(N), np.float32(1.0)))
+    exe = g.instantiate()
+    other = Graph()
+    m = other.add_memset(a, 0)
+    with pytest.raises(GraphUpdateError) as info:
+        exe.update(other)
+    assert info.value.reason.startswith("CU_GRAPH_EXEC_UPDATE_ERROR") and info.value.node in (m, None)
+    exe.launch(kit.stream)
+    np.testing.assert_array_equal(host(a), np.ones(N, np.float32))
+
+
+def test_capture_on_the_legacy_stream_is_refused(primary):
+    with pytest.raises(CudaError, match="legacy default stream cannot be captured") as info:
+        capture(None, driver=Driver(per_thread_default_stream=False))
+    assert info.value.refused
+
+
+def test_exception_and_invalidation_in_a_capture_in_a_subprocess():
+    """Both end the capture, discard the graph and raise; the stream works afterwards; the process exits
+    cleanly (cuda.core's users reported crashes here: cuda-python #2918, #2834)."""
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(ROOT)!r}]
+        import numpy as np
+        import cuproc
+        from cuproc import memory as mem
+        pc = cuproc.use_device(0)
+        fill = cuproc.Module.load({str(CUBIN)!r}).get_function("fill_value")
+        s = cuproc.Stream()
+        buf = cuproc.DeviceBuffer(4 * 256)
+        try:
+            with s.capture() as g1:
+                fill.launch(1, 256, (buf, np.int32(256), np.float32(1.0)), stream=s)
+                raise KeyError("inside")
+        except KeyError:
+            pass
+        assert "discarded" in g1.ended
+        try:
+            with s.capture() as g2:
+                fill.launch(1, 256, (buf, np.int32(256), np.float32(1.0)), stream=s)
+                try:
+                    cuproc.DeviceBuffer(64)          # cuMemAlloc: not allowed during a global capture
+                except cuproc.CudaError as exc:
+                    print("refused", exc.call, exc.name)
+                try:
+                    s.synchronize()
+                except cuproc.CudaError as exc:
+                    print("refused", exc.call, exc.name)
+        except cuproc.CudaError as exc:
+            print("ended", exc.call, exc.name)
+        assert "discarded" in g2.ended
+        with s.capture() as g3:
+            fill.launch(1, 256, (buf, np.int32(256), np.float32(3.0)), stream=s)
+        g3.instantiate().launch(s)
+        out = np.zeros(256, np.float32)
+        mem.copy(out, buf)
+        print("result", float(out.sum()))
+        lost = cuproc.Stream()
+        cm = lost.capture()
+        cm.__enter__()                                # a capture never ended: left to the process exit
+    """)
+    proc = run_python(code, timeout=120)
+    assert "result 768.0" in proc.stdout
+    assert "ended cuStreamEndCapture CUDA_ERROR_STREAM_CAPTURE_INVALIDATED" in proc.stdout
+    assert "refused" in proc.stdout
+
+
+def test_conditional_nodes_before_12_3_are_refused():
+    drv = Driver("12.0")
+    pc = cuproc.use_device(0, driver=drv)
+    try:
+        g = Graph(context=pc.context)
+        with pytest.raises(SymbolNotFoundError, match="12.0"):
+            g.conditional_handle(default=1)
+        del g
+    finally:
+        drv.cuCtxSetCurrent(ffi.NULL)
+        pc.release()

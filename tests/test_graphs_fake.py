@@ -1,0 +1,1065 @@
+"""CUDA graphs in the object layer (issue 36) on the stateful fake driver: capture, explicit graphs,
+instantiation at each ABI, launch results, updates, executable-graph kernel arguments, conditional nodes,
+the DOT picture, lifetimes, and bad input.
+
+The fake (tests/fakedriver_graphs.c) runs a graph's copies and memsets for real bytes and gives four
+kernels their GPU namesakes' effect inside graphs (VecAdd_kernel, fill_value, set_condition,
+countdown), so results are checked against NumPy here as on the GPU.  The ``fk`` fixture checks that
+nothing stale, unordered or misrouted reached the fake; ``graphs`` checks that no graph or executable
+graph is left once the test's objects are gone.
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+import textwrap
+import warnings
+import weakref
+
+import numpy as np
+import pytest
+
+import cuproc
+from cuproc import Context, DeviceBuffer, Event, Graph, Module, Stream
+from cuproc import memory as mem
+from cuproc.errors import ClosedResourceError, CudaError, CudaWarning, InvalidValueError, SymbolNotFoundError
+from cuproc.graph import GraphInstantiateError, GraphUpdateError
+from cuproc.graph_nodes import (ChildGraphNode, ConditionalNode, EmptyNode, EventRecordNode, EventWaitNode, HostNode,
+                                KernelNode, MemAllocNode, MemcpyNode, MemFreeNode, MemsetNode)
+from cuproc.launch import pack_bytes
+from cuproc.stream import CU_STREAM_PER_THREAD
+from cuproc.stream_capture import capture, capture_info, capture_status
+
+from fakedriver import child_preamble, fake_image
+from subproc import run_python
+
+ffi = cuproc.ffi
+N = 64
+VADD = ["float*", "float*", "float*", "int"]
+FILL = ["float*", "int", "float"]
+IMAGE = fake_image({"VecAdd_kernel": [8, 8, 8, 4], "fill_value": [8, 4, 4], "set_condition": [8, 8],
+                    "countdown": [8, 8, 8], "empty": [8, 4, 4]})
+UNSUPPORTED, INVALIDATED = 900, 901
+
+
+class Graphs:
+    """The fake's graph counters (fake_graph_live and friends)."""
+
+    def __init__(self, fake):
+        self.lib = fake.lib
+        self.lib.fake_graph_live.restype = ctypes.c_long
+        self.lib.fake_graph_live.argtypes = [ctypes.c_char_p]
+        self.lib.fake_graph_launches.restype = ctypes.c_long
+        self.lib.fake_conditional_value.restype = ctypes.c_long
+        self.lib.fake_conditional_value.argtypes = [ctypes.c_ulonglong]
+
+    def live(self, kind: str) -> int:
+        n = self.lib.fake_graph_live(kind.encode())
+        assert n >= 0, kind
+        return n
+
+    def launches(self) -> int:
+        return self.lib.fake_graph_launches()
+
+    def condition(self, handle: int) -> int:
+        return self.lib.fake_conditional_value(int(handle))
+
+
+@pytest.fixture()
+def graphs(fk):
+    """The fake's graph state, fresh; afterwards (every object of the test collected) no graph, executable
+    graph or capture is left in the fake -- cuproc gave back all it made."""
+    g = Graphs(fk)
+    g.lib.fake_graph_reset()
+    yield g
+    gc.collect()
+    left = {kind: g.live(kind) for kind in ("graph", "graph_exec", "capture")}
+    g.lib.fake_graph_reset()
+    assert left == {"graph": 0, "graph_exec": 0, "capture": 0}, left
+
+
+@pytest.fixture()
+def kit(pc, graphs):
+    """Device 0's primary context current, the fake kernels loaded, three buffers of N floats (a = 0..N-1,
+    b = 1, c = 0) and a stream."""
+    class Kit:
+        pass
+    k = Kit()
+    k.graphs, k.pc, k.ctx = graphs, pc, pc.context
+    k.module = Module.load(IMAGE)
+    k.vadd = k.module.get_function("VecAdd_kernel")
+    k.fill = k.module.get_function("fill_value")
+    k.a, k.b, k.c = (DeviceBuffer(4 * N) for _ in range(3))
+    mem.copy(k.a, np.arange(N, dtype=np.float32))
+    mem.copy(k.b, np.ones(N, np.float32))
+    mem.memset(k.c, 0)
+    k.stream = Stream()
+    yield k
+    k.stream.synchronize()
+
+
+def host(buf, n=N, dtype=np.float32):
+    out = np.zeros(n, dtype)
+    mem.copy(out, buf, out.nbytes)
+    return out
+
+
+# ----------------------------------------------------------------------------- the ABI the fake and cuproc share
+
+def test_struct_sizes_are_the_fakes():
+    """The parameter structs cuproc fills are the sizes tests/fakedriver_graphs.c asserts for its own."""
+    sizes = {"CUDA_KERNEL_NODE_PARAMS_v2": 72, "CUDA_MEMSET_NODE_PARAMS_v1": 40, "CUDA_HOST_NODE_PARAMS_v1": 16,
+             "CUmemPoolProps": 88, "CUDA_MEM_ALLOC_NODE_PARAMS": 120, "CUDA_CONDITIONAL_NODE_PARAMS": 32,
+             "CUgraphNodeParams": 256, "CUgraphEdgeData": 8, "CUDA_GRAPH_INSTANTIATE_PARAMS": 32,
+             "CUgraphExecUpdateResultInfo": 24, "CUDA_MEMCPY3D_v2": 200}
+    assert {name: ffi.sizeof(name) for name in sizes} == sizes
+    assert ffi.offsetof("CUgraphNodeParams", "conditional") == 16
+
+
+# ----------------------------------------------------------------------------- explicit graphs
+
+def test_explicit_graph_runs_and_matches_numpy(kit):
+    g = Graph()
+    fill = g.add_kernel(kit.fill, 1, N, (kit.b, np.int32(N), np.float32(2.5)))
+    add = g.add_kernel(kit.vadd, 1, N, (kit.a, kit.b, kit.c, np.int32(N)), depends_on=fill)
+    pinned = cuproc.PinnedBuffer(4 * N)
+    back = g.add_memcpy(pinned, kit.c, depends_on=add)
+    wipe = g.add_memset(kit.a, 0, element_bits=32, depends_on=back)
+    seen = []
+    note = g.add_host(lambda: seen.append(1), depends_on=wipe)
+    assert [type(n) for n in g.nodes] == [KernelNode, KernelNode, MemcpyNode, MemsetNode, HostNode]
+    assert g.root_nodes == [fill]
+    assert g.edges == [(fill, add), (add, back), (back, wipe), (wipe, note)]
+    assert add.dependencies == [fill] and add.dependents == [back] and fill.dependencies == []
+    exe = g.instantiate()
+    exe.launch(kit.stream)
+    kit.stream.synchronize()
+    expected = np.arange(N, dtype=np.float32) + 2.5
+    np.testing.assert_array_equal(host(kit.c), expected)
+    np.testing.assert_array_equal(pinned.numpy(np.float32), expected)
+    np.testing.assert_array_equal(host(kit.a), np.zeros(N, np.float32))
+    assert seen == [1] and kit.graphs.launches() == 1
+
+
+def test_dependencies_can_be_added_and_removed(kit):
+    g = Graph()
+    x, y, z = g.add_empty(), g.add_empty(), g.add_empty()
+    assert isinstance(x, EmptyNode) and g.edges == []
+    z.add_dependencies(x, y)
+    assert set(z.dependencies) == {x, y} and x.dependents == [z]
+    g.add_dependencies([x], [y])
+    assert y.dependencies == [x]
+    z.remove_dependencies(x)
+    assert z.dependencies == [y]
+    assert g.root_nodes == [x]
+    other = Graph()
+    with pytest.raises(InvalidValueError, match="not a node of"):
+        z.add_dependencies(other.add_empty())
+    with pytest.raises(InvalidValueError, match="depends_on takes graph nodes"):
+        g.add_empty(depends_on=[kit.a])
+
+
+def test_kernel_node_packs_exactly_as_a_launch(kit):
+    """The node's argument bytes are the launch code's, and KernelNode.params reads them back."""
+    empty = kit.module.get_function("empty")
+    args = (kit.a, np.int32(7), np.float32(1.5))
+    g = Graph()
+    node = g.add_kernel(empty, 2, 32, args)
+    assert node.params.arg_bytes == pack_bytes(FILL, args)
+    assert node.params.grid == (2, 1, 1) and node.params.block == (32, 1, 1) and node.params.function is empty
+    assert node.params.shared_mem == 0 and node.graph is g and node.type == "kernel"
+
+
+def test_kernel_node_bytes_reach_the_fake_as_a_launchs(kit, fk):
+    empty = kit.module.get_function("empty")
+    args = (kit.a, np.int32(7), np.float32(1.5))
+    empty.prepare(FILL, 2, 32, stream=kit.stream)(*args)
+    direct = fk.last_launch()
+    g = Graph()
+    g.add_kernel(empty, 2, 32, args)
+    g.instantiate().launch(kit.stream)
+    assert fk.last_launch() == direct == ("empty", pack_bytes(FILL, args))
+    assert fk.last_launch_config()[:2] == ((2, 1, 1), (32, 1, 1))
+
+
+def test_kernel_node_with_signature_and_a_library_kernel(kit, fk):
+    lib = cuproc.Library(IMAGE)
+    kernel = lib.get_kernel("fill_value")
+    g = Graph()
+    node = g.add_kernel(kernel, 1, N, (kit.c, N, 4.0), signature=FILL)   # plain Python numbers: the signature
+    assert node.params.function.context is kit.ctx
+    g.instantiate().launch(kit.stream)
+    np.testing.assert_array_equal(host(kit.c), np.full(N, 4.0, np.float32))
+
+
+def test_node_params_read_and_set(kit, fk):
+    g = Graph()
+    k = g.add_kernel(kit.fill, 1, N, (kit.c, np.int32(N), np.float32(1.0)))
+    m = g.add_memset(kit.a, 7, 4, depends_on=k)
+    assert (m.params.dst, m.params.value, m.params.elementSize, m.params.width) == (kit.a.address, 7, 1, 4)
+    k.set_params((kit.c, np.int32(N // 2), np.float32(9.0)), block=32)
+    m.set_params(kit.a, 0x01020304, N, element_bits=32)
+    assert k.params.block == (32, 1, 1) and k.params.arg_bytes == pack_bytes(FILL, (kit.c, N // 2, 9.0))
+    assert m.params.elementSize == 4
+    cp = g.add_memcpy(kit.b, kit.c, depends_on=m)
+    assert cp.params.WidthInBytes == 4 * N
+    cp.set_params(kit.b, kit.a, 16)
+    calls = []
+    h = g.add_host(lambda: calls.append("first"), depends_on=cp)
+    h.set_params(lambda: calls.append("second"))
+    ev = Event(timing=False)
+    rec = g.add_event_record(ev, depends_on=h)
+    wait = g.add_event_wait(ev, depends_on=rec)
+    assert isinstance(rec, EventRecordNode) and isinstance(wait, EventWaitNode)
+    assert rec.event is ev and wait.event is ev
+    ev2 = Event()
+    rec.set_event(ev2)
+    assert rec.event is ev2
+    g.instantiate().launch(kit.stream)
+    kit.stream.synchronize()
+    expected = np.zeros(N, np.float32)
+    expected[:N // 2] = 9.0
+    np.testing.assert_array_equal(host(kit.c), expected)
+    assert host(kit.a, dtype=np.uint32)[0] == 0x01020304
+    assert host(kit.b, dtype=np.uint32)[:4].tolist() == [0x01020304] * 4
+    assert calls == ["second"]
+
+
+def test_child_graph_and_memory_nodes(kit):
+    child = Graph()
+    child.add_memset(kit.c, 0x3F800000, element_bits=32)     # 1.0f
+    g = Graph()
+    alloc = g.add_alloc(4 * N)
+    assert isinstance(alloc, MemAllocNode) and alloc.nbytes == 4 * N
+    fill = g.add_kernel(kit.fill, 1, N, (alloc.address, np.int32(N), np.float32(3.0)), signature=FILL,
+                        depends_on=alloc)
+    node = g.add_child_graph(child, depends_on=fill)
+    add = g.add_kernel(kit.vadd, 1, N, (alloc.address, kit.c, kit.b, np.int32(N)), signature=VADD, depends_on=node)
+    free = g.add_free(alloc, depends_on=add)
+    assert isinstance(node, ChildGraphNode) and isinstance(free, MemFreeNode) and free.address == alloc.address
+    assert [type(n) for n in node.child_graph.nodes] == [MemsetNode]
+    del child
+    gc.collect()                                    # the node has its own copy; the parent keeps the buffer
+    exe = g.instantiate()
+    exe.launch(kit.stream)
+    np.testing.assert_array_equal(host(kit.b), np.full(N, 4.0, np.float32))
+
+
+# ----------------------------------------------------------------------------- instantiate, launch
+
+def test_instantiate_uses_with_params_at_13_0(kit, fk):
+    g = Graph()
+    g.add_memset(kit.c, 1)
+    fk.clear_calls()
+    exe = g.instantiate(flags=["AUTO_FREE_ON_LAUNCH"], upload=kit.stream)
+    assert "cuGraphInstantiateWithParams" in fk.calls()
+    exe.upload(kit.stream)
+    exe.launch(kit.stream)
+    exe.launch(None)                                # the default stream, in the executable graph's context
+    exe.launch(CU_STREAM_PER_THREAD)
+    with pytest.raises(InvalidValueError, match="no flag"):
+        g.instantiate(flags=["FASTER"])
+
+
+def test_instantiate_errors_name_result_and_node(kit):
+    g = Graph()
+    x, y = g.add_empty(), g.add_empty()
+    y.add_dependencies(x)
+    x.add_dependencies(y)                            # a cycle: refused at instantiation
+    with pytest.raises(GraphInstantiateError) as info:
+        g.instantiate()
+    assert info.value.result == "CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE" and info.value.node in (x, y)
+    h = Graph()
+    h.conditional_handle()
+    with pytest.raises(GraphInstantiateError, match="CONDITIONAL_HANDLE_UNUSED"):
+        h.instantiate()
+
+
+def test_instantiate_at_11_8_takes_the_five_argument_abi(fk, graphs):
+    """A handle pinned to 11.8 instantiates with cuGraphInstantiate (error node, log) and launches."""
+    drv = cuproc.Driver("11.8", library=str(fk.path))
+    pc = cuproc.use_device(0, driver=drv)
+    try:
+        assert drv.resolution("cuGraphInstantiate").entry_point == "cuGraphInstantiate_v2"
+        assert not drv.has("cuGraphInstantiateWithParams", newer_driver_features=False)
+        buf = DeviceBuffer(64, context=pc.context)
+        g = Graph(driver=drv)
+        g.add_memset(buf, 0xAB)
+        fk.clear_calls()
+        exe = g.instantiate()
+        assert "cuGraphInstantiate" in fk.calls() and "cuGraphInstantiateWithParams" not in fk.calls()
+        s = Stream(driver=drv)
+        exe.launch(s)
+        assert host(buf, 64, np.uint8).tolist() == [0xAB] * 64
+        fk.fail("cuGraphInstantiate", 1)             # CUDA_ERROR_INVALID_VALUE, with no error node or log
+        with pytest.raises(GraphInstantiateError) as info:
+            g.instantiate()
+        assert info.value.call == "cuGraphInstantiate" and info.value.result is None
+        assert info.value.node is None and info.value.log == ""
+        del exe, g, s, buf, info
+        gc.collect()
+    finally:
+        drv.cuCtxSetCurrent(ffi.NULL)
+        pc.release()
+
+
+# ----------------------------------------------------------------------------- update, kernel arguments
+
+def _vadd_graph(kit, a, b, c, n=N):
+    g = Graph()
+    node = g.add_kernel(kit.vadd, 1, N, (a, b, c, np.int32(n)))
+    return g, node
+
+
+def test_update_applies_a_graph_of_the_same_shape(kit):
+    g1, _ = _vadd_graph(kit, kit.a, kit.b, kit.c)
+    exe = g1.instantiate()
+    d = DeviceBuffer(4 * N)
+    g2, _ = _vadd_graph(kit, kit.a, kit.a, d)
+    exe.update(g2)
+    del g1, g2
+    gc.collect()
+    exe.launch(kit.stream)
+    np.testing.assert_array_equal(host(d), 2 * np.arange(N, dtype=np.float32))
+    np.testing.assert_array_equal(host(kit.c), np.zeros(N, np.float32))
+
+
+def test_update_that_cannot_apply_says_why_and_changes_nothing(kit):
+    g1, _ = _vadd_graph(kit, kit.a, kit.b, kit.c)
+    exe = g1.instantiate()
+    g2, k2 = _vadd_graph(kit, kit.a, kit.b, kit.c)
+    g2.add_empty(depends_on=k2)
+    with pytest.raises(GraphUpdateError) as info:
+        exe.update(g2)
+    assert info.value.reason == "CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED"
+    assert info.value.code == 910 and "TOPOLOGY_CHANGED" in str(info.value)
+    g3 = Graph()
+    m = g3.add_memset(kit.c, 0)
+    with pytest.raises(GraphUpdateError) as info:
+        exe.update(g3)
+    assert info.value.reason == "CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED" and info.value.node == m
+    exe.launch(kit.stream)                          # still the first graph's work
+    np.testing.assert_array_equal(host(kit.c), np.arange(N, dtype=np.float32) + 1)
+    with pytest.raises(InvalidValueError, match="takes a cuproc Graph"):
+        exe.update("g2")
+
+
+def test_kernel_args_set_on_the_executable_graph_only(kit):
+    """A value, a buffer and a count change between launches; the graph's node does not."""
+    g = Graph()
+    node = g.add_kernel(kit.fill, 1, N, (kit.c, np.int32(N), np.float32(1.0)))
+    before = node.params.arg_bytes
+    exe = g.instantiate()
+    exe.launch(kit.stream)
+    np.testing.assert_array_equal(host(kit.c), np.ones(N, np.float32))
+    exe.set_kernel_args(node, (kit.c, np.int32(N), np.float32(2.0)))          # a value
+    exe.launch(kit.stream)
+    np.testing.assert_array_equal(host(kit.c), np.full(N, 2.0, np.float32))
+    d = DeviceBuffer(4 * N)
+    mem.memset(d, 0)
+    exe.set_kernel_args(node, (d, np.int32(N // 4), np.float32(3.0)))        # a buffer and a count
+    exe.launch(kit.stream)
+    expected = np.zeros(N, np.float32)
+    expected[:N // 4] = 3.0
+    np.testing.assert_array_equal(host(d), expected)
+    exe.set_kernel_args(node, (d, N, 5.0), grid=2, block=32, signature=FILL)
+    exe.launch(kit.stream)
+    np.testing.assert_array_equal(host(d), np.full(N, 5.0, np.float32))
+    assert node.params.arg_bytes == before and node.params.block == (N, 1, 1)
+    del d
+    gc.collect()                                    # the executable graph holds the buffer its arguments name
+    exe.launch(kit.stream)
+    other, other_node = _vadd_graph(kit, kit.a, kit.b, kit.c)
+    with pytest.raises(InvalidValueError, match="not a node of the graph"):
+        exe.set_kernel_args(other_node, (kit.a, kit.b, kit.c, np.int32(1)))
+    with pytest.raises(InvalidValueError, match="takes 3"):
+        exe.set_kernel_args(node, (kit.c, np.int32(N)))
+
+
+# ----------------------------------------------------------------------------- capture
+
+def test_capture_of_mixed_work_replays(kit, fk):
+    """Prepared and one-shot launches, copies, memsets, stream-ordered memory, an event fork/join with a
+    second stream and a host function, captured once and replayed: the result depends on every replay."""
+    acc = DeviceBuffer(4 * N)
+    mem.memset(acc, 0)
+    side = Stream()
+    src = np.full(N, 0.5, np.float32)
+    pinned = cuproc.PinnedBuffer(4 * N)
+    pinned.numpy(np.float32)[:] = src
+    add = kit.vadd.prepare(VADD, 1, N, stream=kit.stream)
+    forked, joined = Event(timing=False), Event(timing=False)
+    calls = []
+    with kit.stream.capture() as graph:
+        assert capture_status(kit.stream) == "active" and graph.capture_info.status == "active"
+        tmp = mem.alloc_async(4 * N, kit.stream)
+        mem.copy(tmp, pinned, stream=kit.stream)                         # 0.5 each
+        add(tmp, acc, acc, N)                                           # acc += 0.5
+        forked.record(kit.stream)
+        side.wait(forked)
+        kit.fill.launch(1, N, (kit.c, np.int32(N), np.float32(2.0)), stream=side)   # one-shot, on the fork
+        joined.record(side)
+        kit.stream.wait(joined)
+        kit.vadd.launch(1, N, (kit.c, acc, acc, np.int32(N)), stream=kit.stream)    # acc += 2
+        mem.memset(kit.c, 0, stream=kit.stream)
+        kit.stream.launch_host_func(lambda: calls.append(len(calls)))
+        tmp.free_async()
+    assert capture_status(kit.stream) == "none"
+    assert graph.ended is None and len(graph.nodes) == 8
+    exe = graph.instantiate()
+    for _ in range(10):
+        exe.launch(kit.stream)
+    kit.stream.synchronize()
+    np.testing.assert_array_equal(host(acc), np.full(N, 25.0, np.float32))
+    assert calls == list(range(10))                 # the host function runs at every launch
+    assert fk.launch_count() >= 30
+
+
+def test_capture_queries(kit):
+    assert capture_status(kit.stream) == "none"
+    assert capture_info(kit.stream) == ("none", 0, None, ())
+    with capture(kit.stream, mode="relaxed") as graph:
+        info = capture_info(kit.stream)
+        assert info.status == "active" and info.id > 0 and info.dependencies == ()
+        kit.fill.launch(1, N, (kit.c, np.int32(N), np.float32(1.0)), stream=kit.stream)
+        info = graph.capture_info
+        assert [type(n) for n in info.dependencies] == [KernelNode] and info.graph is not None
+        with pytest.raises(InvalidValueError, match="still being captured"):
+            graph.instantiate()
+        assert "being captured" in repr(graph)
+    assert graph.ended is None
+    with pytest.raises(InvalidValueError, match="not being captured"):
+        graph.capture_info
+
+
+def test_capture_on_the_legacy_stream_is_refused_before_the_driver(kit, fk):
+    fk.clear_calls()
+    for stream in (None, 0, 1, cuproc.stream.CU_STREAM_LEGACY):
+        with pytest.raises(CudaError, match="legacy default stream cannot be captured") as info:
+            capture(stream)
+        assert info.value.refused and info.value.code == UNSUPPORTED
+    assert "cuStreamBeginCapture" not in fk.calls()
+    with pytest.raises(InvalidValueError, match="mode is one of"):
+        kit.stream.capture(mode="loose")
+
+
+def test_capture_on_the_per_thread_default_stream(fk, graphs):
+    drv = cuproc.Driver(library=str(fk.path), per_thread_default_stream=True)
+    pc = cuproc.use_device(0, driver=drv)
+    try:
+        fn = Module.load(IMAGE, context=pc.context).get_function("fill_value")
+        buf = DeviceBuffer(4 * N, context=pc.context)
+        with capture(driver=drv) as graph:               # None: the handle's default stream, the per-thread one
+            fn.launch(1, N, (buf, np.int32(N), np.float32(6.0)), stream=CU_STREAM_PER_THREAD)
+            mem.memset(buf, 0, 4, stream=CU_STREAM_PER_THREAD)
+        graph.instantiate().launch(None)
+        expected = np.full(N, 6.0, np.float32)
+        expected[0] = 0
+        np.testing.assert_array_equal(host(buf), expected)
+        del graph, buf, fn
+        gc.collect()
+    finally:
+        drv.cuCtxSetCurrent(ffi.NULL)
+        pc.release()
+
+
+def test_a_forbidden_call_in_a_capture_names_the_call(kit, graphs):
+    with pytest.raises(CudaError) as info:
+        with kit.stream.capture() as graph:
+            kit.fill.launch(1, N, (kit.c, np.int32(N), np.float32(1.0)), stream=kit.stream)
+            DeviceBuffer(64)                        # cuMemAlloc: not allowed while a global capture runs
+    assert info.value.call == "cuMemAlloc" and info.value.code == UNSUPPORTED and not info.value.refused
+    assert any("being captured" in note for note in info.value.__notes__)
+    assert graph.ended and "discarded" in graph.ended
+    with pytest.raises(ClosedResourceError):
+        graph.instantiate()
+    _stream_still_works(kit)
+    assert graphs.live("capture") == 0 and graphs.live("graph") == 0
+
+
+def test_an_exception_in_a_capture_discards_it(kit, graphs):
+    fn = lambda: None  # noqa: E731
+    fn_ref = weakref.ref(fn)
+    with pytest.raises(ZeroDivisionError):
+        with kit.stream.capture() as graph:
+            kit.fill.launch(1, N, (kit.c, np.int32(N), np.float32(1.0)), stream=kit.stream)
+            kit.stream.launch_host_func(fn)
+            1 / 0
+    assert "discarded" in graph.ended
+    del fn
+    gc.collect()
+    assert fn_ref() is None                         # the host function that will never run is not kept
+    _stream_still_works(kit)
+    assert graphs.live("capture") == 0 and graphs.live("graph") == 0
+
+
+def test_an_invalidated_capture_raises_at_the_end(kit, graphs):
+    with pytest.raises(CudaError) as info:
+        with kit.stream.capture() as graph:
+            try:
+                kit.stream.synchronize()            # refused during the capture, which it invalidates
+            except CudaError as exc:
+                assert exc.code == UNSUPPORTED and exc.call == "cuStreamSynchronize"
+            assert capture_status(kit.stream) == "invalidated"
+            with pytest.raises(CudaError) as inner:
+                kit.fill.launch(1, N, (kit.c, np.int32(N), np.float32(1.0)), stream=kit.stream)
+            assert inner.value.code == INVALIDATED
+    assert info.value.call == "cuStreamEndCapture" and info.value.code == INVALIDATED
+    assert any("invalidated" in note for note in info.value.__notes__)
+    assert "discarded" in graph.ended
+    _stream_still_works(kit)
+
+
+def test_relaxed_mode_allows_unsafe_calls(kit):
+    with kit.stream.capture(mode="relaxed") as graph:
+        buf = DeviceBuffer(64)                      # allowed in relaxed mode
+        kit.fill.launch(1, 16, (buf, np.int32(16), np.float32(8.0)), stream=kit.stream)
+    graph.instantiate().launch(kit.stream)
+    np.testing.assert_array_equal(host(buf, 16), np.full(16, 8.0, np.float32))
+
+
+def _stream_still_works(kit):
+    assert capture_status(kit.stream) == "none"
+    kit.fill.launch(1, N, (kit.c, np.int32(N), np.float32(7.0)), stream=kit.stream)
+    mem.memset(kit.a, 0, stream=kit.stream)
+    kit.stream.synchronize()
+    with kit.stream.capture() as again:
+        kit.fill.launch(1, N, (kit.c, np.int32(N), np.float32(7.0)), stream=kit.stream)
+    assert len(again.nodes) == 1
+
+
+# ----------------------------------------------------------------------------- the review of issue 36
+
+def test_objects_dropped_during_a_capture_are_released_after_it(kit, fk, graphs):
+    """A finalizer's cuMemFree, cuModuleUnload or cuGraphExecDestroy is refused by the driver during a
+    global capture (and invalidates it): cuproc keeps such objects until the capture ended."""
+    scratch = DeviceBuffer(1 << 20)
+    module = Module.load(IMAGE)
+    g0 = Graph()
+    g0.add_memset(kit.c, 0)
+    exe0 = g0.instantiate()
+    before = fk.device_bytes_live(0)
+    refs = [weakref.ref(o) for o in (scratch, module, exe0)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CudaWarning)
+        with kit.stream.capture() as graph:
+            kit.fill.launch(1, N, (kit.a, np.int32(N), np.float32(1.0)), stream=kit.stream)
+            del scratch, module, exe0
+            gc.collect()
+            assert fk.device_bytes_live(0) == before           # not yet: the capture prohibits it
+            kit.fill.launch(1, N, (kit.a, np.int32(N), np.float32(2.0)), stream=kit.stream)
+    assert len(graph.nodes) == 2
+    gc.collect()
+    assert fk.device_bytes_live(0) == before - (1 << 20)        # freed once the capture ended
+    assert [r() for r in refs] == [None, None, None] and graphs.live("graph_exec") == 0
+
+
+def test_capture_info_is_the_capture_graph_and_ends_with_it(kit):
+    with kit.stream.capture() as graph:
+        kit.fill.launch(1, N, (kit.a, np.int32(N), np.float32(1.0)), stream=kit.stream)
+        info = graph.capture_info
+        assert capture_info(kit.stream).graph is graph
+    assert info.graph is graph
+    graph.add_empty(depends_on=info.dependencies)                # its nodes are the graph's own
+    graph.close()
+    other = Graph()                                              # may get the destroyed graph's handle
+    other.add_memset(kit.a, 7)
+    with pytest.raises(ClosedResourceError):
+        info.graph.nodes
+    with pytest.raises(ClosedResourceError):
+        info.dependencies[0].params
+    assert len(other.nodes) == 1
+
+
+def test_a_failed_capture_ends_its_stream_ordered_buffers(kit, fk):
+    with pytest.raises(KeyError):
+        with kit.stream.capture():
+            tmp = mem.alloc_async(4 * N, kit.stream)
+            raise KeyError("in the block")
+    assert tmp.closed                                            # its address never existed
+    with pytest.raises(ClosedResourceError):
+        mem.memset(tmp, 0, stream=kit.stream)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CudaWarning)
+        del tmp
+        gc.collect()
+
+
+def test_kernel_args_follow_an_update_and_refuse_nodes_the_exec_never_had(kit):
+    a, b = kit.a, kit.c
+    g1 = Graph()
+    n1 = g1.add_kernel(kit.fill, 1, N, (a, np.int32(N), np.float32(1.0)))
+    exe = g1.instantiate()
+    g2 = Graph()
+    g2.add_kernel(kit.fill, 1, N, (b, np.int32(N), np.float32(2.0)))
+    exe.update(g2)
+    mem.memset(a, 0)
+    exe.set_kernel_args(n1, grid=1, block=N)                     # the rest is the exec's: g2's, not g1's
+    exe.launch(kit.stream)
+    kit.stream.synchronize()
+    assert host(a)[0] == 0 and host(b)[0] == 2
+    spare = DeviceBuffer(4 * N)
+    exe.set_kernel_args(n1, (spare, np.int32(N), np.float32(3.0)))
+    del g2
+    gc.collect()
+    b_free = DeviceBuffer(4 * N)
+    exe.update(_fill_graph(kit, b_free))
+    exe.set_kernel_args(n1, (spare, np.int32(N), np.float32(3.0)))
+    b_free.free()                                                # the exec no longer uses it
+    exe.launch(kit.stream)
+    kit.stream.synchronize()
+    n1.destroy()
+    n2 = g1.add_kernel(kit.vadd, 1, N, (a, a, b, np.int32(N)))   # may get n1's handle back
+    with pytest.raises(InvalidValueError, match="not a node of the graph"):
+        exe.set_kernel_args(n2, (a, a, b, np.int32(N)))
+
+
+def _fill_graph(kit, buf):
+    g = Graph()
+    g.add_kernel(kit.fill, 1, N, (buf, np.int32(N), np.float32(2.0)))
+    return g
+
+
+def test_a_failed_capture_forgets_host_functions_of_joined_streams(kit):
+    from cuproc import stream as stream_module
+    side = Stream()
+    fork, join = Event(timing=False), Event(timing=False)
+    fn = lambda: None  # noqa: E731
+    fn_ref, side_ref = weakref.ref(fn), weakref.ref(side)
+    mark = stream_module.host_function_mark()
+    with pytest.raises(KeyError):
+        with kit.stream.capture():
+            fork.record(kit.stream)
+            side.wait(fork)
+            side.launch_host_func(fn)
+            join.record(side)
+            kit.stream.wait(join)
+            raise KeyError("in the block")
+    del fn, side
+    gc.collect()
+    assert stream_module.host_function_streams(mark) == []
+    assert fn_ref() is None and side_ref() is None
+
+
+def test_leaving_a_capture_on_another_thread_is_refused_and_it_runs_on(kit):
+    import threading
+    cm = kit.stream.capture()
+    begun, leave = threading.Event(), threading.Event()
+
+    def its_thread():
+        kit.ctx.push()
+        try:
+            cm.__enter__()
+            kit.fill.launch(1, N, (kit.a, np.int32(N), np.float32(1.0)), stream=kit.stream)
+            begun.set()
+            leave.wait(30)
+            cm.__exit__(None, None, None)
+        finally:
+            Context.pop()
+
+    t = threading.Thread(target=its_thread)
+    t.start()
+    try:
+        assert begun.wait(30)
+        with pytest.raises(CudaError) as info:
+            cm.__exit__(None, None, None)                       # not the thread that began it
+        assert info.value.refused and info.value.name == "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"
+        assert cm.graph.ended is None and capture_status(kit.stream) == "active"
+    finally:
+        leave.set()
+        t.join()
+    assert capture_status(kit.stream) == "none" and len(cm.graph.nodes) == 1
+
+
+def test_a_raw_stream_is_captured_in_its_own_context(kit, fk):
+    other = Context.create(0)
+    try:
+        module = Module.load(IMAGE)
+        fill = module.get_function("fill_value")
+        s, buf = Stream(), DeviceBuffer(4 * N)
+        Context.pop()                                            # the primary context current again
+        raw = int(ffi.cast("uintptr_t", s.handle))
+        with capture(raw) as graph:
+            fill.launch(1, N, (buf, np.int32(N), np.float32(5.0)), stream=s)
+        assert graph.context is other
+        exe = graph.instantiate()
+        assert exe.context is other
+        exe.launch(s)
+        s.synchronize()
+        assert host(buf)[0] == 5.0
+        del exe, graph, s, buf, fill, module
+        gc.collect()
+    finally:
+        other.destroy()
+
+
+def test_a_capture_is_entered_once(kit):
+    cap = kit.stream.capture()
+    with cap:
+        pass
+    with pytest.raises(InvalidValueError, match="entered once"):
+        with cap:
+            pass
+
+
+# ----------------------------------------------------------------------------- conditional nodes
+
+def _counter(value):
+    buf = DeviceBuffer(8)
+    mem.copy(buf, np.array([value, 0], np.int32))
+    return buf
+
+
+@pytest.mark.parametrize("k", [3, 0, 1])
+def test_while_node_runs_k_iterations(kit, k):
+    set_condition = kit.module.get_function("set_condition")
+    countdown = kit.module.get_function("countdown")
+    counter = _counter(k)                               # [counter, iterations]
+    g = Graph()
+    handle = g.conditional_handle(default=0)
+    first = g.add_kernel(set_condition, 1, 1, (handle, counter))        # the handle packs as a uint64
+    loop = g.add_while(handle, depends_on=first)
+    assert isinstance(loop, ConditionalNode) and loop.kind == "while" and loop.condition == handle
+    loop.body.add_kernel(countdown, 1, 1, (handle, counter, counter.address + 4),
+                         signature=["unsigned long long", "int*", "int*"])
+    exe = g.instantiate()
+    exe.launch(kit.stream)
+    assert host(counter, 2, np.int32).tolist() == [0, k]
+    mem.copy(counter, np.array([2, 0], np.int32))
+    exe.launch(kit.stream)
+    assert host(counter, 2, np.int32).tolist() == [0, 2]
+
+
+def test_if_else_and_switch(kit):
+    set_condition = kit.module.get_function("set_condition")
+    for value, expected in ((1, 1.0), (0, 2.0)):
+        counter = _counter(value)
+        g = Graph()
+        handle = g.conditional_handle()
+        first = g.add_kernel(set_condition, 1, 1, (handle, counter))
+        node = g.add_if_else(handle, depends_on=first)
+        node.then_body.add_kernel(kit.fill, 1, N, (kit.c, np.int32(N), np.float32(1.0)))
+        node.else_body.add_kernel(kit.fill, 1, N, (kit.c, np.int32(N), np.float32(2.0)))
+        g.instantiate().launch(kit.stream)
+        np.testing.assert_array_equal(host(kit.c), np.full(N, expected, np.float32))
+    g = Graph()
+    handle = g.conditional_handle(default=2)             # each launch starts at 2: the third case
+    node = g.add_switch(handle, 3)
+    for case, body in enumerate(node.bodies):
+        body.add_kernel(kit.fill, 1, N, (kit.c, np.int32(N), np.float32(10 + case)))
+    g.instantiate().launch(kit.stream)
+    np.testing.assert_array_equal(host(kit.c), np.full(N, 12.0, np.float32))
+    only_if = g.add_if(handle, depends_on=node)
+    with pytest.raises(InvalidValueError, match="no else body"):
+        only_if.else_body
+    with pytest.raises(InvalidValueError, match="cases must be"):
+        g.add_switch(handle, 0)
+    other = Graph()
+    with pytest.raises(InvalidValueError, match="belongs to"):
+        other.add_while(handle)
+    with pytest.raises(InvalidValueError, match="ConditionalHandle"):
+        other.add_while(int(handle))
+
+
+def test_a_body_refuses_once_its_node_is_destroyed(kit):
+    g = Graph()
+    handle = g.conditional_handle(default=1)
+    node = g.add_if(handle)
+    body = node.then_body
+    body.add_empty()
+    node.destroy()
+    with pytest.raises(ClosedResourceError):
+        body.add_empty()
+    with pytest.raises(InvalidValueError, match="belongs to its node"):
+        Graph._view(g.driver, g.context, body.handle, owner=None).close()
+
+
+def test_conditional_nodes_at_12_0_raise_the_dispatchers_error(fk, graphs):
+    """A handle pinned to 12.0 has no cuGraphConditionalHandleCreate: the dispatcher's error for 12.0, made
+    before any driver call (the driver's 12.3 ABI is not taken as a newer-driver feature)."""
+    drv = cuproc.Driver("12.0", library=str(fk.path))
+    pc = cuproc.use_device(0, driver=drv)
+    try:
+        assert drv.has("cuGraphConditionalHandleCreate")             # the driver has it, at its own version
+        g = Graph(driver=drv)
+        fk.clear_calls()
+        with pytest.raises(SymbolNotFoundError, match="does not exist at CUDA 12.0") as info:
+            g.conditional_handle(default=1)
+        assert any("requested version" in n for n in info.value.__notes__)
+        assert "cuGraphConditionalHandleCreate" not in fk.calls()
+        new = Graph()                                   # a 13.0 graph's handle, on the 12.0 graph: still refused
+        handle = new.conditional_handle()
+        with pytest.raises(SymbolNotFoundError):
+            g.add_while(handle)
+        new.add_if(handle)
+        del g, new, handle
+        gc.collect()
+    finally:
+        drv.cuCtxSetCurrent(ffi.NULL)
+        pc.release()
+
+
+# ----------------------------------------------------------------------------- the picture
+
+def test_to_dot_names_every_node(kit, monkeypatch):
+    g = Graph()
+    k1 = g.add_kernel(kit.fill, 1, N, (kit.c, np.int32(N), np.float32(1.0)))
+    g.add_kernel(kit.vadd, 1, N, (kit.a, kit.b, kit.c, np.int32(N)), depends_on=k1)
+    g.add_memset(kit.a, 0)
+    dot = g.to_dot()
+    assert dot.startswith("digraph")
+    statements = [line for line in dot.splitlines() if line.startswith('"') and "[" in line and "->" not in line]
+    assert len(statements) == 3 and dot.count("KERNEL") == 2 and dot.count("->") == 1
+    assert "<<<" not in dot.replace("\\", "") and "<<<" in g.to_dot(verbose=True).replace("\\", "")
+    assert g.to_dot(flags=["KERNEL_NODE_PARAMS", "CU_GRAPH_DEBUG_DOT_FLAGS_HANDLES"]) == dot
+    with pytest.raises(InvalidValueError, match="no flag"):
+        g.to_dot(flags=["SHINY"])
+    import shutil
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert g._repr_svg_() is None
+    with pytest.raises(FileNotFoundError, match="Graphviz"):
+        g.to_png("/nonexistent/graph.png")
+
+
+# ----------------------------------------------------------------------------- lifetimes
+
+@pytest.mark.parametrize("order", [("g", "node", "exe"), ("exe", "node", "g"), ("node", "exe", "g")])
+def test_drop_in_any_order(kit, order, graphs):
+    g = Graph()
+    node = g.add_kernel(kit.fill, 1, N, (kit.c, np.int32(N), np.float32(1.0)))
+    exe = g.instantiate()
+    scope = {"g": g, "node": node, "exe": exe}
+    refs = {name: weakref.ref(obj) for name, obj in scope.items()}
+    del g, node, exe
+    for name in order:
+        del scope[name]
+        gc.collect()
+        if refs["exe"]() is not None:
+            refs["exe"]().launch(kit.stream)            # what is left still works
+        if refs["g"]() is not None:
+            refs["g"]().instantiate().launch(kit.stream)
+    assert [r() for r in refs.values()] == [None, None, None]
+    assert graphs.live("graph") == 0 and graphs.live("graph_exec") == 0
+    np.testing.assert_array_equal(host(kit.c), np.ones(N, np.float32))
+
+
+def test_reused_handles_never_reach_a_dead_objects_successor(kit, fk):
+    """The fake hands a destroyed graph's, node's or executable graph's handle to the next one made, as the
+    driver does: the dead object refuses, and closing or dropping it never touches its successor."""
+    g1 = Graph()
+    n1 = g1.add_empty()
+    e1 = g1.instantiate()
+    old = (g1.handle, n1.handle, e1.handle)
+    e1.destroy()
+    n1.destroy()
+    g1.destroy()
+    g2 = Graph()
+    n2 = g2.add_empty()
+    e2 = g2.instantiate()
+    assert fk.handle_reuses() >= 3 and (g2.handle, n2.handle, e2.handle) == old
+    with pytest.raises(ClosedResourceError):
+        g1.add_empty()
+    with pytest.raises(ClosedResourceError):
+        n1.add_dependencies(n2)
+    with pytest.raises(ClosedResourceError):
+        e1.launch(kit.stream)
+    for dead in (g1, n1, e1):
+        dead.close()
+    del g1, n1, e1
+    gc.collect()
+    assert g2.nodes == [n2]
+    e2.launch(kit.stream)
+
+
+def test_a_graph_holds_what_its_nodes_refer_to(kit):
+    class Callable:
+        def __call__(self):
+            pass
+    fn = Callable()
+    fn_ref = weakref.ref(fn)
+    buf = DeviceBuffer(4 * N)
+    buf_ref = weakref.ref(buf)
+    g = Graph()
+    g.add_kernel(kit.fill, 1, N, (buf, np.int32(N), np.float32(1.0)))
+    g.add_host(fn)
+    del fn, buf
+    gc.collect()
+    assert fn_ref() is not None and buf_ref() is not None
+    exe = g.instantiate()
+    del g
+    gc.collect()
+    assert fn_ref() is not None and buf_ref() is not None       # the executable graph holds them now
+    exe.launch(kit.stream)
+    np.testing.assert_array_equal(host(buf_ref()), np.ones(N, np.float32))
+    del exe
+    gc.collect()
+    assert fn_ref() is None and buf_ref() is None
+
+
+def test_ended_resources_refuse_instantiate_and_launch(kit):
+    buf = DeviceBuffer(4 * N)
+    g = Graph()
+    g.add_kernel(kit.fill, 1, N, (buf, np.int32(N), np.float32(1.0)))
+    exe = g.instantiate()
+    exe.launch(kit.stream)                              # checked: the next launch is the driver call alone
+    buf.free()
+    for _ in range(2):
+        with pytest.raises(ClosedResourceError, match="executable graph .* freed"):
+            exe.launch(kit.stream)
+    with pytest.raises(ClosedResourceError, match="freed"):
+        g.instantiate()
+    module = Module.load(IMAGE)
+    g2 = Graph()
+    g2.add_kernel(module.get_function("fill_value"), 1, N, (kit.c, np.int32(N), np.float32(1.0)))
+    exe2 = g2.instantiate()
+    module.unload()
+    for _ in range(2):                                  # refused again: a refusal leaves nothing checked
+        with pytest.raises(ClosedResourceError, match="unloaded"):
+            exe2.launch(kit.stream)
+    exe2.destroy()
+    exe2.destroy()                                      # idempotent
+    with pytest.raises(ClosedResourceError, match="destroyed"):
+        exe2.launch(kit.stream)
+
+
+def test_destroying_the_context_ends_graph_and_executable_graph(fk, graphs):
+    ctx = Context.create(0)
+    try:
+        mod = Module.load(IMAGE)
+        buf = DeviceBuffer(4 * N)
+        g = Graph()
+        node = g.add_kernel(mod.get_function("fill_value"), 1, N, (buf, np.int32(N), np.float32(1.0)))
+        exe = g.instantiate()
+        s = Stream()
+        exe.launch(s)
+    finally:
+        Context.pop()
+    del mod, buf
+    ctx.destroy()
+    assert graphs.live("graph_exec") == 0 and graphs.live("graph") == 1       # the driver's graph outlives it
+    with pytest.raises(ClosedResourceError, match="executable graph .* context .* destroyed"):
+        exe.launch(s)
+    with pytest.raises(ClosedResourceError, match="graph .* context .* destroyed"):
+        g.instantiate()
+    with pytest.raises(ClosedResourceError):
+        node.params
+    exe.destroy()                                       # nothing to give back: it went with its context
+    del g, node, exe, s
+    gc.collect()
+    assert graphs.live("graph") == 0                    # cuproc destroyed the graph all the same
+
+
+def test_a_host_node_exception_is_a_warning_never_lost(kit):
+    def boom():
+        raise RuntimeError("in a host node")
+    g = Graph()
+    node = g.add_host(boom)
+    exe = g.instantiate()
+    with pytest.warns(CudaWarning, match="host node raised RuntimeError: in a host node"):
+        exe.launch(kit.stream)
+    assert [str(e) for e in node.errors] == ["in a host node"] and node.function is boom
+
+
+def test_graph_nodes_refuse_bad_input_before_the_driver(kit, fk):
+    g = Graph()
+    fk.clear_calls()
+    with pytest.raises(InvalidValueError, match="takes 3"):
+        g.add_kernel(kit.fill, 1, N, (kit.c, np.int32(N)))
+    with pytest.raises(InvalidValueError, match="plain Python"):
+        g.add_kernel(kit.fill, 1, N, (kit.c, N, 1.0))
+    with pytest.raises(InvalidValueError, match="grid"):
+        g.add_kernel(kit.fill, 0, N, (kit.c, np.int32(N), np.float32(1.0)))
+    with pytest.raises(InvalidValueError, match="does not fit 8 bits"):
+        g.add_memset(kit.c, 256)
+    with pytest.raises(InvalidValueError, match="overruns"):
+        g.add_memcpy(kit.c, kit.a, 8 * N)
+    with pytest.raises(InvalidValueError, match="Python callable"):
+        g.add_host(42)
+    with pytest.raises(InvalidValueError, match="Event"):
+        g.add_event_record(kit.stream)
+    with pytest.raises(InvalidValueError, match="positive int"):
+        g.add_alloc(0)
+    with pytest.raises(InvalidValueError, match="default"):
+        g.conditional_handle(default=-1)
+    assert not [c for c in fk.calls() if c.startswith("cuGraphAdd")]
+    freed = DeviceBuffer(64)
+    freed.free()
+    with pytest.raises(ClosedResourceError):
+        g.add_memset(freed, 0)
+    g.close()
+    with pytest.raises(ClosedResourceError, match="destroyed"):
+        g.add_empty()
+
+
+# ----------------------------------------------------------------------------- what could crash: a fresh interpreter
+
+def test_teardown_at_exit_in_a_subprocess(fk):
+    """An invalidated capture, a discarded one, graphs and executable graphs with host nodes still alive at
+    interpreter exit, in every order the teardown picks: the child exits 0 and leaves nothing stale."""
+    code = child_preamble(fk.path) + textwrap.dedent(f"""
+        import numpy as np
+        from cuproc import memory as mem
+        from fakedriver import fake_image
+        pc = cuproc.use_device(0)
+        mod = cuproc.Module.load(fake_image({{"fill_value": [8, 4, 4]}}))
+        fn = mod.get_function("fill_value")
+        s = cuproc.Stream()
+        buf = cuproc.DeviceBuffer(256)
+        try:
+            with s.capture() as lost:
+                fn.launch(1, 64, (buf, np.int32(64), np.float32(1.0)), stream=s)
+                try:
+                    s.synchronize()
+                except cuproc.CudaError:
+                    pass
+        except cuproc.CudaError as exc:
+            assert exc.code == 901, exc
+        try:
+            with s.capture() as thrown:
+                raise KeyError("x")
+        except KeyError:
+            pass
+        g = cuproc.Graph()
+        g.add_kernel(fn, 1, 64, (buf, np.int32(64), np.float32(2.0)))
+        g.add_host(lambda: None)
+        exe = g.instantiate()
+        exe.launch(s)
+        cycle = [g, exe]
+        cycle.append(cycle)                       # collected (or not) by the interpreter's teardown
+        with s.capture() as captured:
+            s.launch_host_func(lambda: None)
+        exe2 = captured.instantiate()
+        exe2.launch(s)
+        print("stale", fake.stale_count())
+    """)
+    assert "stale 0" in run_python(code).stdout
+
+
+def test_launching_from_threads_and_dropping_meanwhile_in_a_subprocess(fk):
+    code = child_preamble(fk.path) + textwrap.dedent("""
+        import threading, gc
+        import numpy as np
+        from fakedriver import fake_image
+        pc = cuproc.use_device(0)
+        fn = cuproc.Module.load(fake_image({"fill_value": [8, 4, 4]})).get_function("fill_value")
+        buf = cuproc.DeviceBuffer(256)
+        g = cuproc.Graph()
+        g.add_kernel(fn, 1, 64, (buf, np.int32(64), np.float32(1.0)))
+        g.add_host(lambda: None)
+        exe = g.instantiate()
+        del g
+        def run():
+            pc.context.push()
+            s = cuproc.Stream()
+            for _ in range(50):
+                exe.launch(s)
+            s.synchronize()
+            cuproc.Context.pop()
+        threads = [threading.Thread(target=run) for _ in range(4)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        del exe
+        gc.collect()
+        print("stale", fake.stale_count())
+    """)
+    assert "stale 0" in run_python(code).stdout
