@@ -1,6 +1,8 @@
 """tools/add_pytest_counts.py: the one summary line of a GPU suite run in two halves (tools/gpu_check.sh)."""
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 from add_pytest_counts import add
+
+pytestmark = pytest.mark.slow   # the GPU check's tooling, not the library; CI runs it
 
 
 def test_two_halves_add_up_every_count_and_the_seconds():

@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 from collect_results import collect, main
 
+pytestmark = pytest.mark.slow   # the results tooling, not the library; CI runs it
+
 
 def _run(folder: Path, name: str, *, gpu: str, path: str, date: str = "2026-11-28 03:07 UTC") -> None:
     machine = {"date": date, "gpu": gpu, "cuproc_path": path}
@@ -99,3 +101,38 @@ def test_the_pure_paths_results_in_pure_come_along_and_two_for_one_name_copy_not
     with pytest.raises(FileExistsError):
         collect(again, dest2)
     assert not dest2.exists() or not any(dest2.iterdir())
+
+
+def test_a_newer_run_replaces_the_older_files_and_each_gets_a_row_in_the_history(tmp_path):
+    dest = tmp_path / "dest"
+    for date, goals in (("2026-11-27 10:00 UTC", "- [met] a: 1.0x\n- [MISSED] b: 2.0x\n"),
+                        ("2026-11-28 11:00 UTC", "- [met] a: 0.9x\n- [met] b: 1.1x\n")):
+        src = tmp_path / date[:10]
+        src.mkdir()
+        _run(src, "bench_launch", gpu="NVIDIA H200, 580.159.04, 143771 MiB", path="compiled fast path", date=date)
+        (src / "bench_launch.md").write_text((src / "bench_launch.md").read_text() + goals)
+        _run(src, "bench_memory", gpu="NVIDIA H200, 580.159.04, 143771 MiB", path="pure Python", date=date)
+        assert main([str(src), "--dest", str(dest)]) == 0
+    left = sorted(p.name for p in dest.iterdir())
+    assert left == ["2026-11-28-1100-h200-bench_launch.json", "2026-11-28-1100-h200-bench_launch.md",
+                    "2026-11-28-1100-h200-bench_launch.png", "2026-11-28-1100-h200-pure-bench_memory.json",
+                    "2026-11-28-1100-h200-pure-bench_memory.md", "2026-11-28-1100-h200-pure-bench_memory.png",
+                    "HISTORY.md"]
+    rows = [line for line in (dest / "HISTORY.md").read_text().splitlines() if line.startswith("| 2026")]
+    assert len(rows) == 4
+    launch = [r.split(" | ") for r in rows if "bench_launch" in r]
+    assert [(r[0], r[5], r[6]) for r in launch] == [("| 2026-11-27 10:00 UTC", "1", "1"),
+                                                      ("| 2026-11-28 11:00 UTC", "2", "0")]
+
+
+def test_the_repository_keeps_the_latest_result_per_benchmark_and_path_and_the_history():
+    """Issue 41: benchmarks/results/ holds at most a JSON, a Markdown and a plot per benchmark and path."""
+    from collect_results import RESULTS, _stem_key
+    keys: dict[tuple[str, bool], set[str]] = {}
+    for f in RESULTS.iterdir():
+        if f.name == "HISTORY.md":
+            continue
+        key = _stem_key(f.name.rsplit(".", 1)[0])
+        assert key is not None, f"{f.name}: not a dated result name"
+        keys.setdefault(key[:2], set()).add(f.name.rsplit(".", 1)[0])
+    assert keys and all(len(stems) == 1 for stems in keys.values()), keys

@@ -934,6 +934,7 @@ def test_make_stream_ordered_refuses_slots_that_are_not_the_classes_own():
 
 # ----------------------------------------------------------------------------- both paths in CI
 
+@pytest.mark.slow   # a minute: CI runs it (the pure path's own run is CI's too)
 @pytest.mark.skipif(not fastpath.active(), reason="this run already is the pure path")
 def test_pure_path_reruns_driver_launch_and_ownership():
     files = ["tests/test_driver_sim.py", "tests/test_launch_cpu.py", "tests/test_launch_one_shot.py",
@@ -987,6 +988,7 @@ def test_cuproc_no_fastpath_skips_the_build_and_a_value_neither_on_nor_off_stops
         assert out.returncode != 0 and "CUPROC_NO_FASTPATH='maybe'" in out.stderr, out.stderr[-2000:]
 
 
+@pytest.mark.slow   # a pip install: over a minute, CI runs it
 def test_install_without_a_working_compiler_succeeds_with_one_notice(tmp_path):
     """setup.py's build_ext with a compiler that fails: no extension, exit 0, one line saying so.
 

@@ -2,11 +2,15 @@
 (a stub nvidia-smi on PATH; the script's python3 is this interpreter, which has cffi)."""
 from __future__ import annotations
 
+import pytest
+
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+pytestmark = pytest.mark.slow   # the GPU check's tooling, not the library; CI runs it
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tools" / "gpu_check.sh"

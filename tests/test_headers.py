@@ -94,6 +94,7 @@ def test_typedef_signatures_match_the_abi():
     assert len(ffi.typeof("PFN_cuGetProcAddress_v11030").args) == 4
 
 
+@pytest.mark.slow   # runs the header generator (seconds each): CI runs it
 @pytest.mark.skipif(not (LOCAL_TOOLKIT / "cudaTypedefs.h").exists() or shutil.which("cc") is None,
                     reason="needs a local CUDA toolkit's include directory and a C preprocessor")
 def test_generator_is_deterministic_on_the_local_toolkit(tmp_path):
@@ -110,6 +111,7 @@ def test_generator_is_deterministic_on_the_local_toolkit(tmp_path):
     assert local and local <= merged
 
 
+@pytest.mark.slow   # runs the header generator (seconds each): CI runs it
 @pytest.mark.skipif(not (LOCAL_TOOLKIT / "cudaGLTypedefs.h").exists() or shutil.which("cc") is None,
                     reason="needs a local CUDA toolkit's include directory and a C preprocessor")
 def test_generator_merges_every_linux_typedef_header_whatever_the_hash_seed(tmp_path):

@@ -25,6 +25,8 @@ import cuproc
 from cuproc import Context, DeviceBuffer, Module, Stream, fastpath
 from cuproc.errors import ClosedResourceError, CudaError, InvalidValueError
 
+pytestmark = pytest.mark.slow   # the benchmark harness, not the library; CI runs it
+
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = fake_image({"empty": [8, 4, 4], "wide": [8, 8, 4]})
 SIG = ["float*", "int", "float"]

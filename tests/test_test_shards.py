@@ -11,6 +11,8 @@ import pytest
 
 from conftest import shard_of
 
+pytestmark = pytest.mark.slow   # the GPU check's tooling, not the library; CI runs it
+
 ROOT = Path(__file__).resolve().parent.parent
 # a small file of this suite with parametrized tests: what the shards of a real run look like
 SAMPLE = "tests/test_add_pytest_counts.py"

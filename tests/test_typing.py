@@ -29,6 +29,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 import build_stubs  # noqa: E402
 from subproc import run_python  # noqa: E402
 
+pytestmark = pytest.mark.slow   # runs mypy and pyright (pip install -e '.[test,typing]'); CI runs it
+
 
 # --------------------------------------------------------------------------- the stub and the runtime
 
@@ -185,8 +187,8 @@ def _need(module: str) -> None:
         importlib.import_module(module)
     except ImportError:
         if os.environ.get("CI"):
-            raise AssertionError(f"{module} is missing in CI: pip install -e '.[test]' installs it") from None
-        pytest.skip(f"{module} is not installed (pip install -e '.[test]')")
+            raise AssertionError(f"{module} is missing in CI: pip install -e '.[test,typing]' installs it") from None
+        pytest.skip(f"{module} is not installed (pip install -e '.[test,typing]')")
 
 
 def _mypy(tmp_path: Path, files: list[Path]) -> subprocess.CompletedProcess[str]:

@@ -8,6 +8,12 @@ from its own JSON (the date the run wrote, ``h100``/``h200``/... from the GPU's 
 compiled fast path was off), and the Markdown's plot link is rewritten to the plot's new name: copied by
 hand, the links kept naming ``bench_X.png``, which no results file has.  A name that exists is never
 overwritten.  Prints what it wrote.
+
+The folder keeps the *latest* run of each benchmark and path (fast, pure) -- its JSON, Markdown and plot --
+and ``HISTORY.md``, whose "Runs" table gets one row per collected result (date, GPU, path, commit, goals met
+and missed, the first goal's line): older files of the same benchmark and path are removed once their row is
+in the table (git keeps them).  ``--rebuild-history`` writes the table from every result in the folder, then
+prunes it, the same way.
 """
 from __future__ import annotations
 
@@ -65,11 +71,95 @@ def collect(source: Path, dest: Path = RESULTS) -> list[Path]:
     return written
 
 
+TABLE_START = "<!-- runs: tools/collect_results.py writes this table -->"
+TABLE_END = "<!-- end of runs -->"
+TABLE_HEAD = ("| run | GPU | path | commit | benchmark | goals met | missed | first goal |\n"
+              "| --- | --- | --- | --- | --- | --- | --- | --- |")
+_STEM = re.compile(r"(\d{4}-\d\d-\d\d)(?:-(\d{4}))?-([a-z0-9]+)(-pure)?-(bench_\w+)")
+
+
+def _stem_key(stem: str) -> tuple[str, bool, str] | None:
+    """(benchmark, pure?, sortable date) of a dated stem, or None for another name."""
+    m = _STEM.fullmatch(stem)
+    return None if m is None else (m.group(5), bool(m.group(4)), f"{m.group(1)}-{m.group(2) or '0000'}")
+
+
+def history_row(stem: str, data: dict, markdown: str) -> str:
+    """The Runs table's row for one result: its goal lines counted ("- [met]", "- [MISSED]") and the first one."""
+    m = data.get("machine", {})
+    goals = [line[2:] for line in markdown.splitlines() if line.startswith(("- [met]", "- [MISSED]"))]
+    met = sum(g.startswith("[met]") for g in goals)
+    first = goals[0].replace("|", "/") if goals else "(no goals)"
+    key = _stem_key(stem)
+    path = "pure" if key and key[1] else "fast"
+    gpu = (m.get("gpu") or "no GPU").split(",")[0]
+    return (f"| {m.get('date', '?')} | {gpu} | {path} | {m.get('commit', '?')} | {key[0] if key else stem} | "
+            f"{met} | {len(goals) - met} | {first} |")
+
+
+def add_history(rows: list[str], history: Path) -> None:
+    """Add ``rows`` to HISTORY.md's Runs table (made at the top when missing), keeping it sorted by run date."""
+    text = history.read_text() if history.exists() else "# Benchmark history\n"
+    if TABLE_START in text:
+        head, rest = text.split(TABLE_START, 1)
+        table, tail = rest.split(TABLE_END, 1)
+        old = [line for line in table.splitlines() if line.startswith("| 20")]
+    else:
+        first_break = text.find("\n\n")
+        head = text if first_break < 0 else text[:first_break + 2]
+        tail = "\n" if first_break < 0 else "\n\n" + text[first_break + 2:]
+        head += ("## Runs\n\nOne row per benchmark result collected (tools/collect_results.py); the folder keeps "
+                 "the latest files of each benchmark and path, git the rest.\n\n")
+        old = []
+    merged = sorted(set(old) | set(rows))
+    history.write_text(f"{head}{TABLE_START}\n{TABLE_HEAD}\n" + "\n".join(merged) + f"\n{TABLE_END}{tail}")
+
+
+def prune(dest: Path) -> list[Path]:
+    """Remove every dated result but the latest of each benchmark and path; returns what it removed."""
+    latest: dict[tuple[str, bool], str] = {}
+    stems = {f.name.rsplit(".", 1)[0] for f in dest.glob("20*-bench_*.*")}
+    by_key: dict[tuple[str, bool], list[tuple[str, str]]] = {}
+    for stem in stems:
+        key = _stem_key(stem)
+        if key is not None:
+            by_key.setdefault(key[:2], []).append((key[2], stem))
+    for key, found in by_key.items():
+        latest[key] = max(found)[1]
+    removed = []
+    for f in sorted(dest.glob("20*-bench_*.*")):
+        stem = f.name.rsplit(".", 1)[0]
+        key = _stem_key(stem)
+        if key is not None and latest[key[:2]] != stem:
+            f.unlink()
+            removed.append(f)
+    return removed
+
+
+def rows_for(dest: Path, stems: list[str]) -> list[str]:
+    """The Runs rows of the results ``stems`` in ``dest`` (each needs its JSON)."""
+    rows = []
+    for stem in stems:
+        js, md = dest / f"{stem}.json", dest / f"{stem}.md"
+        if js.exists():
+            rows.append(history_row(stem, json.loads(js.read_text()), md.read_text() if md.exists() else ""))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("source", type=Path, help="gpu_check.tar.gz or a folder of bench_* files")
+    p.add_argument("source", type=Path, nargs="?", help="gpu_check.tar.gz or a folder of bench_* files")
     p.add_argument("--dest", type=Path, default=RESULTS)
+    p.add_argument("--rebuild-history", action="store_true",
+                   help="write HISTORY.md's Runs table from every result in --dest, then keep the latest only")
     args = p.parse_args(argv)
+    if args.rebuild_history:
+        stems = sorted({f.name.rsplit(".", 1)[0] for f in args.dest.glob("20*-bench_*.json")})
+        add_history(rows_for(args.dest, stems), args.dest / "HISTORY.md")
+        print(f"collect_results: {len(stems)} results in the Runs table; removed {len(prune(args.dest))} older files")
+        return 0
+    if args.source is None:
+        p.error("a source is needed (or --rebuild-history)")
     with tempfile.TemporaryDirectory() as tmp:
         source = args.source
         if source.is_file():
@@ -94,7 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     if not written:
         print(f"collect_results: no bench_*.json in {args.source}", file=sys.stderr)
         return 1
+    stems = sorted({w.name.rsplit(".", 1)[0] for w in written if w.suffix == ".json"})
+    add_history(rows_for(args.dest, stems), args.dest / "HISTORY.md")
+    removed = prune(args.dest)
     print("\n".join(str(w) for w in written))
+    if removed:
+        print(f"collect_results: removed {len(removed)} older files (their rows are in HISTORY.md)")
     return 0
 
 
