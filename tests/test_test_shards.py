@@ -22,7 +22,9 @@ def _collected(shard: str | None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "CUPROC_TEST_SHARD"}
     if shard is not None:
         env["CUPROC_TEST_SHARD"] = shard
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--co", SAMPLE],
+    # (the sample is a `slow` file, which the default selection leaves out: select every test of it)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--co", "-m", "slow or not slow",
+                           SAMPLE],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
