@@ -43,6 +43,9 @@ def _abi_ffi() -> Any:
 
 
 _REBUILD = "rebuild it: pip install -e . or python tools/build_fastpath.py"
+#: The status of an install without the compiled module (setup.py builds it only where it can).
+NOT_BUILT = ("off: not built: no C compiler at install (or CUPROC_NO_FASTPATH); to build it, run "
+             "python tools/build_fastpath.py in a checkout, or reinstall cuproc where a C compiler is found")
 
 
 def _load() -> tuple[Any, Any, str]:
@@ -52,7 +55,9 @@ def _load() -> tuple[Any, Any, str]:
     try:
         from . import _fastpath_c
     except ImportError as exc:
-        return _abi_ffi(), None, f"off: the compiled module cuproc._fastpath_c is not built ({exc})"
+        if exc.name == __package__:   # "cannot import name '_fastpath_c'": there is no such module
+            return _abi_ffi(), None, NOT_BUILT
+        return _abi_ffi(), None, f"off: cuproc._fastpath_c does not load ({exc}; {_REBUILD})"
     try:
         stale = _stale(_fastpath_c)
         if stale:

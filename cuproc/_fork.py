@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 # bind it once (a local or default argument) and test it for the cost of an index.
 FORKED: list[bool] = [False]
 _initialized_in_pid: list[int | None] = [None]
-_forked_from: list[int | None] = [None]
 _locks: weakref.WeakSet[Any] = weakref.WeakSet()
 _child_hooks: list[Callable[[], None]] = []
 
@@ -42,11 +41,6 @@ _child_hooks: list[Callable[[], None]] = []
 def note_initialized() -> None:
     """cuInit succeeded in this process."""
     _initialized_in_pid[0] = os.getpid()
-
-
-def forked_from() -> int | None:
-    """The pid of the parent that had initialized CUDA, in a forked child; else None."""
-    return _forked_from[0]
 
 
 def lock() -> _thread.LockType:
@@ -77,7 +71,7 @@ def _after_fork_in_child() -> None:
     for held in list(_locks):
         held._at_fork_reinit()
     if _initialized_in_pid[0] is not None:
-        _forked_from[0], _initialized_in_pid[0] = _initialized_in_pid[0], None
+        _initialized_in_pid[0] = None
         FORKED[0] = True
     for hook in _child_hooks:
         try:

@@ -123,10 +123,6 @@ class Selection(NamedTuple):
         return self.availability == NOT_YET_INTRODUCED
 
     @property
-    def uses_per_thread_entry(self) -> bool:
-        return self.exists and self.per_thread and self.symbol.per_thread_suffix is not None
-
-    @property
     def entry_point(self) -> str | None:
         return self._abi()[0]
 

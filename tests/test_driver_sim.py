@@ -323,7 +323,7 @@ sys.exit(os.waitstatus_to_exitcode(status))
 
 def test_dump_symbols_with_a_driver(sim, capsys):
     from cuproc.tools.dump_symbols import main
-    assert main(["--library", str(sim.path), "--json", "-V", "12.0", "cuLibraryLoadData", "cuGraphGetId",
+    assert main(["--library", str(sim.path), "--json", "-c", "12.0", "cuLibraryLoadData", "cuGraphGetId",
                  "cuCtxCreate"]) == 0
     records = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert records["cuCtxCreate"]["status"] == "resolved"

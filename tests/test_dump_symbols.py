@@ -20,7 +20,7 @@ def run(capsys, *args):
 
 
 def test_json_keys_and_values(capsys):
-    code, out, _ = run(capsys, "--no-driver", "--json", "-V", "12.4", "--ptds", "cuMemcpyHtoD", "cuLibraryLoadData",
+    code, out, _ = run(capsys, "--no-driver", "--json", "-c", "12.4", "--ptds", "cuMemcpyHtoD", "cuLibraryLoadData",
                        "cuGraphGetId")
     assert code == 0
     records = {r["name"]: r for r in json.loads(out)}
@@ -63,7 +63,7 @@ def test_diff(capsys):
     assert code == 0 and "cuLibraryLoadData" in out and "added" in out
 
 
-@pytest.mark.parametrize("args", [["-V", "twelve"], ["--diff", "12.0"], ["--bogus"], ["-V", "12045"]])
+@pytest.mark.parametrize("args", [["-c", "twelve"], ["--diff", "12.0"], ["--bogus"], ["--cuda-version", "12045"]])
 def test_bad_arguments_exit_nonzero_with_message(capsys, args):
     with pytest.raises(SystemExit) as exc:
         main(args)
@@ -132,3 +132,69 @@ def test_closed_stdout_is_a_one_line_error():
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == ("cuproc-dump-symbols: standard output is closed; nothing can be printed "
                                    "(redirect it to a file or a pipe)")
+
+
+# ----------------------------------------------------------------------------- issue 41: a new user's frictions
+
+def test_short_V_is_version_and_c_is_cuda_version(capsys):
+    import cuproc
+    with pytest.raises(SystemExit) as exc:
+        main(["-V"])
+    assert exc.value.code == 0 and capsys.readouterr().out.split() == ["cuproc-dump-symbols", cuproc.__version__]
+    code, out, _ = run(capsys, "--no-driver", "--json", "-c", "11.8", "cuInit")
+    assert code == 0 and json.loads(out)[0]["requested_version"] == 11080
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "-c VERSION" in capsys.readouterr().out   # the short form is listed in --help
+
+
+def test_json_names_the_requested_and_driver_versions(capsys):
+    code, out, _ = run(capsys, "--no-driver", "--json", "--cuda-version", "12.4", "cuInit", "cuCtxCreate")
+    assert code == 0
+    records = json.loads(out)
+    assert [(r["requested_version"], r["driver_version"]) for r in records] == [(12040, None)] * 2
+
+
+def test_json_driver_version_with_a_driver(sim, capsys):
+    assert main(["--library", str(sim.path), "--json", "--cuda-version", "12.0", "cuInit"]) == 0
+    (record,) = json.loads(capsys.readouterr().out)
+    assert record["requested_version"] == 12000 and record["driver_version"] == 13000
+
+
+def test_no_driver_line_names_the_paths_tried_and_the_fix(capsys, monkeypatch, tmp_path):
+    from cuproc import loader
+    missing = [str(tmp_path / "a" / "libcuda.so.1"), str(tmp_path / "b" / "libcuda.so.1")]
+    monkeypatch.delenv("CUPROC_LIBCUDA", raising=False)
+    monkeypatch.setattr(loader, "DEFAULT_CANDIDATES", tuple(missing))
+    code, out, _ = run(capsys, "cuInit")
+    assert code == 0
+    (line,) = [line for line in out.splitlines() if line.startswith("# driver:")]
+    assert line.startswith("# driver: not available") and not line.rstrip().endswith("Tried:")
+    assert all(path in line for path in missing), line
+    assert "CUPROC_LIBCUDA" in line, line
+
+
+def test_newer_only_without_a_match_exits_1_like_an_unmatched_pattern(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--no-driver", "--newer-only", "--cuda-version", "13.0", "cuInit"])
+    assert exc.value.code == 1 and capsys.readouterr().err.strip()
+    code, out, _ = run(capsys, "--no-driver", "--newer-only", "--json", "--cuda-version", "11.8", "cuLibraryLoadData")
+    assert code == 0 and [r["name"] for r in json.loads(out)] == ["cuLibraryLoadData"]
+
+
+@pytest.mark.parametrize("args", [["--cuda-version", "99.0"], ["-c", "99.0"]])
+def test_a_version_above_the_registrys_newest_is_refused(capsys, args):
+    from cuproc.registry import default_registry
+    with pytest.raises(SystemExit) as exc:
+        main(["--no-driver", *args, "cuInit"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "99.0" in err and str(default_registry().newest_version) in err
+    code, _, _ = run(capsys, "--no-driver", "--cuda-version", str(default_registry().newest_version), "cuInit")
+    assert code == 0
+
+
+def test_a_version_above_the_registrys_newest_from_the_environment_is_refused(capsys, monkeypatch):
+    monkeypatch.setenv("CUPROC_CUDA_VERSION", "99.0")
+    with pytest.raises(SystemExit) as exc:
+        main(["--no-driver", "cuInit"])
+    assert exc.value.code == 2 and "CUPROC_CUDA_VERSION" in capsys.readouterr().err

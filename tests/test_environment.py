@@ -94,7 +94,7 @@ def test_cli_and_library_read_the_same_configuration(capsys, monkeypatch, reques
     else:
         assert records["cuMemcpyHtoD"]["status"] == "not_checked"
     # the command line overrides the environment
-    code, out, _ = cli(capsys, "--json", "--no-ptds", "-V", "12.4", "cuMemcpyHtoD")
+    code, out, _ = cli(capsys, "--json", "--no-ptds", "-c", "12.4", "cuMemcpyHtoD")
     assert json.loads(out)[0]["entry_point"] == "cuMemcpyHtoD_v2"
     code, out, _ = cli(capsys, "cuMemcpyHtoD")
     assert "# requested CUDA 11.8; per-thread default stream: on" in out

@@ -114,16 +114,16 @@ def test_new_symbols_resolve_to_the_driver_entry(sim, per_thread):
 
 
 def test_dump_symbols_shows_alias_and_windows_only(capsys):
-    assert dump_symbols.main(["--no-driver", "--json", "-V", "12.0", "cuGraphInstantiate", "cuWGLGetDevice"]) == 0
+    assert dump_symbols.main(["--no-driver", "--json", "-c", "12.0", "cuGraphInstantiate", "cuWGLGetDevice"]) == 0
     records = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert records["cuGraphInstantiate"]["header_alias"] == "cuGraphInstantiateWithFlags"
     assert records["cuGraphInstantiate"]["entry_point"] == "cuGraphInstantiate_v2"
     assert records["cuWGLGetDevice"]["windows_only"] is True and records["cuWGLGetDevice"]["entry_point"] is None
     assert records["cuWGLGetDevice"]["header"] == "cudaGLTypedefs.h"
     assert records["cuGraphInstantiate"]["header"] == "cudaTypedefs.h"
-    dump_symbols.main(["--no-driver", "--json", "-V", "11.8", "cuGraphInstantiate"])
+    dump_symbols.main(["--no-driver", "--json", "-c", "11.8", "cuGraphInstantiate"])
     assert json.loads(capsys.readouterr().out)[0]["header_alias"] is None
-    dump_symbols.main(["--no-driver", "-V", "13.0", "cuGraphInstantiate", "cuWGLGetDevice"])
+    dump_symbols.main(["--no-driver", "-c", "13.0", "cuGraphInstantiate", "cuWGLGetDevice"])
     out = capsys.readouterr().out
     assert re.search(r"^cuGraphInstantiate .*cuGraphInstantiateWithFlags", out, re.M)
     assert re.search(r"^cuWGLGetDevice .*Windows only", out, re.M)

@@ -168,6 +168,19 @@ def test_a_compiled_module_that_does_not_fit_never_breaks_import(tmp_path, modul
     assert out.stdout.startswith("False off: ") and reason in out.stdout and out.stdout.endswith("\n8\n"), out.stdout
 
 
+def test_an_install_without_the_compiled_module_says_it_was_not_built_and_how_to_build_it(tmp_path):
+    """No cuproc._fastpath_c (no compiler at install): the status names that and the fix, not Python's
+    "partially initialized module" text of a failed ``from . import``."""
+    shutil.copytree(PACKAGE, tmp_path / "cuproc", ignore=COPY_IGNORE)   # the copy has no *.so
+    out = run_python("import cuproc, cuproc.fastpath as f; print(f.active()); print(f.status())",
+                     copy=tmp_path, CUPROC_PURE_PYTHON="0")
+    assert out.returncode == 0, out.stderr
+    active, status = out.stdout.splitlines()
+    assert active == "False" and status.startswith("off: not built"), status
+    assert "no C compiler" in status and "tools/build_fastpath.py" in status, status
+    assert "partially initialized" not in status
+
+
 @needs_fast
 def test_the_kind_values_and_slot_count_come_from_the_module():
     """Python reads the C enum and CUPROC_SLOTS from the module; check them against the C source."""
@@ -1003,7 +1016,7 @@ def test_install_without_a_working_compiler_succeeds_with_one_notice(tmp_path):
     assert not list((tmp_path / "cuproc").glob("_fastpath_c*"))
     probe = run_python("import cuproc.fastpath as f; print(f.active(), f.status())", copy=tmp_path,
                        CUPROC_PURE_PYTHON="0")
-    assert probe.stdout.startswith("False off: the compiled module cuproc._fastpath_c is not built"), probe.stderr
+    assert probe.stdout.startswith("False off: not built: no C compiler"), probe.stderr
 
 
 def test_the_fronts_typedefs_are_the_ones_the_c_sources_call_through():

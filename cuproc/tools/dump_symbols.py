@@ -10,6 +10,11 @@ same functions ``cuproc.Driver`` uses, with or without a driver, and the
 command-line options override them.  A bad value is a usage error (exit 2)
 naming the variable.  A reader that closes the pipe early (``| head``) ends
 the output quietly with exit status 0.
+
+Exit status: 0 with at least one symbol listed; 1 when nothing is left to list (no symbol matches a
+pattern, or none of those matching is a newer-driver feature under ``--newer-only``); 2 for a usage
+error.  ``-V`` is ``--version``, as in most tools; the requested CUDA version is ``--cuda-version``
+(short form ``-c``).
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import sys
 from typing import Any
 
 from .. import __version__
+from ..errors import DriverNotFoundError
 from ..driver import ENV_PER_THREAD, ENV_VERSION, Driver, env_per_thread, env_version
 from ..loader import ENV_LIBRARY
 from ..registry import Registry, Selection, default_registry
@@ -38,13 +44,17 @@ def _version_arg(text: str) -> CudaVersion:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cuproc-dump-symbols",
-        description="Show, per CUDA driver symbol, the ABI variant cuproc selects and what the driver resolves.")
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+        description="Show, per CUDA driver symbol, the ABI variant cuproc selects and what the driver resolves.",
+        epilog="Exit status: 0 when symbols are listed; 1 when none is left to list (no symbol matches the "
+               "patterns, or none of them is a newer-driver feature under --newer-only); 2 for a usage error.  "
+               "-V is --version; the short form of --cuda-version is -c.")
+    p.add_argument("--version", "-V", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("patterns", nargs="*", metavar="PATTERN",
                    help="glob filters on the C name, e.g. 'cuMemcpy*' (default: every symbol)")
-    p.add_argument("--cuda-version", "-V", type=_version_arg, metavar="VERSION",
-                   help=f"requested CUDA version, e.g. 12.4 or 12040 (default: {ENV_VERSION}, else the "
-                        "driver's, capped at the registry's newest; the registry's newest without a driver)")
+    p.add_argument("--cuda-version", "-c", type=_version_arg, metavar="VERSION",
+                   help=f"requested CUDA version, e.g. 12.4 or 12040, at most the registry's newest (default: "
+                        f"{ENV_VERSION}, else the driver's, capped at the registry's newest; the registry's newest "
+                        "without a driver)")
     p.add_argument("--per-thread-default-stream", "--ptds", action=argparse.BooleanOptionalAction, default=None,
                    help=f"select the per-thread default stream entries (_ptds/_ptsz) (default: {ENV_PER_THREAD})")
     p.add_argument("--diff", nargs=2, type=_version_arg, metavar=("A", "B"),
@@ -58,15 +68,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _configure(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Fill what the command line left open from the environment, as ``cuproc.Driver`` does."""
+def _configure(parser: argparse.ArgumentParser, args: argparse.Namespace, registry: Registry) -> None:
+    """Fill what the command line left open from the environment, as ``cuproc.Driver`` does.
+
+    A requested version above the registry's newest is refused: the registry knows no ABI past its
+    newest, so the answer would silently be the newest's."""
+    source = "--cuda-version"
     try:
         if args.cuda_version is None:
-            args.cuda_version = env_version()
+            args.cuda_version, source = env_version(), ENV_VERSION
         if args.per_thread_default_stream is None:
             args.per_thread_default_stream = env_per_thread()
     except ValueError as exc:
         parser.error(str(exc))
+    newest = registry.newest_version
+    if args.cuda_version is not None and args.cuda_version > newest:
+        parser.error(f"{source} {args.cuda_version}: the registry's newest version is CUDA {newest} (headers of "
+                     f"CUDA {registry_toolkits()}); ask for {newest} or older")
 
 
 def _open_driver(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Driver | None, str]:
@@ -88,8 +106,21 @@ def _open_driver(parser: argparse.ArgumentParser, args: argparse.Namespace) -> t
         if os.environ.get(ENV_LIBRARY):
             parser.error(f"{ENV_LIBRARY}={os.environ[ENV_LIBRARY]!r}: cannot open a CUDA driver there ({why}); "
                          f"point it at libcuda.so.1 or unset it")
-        return None, f"not available ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+        return None, _not_available(exc)
     return drv, drv.describe()
+
+
+def _not_available(exc: Exception) -> str:
+    """The driver line without a driver: every path tried, with its reason, and the fix, on one line."""
+    if isinstance(exc, DriverNotFoundError):
+        reasons = {path: " ".join(reason.removeprefix(f"{path}: ").split()) for path, reason in exc.attempts}
+        if len(set(reasons.values())) == 1:   # the usual case: not found anywhere, said once
+            tried = f"{', '.join(reasons)}: {next(iter(reasons.values()))}"
+        else:
+            tried = "; ".join(f"{path} ({reason})" for path, reason in reasons.items())
+        return (f"not available (tried {tried or 'no path'}); install the NVIDIA driver, or set {ENV_LIBRARY} "
+                f"to the path of libcuda.so.1 (or pass --library PATH)")
+    return f"not available ({type(exc).__name__}: {' '.join(str(exc).split())})"
 
 
 def symbol_record(sel: Selection, driver: Driver | None, registry: Registry | None = None) -> dict[str, Any]:
@@ -112,6 +143,10 @@ def symbol_record(sel: Selection, driver: Driver | None, registry: Registry | No
         "windows_only": sel.symbol.windows_only,
         # what C source means by the name at this version, when a header #defines it to another function
         "header_alias": registry.header_alias(sel.symbol.name, sel.requested),
+        # the same in every record (the output stays a list of records): the version asked for, and
+        # what cuDriverGetVersion reports (None without a driver)
+        "requested_version": int(sel.requested),
+        "driver_version": int(driver.driver_version) if driver is not None else None,
     }
     if driver is not None:
         info = driver.resolution(sel.symbol.name)
@@ -177,8 +212,8 @@ def _discard_stdout() -> None:
 def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _configure(parser, args)
     registry = default_registry()
+    _configure(parser, args, registry)
     if args.patterns and not registry.filter(args.patterns):
         parser.exit(1, f"cuproc-dump-symbols: no symbol matches {' '.join(args.patterns)!r}\n")
     if args.diff:
@@ -190,6 +225,9 @@ def _run(argv: list[str] | None) -> int:
                   for s in registry.filter(args.patterns)]
     if args.newer_only:
         selections = [s for s in selections if s.newer_driver_feature]
+        if not selections:   # as an unmatched pattern: nothing to list is exit status 1
+            parser.exit(1, f"cuproc-dump-symbols: no {'matching ' if args.patterns else ''}symbol is a newer-driver "
+                           f"feature at CUDA {requested}\n")
     records = [symbol_record(sel, driver, registry) for sel in selections]
 
     if args.json:
