@@ -17,6 +17,7 @@ from cuproc.version import CudaVersion
 from nvrtc_testing import needs_nvrtc, private_cache  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = Path(data.__file__).resolve().parent   # the checkout's cuproc, or the installed wheel's (CI's sdist run)
 sys.path.insert(0, str(ROOT / "tools"))
 import gen_nvrtc_header as tool  # noqa: E402
 
@@ -35,7 +36,7 @@ def test_the_modules_are_built_from_the_header(tmp_path):
     shutil.copy(ROOT / "headers" / "nvrtc_provenance.json", tmp_path)
     tool.build_modules(tmp_path, tmp_path)
     for name in ("_nvrtc_cffi.py", "_nvrtc_header_data.py"):
-        assert (tmp_path / name).read_text() == (ROOT / "cuproc" / name).read_text(), \
+        assert (tmp_path / name).read_text() == (PACKAGE / name).read_text(), \
             f"cuproc/{name} is stale: run python tools/gen_nvrtc_header.py --modules-only"
 
 
