@@ -28,6 +28,8 @@ from rules import expected_resolution, typedefs_by_symbol
 from subproc import run_python
 from threads import run_threads
 
+pytestmark = pytest.mark.slow   # the whole compatibility matrix on simulated drivers (20 s): CI runs it
+
 REAL_FUNCTIONS = {"cuInit", "cuDriverGetVersion", "cuGetErrorName", "cuGetErrorString", "cuGetProcAddress"}
 VERSIONS = [11030, 11080, 12000, 12040, 12090, 13000, 13050]
 CALL = "CUresult(*)(void)"

@@ -18,6 +18,7 @@ import pytest
 import cuproc
 
 PACKAGE = Path(cuproc.__file__).resolve().parent
+pytestmark = pytest.mark.slow   # the package's import graph (the tree's design, not behaviour): CI runs it
 NOT_SOURCE = ("cuproc._fastpath_c", "cuproc._cnames")   # compiled, or stubs: nothing they import is ours
 
 #: The circles still to break, each by the one edge that points up the layers (a function-level import
