@@ -716,7 +716,7 @@ static void misrouted(void) {
 
 /* A launch or event record of an object of another context than the stream's (the default stream: the
  * current context's): the real driver answers CUDA_ERROR_INVALID_HANDLE (measured on driver 580). */
-static CUresult foreign_on_default(void) {
+static CUresult foreign_handle(void) {
   binding_count++;
   ring_push(&binding_ring, cur_call);
   return E_INVALID_HANDLE;
@@ -2242,12 +2242,12 @@ static CUresult cuEventRecord(CUevent event, CUstream stream) {
   ENTER("cuEventRecord");
   struct obj *e;
   TRY(use_event(event, &e));
-  if (is_default_stream(stream) && e->ctx != top()) return foreign_on_default();
+  if (is_default_stream(stream) && e->ctx != top()) return foreign_handle();
   struct queue q;
   struct obj *sctx;
   TRY(use_queue(stream, &q, &sctx));
   /* an event of one context recorded on a stream of another: CUDA_ERROR_INVALID_HANDLE (driver 580) */
-  if (sctx->h != e->ctx) return foreign_on_default();
+  if (sctx->h != e->ctx) return foreign_handle();
   e->u.e.seq = ++event_seq;
   /* What waiting for it orders after: the stream up to this record, and what the stream had
    * waited for itself. */
@@ -2686,11 +2686,11 @@ static CUresult launch_check(CUfunction func, const struct launch *L, struct kin
   struct obj *sctx;
   if (f->kind == K_FUNCTION) {
     TRY(need_current(f));
-    if (is_default_stream(L->stream) && f->ctx != top()) return foreign_on_default();
+    if (is_default_stream(L->stream) && f->ctx != top()) return foreign_handle();
   } else { struct obj *c; TRY(cur_ctx(&c)); } /* a CUkernel launches in the current context */
   TRY(use_stream(L->stream, &sctx, NULL));
   /* a function of one context on a stream of another: CUDA_ERROR_INVALID_HANDLE (measured on driver 580) */
-  if (f->kind == K_FUNCTION && sctx->h != f->ctx) return foreign_on_default();
+  if (f->kind == K_FUNCTION && sctx->h != f->ctx) return foreign_handle();
   for (int i = 0; i < 3; i++) NEED(L->grid[i] && L->block[i]);
   NEED((unsigned long long)L->block[0] * L->block[1] * L->block[2] <= 1024);
   NEED(!(L->params && L->extra));
