@@ -680,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
              "every launcher launches on the legacy default stream; values change every launch (the counter i)",
              *timing_notes]
     notes.append("one-shot launches: no C front (pure path)" if front is None else
-                 f"one-shot launches made by the C front (tools/fastpath_launch.c make_one_shot): {front:,}")
+                 f"one-shot launches made by the C front (src/fastpath/fastpath_launch.c make_one_shot): {front:,}")
     if spread:
         notes.append(f"prepared vs {spread['against']}: lead {spread['lead'] * 100:.1f}%, per block " +
                      ", ".join(f"{x * 100:.1f}%" for x in spread["block_leads"]) +

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 
 ABI_INPUTS = ("cuproc/_cffi_abi.py",)
 # The hand-written C that tools/build_fastpath.py compiles into the module, in that order.
-C_SOURCES = ("tools/fastpath_launch.c", "tools/fastpath_checked.c", "tools/fastpath_memory.c",
-             "tools/fastpath_device_buffer.c", "tools/fastpath_copy.c", "tools/fastpath_resolve.c")
+C_SOURCES = ("src/fastpath/fastpath_launch.c", "src/fastpath/fastpath_checked.c", "src/fastpath/fastpath_memory.c",
+             "src/fastpath/fastpath_device_buffer.c", "src/fastpath/fastpath_copy.c", "src/fastpath/fastpath_resolve.c")
 TOOL_INPUTS = ("tools/build_fastpath.py", *C_SOURCES)
 
 

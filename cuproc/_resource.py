@@ -192,7 +192,7 @@ class Resource:
 
     def __del__(self) -> None:
         # On the fast path a dropped live DeviceBuffer of cuMemAlloc memory is let go by the steps of _drop in C
-        # (tools/fastpath_device_buffer.c, cuproc_db_drop), which hands a failure to _end_drop: a change here
+        # (src/fastpath/fastpath_device_buffer.c, cuproc_db_drop), which hands a failure to _end_drop: a change here
         # is a change there.
         try:
             if self.ended is not None:

@@ -411,7 +411,7 @@ def _free_failed(ctx: Context, rc: int, address: int, stream: Any) -> None:
 
 
 # With the fast path, ``alloc_async``, ``DeviceBuffer.free_async`` and ``DeviceBuffer.__del__`` are C
-# fronts over the Python code (tools/fastpath_memory.c): alloc_async(n, stream) on a live cuproc Stream
+# fronts over the Python code (src/fastpath/fastpath_memory.c): alloc_async(n, stream) on a live cuproc Stream
 # and buffer.free_async() of such a buffer make their driver call and build (or claim) the buffer and its
 # entry in C, and the finalizer of an ended buffer returns at once; every other call runs the Python
 # code unchanged.  The C hands a driver error to the two functions below.
@@ -457,7 +457,7 @@ if _make_stream_ordered is not None:
 
 
 # With the fast path, ``DeviceBuffer.__init__``, ``close`` and ``free`` are C fronts over the Python code
-# (tools/fastpath_device_buffer.c): DeviceBuffer(n) in the current context (or ``context=`` the current one)
+# (src/fastpath/fastpath_device_buffer.c): DeviceBuffer(n) in the current context (or ``context=`` the current one)
 # asks cuCtxGetCurrent, finds the context's object (remembered weakly per handle), allocates and stores
 # the slots in C; free()/close() of cuMemAlloc memory claim and free in C, and so does the class's
 # finalizer for such a buffer dropped live; every other call runs the Python code unchanged.  The C hands

@@ -525,7 +525,7 @@ class Driver(_DriverFunctions):
     def _ask_all(self, queries: list[tuple[str, str, int]], ask: Callable[[str, str, int], tuple[str, Any]],
                  flags: int) -> list[tuple[str, Any]]:
         """``[ask(name, entry, version) for each query]`` (``ask`` made with ``flags``): on the fast path
-        through cuGetProcAddress in one C call (tools/fastpath_resolve.c; from Python each query costs
+        through cuGetProcAddress in one C call (src/fastpath/fastpath_resolve.c; from Python each query costs
         ~1.2 us, the driver's lookup under 0.1 us), with the same statuses and the pointers as integers.
         Called with the lock held."""
         lib = self._lib
@@ -1059,7 +1059,7 @@ def _make_checked(function: Callable[..., int], name: str, error: Callable[[int,
     missing 1 required positional argument: 'arg1_size_t'"; otherwise any count (``function``
     checks its own).  Keyword arguments are refused.
 
-    On the compiled fast path it is a C callable (tools/fastpath_checked.c, through
+    On the compiled fast path it is a C callable (src/fastpath/fastpath_checked.c, through
     :func:`cuproc.fastpath.checked_factory`): the goal of issue 9 is a checked call within 1.15x
     of the raw one.  On the pure path it is a generated Python function (no argument tuple is
     built and unpacked per call), which cannot meet that goal: its frame alone costs more than
@@ -1099,7 +1099,7 @@ def _make_checked(function: Callable[..., int], name: str, error: Callable[[int,
 # --------------------------------------------------------------------------- the module as namespace
 
 #: The handle behind the module namespace, as a one-element list (None until first use): the compiled
-#: fast path reads it on every ``DeviceBuffer(n)`` (tools/fastpath_device_buffer.c), where a module
+#: fast path reads it on every ``DeviceBuffer(n)`` (src/fastpath/fastpath_device_buffer.c), where a module
 #: global would cost a dict lookup by name.  Written only by default_driver() and set_default_driver().
 DEFAULT_HANDLE: list[Driver | None] = [None]
 _default_lock = _fork.lock()

@@ -12,7 +12,7 @@ Where it applies:
 * ``drv.cuX`` is the trampoline bound to the resolved pointer (``cuproc.driver``); a typedef
   without a trampoline (one taking a struct by value, a signature declared at run time) stays
   the cffi pointer.  :func:`pointer` gives the pointer behind either, on both paths.
-* ``drv.checked.cuX`` is a C callable (tools/fastpath_checked.c) doing what the pure path's
+* ``drv.checked.cuX`` is a C callable (src/fastpath/fastpath_checked.c) doing what the pure path's
   generated Python wrapper does -- fork check, exact argument count, call, raise on a nonzero
   result -- without a Python frame.
 * ``Function.prepare`` returns a C launcher (``cuproc.launch``) that stores the values into the
@@ -20,20 +20,20 @@ Where it applies:
   resource, a fork, a value it does not convert exactly as cffi would -- goes to the pure launcher.
 * ``alloc_async(n, stream)`` and ``buffer.free_async()`` (or ``free_async(stream)`` with the buffer's own
   Stream) on a cuproc Stream make their driver call and build the buffer and its table entry in C
-  (tools/fastpath_memory.c); every other form is the Python code.
+  (src/fastpath/fastpath_memory.c); every other form is the Python code.
 * ``DeviceBuffer(n)`` (in the current context, or ``context=`` the current one) and ``buffer.free()`` /
   ``close()`` of such memory ask which context is current, allocate, build or claim the buffer, and
-  free, in C (tools/fastpath_device_buffer.c); every resource's claim (``Resource._claim``: "not ended
+  free, in C (src/fastpath/fastpath_device_buffer.c); every resource's claim (``Resource._claim``: "not ended
   yet -> ended") is one C step under the GIL instead of a test and a store under a lock.
 * ``Function.launch`` (``cuproc.launch.launch``) finds a warm one-shot entry and calls its launcher
   in C for the common form (at most ``signature=``, ``shared_mem=`` and ``stream=`` -- the default
   stream or a cuproc Stream); the launcher takes that call's grid, block and shared memory (exact
   ints, in C) with the values.  Every other call goes to the Python launch.
 * ``memory.copy(dst, src[, nbytes])`` between a DeviceBuffer and pinned or registered host memory makes its
-  checks, its driver call and its ``last_stream`` stores in C (tools/fastpath_copy.c); every other form,
+  checks, its driver call and its ``last_stream`` stores in C (src/fastpath/fastpath_copy.c); every other form,
   and a driver error, is the Python code.
 * ``Driver.preload()`` makes its cuGetProcAddress queries for the names selected at its version in one
-  C call (tools/fastpath_resolve.c) and keeps the same answers.
+  C call (src/fastpath/fastpath_resolve.c) and keeps the same answers.
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def status() -> str:
 # unloads.  Harmless today; a design that unloads libraries would need slots released.
 _slot_pointers: dict[Any, Any] = {}
 
-# The C launcher's argument kinds (tools/fastpath_launch.c enum cuproc_kind), by C type name.
+# The C launcher's argument kinds (src/fastpath/fastpath_launch.c enum cuproc_kind), by C type name.
 _KIND_NAMES = {"pointer": "PTR", "int8_t": "I8", "int16_t": "I16", "int32_t": "I32", "int64_t": "I64",
                "uint8_t": "U8", "uint16_t": "U16", "uint32_t": "U32", "uint64_t": "U64", "float": "F32",
                "double": "F64"}
@@ -146,49 +146,49 @@ def _factory(name: str) -> Any:
 
 
 def launcher_factory() -> Callable[..., Callable[..., None]] | None:
-    """``cuproc._fastpath_c.make_launcher`` (see tools/fastpath_launch.c), or None without the fast path."""
+    """``cuproc._fastpath_c.make_launcher`` (see src/fastpath/fastpath_launch.c), or None without the fast path."""
     return _factory("make_launcher")
 
 
 def checked_factory() -> Callable[..., Callable[..., None]] | None:
-    """``cuproc._fastpath_c.make_checked`` (see tools/fastpath_checked.c), or None without the fast path."""
+    """``cuproc._fastpath_c.make_checked`` (see src/fastpath/fastpath_checked.c), or None without the fast path."""
     return _factory("make_checked")
 
 
 def one_shot_factory() -> Callable[..., Any] | None:
-    """``cuproc._fastpath_c.make_one_shot`` (see tools/fastpath_launch.c), or None without the fast path."""
+    """``cuproc._fastpath_c.make_one_shot`` (see src/fastpath/fastpath_launch.c), or None without the fast path."""
     return _factory("make_one_shot")
 
 
 def stream_ordered_factory() -> Callable[..., tuple[Any, Any]] | None:
-    """``cuproc._fastpath_c.make_stream_ordered`` (see tools/fastpath_memory.c), or None without the fast path."""
+    """``cuproc._fastpath_c.make_stream_ordered`` (see src/fastpath/fastpath_memory.c), or None without the fast path."""
     return _factory("make_stream_ordered")
 
 
 def device_buffer_factory() -> Callable[..., tuple[Any, Any, Any]] | None:
-    """``cuproc._fastpath_c.make_device_buffer`` (see tools/fastpath_device_buffer.c), or None without the fast path."""
+    """``cuproc._fastpath_c.make_device_buffer`` (see src/fastpath/fastpath_device_buffer.c), or None without the fast path."""
     return _factory("make_device_buffer")
 
 
 def claim_factory() -> Callable[..., Any] | None:
-    """``cuproc._fastpath_c.make_claim`` (see tools/fastpath_device_buffer.c), or None without the fast path."""
+    """``cuproc._fastpath_c.make_claim`` (see src/fastpath/fastpath_device_buffer.c), or None without the fast path."""
     return _factory("make_claim")
 
 
 def copy_factory() -> Callable[..., Any] | None:
-    """``cuproc._fastpath_c.make_copy`` (see tools/fastpath_copy.c), or None without the fast path."""
+    """``cuproc._fastpath_c.make_copy`` (see src/fastpath/fastpath_copy.c), or None without the fast path."""
     return _factory("make_copy")
 
 
 def ask_all() -> Callable[..., int] | None:
-    """``cuproc_ask_all`` (see tools/fastpath_resolve.c): many cuGetProcAddress queries in one C call,
+    """``cuproc_ask_all`` (see src/fastpath/fastpath_resolve.c): many cuGetProcAddress queries in one C call,
     for ``Driver.preload()``; None without the fast path."""
-    compiled = _ffi.COMPILED   # getattr: a module built before tools/fastpath_resolve.c lacks it
+    compiled = _ffi.COMPILED   # getattr: a module built before src/fastpath/fastpath_resolve.c lacks it
     return None if compiled is None else getattr(compiled.lib, "cuproc_ask_all", None)
 
 
 #: The C type through which each compiled front calls its driver function (the fronts in
-#: tools/fastpath_*.c cast to these): a name resolved to another ABI variant keeps its Python path.
+#: src/fastpath/fastpath_*.c cast to these): a name resolved to another ABI variant keeps its Python path.
 #: Kept here, beside the compiled module, so that the object layer names no ABI version.
 FRONT_TYPEDEFS = {"cuCtxGetCurrent": "PFN_cuCtxGetCurrent_v4000",
                   "cuMemAlloc": "PFN_cuMemAlloc_v3020",

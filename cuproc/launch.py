@@ -638,7 +638,7 @@ def _launcher_source(types: Sequence[ArgType], grid: tuple | None, block: tuple 
     exact ints store only the config fields that changed (each store is a cffi call, about 0.1 us).
 
     ``cache_pointers=False`` stores every pointer (and checks and stores every call's dimensions) on
-    every call: when the compiled launcher (tools/fastpath_launch.c) writes the same block and
+    every call: when the compiled launcher (src/fastpath/fastpath_launch.c) writes the same block and
     config, this one cannot know what is in them.
     """
     per_call = grid is None
@@ -821,7 +821,7 @@ def _compile_launcher(prepared: PreparedLaunch, cu_launch: Any, error: Any, cach
 def _compiled_kinds(prepared: PreparedLaunch) -> bytes | None:
     """The C launcher's kind per argument, or None where it does not apply: no fast path, a vector
     or struct argument, or an entry resolved with another signature than the launcher calls."""
-    compiled_kinds = fastpath.launcher_kinds()   # tools/fastpath_launch.c's enum, read from the module
+    compiled_kinds = fastpath.launcher_kinds()   # src/fastpath/fastpath_launch.c's enum, read from the module
     if compiled_kinds is None:
         return None
     kinds = []
@@ -839,7 +839,7 @@ def _compiled_kinds(prepared: PreparedLaunch) -> bytes | None:
 
 def _compiled_launcher(prepared: PreparedLaunch, pure: Callable[..., None], kinds: bytes,
                        env: dict[str, Any]) -> Callable[..., None]:
-    """The C launcher (tools/fastpath_launch.c) over the same block, falling back to ``pure``.
+    """The C launcher (src/fastpath/fastpath_launch.c) over the same block, falling back to ``pure``.
 
     It takes the common case only -- the block's owner thread, EPOCH unchanged, values it converts
     exactly as cffi does, and where the dimensions come with each call, exact ints (or tuples of
@@ -963,7 +963,7 @@ def launch(function: Any, grid: Any, block: Any, args: Sequence[Any] = (), *, si
     _launch_uncached(function, grid, block, args, signature, shared_mem, stream, stream_key, convention, entry, key)
 
 
-# With the fast path, ``launch`` is a C front over the function above (tools/fastpath_launch.c,
+# With the fast path, ``launch`` is a C front over the function above (src/fastpath/fastpath_launch.c,
 # make_one_shot): for fn.launch(grid, block, args) with at most ``signature=``, ``stream=`` (None or a
 # Stream) and ``shared_mem=``, on an exact Function, it builds the same key, finds a warm entry for
 # that very stream whose epoch is current, and calls its launcher with the call's grid, block and

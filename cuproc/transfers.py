@@ -442,7 +442,7 @@ def _c_copy_failed(rc: int, dst: Allocation, src: Allocation, n: int) -> None:
     raise ctx.driver.error(rc, call)
 
 
-# The compiled fast path's front over copy (tools/fastpath_copy.c): a DeviceBuffer and pinned host memory,
+# The compiled fast path's front over copy (src/fastpath/fastpath_copy.c): a DeviceBuffer and pinned host memory,
 # either way, no stream, checked since the last resource ended -- the call and the stores in C, everything
 # else to the Python function above.  Why: the Python layers' reach after a copy of tens of megabytes, which
 # leaves the CPU's caches cold (issue 9; the C file's comment has the numbers).  Registered host memory is

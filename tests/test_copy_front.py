@@ -1,5 +1,5 @@
 """``memory.copy`` between a DeviceBuffer and pinned or registered host memory, on the fake driver, on both
-paths: what it makes of the driver, and that the compiled front (tools/fastpath_copy.c) keeps every rule
+paths: what it makes of the driver, and that the compiled front (src/fastpath/fastpath_copy.c) keeps every rule
 the Python code keeps -- sizes, refusals, ended objects, the context binding, driver errors, the streams
 recorded, fork, threads, a stand-in for the driver function.
 

@@ -1,5 +1,5 @@
 """``DeviceBuffer(n)`` and ``free()``/``close()`` on the fake driver, on both paths: what each makes of the
-driver, and that the compiled fronts (tools/fastpath_device_buffer.c) keep every rule the Python code
+driver, and that the compiled fronts (src/fastpath/fastpath_device_buffer.c) keep every rule the Python code
 keeps -- the context they find, refusals, driver errors, exports, threads, fork, a changed default handle.
 
 On the fast path ``DeviceBuffer.__init__``, ``close`` and ``free`` are C fronts that count the calls they

@@ -1,4 +1,4 @@
-"""The optional compiled fast path (cuproc.fastpath, tools/build_fastpath.py, tools/fastpath_launch.c).
+"""The optional compiled fast path (cuproc.fastpath, tools/build_fastpath.py, src/fastpath/fastpath_launch.c).
 
 Both paths run in CI: the rest of the suite runs on whichever path this process has (the fast one
 after ``pip install -e .`` with a compiler), and ``test_pure_path_reruns_driver_launch_and_ownership``
@@ -99,23 +99,23 @@ def test_a_module_built_from_other_headers_is_not_used(tmp_path):
     assert out.returncode == 0 and out.stdout.startswith("False off:") and "other headers" in out.stdout, out.stderr
 
 
-@pytest.mark.parametrize("tool", [Path(name).name for name in _fastpath_digest.TOOL_INPUTS])
+@pytest.mark.parametrize("tool", _fastpath_digest.TOOL_INPUTS)
 def test_a_module_built_by_other_tools_is_not_used_in_a_checkout(tmp_path, tool):
     """The .so is gitignored and survives a git pull that changes the launcher's argument tuple."""
     if not fastpath.active():
         pytest.skip(f"the compiled fast path is {fastpath.status()}")
-    if not (ROOT / "tools" / tool).is_file():
-        pytest.skip("no tools/ here (an installed package is checked against its headers only)")
+    if not (ROOT / tool).is_file():
+        pytest.skip(f"no {tool} here (an installed package is checked against its headers only)")
     import cuproc._fastpath_c as compiled
     shutil.copytree(PACKAGE, tmp_path / "cuproc", ignore=COPY_IGNORE)
     shutil.copy(compiled.__file__, tmp_path / "cuproc")
-    (tmp_path / "tools").mkdir()
     for name in _fastpath_digest.TOOL_INPUTS:
-        shutil.copy(ROOT / name, tmp_path / "tools")
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
     probe = "import cuproc.fastpath as f; print(f.active(), f.status())"
     same = run_python(probe, copy=tmp_path)
     assert same.stdout.startswith("True on:"), same.stdout + same.stderr
-    with open(tmp_path / "tools" / tool, "a") as f:
+    with open(tmp_path / tool, "a") as f:
         f.write("\n/* changed */\n" if tool.endswith(".c") else "\n# changed\n")
     out = run_python(probe, copy=tmp_path)
     assert out.returncode == 0 and out.stdout.startswith("False off:") and "other tools" in out.stdout, out.stderr
@@ -185,9 +185,9 @@ def test_an_install_without_the_compiled_module_says_it_was_not_built_and_how_to
 def test_the_kind_values_and_slot_count_come_from_the_module():
     """Python reads the C enum and CUPROC_SLOTS from the module; check them against the C source."""
     import cuproc._fastpath_c as compiled
-    source = (ROOT / "tools" / "fastpath_launch.c")
+    source = (ROOT / "src" / "fastpath" / "fastpath_launch.c")
     if not source.is_file():
-        pytest.skip("no tools/ here")
+        pytest.skip("no src/fastpath/ here")
     enum = re.search(r"enum cuproc_kind \{(.*?)\};", source.read_text(), re.S).group(1)
     names = [n.strip() for n in enum.split(",")]
     kinds = fastpath.launcher_kinds()
@@ -609,7 +609,7 @@ def _parameters(checked) -> tuple[str, ...]:
 
 @pytest.mark.parametrize("generation", ["v2", "v1", "none"])
 def test_preload_asks_the_driver_in_one_c_call_on_the_fast_path(sims, monkeypatch, generation):
-    """preload() makes its cuGetProcAddress queries in one cuproc_ask_all call (tools/fastpath_resolve.c)
+    """preload() makes its cuGetProcAddress queries in one cuproc_ask_all call (src/fastpath/fastpath_resolve.c)
     on the fast path, for v2 and v1 drivers, and in Python for a dlsym-only driver or on the pure path.
     test_driver_sim's preload tests check the answers on both paths."""
     s = sims[generation]
@@ -981,9 +981,9 @@ def _build_ext(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
                                  if not line.startswith(("license =", "license-files ="))))
     shutil.copytree(PACKAGE, tmp_path / "cuproc", ignore=COPY_IGNORE)   # an sdist in CI has none of its own
     shutil.copytree(ROOT / "headers", tmp_path / "headers", ignore=COPY_IGNORE)
-    (tmp_path / "tools").mkdir()
     for name in _fastpath_digest.TOOL_INPUTS:
-        shutil.copy(ROOT / name, tmp_path / "tools")
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
     return subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], check=False,
                           capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, **env})
 
@@ -1024,7 +1024,7 @@ def test_the_fronts_typedefs_are_the_ones_the_c_sources_call_through():
     calls it) names exactly the PFN_ types the C fronts cast their function pointers to."""
     from cuproc import _fastpath_digest
     casts = set()
-    fronts = [s for s in _fastpath_digest.C_SOURCES if s != "tools/fastpath_resolve.c"]   # (that one: no front)
+    fronts = [s for s in _fastpath_digest.C_SOURCES if s != "src/fastpath/fastpath_resolve.c"]   # (that one: no front)
     for source in fronts:
         casts |= set(re.findall(r"\(\((PFN_\w+)\)", (ROOT / source).read_text()))
     assert casts == set(fastpath.FRONT_TYPEDEFS.values())

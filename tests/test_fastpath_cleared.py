@@ -1,6 +1,6 @@
 """A compiled front the garbage collector has cleared raises; it never calls through what tp_clear emptied.
 
-Every C front (tools/fastpath_*.c) keeps its Python fallback, types and tables as object members, and its
+Every C front (src/fastpath/fastpath_*.c) keeps its Python fallback, types and tables as object members, and its
 tp_clear -- run when the collector breaks a reference cycle through the front, and at interpreter
 shutdown -- sets them to NULL.  A front still reachable after that (from another object of the same
 cycle, or a module being torn down) must answer with a RuntimeError, not dereference NULL.  The collector

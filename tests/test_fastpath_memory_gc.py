@@ -1,4 +1,4 @@
-"""The C fronts of stream-ordered allocation (tools/fastpath_memory.c) while Python runs inside them.
+"""The C fronts of stream-ordered allocation (src/fastpath/fastpath_memory.c) while Python runs inside them.
 
 The fronts let Python run at a few points: the driver-function lookup (a ``__getattr__`` hook, and
 ``pointer_of`` for a function not seen before: Python code, and a hash of the function), and on 3.10

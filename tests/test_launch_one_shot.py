@@ -1,5 +1,5 @@
 """The one-shot launch's warm path (issue 9): with the fast path, ``Function.launch`` is a C front
-(tools/fastpath_launch.c, make_one_shot) that takes warm entries of the common form itself; every
+(src/fastpath/fastpath_launch.c, make_one_shot) that takes warm entries of the common form itself; every
 other call goes to the Python launch.  These tests check that it takes what it should, hands on
 what it should not, keeps every refusal of the Python launch, and that launch_ex / cooperative
 refusals name the call actually made; that grid, block and shared memory come with each launch (one

@@ -686,7 +686,7 @@ def test_async_copies_are_one_call_each_on_the_stream(fk, pc):
 
 # ----------------------------------------------------------------------------- the C front (fast path)
 # On the fast path alloc_async, DeviceBuffer.free_async and DeviceBuffer.__del__ are C fronts
-# (tools/fastpath_memory.c) over the Python code, which ``__wrapped__`` names; on the pure path they
+# (src/fastpath/fastpath_memory.c) over the Python code, which ``__wrapped__`` names; on the pure path they
 # are that code.  These tests hold on both: the front builds what the code builds, and hands every
 # other form to it unchanged.
 

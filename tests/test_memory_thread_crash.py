@@ -1,5 +1,5 @@
 """Threads meeting, all at once, a driver function that the C fronts of ``alloc_async`` and
-``DeviceBuffer.free_async`` have not seen yet (tools/fastpath_memory.c, ``cuproc_so_function``).
+``DeviceBuffer.free_async`` have not seen yet (src/fastpath/fastpath_memory.c, ``cuproc_so_function``).
 
 A front keeps the function ``drv.cuX`` was last seen to be (a reference) and the address it calls.  A
 new one -- a new Driver handle's, or a stand-in a test put there -- is checked by a Python call

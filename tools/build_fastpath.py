@@ -20,13 +20,13 @@ cffi *API-mode* extension is a direct C call.  This module is one API-mode exten
   claimed once with one pointer (``cuproc_slot_claim``, compare-and-swap) and never rewritten,
   so handles that resolved the same pointer share it and a handle with another pointer takes the
   next slot, or the pointer-argument trampoline when all are taken.
-* the prepared-launch packer of ``tools/fastpath_launch.c``.
-* the checked call of ``tools/fastpath_checked.c`` (``drv.checked.cuX``: call, test the result, raise).
-* stream-ordered allocation of ``tools/fastpath_memory.c`` (``alloc_async`` / ``DeviceBuffer.free_async``).
-* synchronous allocation of ``tools/fastpath_device_buffer.c`` (``DeviceBuffer(n)``, ``close``/``free``) and
+* the prepared-launch packer of ``src/fastpath/fastpath_launch.c``.
+* the checked call of ``src/fastpath/fastpath_checked.c`` (``drv.checked.cuX``: call, test the result, raise).
+* stream-ordered allocation of ``src/fastpath/fastpath_memory.c`` (``alloc_async`` / ``DeviceBuffer.free_async``).
+* synchronous allocation of ``src/fastpath/fastpath_device_buffer.c`` (``DeviceBuffer(n)``, ``close``/``free``) and
   the one-step claim of every resource (``Resource._claim``).
-* ``memory.copy`` between a device buffer and host memory, ``tools/fastpath_copy.c``.
-* ``preload()``'s driver queries in one call, ``tools/fastpath_resolve.c`` (``cuproc_ask_all``).
+* ``memory.copy`` between a device buffer and host memory, ``src/fastpath/fastpath_copy.c``.
+* ``preload()``'s driver queries in one call, ``src/fastpath/fastpath_resolve.c`` (``cuproc_ask_all``).
 * the declarations of ``headers/`` themselves, so that the module's ``ffi`` knows every type:
   cffi cannot ``include()`` the out-of-line ABI module into an API-mode one, so with the fast
   path on, this ``ffi`` is *the* ffi of cuproc (``cuproc._ffi``) and cdata passes between the
@@ -137,7 +137,7 @@ def digest_module(root: Path):  # type: ignore[no-untyped-def] - a module object
     return module
 
 
-# The launcher's argument kinds (tools/fastpath_launch.c enum cuproc_kind), declared to cffi so
+# The launcher's argument kinds (src/fastpath/fastpath_launch.c enum cuproc_kind), declared to cffi so
 # that Python reads their values from the module.
 _KIND_CDEF = """enum cuproc_kind { CUPROC_K_PTR, CUPROC_K_I8, CUPROC_K_I16, CUPROC_K_I32, CUPROC_K_I64, CUPROC_K_U8,
     CUPROC_K_U16, CUPROC_K_U32, CUPROC_K_U64, CUPROC_K_F32, CUPROC_K_F64, CUPROC_K_COUNT };
