@@ -122,7 +122,7 @@ def after_last_work(buffer: DeviceBuffer, context: Context, stream: Any, waiter:
     context is.  Nothing is done when the last work went to ``stream`` itself (the common case).
     Kernel launches do not set ``last_stream`` (the launch cannot tell what a kernel uses): after a
     kernel that uses the buffer on another stream, set it, or free on that stream."""
-    order_after(buffer.last_stream, context, stream, waiter)
+    order_after(buffer.last_stream, context, stream, waiter, home=buffer.context)
 
 
 def _legacy_and_blocking(drv: Driver, last: Any, last_handle: Any, owner: Context, stream: Any, context: Context,
@@ -140,14 +140,17 @@ def _legacy_and_blocking(drv: Driver, last: Any, last_handle: Any, owner: Contex
     return False
 
 
-def order_after(last: Stream | int | None, context: Context, stream: Any, waiter: Stream | None = None) -> None:
+def order_after(last: Stream | int | None, context: Context, stream: Any, waiter: Stream | None = None,
+                home: Context | None = None) -> None:
     """Make ``stream`` (a CUstream of ``context``; ``waiter``, its cuproc Stream where there is one) wait for
     the work queued so far on ``last`` (a buffer's ``last_stream``: a Stream, a raw handle as an int, None
     for the default stream), as :func:`after_last_work` says; nothing when they are the same stream, or
-    when the driver orders them itself (the legacy default stream and a blocking stream).  Raises,
-    naming the call."""
+    when the driver orders them itself (the legacy default stream and a blocking stream).  ``home``: the
+    context of the buffer whose ``last_stream`` it is, whose default stream None names (its work on a
+    default stream ran with it current); ``context`` when not given -- for a peer copy's source that
+    would be the other buffer's.  Raises, naming the call."""
     drv = context.driver
-    owner = context                                    # the context the last stream belongs to
+    owner = home if home is not None else context      # the context the last stream belongs to
     if isinstance(last, Stream):
         owner = last.context
         if last.ended_owner() is not None:             # closed (its work still runs), or its context gone
@@ -299,14 +302,15 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
         if self.last_stream is not target:            # the last work cuproc queued on it may have gone elsewhere
             after_last_work(self, self.context, h, target if isinstance(target, Stream) else None)
         address = self.address
+        entry = None
         if own is not None:
             # Stream-ordered: the claim is removing its entry from the context's table, as every way of
             # freeing it does first (Context.untrack_stream_ordered, inline).  Ended either way: without
             # the claim, whoever has it (close, the teardown, another free_async) frees the memory.
-            if self.context.stream_ordered.pop(self.claim_key, None) is None:
-                self.ended = "freed"
-                return
+            entry = self.context.stream_ordered.pop(self.claim_key, None)
             self.ended = "freed"
+            if entry is None:
+                return
         elif not self._claim("freed"):
             return
         if own.__class__ is Stream and h is own.handle:   # a Stream's own handle is never a default stream
@@ -314,7 +318,16 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
             if rc:
                 _free_failed(ctx, rc, address, h)
             return
-        rc = ctx.call_on(h, self.driver.cuMemFreeAsync, address, h)   # (a default stream: the current one's)
+        try:
+            rc = ctx.call_on(h, self.driver.cuMemFreeAsync, address, h)   # (a default stream: the current one's)
+        except BaseException:
+            # The context could not be made current (cuCtxPushCurrent failed), so cuMemFreeAsync never ran:
+            # the claim is given back, and the buffer stays live for close(), the context's teardown or the
+            # finalizer to free -- else its memory would be lost to a claim that freed nothing.
+            if entry is not None:
+                self.context.stream_ordered[self.claim_key] = entry
+            self.ended = None
+            raise
         if rc:
             raise self.driver.error(rc, "cuMemFreeAsync")
 

@@ -41,6 +41,10 @@ class HostMemory(HostArrayExports, Allocation):
     kind = "host"
     last_stream: Stream | int | None   # the last stream-ordered copy cuproc queued on it (None: none pending)
 
+    def _copy_type(self) -> type[HostMemory]:
+        """A DLPack copy of host memory is pinned memory (managed memory: managed, below)."""
+        return PinnedBuffer
+
     def _start(self, drv: Driver, ctx: Context, address: int, nbytes: int) -> None:
         self.driver, self.ended, self.context, self.address, self.nbytes = drv, None, ctx, address, nbytes
         self._views: dict[int, weakref.ref[Any]] | None = None
@@ -175,6 +179,9 @@ class ManagedBuffer(HostMemory):
     kind = "managed"
     _release_call = "cuMemFree"
     _dlpack_type = KDL_CUDA_MANAGED
+
+    def _copy_type(self) -> type[HostMemory]:
+        return ManagedBuffer
 
     def __init__(self, nbytes: int, *, attach_global: bool = True, context: Context | None = None,
                  driver: Driver | None = None) -> None:

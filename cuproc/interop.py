@@ -147,14 +147,19 @@ def _order_consumer(allocation: Any, consumer: int) -> None:
     context the consumer's stream belongs to -- for a default-stream marker, the calling thread's
     current context (the consumer's), else the allocation's."""
     producer = stream_marker(allocation)
-    if producer is None or consumer == producer:
+    if producer is None:
         return
     last = allocation.last_stream
     signaller = last.context if isinstance(last, Stream) else allocation.context
     waiter = None
     if consumer in (LEGACY_STREAM, PER_THREAD_STREAM):
         waiter = Context.current(driver=allocation.driver)
-    order_after(signaller, consumer, producer, waiter or allocation.context)
+    waiter = waiter or allocation.context
+    # The same number is the same stream only for a stream handle, or for a default stream in the same
+    # context: marker 1 of a consumer whose current context is another names that context's stream.
+    if consumer == producer and (consumer not in (LEGACY_STREAM, PER_THREAD_STREAM) or waiter is signaller):
+        return
+    order_after(signaller, consumer, producer, waiter)
 
 
 class DeviceArrayExports:
@@ -283,20 +288,20 @@ class HostArrayExports:
                 alloc.context.run("cuStreamSynchronize", ffi_stream(number))
         alloc.last_stream = None
 
+    def _copy_type(self) -> type[Any]:
+        """The class of the copy ``__dlpack__(copy=True)`` makes, which the memory's own class names
+        (:mod:`cuproc.host_memory`: pinned memory, managed memory for managed), so that this module,
+        below it, needs none of its classes."""
+        raise NotImplementedError(f"{type(self).__name__} does not say what a copy of it is")
+
     def _copy_on_host(self) -> Any:
         """A new allocation of the same kind with these bytes, once the context's work is done."""
         alloc: Any = self
         alloc.context.synchronize()
-        new = (type(alloc) if self._dlpack_type == KDL_CUDA_MANAGED else _pinned_type())(alloc.nbytes,
-                                                                                         context=alloc.context)
+        new = self._copy_type()(alloc.nbytes, context=alloc.context)
         import ctypes   # here, not with every DeviceBuffer; its memmove, unlike ffi.memmove, releases the GIL
         ctypes.memmove(new.ptr, alloc.ptr, alloc.nbytes)
         return new
-
-
-def _pinned_type() -> Any:
-    from .host_memory import PinnedBuffer
-    return PinnedBuffer
 
 
 # --------------------------------------------------------------------------- import: CAI
@@ -328,27 +333,33 @@ def read_cai(obj: Any, call: str, *, writable: bool) -> tuple[int, int, int | No
     return int(ptr or 0), size, stream
 
 
-def wait_for_cai(stream: int, waiter: Stream | Any | None, context: Context | None, driver: Driver) -> None:
+def wait_for_cai(stream: int, waiter: Stream | Any | None, context: Context | None, driver: Driver,
+                 exporter: Context | None = None) -> None:
     """Make cuproc's use of a CAI array wait for the exporter's ``stream``, as the CAI spec asks.
 
-    Work on a stream (``waiter``) waits on the device (an event); a synchronous call waits on the
-    host (cuStreamSynchronize of the exporter's stream).  The exporter stream's context comes from
-    :func:`cuproc.stream.foreign_context` (one cuStreamGetCtx per use)."""
+    Work on a stream (``waiter``) waits on the device (an event); a synchronous call, which runs in
+    ``context`` (on its default stream), waits on the host (cuStreamSynchronize of the exporter's
+    stream).  A default-stream marker (1, 2) names the default stream of the exporter's context:
+    ``exporter``, the context the driver records for the exported memory, when known (else
+    ``context``).  Only when that is the context the call runs in does the default stream order the
+    call by itself; measured on driver 580, another context's default stream is not ordered with it.
+    A stream handle's context comes from :func:`cuproc.stream.foreign_context` (one cuStreamGetCtx per use)."""
+    default = stream in (LEGACY_STREAM, PER_THREAD_STREAM)
+    home = exporter if exporter is not None else context
     if waiter is not None:
         h = handle_int(stream_handle(waiter, driver, "cuStreamWaitEvent"))
         if h != stream:
             ctx = waiter.context if isinstance(waiter, Stream) else context
             ctx = ctx if ctx is not None else Context.require_current("cuStreamWaitEvent", driver=driver)
-            # The event lives in the exporter stream's context; a default stream is the waiter's context's.
-            signaller = ctx if stream in (LEGACY_STREAM, PER_THREAD_STREAM) else \
-                foreign_context(stream, None, driver)
+            # The event lives in the exporter stream's context; a default stream is the exporter's context's.
+            signaller = (home or ctx) if default else foreign_context(stream, None, driver)
             order_after(signaller, h, stream, ctx)
         return
-    if stream == default_marker(driver):
+    if stream == default_marker(driver) and home is context:
         return          # a synchronous call runs on that default stream: already ordered after its work
     h = ffi_stream(stream)
     # a default stream (1, 2) is whichever context is current's: the exporter's, when known, must be
-    rc = context.call_on(h, driver.cuStreamSynchronize, h) if context is not None else driver.cuStreamSynchronize(h)
+    rc = home.call_on(h, driver.cuStreamSynchronize, h) if home is not None else driver.cuStreamSynchronize(h)
     if rc:
         raise driver.error(rc, "cuStreamSynchronize")
 

@@ -35,7 +35,7 @@ from .context import Context
 from .device_memory import DeviceBuffer, DeviceView, GlobalView, order_after
 from .driver import Driver
 from .host_memory import HostMemory, PinnedBuffer
-from .interop import read_cai, wait_for_cai
+from .interop import LEGACY_STREAM, PER_THREAD_STREAM, read_cai, wait_for_cai
 from .stream import Stream, as_stream, stream_handle
 
 
@@ -156,6 +156,20 @@ def _peer_contexts(d: _Placed, s: _Placed) -> tuple[Context, Context] | None:
     return (dc, sc) if dc is not None and sc is not None and dc is not sc else None
 
 
+def _device_contexts(d: _Side, s: _Side, driver: Driver | None) -> tuple[Context, Context] | None:
+    """:func:`_peer_contexts` for a device-to-device copy with a raw, CAI or DLPack side: its context is
+    the one the driver records for its memory.  cuMemcpyDtoD between two contexts' memory runs in the
+    current one, on its default stream, unordered with the other's work: cuMemcpyPeer is the call."""
+    found = _peer_contexts(d, s)
+    if found is not None or (d.context is not None and s.context is not None):
+        return found
+    dc = d.context if d.context is not None else _recorded_context(d.ptr, driver)
+    sc = s.context if s.context is not None else _recorded_context(s.ptr, driver)
+    if dc is None or sc is None or handle_int(dc.handle) == handle_int(sc.handle):
+        return None
+    return dc, sc
+
+
 def _both_host() -> Exception:
     """memory.copy's refusal of host memory on both sides (the general and the lean path)."""
     return invalid("cuMemcpy", "both sides are host memory: use memoryview slicing or numpy.copyto")
@@ -199,7 +213,9 @@ def _begin(stream: Any, driver: Driver | None, call: str, d: _Side,
         drv = ctx.driver if ctx is not None else get_driver(driver)
         for side in (d, s):
             if side is not None and side.wait is not None:
-                wait_for_cai(side.wait, stream, ctx, drv)
+                # a default-stream marker names the exporter's context's default stream
+                exporter = _recorded_context(side.ptr, drv) if side.wait in (LEGACY_STREAM, PER_THREAD_STREAM) else None
+                wait_for_cai(side.wait, stream, ctx, drv, exporter)
     last = stream if stream is None or isinstance(stream, Stream) else \
         handle_int(_stream_arg(stream, ctx, driver, call)) or None   # NULL: the default stream
     _order_sides(last, ctx, stream, driver, call, d, s)
@@ -221,7 +237,8 @@ def _order_sides(last: Any, ctx: Context | None, stream: Any, driver: Driver | N
         if buffer is not None and buffer.last_stream is not last:
             if handle is None:
                 handle = _stream_arg(stream, ctx, driver, call)
-            order_after(buffer.last_stream, ctx, handle, stream if isinstance(stream, Stream) else None)
+            order_after(buffer.last_stream, ctx, handle, stream if isinstance(stream, Stream) else None,
+                        home=buffer.context)
 
 
 def _end(last: Any, d: _Side, s: _Side | None = None) -> None:
@@ -253,13 +270,16 @@ def copy(dst: Any, src: Any, nbytes: int | None = None, *, stream: Stream | Any 
     elif d.kind == "host" and s.kind == "device":
         _run(ctx, driver, "cuMemcpyDtoH" + suffix, ffi.cast("void *", d.ptr), s.ptr, n, *tail, on=stream)
     elif d.kind == "device" and s.kind == "device":
-        peer = _peer_contexts(d, s)
+        peer = _device_contexts(d, s, driver)
         if peer is not None:
             dc, sc = peer
             # synchronous: the driver still wants a current context (CUDA_ERROR_INVALID_CONTEXT with none,
             # measured on driver 580): the destination's
             _run(ctx if asynchronous else dc, dc.driver, "cuMemcpyPeer" + suffix, d.ptr, dc.handle,
                  s.ptr, sc.handle, n, *tail, on=stream)
+            # (cuMemcpyPeer is serialized with all pending and future asynchronous work of the current, the
+            # source and the destination context, per the driver API's documentation: the source's
+            # last_stream, None, stays right for its own context.)
         else:
             _run(ctx, driver, "cuMemcpyDtoD" + suffix, d.ptr, s.ptr, n, *tail, on=stream)
     else:
@@ -287,7 +307,7 @@ def _copied_between_allocations(dst: Allocation, src: Allocation, nbytes: int | 
     for side in (dst, src):                      # the default stream waits for work left on others
         buffer = _tracked(side)
         if buffer is not None and buffer.last_stream is not None and ctx is not None:
-            order_after(buffer.last_stream, ctx, _stream_arg(None, ctx, None, plan[0]))
+            order_after(buffer.last_stream, ctx, _stream_arg(None, ctx, None, plan[0]), home=buffer.context)
     _run(ctx, None, *plan)
     _synchronous_done(dst, src)
     return True

@@ -867,17 +867,29 @@ static CUresult uni_range(CUdeviceptr addr, size_t n, struct alloc **pa, char **
 struct queue { unsigned uid; int named; };
 static const struct queue BY_POINTER = {0, 1};
 
+static int on_device(const struct alloc *a);
+
 /* A memory operation touching allocations a and b (either may be NULL), on queue q (NULL: a
  * synchronous one).  Some live context must be current.  One that runs in the current context (no
- * stream named) while neither bound side's context is current is misrouted: carried out, recorded. */
+ * stream named) is misrouted -- carried out, recorded -- while neither bound side's context is
+ * current, or while a bound side in device memory belongs to another context than the current one
+ * (cuMemcpyDtoD between two contexts' buffers: the real driver copies, on the current context's
+ * default stream, unordered with the other context's work; cuMemcpyPeer is the call for it).  A
+ * bound host side (pinned memory) of another context is not: its ordering is the host's. */
 static CUresult bind_mem(const struct alloc *a, const struct alloc *b, const struct queue *q) {
   struct obj *c;
   TRY(cur_ctx(&c));
   handle_t cur = top();
-  int need = 0;
-  if (a && a->bound) { need = 1; if (a->ctx == cur) return OK; }
-  if (b && b->bound) { need = 1; if (b->ctx == cur) return OK; }
-  if (need && !(q && q->named)) misrouted();
+  int need = 0, here = 0, foreign = 0;
+  const struct alloc *sides[2] = {a, b};
+  for (int i = 0; i < 2; i++) {
+    const struct alloc *x = sides[i];
+    if (!x || !x->bound) continue;
+    need = 1;
+    if (x->ctx == cur) here = 1;
+    else if (on_device(x)) foreign = 1;
+  }
+  if (need && !(q && q->named) && (!here || foreign)) misrouted();
   return OK;
 }
 
@@ -2936,6 +2948,9 @@ EXPORT void fake_set_device_count(int n) {
 EXPORT long fake_stale_count(void) { lock(); long n = stale_count; unlock(); return n; }
 EXPORT long fake_binding_errors(void) { lock(); long n = binding_count; unlock(); return n; }
 EXPORT long fake_misrouted_count(void) { lock(); long n = misrouted_count; unlock(); return n; }
+EXPORT void fake_clear_misrouted(void) {   /* for a test of the record itself */
+  lock(); misrouted_count = 0; memset(&misrouted_ring, 0, sizeof misrouted_ring); unlock();
+}
 
 static int ring_format(const struct ring *r, char *buf, int size) {
   if (!buf || size <= 0) return 0;

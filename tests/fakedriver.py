@@ -335,6 +335,10 @@ class FakeDriver:
     def misrouted_calls(self) -> list[str]:
         return self._names(self._lib.fake_misrouted_calls)
 
+    def clear_misrouted(self) -> None:
+        """Forget the misrouted calls recorded so far (for a test that makes one on purpose)."""
+        self._lib.fake_clear_misrouted()
+
     def fail(self, call: str, code: int, count: int = 1) -> None:
         """The next ``count`` calls of ``call`` (C base name, "cuMemFree") return ``code`` and do
         nothing; ``count=-1``: every call until cleared; ``count=0``: clear."""

@@ -83,9 +83,9 @@ def test_a_synchronous_copy_runs_in_the_buffers_context(fk, pc, created, copy, d
 class _Exported:
     """Another library's array over device memory (``__cuda_array_interface__``, no stream to wait for)."""
 
-    def __init__(self, address: int, nbytes: int) -> None:
+    def __init__(self, address: int, nbytes: int, stream: int | None = None) -> None:
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (address, False),
-                                         "version": 3, "stream": None}
+                                         "version": 3, "stream": stream}
 
 
 def test_raw_and_exported_memory_runs_in_the_context_the_driver_records_for_it(fk, created):
@@ -184,3 +184,149 @@ def test_a_default_stream_value_is_not_a_stream_of_its_own(fk, pc):
     for value in (0, 1, 2):
         with pytest.raises(InvalidValueError, match="default stream of whichever context is current"):
             Stream.from_handle(value, context=pc.context)
+
+
+# ----------------------------------------------------------------------------- review fixes of 2026-11-29
+
+def _spy_current(monkeypatch, *names):
+    """Record (name, first argument as an int, the current context's handle as an int) of every call the
+    default handle makes to ``names``: where a call runs is the context current when it is made."""
+    drv = cuproc.driver.default_driver()
+    calls = []
+    for name in names:
+        real = getattr(drv, name)
+
+        def wrapper(*args, _real=real, _name=name):
+            cur = Context.current()
+            first = args[0]
+            if isinstance(first, cuproc.ffi.CData):
+                first = int(cuproc.ffi.cast("uintptr_t", first))
+            calls.append((_name, first, None if cur is None else handle_int(cur.handle)))
+            return _real(*args)
+        monkeypatch.setattr(drv, name, wrapper)
+    return calls
+
+
+def handle_int(h) -> int:
+    return int(cuproc.ffi.cast("uintptr_t", h))
+
+
+@pytest.mark.parametrize("marker", [1, 2])
+def test_a_cai_export_on_another_contexts_default_stream_is_waited_for_in_that_context(fk, pc, created, monkeypatch,
+                                                                                    marker):
+    """CAI's stream 1 (2) is the legacy (per-thread) default stream of the exporter's context.  A synchronous copy
+    runs in the cuproc side's context, whose default stream is not ordered with another context's: the exporter's
+    default stream is synchronized with *its* context current (it returned early for 1, and synchronized the
+    cuproc side's context's stream 2)."""
+    exported = DeviceBuffer(64, context=created)
+    mine = DeviceBuffer(64)                        # the primary context's, current
+    calls = _spy_current(monkeypatch, "cuStreamSynchronize")
+    mem.copy(mine, _Exported(exported.ptr, 64, stream=marker))       # a peer copy (the driver's record)
+    assert calls == [("cuStreamSynchronize", marker, handle_int(created.handle))]   # the exporter's stream
+    calls.clear()
+    mem.copy(_Exported(mine.ptr, 64, stream=1), np.zeros(64, np.uint8))   # the context the copy runs in: its
+    assert calls == []                                                      # legacy stream orders the call itself
+    _routed(fk)
+    exported.close()
+    mine.close()
+
+
+def test_a_dlpack_consumer_on_its_default_stream_waits_for_the_producers_in_another_context(fk, pc, created,
+                                                                                        monkeypatch):
+    """``__dlpack__(stream=1)``: the consumer's legacy stream, in the consumer's (current) context.  The producer's
+    marker 1 is its own context's legacy stream: the same number, another stream -- so an event is recorded there
+    (its context current) and waited for on the consumer's (it was skipped as 'the same stream')."""
+    from cuproc import _dlpack
+    buf = DeviceBuffer(64, context=created)
+    mem.memset(buf, 4, stream=cuproc.ffi.cast("CUstream", 0))    # pending on the created context's default stream
+    assert buf.last_stream is None
+    calls = _spy_current(monkeypatch, "cuEventRecord", "cuStreamWaitEvent")
+    _dlpack.consume(buf.__dlpack__(stream=1)).release()
+    names = [(name, ctx) for name, _, ctx in calls]
+    assert names == [("cuEventRecord", handle_int(created.handle)), ("cuStreamWaitEvent", handle_int(pc.context.handle))]
+    calls.clear()
+    with created:                                  # consumer and producer in one context: the same stream
+        _dlpack.consume(buf.__dlpack__(stream=1)).release()
+    assert calls == []
+    buf.close()
+
+
+def test_a_peer_copys_source_is_waited_for_on_its_own_contexts_default_stream(fk, pc, created, monkeypatch):
+    """A source whose last work went to the default stream (last_stream None) names *its* context's default
+    stream; a peer copy on a stream of the destination's context recorded the event on the destination's."""
+    src = DeviceBuffer(256, context=created)
+    mem.memset(src, 6, stream=cuproc.ffi.cast("CUstream", 0))    # on the created context's default stream
+    dst = DeviceBuffer(256)
+    s = Stream()                                   # the primary context's
+    calls = _spy_current(monkeypatch, "cuEventRecord")
+    mem.copy(dst, src, stream=s)
+    assert [(name, ctx) for name, _, ctx in calls] == [("cuEventRecord", handle_int(created.handle))]
+    s.synchronize()
+    back = np.zeros(256, np.uint8)
+    mem.copy(back, dst)
+    assert (back == 6).all()
+    _routed(fk)
+    for x in (src, dst, s):
+        x.close()
+
+
+def test_a_synchronous_peer_copy_is_ordered_before_the_sources_later_free(fk, pc, created):
+    """cuMemcpyPeer is serialized with all pending and future asynchronous work of the current, the source and the
+    destination contexts (the driver API's documentation; the fake models it): the source's last_stream, None,
+    names its own context's default stream, and a stream-ordered free of the source there needs no wait."""
+    src = mem.alloc_async(256, context=created)
+    mem.memset(src, 2)
+    dst = DeviceBuffer(256)
+    mem.copy(dst, src)
+    src.free_async()
+    assert fk.unordered_frees() == 0, fk.unordered_calls()
+    back = np.zeros(256, np.uint8)
+    mem.copy(back, dst)
+    assert (back == 2).all()
+    _routed(fk)
+    dst.close()
+
+
+def test_a_device_copy_with_a_raw_side_of_another_context_is_a_peer_copy(fk, pc, created):
+    """A raw address (or CAI) of another context's memory: cuMemcpyDtoD would run in the cuproc side's context,
+    unordered with the other's work (the fake counts it as misrouted); the driver's record makes it a peer copy."""
+    far = DeviceBuffer(128, context=created)
+    near = DeviceBuffer(128)
+    mem.memset(far, 9)
+    fk.clear_calls()
+    mem.copy(near, far.ptr, 128)
+    assert "cuMemcpyPeer" in fk.calls()
+    mem.copy(far.ptr, near, 128, stream=Stream())
+    _routed(fk)
+    back = np.zeros(128, np.uint8)
+    mem.copy(back, near)
+    assert (back == 9).all()
+    far.close()
+    near.close()
+
+
+def test_the_fake_counts_a_dtod_between_two_contexts_as_misrouted(fk, pc, created):
+    """The model behind the test above: the real driver copies between two contexts' buffers with cuMemcpyDtoD,
+    on the current context's default stream only."""
+    far = DeviceBuffer(64, context=created)
+    near = DeviceBuffer(64)
+    drv = cuproc.driver.default_driver()
+    assert drv.cuMemcpyDtoD(near.ptr, far.ptr, 64) == 0
+    assert fk.misrouted_count() == 1 and fk.misrouted_calls() == ["cuMemcpyDtoD"]
+    fk.clear_misrouted()
+    far.close()
+    near.close()
+
+
+def test_a_failed_push_before_a_default_stream_free_leaves_the_buffer_live(fk, pc, created):
+    """free_async on a default stream pushes the buffer's context; when the push fails, cuMemFreeAsync never ran:
+    the claim is given back (it was kept, and the memory was lost) and a later free frees it."""
+    buf = mem.alloc_async(256, context=created)
+    assert fk.live("async_alloc") == 1
+    fk.fail("cuCtxPushCurrent", cuproc.driver.CUDA_ERROR_INVALID_CONTEXT, 1)
+    with pytest.raises(cuproc.CudaError) as info:
+        buf.free_async()                           # on the stream it came from: the context's default stream
+    assert info.value.call == "cuCtxPushCurrent" and buf.ended is None
+    buf.free_async()
+    assert buf.ended == "freed" and fk.live("async_alloc") == 0
+    _routed(fk)

@@ -25,7 +25,6 @@ NOT_SOURCE = ("cuproc._fastpath_c", "cuproc._cnames")   # compiled, or stubs: no
 #: of a higher module from a lower one).  Empty it as they go: the strict xfail below then fails.
 KNOWN_BACK_EDGES = {
     ("cuproc.device", "cuproc.context"),             # Device.primary_context()
-    ("cuproc.interop", "cuproc.host_memory"),        # a DLPack copy to pinned memory
     ("cuproc.launch", "cuproc.module"),              # the C front's Function type
     ("cuproc.stream", "cuproc.stream_capture"),      # Stream.capture()
 }
