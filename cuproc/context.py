@@ -59,7 +59,7 @@ from . import _fork
 from ._ffi import ffi
 from ._resource import FORKED, Resource, failure_text, report
 from ._support import arity, get_driver, handle_int, invalid
-from .device import Device
+from .device import CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, Device
 from .driver import Driver
 from .errors import CudaError, InvalidContextError, refusal, result_code
 
@@ -432,6 +432,33 @@ class Context(Resource):
         self.check("cuCtxSynchronize")
         self.driver.check(synchronize_context(self), "cuCtxSynchronize")
 
+    def enable_peer_access(self, peer: Context | PrimaryContext) -> bool:
+        """cuCtxEnablePeerAccess: let this context access the memory of ``peer`` (a Context, or a retained
+        PrimaryContext), with this context made current for the call.  False if it already could.
+
+        Peer access is state of the two contexts, not of their devices: it lasts while both live, so a
+        primary context must stay retained (``use_device`` or ``retain()``) for as long as it is needed.
+        Whether the devices can at all: :meth:`cuproc.device.Device.can_access_peer`."""
+        other = Context.given(peer, "cuCtxEnablePeerAccess")
+        self.check("cuCtxEnablePeerAccess")
+        other.check("cuCtxEnablePeerAccess")
+        rc = self.call_current(self.driver.cuCtxEnablePeerAccess, other.handle, 0)
+        if rc == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED:
+            return False
+        self.driver.check(rc, "cuCtxEnablePeerAccess")
+        return True
+
+    def disable_peer_access(self, peer: Context | PrimaryContext) -> bool:
+        """cuCtxDisablePeerAccess: undo :meth:`enable_peer_access`.  False if access was not enabled."""
+        other = Context.given(peer, "cuCtxDisablePeerAccess")
+        self.check("cuCtxDisablePeerAccess")
+        other.check("cuCtxDisablePeerAccess")
+        rc = self.call_current(self.driver.cuCtxDisablePeerAccess, other.handle)
+        if rc == CUDA_ERROR_PEER_ACCESS_NOT_ENABLED:
+            return False
+        self.driver.check(rc, "cuCtxDisablePeerAccess")
+        return True
+
     @property
     def device(self) -> Device:
         self.check("cuCtxGetDevice")
@@ -704,7 +731,9 @@ class PrimaryContext:
     _instances: weakref.WeakValueDictionary[tuple[int, int], PrimaryContext] = weakref.WeakValueDictionary()
     _instances_lock = _fork.lock()
 
-    def __new__(cls, device: Device) -> PrimaryContext:
+    def __new__(cls, device: Device | int = 0, *, driver: Driver | None = None) -> PrimaryContext:
+        if not isinstance(device, Device):
+            device = Device(device, driver=driver)
         key = (id(device.driver), device.ordinal)
         with cls._instances_lock:
             found = cls._instances.get(key)
@@ -716,8 +745,9 @@ class PrimaryContext:
                 cls._instances[key] = found
             return found
 
-    def __init__(self, device: Device) -> None:
-        """Shared per device: see ``__new__``."""
+    def __init__(self, device: Device | int = 0, *, driver: Driver | None = None) -> None:
+        """Device ``device``'s (a Device, or an ordinal on ``driver``) primary context, not retained yet;
+        shared per device: see ``__new__``."""
 
     def retain(self) -> PrimaryContext:
         """cuDevicePrimaryCtxRetain: one more retain held for this device.  A retain the context kept for
@@ -888,7 +918,7 @@ def use_device(ordinal: int = 0, *, driver: Driver | None = None) -> PrimaryCont
     made in it are gone, and left to the process exit at interpreter exit).  Dropped at
     once (a bare ``cuproc.use_device(0)`` statement), it takes its retain with it.
     """
-    pc = Device(ordinal, driver=driver).primary_context().retain()
+    pc = PrimaryContext(ordinal, driver=driver).retain()
     pc.context.set_current()
     return pc
 

@@ -1,8 +1,11 @@
-"""Devices: enumeration, identity, attributes and peer access (cuDevice*, cuCtx*PeerAccess).
+"""Devices: enumeration, identity, attributes and whether peers can access each other (cuDevice*).
 
 A :class:`Device` is a value (an ordinal on one driver handle); it owns
-nothing.  Peer access is a property of contexts: :meth:`Device.enable_peer_access`
-uses this device's primary context, which it retains for the duration of the call.
+nothing, and knows nothing of contexts: this module sits below :mod:`cuproc.context`.  A device's
+primary context is ``cuproc.PrimaryContext(device)`` (or ``cuproc.use_device(ordinal)``, retained and
+current).  Peer access is state of two contexts, not of devices:
+:meth:`cuproc.context.Context.enable_peer_access`; whether two devices can at all is
+:meth:`Device.can_access_peer`.
 """
 from __future__ import annotations
 
@@ -13,8 +16,6 @@ from .driver import Driver
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
     from typing import Any
-
-    from .context import PrimaryContext
 
 _ATTR_PREFIX = "CU_DEVICE_ATTRIBUTE_"
 CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704
@@ -119,39 +120,11 @@ class Device:
     def warp_size(self) -> int:
         return self.attribute("WARP_SIZE")
 
-    # ---------------------------------------------------------------- contexts and peers
-    def primary_context(self) -> PrimaryContext:
-        from .context import PrimaryContext
-        return PrimaryContext(self)
-
+    # ---------------------------------------------------------------- peers
     def can_access_peer(self, peer: Device) -> bool:
         out = ffi.new("int *")
         self.driver.checked.cuDeviceCanAccessPeer(out, self.handle, peer.handle)
         return bool(out[0])
-
-    def enable_peer_access(self, peer: Device) -> bool:
-        """Let this device's primary context access ``peer``'s memory. False if it already could.
-
-        Peer access is state of the two primary contexts: it lasts only while both are alive, so
-        hold a retain on each (``device.primary_context().retain()``) for as long as you need it.
-        """
-        peer_ctx = peer.primary_context()
-        with self.primary_context(), peer_ctx.retained():
-            rc = self.driver.cuCtxEnablePeerAccess(peer_ctx.handle, 0)
-        if rc == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED:
-            return False
-        self.driver.check(rc, "cuCtxEnablePeerAccess")
-        return True
-
-    def disable_peer_access(self, peer: Device) -> bool:
-        """Undo :meth:`enable_peer_access`. False if access was not enabled."""
-        peer_ctx = peer.primary_context()
-        with self.primary_context(), peer_ctx.retained():
-            rc = self.driver.cuCtxDisablePeerAccess(peer_ctx.handle)
-        if rc == CUDA_ERROR_PEER_ACCESS_NOT_ENABLED:
-            return False
-        self.driver.check(rc, "cuCtxDisablePeerAccess")
-        return True
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Device) and other.handle == self.handle and other.driver is self.driver

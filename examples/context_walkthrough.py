@@ -2,7 +2,7 @@
 
 Run it: ``python examples/context_walkthrough.py`` (needs a GPU). The test suite runs it too.
 """
-from cuproc import Context, Device
+from cuproc import Context, PrimaryContext
 
 steps = []
 
@@ -27,7 +27,7 @@ ctx_a.destroy()
 ctx_b.destroy()
 steps.append("destroyed both")
 
-primary = Device(0).primary_context().retain()   # retain device 0's primary context
+primary = PrimaryContext(0).retain()   # retain device 0's primary context
 flags, active = primary.state
 assert active
 primary.release()                                 # and release exactly what we retained

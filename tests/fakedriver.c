@@ -172,7 +172,10 @@ enum {
   E_FILE_NOT_FOUND = 301,
   E_INVALID_HANDLE = 400,
   E_NOT_FOUND = 500,
+  E_PEER_ACCESS_ALREADY_ENABLED = 704,
+  E_PEER_ACCESS_NOT_ENABLED = 705,
   E_CONTEXT_IS_DESTROYED = 709,
+  E_TOO_MANY_PEERS = 711,
   E_HOST_MEMORY_ALREADY_REGISTERED = 712,
   E_HOST_MEMORY_NOT_REGISTERED = 713,
   E_NOT_SUPPORTED = 801,
@@ -375,7 +378,8 @@ struct obj {
   union {
     /* legacy, uid: the ordering states of a context's NULL stream and of a stream (never reused);
      * clk: what waiting for an event orders after (see the ordering model) */
-    struct { size_t limits[N_LIMITS]; int cache; unsigned long long id; unsigned legacy; } c;
+    struct { size_t limits[N_LIMITS]; int cache; unsigned long long id; unsigned legacy;
+             unsigned long long peers[8]; int npeers; } c;   /* peers: ids of contexts it may access */
     struct { int priority; unsigned uid; } s;
     struct { unsigned long long seq; struct clock *clk; } e;
     struct { int attrs[N_FUNC_ATTRS]; int cache; } f;
@@ -1260,7 +1264,7 @@ static CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer) {
   NEED(can);
   TRY(check_dev(dev));
   TRY(check_dev(peer));
-  *can = 1;
+  *can = dev != peer;   /* a device is not its own peer (the real driver answers 0) */
   return OK;
 }
 
@@ -1395,6 +1399,39 @@ static CUresult cuCtxGetFlags(unsigned *flags) {
   TRY(cur_ctx(&c));
   *flags = c->flags;
   return OK;
+}
+
+/* Peer access is state of the current context (who may access) and the peer context: kept as the
+ * peer's id, so a destroyed peer whose handle comes back is another context.  As the real driver: flags
+ * must be 0, a context of the same device is no peer (CUDA_ERROR_INVALID_DEVICE, since
+ * cuDeviceCanAccessPeer says 0), twice is CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, at most 8 peers. */
+static CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
+  ENTER("cuCtxEnablePeerAccess");
+  NEED(flags == 0);
+  struct obj *c, *p;
+  CUresult rc;
+  TRY(cur_ctx(&c));
+  if (!(p = get(peer, K_CTX, &rc))) return rc;
+  if (p->dev == c->dev) return E_INVALID_DEVICE;
+  for (int i = 0; i < c->u.c.npeers; i++)
+    if (c->u.c.peers[i] == p->u.c.id) return E_PEER_ACCESS_ALREADY_ENABLED;
+  if (c->u.c.npeers == 8) return E_TOO_MANY_PEERS;
+  c->u.c.peers[c->u.c.npeers++] = p->u.c.id;
+  return OK;
+}
+
+static CUresult cuCtxDisablePeerAccess(CUcontext peer) {
+  ENTER("cuCtxDisablePeerAccess");
+  struct obj *c, *p;
+  CUresult rc;
+  TRY(cur_ctx(&c));
+  if (!(p = get(peer, K_CTX, &rc))) return rc;
+  for (int i = 0; i < c->u.c.npeers; i++)
+    if (c->u.c.peers[i] == p->u.c.id) {
+      c->u.c.peers[i] = c->u.c.peers[--c->u.c.npeers];
+      return OK;
+    }
+  return E_PEER_ACCESS_NOT_ENABLED;
 }
 
 static CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned *version) {

@@ -561,7 +561,7 @@ def sequence(seed: int, ops: int, threads: int, image: bytes, forks: bool, reset
     """One sequence.  ``log`` (single-threaded sequences only: their order is the seed's alone) gets each
     operation's outcome, which the pure and the compiled path must agree on."""
     rng = random.Random(seed)
-    primary = cuproc.Device(0).primary_context()
+    primary = cuproc.PrimaryContext(0)
     model = Model(held)
     worlds = [World(random.Random(rng.random()), image, primary, model, keep=1 if threads > 1 else 0)
               for _ in range(threads)]

@@ -12,7 +12,7 @@ import pytest
 
 import cuproc
 import cuproc.launch as L
-from cuproc import Context, Device, DeviceBuffer, Library, Linker, Module
+from cuproc import Context, Device, DeviceBuffer, Library, Linker, Module, PrimaryContext
 from cuproc import memory as mem
 from cuproc.errors import CudaError, InvalidValueError
 
@@ -180,7 +180,7 @@ def test_library_in_primary_and_created_context(requested):
     kernel = lib.get_kernel("VecAdd_kernel")
     a = np.arange(256, dtype=np.float32)
     results = []
-    primary = Device(0, driver=drv).primary_context()
+    primary = PrimaryContext(0, driver=drv)
     created = None
     for setup in ("primary", "created"):
         if setup == "primary":
@@ -255,7 +255,7 @@ def test_one_library_two_gpus():
     kernel = lib.get_kernel("VecAdd_kernel")
     a = np.arange(1024, dtype=np.float32)
     for ordinal in (0, 1):
-        with Device(ordinal).primary_context():
+        with PrimaryContext(ordinal):
             with DeviceBuffer(a.nbytes) as d:
                 mem.copy(d, a)
                 kernel.launch(4, 256, (d, d, d, np.int32(a.size)))

@@ -9,7 +9,7 @@ import pytest
 
 import cuproc
 from threads import in_thread
-from cuproc import Context, Device, DeviceBuffer, Stream
+from cuproc import Context, Device, DeviceBuffer, PrimaryContext, Stream
 from cuproc import memory as mem
 from cuproc.errors import ClosedResourceError, CudaError, InvalidContextError, InvalidValueError, OutOfMemoryError
 from cuproc.stream import Event, HostCallbackError
@@ -109,7 +109,7 @@ def test_pop_empty_stack_says_so():
 
 
 def test_primary_context_refcount():
-    pc = Device(0).primary_context()
+    pc = PrimaryContext(0)
     with pytest.raises(InvalidValueError):
         pc.release()                                 # never release what you did not retain
     with pc as ctx:
@@ -445,17 +445,17 @@ def test_out_of_memory_then_everything_back(primary):
 def test_peer_access_and_copies():
     d0, d1 = Device(0), Device(1)
     assert d0.can_access_peer(d1)
-    holds = [d0.primary_context().retain(), d1.primary_context().retain()]  # peer access lives in these
-    assert d0.enable_peer_access(d1) and d1.enable_peer_access(d0)
-    assert not d0.enable_peer_access(d1)                   # still enabled: the contexts were held
+    p0, p1 = PrimaryContext(d0).retain(), PrimaryContext(d1).retain()   # peer access lives in these
+    assert p0.context.enable_peer_access(p1) and p1.context.enable_peer_access(p0)
+    assert not p0.context.enable_peer_access(p1)           # still enabled: the contexts were held
     host = np.arange(1 << 16, dtype=np.uint32)
-    with d0.primary_context():
+    with p0:
         a = DeviceBuffer(host.nbytes)
         mem.copy(a, host)
-    with d1.primary_context():
+    with p1:
         b = DeviceBuffer(host.nbytes)
-    for current in (d0, d1):                              # a context of each device current in turn
-        with current.primary_context():
+    for current in (p0, p1):                              # a context of each device current in turn
+        with current:
             mem.memset(b, 0)
             mem.copy(b, a)                                # peer copy 0 -> 1
             back = np.zeros_like(host)
@@ -467,9 +467,9 @@ def test_peer_access_and_copies():
             np.testing.assert_array_equal(back, host)
     a.close()
     b.close()
-    assert d0.disable_peer_access(d1) and d1.disable_peer_access(d0)
-    assert not d0.disable_peer_access(d1)
-    for pc in holds:
+    assert p0.context.disable_peer_access(p1) and p1.context.disable_peer_access(p0)
+    assert not p0.context.disable_peer_access(p1)
+    for pc in (p0, p1):
         pc.release()
 
 

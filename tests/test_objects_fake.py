@@ -469,7 +469,7 @@ def test_a_primary_context_cannot_be_destroyed(fk, pc):
 
 
 def test_primary_context_state_flags_and_blocks(fk):
-    pc = Device(1).primary_context()
+    pc = PrimaryContext(1)
     assert pc is PrimaryContext(Device(1)) and pc.state == (0, False)
     pc.set_flags(4)
     with pytest.raises(InvalidValueError):
@@ -617,7 +617,7 @@ def test_an_explicit_context_wins_over_the_current_one(two):
 
 def test_library_before_cuda_12_loads_a_module_per_context(fk):
     drv = cuproc.Driver("11.8", library=str(fk.path))    # no cuLibrary* at this version
-    pcs = [Device(i, driver=drv).primary_context().retain() for i in (0, 1)]
+    pcs = [PrimaryContext(i, driver=drv).retain() for i in (0, 1)]
     lib = Library(IMAGE, driver=drv)
     assert not lib.context_independent and fk.live("library") == 0 and "per-context" in lib.describe()
     k = lib.get_kernel("empty")
@@ -924,3 +924,33 @@ def test_numpy_frombuffer_of_host_memory_holds_it(pc, kind):
     gc.collect()
     buf.close()
     assert buf.ended is not None
+
+
+def test_peer_access_is_state_of_two_contexts(fk):
+    """cuCtxEnablePeerAccess acts on the current context and names the peer context: cuproc makes ``self`` current
+    for the call, and the answer is per pair of contexts (not of devices).  A context of the same device is no peer,
+    a primary context not retained is refused before the driver, a destroyed one is a closed resource."""
+    fk.set_device_count(3)
+    d0, d1 = Device(0), Device(1)
+    assert d0.can_access_peer(d1) and not d0.can_access_peer(d0)
+    p0, p1 = PrimaryContext(0).retain(), PrimaryContext(d1).retain()
+    p1.context.set_current()                                  # not p0's: the call must make p0 current
+    assert p0.context.enable_peer_access(p1) is True
+    assert p0.context.enable_peer_access(p1.context) is False  # already: the same pair
+    assert p1.context.enable_peer_access(p0) is True          # the other direction is another state
+    assert Context.current() is p1.context
+    same = Context.create(0)
+    Context.pop()
+    with pytest.raises(CudaError) as info:
+        p0.context.enable_peer_access(same)
+    assert info.value.call == "cuCtxEnablePeerAccess" and info.value.code == 101   # CUDA_ERROR_INVALID_DEVICE
+    with pytest.raises(InvalidValueError, match="not retained"):
+        p0.context.enable_peer_access(PrimaryContext(2))
+    same.destroy()
+    with pytest.raises(ClosedResourceError):
+        p0.context.enable_peer_access(same)
+    assert p0.context.disable_peer_access(p1) is True and p0.context.disable_peer_access(p1) is False
+    assert p1.context.disable_peer_access(p0) is True
+    cuproc.driver.default_driver().cuCtxSetCurrent(cuproc.ffi.NULL)
+    for pc in (p0, p1):
+        pc.release()

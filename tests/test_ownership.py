@@ -21,7 +21,7 @@ import pytest
 import cuproc
 from subproc import run_python
 from threads import in_thread, run_threads
-from cuproc import Context, Device, DeviceBuffer, Event, Library, Module, Stream
+from cuproc import Context, Device, DeviceBuffer, Event, Library, Module, PrimaryContext, Stream
 from cuproc import memory as mem
 from cuproc.errors import ClosedResourceError, CudaError, CudaWarning, InvalidValueError
 
@@ -303,7 +303,7 @@ def test_concurrent_first_use_is_safe(fk):
 
     def first_use(_):
         barrier.wait()
-        pc = Device(0, driver=drv).primary_context()
+        pc = PrimaryContext(0, driver=drv)
         pc.retain()
         ctx = pc.context
         return pc, ctx, DeviceBuffer(64, context=ctx)
@@ -360,7 +360,7 @@ def test_classifying_a_foreign_context_retains_nothing(fk):
 
 
 def test_a_dropped_primary_context_gives_back_its_retains(fk):
-    pc = Device(0).primary_context()
+    pc = PrimaryContext(0)
     pc.retain().retain()
     assert fk.primary_refcount(0) == 2
     del pc
@@ -592,7 +592,7 @@ def test_close_of_a_context_keeps_the_same_rules_as_destroy(fk):
 
 def test_a_primary_context_adopted_before_the_retain_ends_with_the_reset(fk):
     drv = cuproc.driver.default_driver()
-    pc = Device(0).primary_context().retain()
+    pc = PrimaryContext(0).retain()
     drv.checked.cuCtxSetCurrent(pc.handle)                 # made current by raw code, not by cuproc
     old = DeviceBuffer(64)                                 # its context object was adopted
     assert old.context is pc.context                       # ... and is the primary one: one object per handle

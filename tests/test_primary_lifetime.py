@@ -78,7 +78,7 @@ def test_a_retain_taken_while_another_thread_finalizes_the_retains_is_given_back
 def test_leaving_a_with_block_never_fails_for_views_it_did_not_make(pc, fk):
     pinned = mem.PinnedBuffer(64)
     view = pinned.numpy()
-    with cuproc.Device(0).primary_context() as ctx:
+    with cuproc.PrimaryContext(0) as ctx:
         pc.release()             # the view's maker gives its retain back: the block's is the last
     assert fk.primary_active(0) and fk.primary_refcount(0) == 1   # kept for the view
     assert pc.retain_count == 0
