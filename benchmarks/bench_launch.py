@@ -46,6 +46,11 @@ not as a goal: it was designed after the all-row reading had missed, so it does 
 Its rounds take the mean of a row's two runs (the mirrored order cancels a linear drift only in the
 mean), where the all-row rounds keep the faster run; the middle row of an order runs twice back to back.
 
+CUDA graphs (issue 36) are a section of this benchmark: after the launchers, ``bench_graphs.py`` replays a
+256-kernel graph (its C loop over cuGraphLaunch, cuproc's GraphExec.launch and prepared replay, cuda.bindings,
+cuda.core) and times capture + instantiate (its C floor, cuproc, cuda.core's GraphBuilder); its rows, goals
+and plot panels join this benchmark's results (see that module for how each is measured).
+
 Every ratio is against the C loop over the SAME entry point and convention as the row (the default
 prepared launch and the one-shot forms use cuLaunchKernelEx with a packed buffer); cuda.bindings is
 timed at both entry points, and every goal is evaluated on the burst and on the steady column.
@@ -65,8 +70,9 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # noqa: E402, I001
-    ROOT, Goals, build_c, frozen_heap, machine, one_cpu, paired_ratio, peer, plot_bars, round_order,
+    ROOT, Goals, build_c, frozen_heap, machine, one_cpu, paired_ratio, peer, plot_panels, round_order,
     smoke_driver, write_results, OUT_HELP, results_dir)
+import bench_graphs  # noqa: E402 - its section joins this benchmark's results (issue 36)
 
 CUBIN = ROOT / "kernels" / "kernels.cubin"
 DEFAULT = "cuproc prepared (default)"   # what Function.prepare gives without options
@@ -623,6 +629,14 @@ def control_note(reading: str, f: dict, against: str) -> str:
             f"{(f['lead'] - f['spread']) * 100:.1f}%, smallest lead {f['smallest'] * 100:.1f}%")
 
 
+def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """``rows`` under ``header`` as the lines of a Markdown table (the graph section's, among the notes)."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |",
+             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    return lines + ["| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |" for row in rows]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, default=None, help=OUT_HELP)
@@ -647,10 +661,12 @@ def main(argv: list[str] | None = None) -> int:
         if front is not None:
             front = cuproc.launch.launch.taken - front
         close()
+        graphs = bench_graphs.run_section(args.smoke, Path(tmp))   # CUDA graphs (issue 36): replay and capture
     results[DEFAULT]["entry"] = f"{default.entry}, {default.convention}"
     goals, spread = evaluate(results, errors, args.smoke, (default.entry, default.convention))
+    bench_graphs.check_goals(goals, graphs, args.smoke)
     data = {"machine": machine(), "smoke": args.smoke, "c_floor_own_process": own_process, "launchers": results,
-            "errors": errors, "prepared_vs_bindings": spread}
+            "errors": errors, "prepared_vs_bindings": spread, "graphs": graphs.data}
     base = results.get(FLOOR, {}).get("burst_us")
     rows = []
 
@@ -702,12 +718,15 @@ def main(argv: list[str] | None = None) -> int:
                 notes.append(control_note("the adjacent rounds' reading", near["floor"], spread["against"]))
         if "floor_steady" in spread:
             notes.append(control_note("the same steady reading", spread["floor_steady"], spread["against_steady"]))
+    notes += ["", "## CUDA graphs (issue 36): replay of a 256-kernel graph, capture + instantiate", "",
+              *markdown_table(bench_graphs.HEADER, graphs.rows), "", *graphs.notes]
     args.out.mkdir(parents=True, exist_ok=True)
-    plot = plot_bars(args.out / "bench_launch.png", f"Launch overhead, {data['machine'].get('gpu')}, "
-                     f"{data['machine']['date']}, {data['machine']['cuproc_path']}",
-                     "host time per launch, burst of 256 (µs)",
-                     [(k, v["burst_us"]) for k, v in results.items() if not k.startswith("C loop")],
-                     (FLOOR, base) if base else None)
+    plot = plot_panels(args.out / "bench_launch.png", f"Launch overhead and CUDA graphs, {data['machine'].get('gpu')}, "
+                       f"{data['machine']['date']}, {data['machine']['cuproc_path']}",
+                       "launches: host µs per launch, burst of 256; graphs: ns per kernel (replay), ms per graph "
+                       "(capture)",
+                       [([(k, v["burst_us"]) for k, v in results.items() if not k.startswith("C loop")],
+                         (FLOOR, base) if base else None), *graphs.panels])
     path = write_results(args.out, "bench_launch", data, rows,
                          ["launcher", "burst of 256 (µs/launch)", "steady 20,000 + sync (µs)", "steady CPU (µs)",
                           "burst x C loop", "steady x C loop", "same-entry C loop"],

@@ -125,7 +125,11 @@ def _lazy(name: str) -> object:
     """The object layer loads on first use, so ``import cuproc`` stays cheap (``__getattr__``).
     ``__import__`` rather than importlib.import_module: the importlib package is another import."""
     import sys
-    for module in _LAZY_MODULES:
+    if name not in __all__:   # a submodule (``from . import nvrtc``) or a typo: importing the layer finds nothing
+        raise AttributeError(f"module 'cuproc' has no attribute {name!r}")
+    # the modules imported already first (``cuproc.Program`` after ``import cuproc.program`` loads no graphs)
+    loaded = [m for m in _LAZY_MODULES if f"{__name__}.{m}" in sys.modules]
+    for module in loaded + [m for m in _LAZY_MODULES if m not in loaded]:
         qualified = f"{__name__}.{module}"
         __import__(qualified)
         mod = sys.modules[qualified]

@@ -226,7 +226,7 @@ def closure(source: bytes, name: str, headers: Mapping[str, bytes], options: Ite
     may read, by NVRTC's search rules (see the module's policy)."""
     dirs, pre = include_dirs(options)
     search = [os.path.abspath(d) for d in dirs]
-    system = system_include_dirs()
+    system: list[tuple[str, str]] | None = None   # found on the first include read from disk (globs: not for none)
     out = Closure()
     seen_headers: set[str] = set()
     main_dir = os.path.abspath(os.path.dirname(name))
@@ -252,6 +252,8 @@ def closure(source: bytes, name: str, headers: Mapping[str, bytes], options: Ite
                 if path in out.files:
                     out.edges.append((includer, written, path, out.files[path]))
                     break
+                if system is None:
+                    system = system_include_dirs()
                 stamp = _system_stamp(path, system) if system and os.path.isfile(path) else None
                 if stamp is not None:
                     out.edges.append((includer, written, path, stamp))

@@ -66,8 +66,10 @@ FORKED = _fork.FORKED
 _CLAIM = _fork.lock()   # makes "not ended yet -> ended" one step when threads close the same object
 #: ``DEFER_DROP[0](resource)``, when set, is asked by every finalizer before it gives a handle back: True
 #: means it took the resource and will end it later (``resource._end_drop(resource._drop)``).  Set by
-#: cuproc.stream_capture, which must keep a finalizer's release (cuMemFree, cuModuleUnload,
-#: cuGraphExecDestroy...) out of a stream capture that prohibits it (this module cannot import that one).
+#: cuproc.stream_capture while a capture that prohibits releases runs (None otherwise), which must keep a
+#: finalizer's release (cuMemFree, cuModuleUnload, cuGraphExecDestroy...) out of it (this module cannot
+#: import that one).  The compiled DeviceBuffer finalizer is handed this list and, while it is set, leaves a
+#: drop to ``Resource.__del__`` (src/fastpath/README.md's contract).
 DEFER_DROP: list[Callable[[Resource], bool] | None] = [None]
 
 

@@ -39,7 +39,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 
 from ._env import OFF, ON
@@ -333,6 +332,7 @@ class CompileCache:
         moved there with ``os.replace`` (see the module's policy)."""
         directory = os.path.dirname(path)
         self._make_dirs(directory)
+        import tempfile   # here: a hit never writes, and the module costs a fresh process milliseconds
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
         try:
             with os.fdopen(fd, "wb") as f:

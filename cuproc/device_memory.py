@@ -38,7 +38,7 @@ import weakref
 
 from . import _fork, fastpath
 from ._ffi import ffi
-from ._resource import FORKED, Resource, report
+from ._resource import DEFER_DROP, FORKED, Resource, report
 from ._support import get_driver, handle_int, invalid
 from .allocation import EXPORTS, Allocation
 from .context import Context, is_default_stream, register_stream_ordered_memory, synchronize_context
@@ -505,6 +505,7 @@ _fronts = None if _make_device_buffer is None else _make_device_buffer(
         tuple(fastpath.pointer_reader(fastpath.FRONT_TYPEDEFS[name]) for name in ("cuCtxGetCurrent", "cuMemAlloc",
                                                                                   "cuMemFree")),
         DeviceBuffer, Context, Resource, ffi.typeof("CUcontext"), FORKED, EXPORTS, "freed", DEFAULT_HANDLE,
+        DEFER_DROP,   # (while set, a drop is Resource.__del__'s: a running stream capture may keep the buffer)
         (Resource.driver, Resource.ended, Allocation.context, Allocation.address, Allocation.nbytes,
          DeviceBuffer.stream, DeviceBuffer.pool, DeviceBuffer.last_stream, DeviceBuffer.claim_key, Context.handle))
 if _fronts is not None:   # (None on a free-threaded build: the fronts' claims need the GIL)

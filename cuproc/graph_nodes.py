@@ -25,9 +25,17 @@ Policy
   not.  Nodes of a conditional node's body, or of a child graph node's graph,
   belong to the root graph and hold the node whose body they are in.
 * **Host nodes.**  The callable is kept by the graph (and by every executable
-  graph made from it) and called by the driver on each launch; an exception
-  it raises is reported as a :class:`~cuproc.errors.CudaWarning` at once (on
-  the driver's thread) and kept in :attr:`HostNode.errors`, never lost.
+  graph made from it, and by each launch until the launch has run:
+  :mod:`cuproc.graph_exec`) and called by the driver when the stream reaches
+  the node, later, on its own thread; an exception it raises is reported as a
+  :class:`~cuproc.errors.CudaWarning` there and then, and kept in
+  :attr:`HostNode.errors`, never lost.
+* **Nodes cuproc did not add** (a captured graph's, a child graph's copy, an
+  adopted graph's) have empty records: their kind comes from
+  cuGraphNodeGetType, a child graph node's graph from
+  cuGraphChildGraphNodeGetGraph, a conditional node's bodies from
+  cuGraphNodeGetParams (CUDA 13.2; before it the dispatcher's error says so).
+  Those graphs are views owned by their node, as the driver owns them.
 """
 from __future__ import annotations
 
@@ -41,7 +49,9 @@ from ._resource import Resource
 from ._support import arity, handle_int, invalid
 from .context import Context
 from .device_memory import DeviceView, GlobalView
-from .errors import CudaWarning
+from .errors import CudaWarning, SymbolNotFoundError
+from .fill_args import check_element_bits, fill_count
+from .graph_errors import add_note, require_at_requested_version
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
@@ -50,6 +60,7 @@ if TYPE_CHECKING:
 
     from .driver import Driver
     from .graph import Graph
+    from .graph_structure import GraphStructure
 
 _NODE_TYPES = ffi.typeof("CUgraphNodeType").elements            # value -> CU_GRAPH_NODE_TYPE_*
 _NODE_TYPE = ffi.typeof("CUgraphNodeType").relements
@@ -264,7 +275,7 @@ class GraphNode(Resource):
     _ended_word = "destroyed"
     type = "node"
 
-    def __init__(self, graph: Graph, handle: Any, record: NodeRecord) -> None:
+    def __init__(self, graph: GraphStructure, handle: Any, record: NodeRecord) -> None:
         self.driver = graph.driver
         self.graph = graph
         self.handle = ffi.cast("CUgraphNode", handle)
@@ -328,6 +339,11 @@ class GraphNode(Resource):
         args = (self.handle, out, ffi.NULL, count) if with_edges else (self.handle, out, count)
         drv.check(ctx.call_current(fn, *args), call)
         return [self.graph._node(out[i]) for i in range(count[0])]
+
+    def _inner_graphs(self) -> tuple[Graph, ...]:
+        """The graphs inside this node (a child graph node's graph, a conditional node's bodies): where
+        :meth:`~cuproc.graph_structure.GraphStructure.find_node` looks further."""
+        return ()
 
     def add_dependencies(self, *nodes: GraphNode) -> None:
         """Make this node run after ``nodes`` (cuGraphAddDependencies)."""
@@ -409,7 +425,7 @@ class KernelNode(GraphNode):
         apply_kernel(self.record, new)
 
 
-def kernel_parts(graph: Graph, function: Any, call: str, args: Sequence[Any], signature: Sequence[Any] | None,
+def kernel_parts(graph: GraphStructure, function: Any, call: str, args: Sequence[Any], signature: Sequence[Any] | None,
                  grid: Any, block: Any, shared_mem: Any, packed: Any = None) -> tuple:
     """(function, packed, values, dims, shared_mem, held, keep) of a kernel node: ``function`` a Function or
     Kernel (a library kernel becomes its CUfunction in the graph's context), the arguments packed by
@@ -479,7 +495,7 @@ class MemcpyNode(GraphNode):
         self.record.held, self.record.keep = held, keep
 
 
-def copy_struct(graph: Graph, call: str, dst: Any, src: Any, nbytes: int | None) -> tuple[Any, Context, tuple, tuple]:
+def copy_struct(graph: GraphStructure, call: str, dst: Any, src: Any, nbytes: int | None) -> tuple[Any, Context, tuple, tuple]:
     """(CUDA_MEMCPY3D, the context it runs in, resources held, objects kept) of a 1-D copy between any two
     sides memory.copy takes, checked as it checks them (sizes, a read-only destination)."""
     from .transfers import _both_host, _checked_size, _place, _side
@@ -521,29 +537,16 @@ class MemsetNode(GraphNode):
         self.record.held, self.record.keep = held, keep
 
 
-def memset_struct(graph: Graph, call: str, dst: Any, value: int, count: int | None,
+def memset_struct(graph: GraphStructure, call: str, dst: Any, value: int, count: int | None,
                   element_bits: int) -> tuple[Any, Context, tuple, tuple]:
     """(CUDA_MEMSET_NODE_PARAMS, its context, resources held, objects kept) of a 1-D fill, checked as
     memory.memset checks one."""
     from .transfers import _side
-    if element_bits not in (8, 16, 32):
-        raise invalid(call, f"element_bits must be 8, 16 or 32, got {element_bits}")
+    size = check_element_bits(element_bits, call)
     d = _side(dst, call, writable=True)
     if d.kind != "device":
         raise invalid(call, "a memset node fills device memory; the destination is host memory")
-    size = element_bits // 8
-    if count is None:
-        if d.nbytes is None:
-            raise invalid(call, "count is needed for a raw pointer")
-        count = d.nbytes // size
-    if isinstance(count, bool) or not isinstance(count, int) or count <= 0 or \
-            (d.nbytes is not None and count * size > d.nbytes):
-        raise invalid(call, f"{count!r} elements of {size} bytes do not fit the {d.nbytes}-byte destination "
-                            "(a memset node fills one element at least)")
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < (1 << element_bits):
-        raise invalid(call, f"value {value!r} does not fit {element_bits} bits")
-    if d.ptr % size:
-        raise invalid(call, f"the destination {d.ptr:#x} is not aligned to {size} bytes")
+    count = fill_count(call, d.ptr, d.nbytes, value, count, element_bits, minimum=1)
     p = ffi.new("CUDA_MEMSET_NODE_PARAMS_v1 *")
     p.dst, p.value, p.elementSize, p.width, p.height, p.pitch = d.ptr, value, size, count, 1, count * size
     held, keep = held_by((dst,))
@@ -616,17 +619,25 @@ class EventWaitNode(_EventNode):
 
 class ChildGraphNode(GraphNode):
     """A graph run as one node (cuGraphAddChildGraphNode, which copies the child: later changes to the
-    child Graph do not reach the node).  ``child_graph`` is the node's own copy, which may be changed."""
+    child Graph do not reach the node).  ``child_graph`` is the node's own copy, which may be changed; it
+    belongs to the node (a view: closing or dropping it destroys nothing)."""
 
     type = "graph"
 
     @property
     def child_graph(self) -> Graph:
-        ctx = self._use("cuGraphChildGraphNodeGetGraph")
+        """The node's graph as the driver has it (cuGraphChildGraphNodeGetGraph), for any child graph node:
+        one cuproc added, or one the driver made (a capture, a copy inside another child graph)."""
+        call = "cuGraphChildGraphNodeGetGraph"
+        ctx = self._use(call)
         out = ffi.new("CUgraph *")
-        self.driver.check(ctx.call_current(self.driver.cuGraphChildGraphNodeGetGraph, self.handle, out),
-                          "cuGraphChildGraphNodeGetGraph")
+        self.driver.check(ctx.call_current(self.driver.cuGraphChildGraphNodeGetGraph, self.handle, out), call)
+        if not self.record.bodies:          # a node cuproc did not add: its graph's records start empty
+            self.record.bodies = ({},)
         return self.graph._body(out[0], self, self.record.bodies[0])
+
+    def _inner_graphs(self) -> tuple[Graph, ...]:
+        return (self.child_graph,)
 
 
 class EmptyNode(GraphNode):
@@ -675,24 +686,60 @@ class MemFreeNode(GraphNode):
 
 class ConditionalNode(GraphNode):
     """IF, IF/ELSE, WHILE or SWITCH on a :class:`ConditionalHandle` (cuGraphAddNode, CUDA 12.3+).  Its
-    ``bodies`` are graphs owned by the node: add their nodes there.  ``kind``: "if", "while" or "switch"."""
+    ``bodies`` are graphs owned by the node (views: closing or dropping one destroys nothing): add their
+    nodes there.  ``kind``: "if", "while" or "switch".
+
+    For a node cuproc did not add (captured, or inside a child graph's copy), the bodies, kind and handle
+    are read from the driver (cuGraphNodeGetParams, CUDA 13.2): at an older requested version they cannot
+    be, and the dispatcher's error says so."""
 
     type = "conditional"
 
+    def _learn(self, call: str) -> None:
+        """Read a node cuproc did not add from the driver into its record (bodies, kind, handle) once."""
+        record = self.record
+        if record.graphs:
+            return
+        ctx = self._use(call)
+        query = "cuGraphNodeGetParams"
+        try:
+            require_at_requested_version(self.driver, query)
+        except Exception as exc:
+            add_note(exc, f"{self.describe()} was not added by cuproc: its bodies are known only to the driver, "
+                          f"which reports them through {query}")
+            raise
+        p = ffi.new("CUgraphNodeParams *")
+        self.driver.check(ctx.call_current(self.driver.cuGraphNodeGetParams, self.handle, p), query)
+        size, bodies = p.conditional.size, p.conditional.phGraph_out
+        if bodies == ffi.NULL or any(bodies[i] == ffi.NULL for i in range(size)):
+            raise invalid(query, f"the driver reported no body graphs for {self.describe()}")
+        kinds = {value: name for name, value in CONDITIONAL_TYPES.items()}
+        record.info = (kinds.get(p.conditional.type, "unknown"), int(p.conditional.handle))
+        record.bodies = tuple({} for _ in range(size))
+        record.graphs = tuple(ffi.cast("CUgraph", bodies[i]) for i in range(size))
+
     @property
     def bodies(self) -> tuple[Graph, ...]:
-        self.check("cuGraphAddNode")
+        self._learn("cuGraphAddNode")
         return tuple(self.graph._body(h, self, records) for h, records in zip(self.record.graphs, self.record.bodies))
+
+    def _inner_graphs(self) -> tuple[Graph, ...]:
+        try:
+            return self.bodies
+        except SymbolNotFoundError:     # a node the driver cannot describe at this version: nothing to search
+            return ()
 
     @property
     def kind(self) -> str:
         """"if", "while" or "switch" (an IF node with an else body is an "if" with two bodies)."""
-        return self.record.info[0] if self.record.info else "unknown"
+        self._learn("cuGraphAddNode")
+        return self.record.info[0]
 
     @property
-    def condition(self) -> int | None:
-        """The value of the handle that decides (None for a node cuproc did not make)."""
-        return self.record.info[1] if self.record.info else None
+    def condition(self) -> int:
+        """The value of the handle that decides."""
+        self._learn("cuGraphAddNode")
+        return self.record.info[1]
 
     @property
     def body(self) -> Graph:
@@ -728,7 +775,7 @@ def node_class(type_value: int) -> type[GraphNode]:
     return NODE_CLASSES.get(_NODE_TYPES.get(type_value, ""), GraphNode)
 
 
-def alloc_params(graph: Graph, nbytes: int) -> Any:
+def alloc_params(graph: GraphStructure, nbytes: int) -> Any:
     """CUDA_MEM_ALLOC_NODE_PARAMS for ``nbytes`` of pinned device memory on the graph's device."""
     call = "cuGraphAddMemAllocNode"
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:

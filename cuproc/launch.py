@@ -45,7 +45,7 @@ from ._header_data import DEFINES
 from ._resource import EPOCH, FORKED, Resource
 from ._support import get_driver, invalid
 from .context import Context, call_in
-from .driver import forked_error
+from .driver import Driver, forked_error
 from .errors import CudaError, result_code
 from .interop import KDL_CUDA, KDL_CUDA_HOST, KDL_CUDA_MANAGED
 from .stream import Stream, as_stream, stream_handle
@@ -980,6 +980,131 @@ if _make_one_shot is not None:
         _make_one_shot(_python_launch, _FRONT_TYPES, EPOCH, "buffer"), _python_launch)
 
 
+_FUNC_ERROR_END = result_code("CUDA_ERROR_INVALID_VALUE")
+
+
+class Function(Resource):
+    """A launchable function: a CUfunction of a module (bound to its context) or a library's CUkernel
+    (``context`` None: it launches in the current context).  Holds its owner; refuses use once the
+    owner or the context ended."""
+
+    # Slots: the one-shot launch's C front reads launch_cache and launch_last at their offsets; a
+    # __dict__ as before for everything else (a user's own attributes, vars(), mock.patch.object).
+    __slots__ = ("handle", "name", "owner", "kernel", "context", "launch_cache", "launch_last", "__dict__")
+
+    def __init__(self, handle: Any, driver: Driver, name: str, *, owner: Resource, context: Context | None = None,
+                 kernel: Any = None) -> None:
+        self.handle, self.driver, self.name, self.owner, self.kernel = handle, driver, name, owner, kernel
+        self.context = context
+        self.ended = None
+        self.launch_cache: dict[Any, Any] = {}   # one-shot launches by shape (cuproc.launch.launch)
+        # the C front's last hit, (key, entry) of launch_cache: taken without building the key
+        self.launch_last: tuple | None = None
+
+    def parents(self) -> tuple[Resource, ...]:
+        return (self.owner, self.context) if self.context is not None else (self.owner,)
+
+    def describe(self) -> str:
+        return f"function {self.name}"
+
+    def _call(self, call: str, *args: Any) -> None:
+        self.check(call)
+        self.driver.check(call_in(self.context, getattr(self.driver, call), *args), call)
+
+    @staticmethod
+    def _attr_enum(attr: str | int) -> int:
+        if isinstance(attr, str):
+            key = attr if attr.startswith("CU_FUNC_ATTRIBUTE_") else "CU_FUNC_ATTRIBUTE_" + attr.upper()
+            return ffi.typeof("CUfunction_attribute").relements[key]
+        return attr
+
+    def attribute(self, attr: str | int) -> int:
+        out = ffi.new("int *")
+        self._call("cuFuncGetAttribute", out, self._attr_enum(attr), self.handle)
+        return out[0]
+
+    def set_attribute(self, attr: str | int, value: int) -> None:
+        self._call("cuFuncSetAttribute", self.handle, self._attr_enum(attr), value)
+    @property
+    def max_threads_per_block(self) -> int:
+        return self.attribute("MAX_THREADS_PER_BLOCK")
+
+    @property
+    def num_registers(self) -> int:
+        return self.attribute("NUM_REGS")
+
+    @property
+    def shared_size_bytes(self) -> int:
+        return self.attribute("SHARED_SIZE_BYTES")
+
+    @property
+    def max_dynamic_shared_size_bytes(self) -> int:
+        return self.attribute("MAX_DYNAMIC_SHARED_SIZE_BYTES")
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, value: int) -> None:
+        self.set_attribute("MAX_DYNAMIC_SHARED_SIZE_BYTES", value)
+
+    def set_cache_config(self, config: str | int) -> None:
+        if isinstance(config, str):
+            key = config if config.startswith("CU_FUNC_CACHE_") else "CU_FUNC_CACHE_" + config.upper()
+            config = ffi.typeof("CUfunc_cache").relements[key]
+        self._call("cuFuncSetCacheConfig", self.handle, config)
+
+    def max_active_blocks_per_sm(self, block_size: int, dynamic_shared: int = 0) -> int:
+        out = ffi.new("int *")
+        self._call("cuOccupancyMaxActiveBlocksPerMultiprocessor", out, self.handle, block_size, dynamic_shared)
+        return out[0]
+
+    def suggested_block_size(self, dynamic_shared: int = 0, block_size_limit: int = 0) -> tuple[int, int]:
+        """(minimum grid size for full occupancy, block size) from cuOccupancyMaxPotentialBlockSize."""
+        grid, block = ffi.new("int *"), ffi.new("int *")
+        self._call("cuOccupancyMaxPotentialBlockSize", grid, block, self.handle, ffi.NULL, dynamic_shared,
+                   block_size_limit)
+        return grid[0], block[0]
+
+    def param_info(self) -> list[tuple[int, int]] | None:
+        """[(offset, size)] of each parameter as the driver reports it (cuFuncGetParamInfo /
+        cuKernelGetParamInfo), or None where the driver cannot say."""
+        if self.kernel is not None and self.driver.has("cuKernelGetParamInfo"):
+            call, target = "cuKernelGetParamInfo", self.kernel
+        elif self.driver.has("cuFuncGetParamInfo"):
+            call, target = "cuFuncGetParamInfo", self.handle
+        else:
+            return None
+        self.check(call)
+        fn = getattr(self.driver, call)
+        out: list[tuple[int, int]] = []
+        offset, size = ffi.new("size_t *"), ffi.new("size_t *")
+        while True:
+            rc = call_in(self.context, fn, target, len(out), offset, size)
+            if rc == _FUNC_ERROR_END:      # the index past the last parameter
+                return out
+            self.driver.check(rc, call)    # anything else is an error, not the end of the list
+            out.append((offset[0], size[0]))
+
+    def launch_target(self) -> Function:
+        """What a launch binds to: this function (a per-context Kernel answers its current context's)."""
+        return self
+
+    def prepare(self, signature: Any, grid: Any = 1, block: Any = 1, *, shared_mem: int = 0,
+                stream: Any = None, convention: str = "buffer", entry: str | None = None) -> Any:
+        """Bind signature, grid, block and stream once; returns the launch function for them.
+
+        ``run = fn.prepare(["float*", "int", "float"], grid, block)`` then ``run(buf, n, x)``
+        per launch.  ``run.prepared`` is the PreparedLaunch (entry, convention, packed block).
+        """
+        return PreparedLaunch(self, signature, grid, block, shared_mem=shared_mem, stream=stream,
+                              convention=convention, entry=entry).launch
+
+    # fn.launch(grid, block, args, signature=..., stream=...): cuproc.launch.launch itself (the C front
+    # where built), as a method (no frame in between: a one-shot launch in a loop pays for every call).
+    launch = launch
+
+    def __repr__(self) -> str:
+        return f"<cuproc.Function {self.name}>"
+
+
 def _as_values(args: Any, function: Any, entry: str | None) -> tuple:
     """The kernel arguments of a one-shot launch given as any iterable, as a tuple."""
     try:
@@ -1021,8 +1146,7 @@ def _launch_uncached(function: Any, grid: Any, block: Any, args: Sequence[Any], 
     if isinstance(stream, Stream):
         stream.check(call)
     cache = function.launch_cache
-    if _FRONT_TYPES[0] is None:   # the classes the C front takes (cuproc.module imports this module)
-        from .module import Function
+    if _FRONT_TYPES[0] is None:   # the classes the C front takes
         _FRONT_TYPES[:] = [Function, Stream, Function.__dict__["launch_cache"], Function.__dict__["launch_last"]]
     if signature is None:
         sig: tuple = tuple(infer_type(a, call, i) for i, a in enumerate(args))
@@ -1163,5 +1287,5 @@ pack_arguments = _packed_once
 launch_dims = _dims
 shared_mem_bytes = _shared_mem
 
-__all__ = ["ArgType", "PackedArgs", "PreparedLaunch", "arg_type", "infer_type", "launch", "launch_ex", "layout",
+__all__ = ["ArgType", "Function", "PackedArgs", "PreparedLaunch", "arg_type", "infer_type", "launch", "launch_ex", "layout",
            "pack_bytes"]

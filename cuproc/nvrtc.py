@@ -43,7 +43,7 @@ from .version import CudaVersion
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Mapping
+    from collections.abc import Callable, Iterable, Iterator, Mapping
     from typing import Any
 
 ENV_LIBRARY = "CUPROC_LIBNVRTC"
@@ -183,6 +183,20 @@ def location_of(path: str) -> Location | None:
     except OSError:
         return None
     return Location(path, f"{os.path.abspath(path)}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}")
+
+
+def locate_preferring(driver_major: Callable[[], int | None]) -> Location | None:
+    """:func:`locate`, preferring the CUDA major ``driver_major()`` gives -- asked only when the preference
+    can change the answer (library files of more than one major installed): the driver's version opens
+    libcuda, which a cache hit with ``arch=`` given does not need.  None when no candidate is a file."""
+    if os.environ.get(ENV_LIBRARY):
+        return locate()
+    files = [found for path in _candidates() if (found := location_of(path)) is not None]
+    if len({major_of(f.path) for f in files}) > 1:
+        prefer = driver_major()
+        if prefer is not None:
+            files.sort(key=lambda f: major_of(f.path) != prefer)   # stable: the order within stays
+    return files[0] if files else None
 
 
 def locate(prefer_major: int | None = None) -> Location | None:
@@ -410,4 +424,4 @@ def _log(nvrtc: NvrtcLibrary, prog: Any) -> str:
 
 __all__ = ["CompileError", "ENV_LIBRARY", "Location", "NvrtcError", "NvrtcFunctionMissingError", "NvrtcLibrary",
            "NvrtcNotFoundError", "OUTPUT_KINDS", "RawOutput", "candidate_paths", "compile_program",
-           "is_nvrtc_available", "locate", "location_of", "major_of", "open_nvrtc"]
+           "is_nvrtc_available", "locate", "location_of", "locate_preferring", "major_of", "open_nvrtc"]

@@ -23,21 +23,30 @@ class MemoryPool(Resource):
     _ended_word = "destroyed"
     _U64 = ("RELEASE_THRESHOLD", "RESERVED_MEM_CURRENT", "RESERVED_MEM_HIGH", "USED_MEM_CURRENT", "USED_MEM_HIGH")
 
+    #: "posix_fd" for a pool other processes can import (create's handle_type, or an imported pool)
+    handle_type: str | None = None
+
     def __init__(self, handle: Any, *, driver: Driver, owned: bool) -> None:
         self.handle, self.driver, self.owned, self.ended = handle, driver, owned, None
 
     @classmethod
     def create(cls, device: Device | int = 0, *, release_threshold: int | None = None,
-               driver: Driver | None = None) -> MemoryPool:
+               handle_type: str | None = None, driver: Driver | None = None) -> MemoryPool:
+        """cuMemPoolCreate on ``device``.  ``handle_type="posix_fd"`` makes the pool shareable with other
+        processes (cuproc.ipc.export_pool, export_pointer); None: this process only."""
+        if handle_type not in (None, "posix_fd"):
+            raise invalid("cuMemPoolCreate", f"handle_type is 'posix_fd' or None, not {handle_type!r}")
         drv = get_driver(driver)
         ordinal = device.ordinal if isinstance(device, Device) else device
         props = ffi.new("CUmemPoolProps *")
         props.allocType = drv.CU_MEM_ALLOCATION_TYPE_PINNED
+        props.handleTypes = drv.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR if handle_type else 0
         props.location.type = drv.CU_MEM_LOCATION_TYPE_DEVICE
         props.location.id = ordinal
         out = ffi.new("CUmemoryPool *")
         drv.checked.cuMemPoolCreate(out, props)
         pool = cls(out[0], driver=drv, owned=True)
+        pool.handle_type = handle_type
         if release_threshold is not None:
             pool.release_threshold = release_threshold
         return pool

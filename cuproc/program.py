@@ -43,7 +43,7 @@ from .version import CudaVersion
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
     from typing import Any
 
     from .compiled_module import CompiledLibrary, CompiledModule
@@ -73,10 +73,11 @@ def normalize_arch(arch: str | int | tuple[int, int], what: str = "arch") -> str
         text = f"sm_{arch}"
     elif isinstance(arch, str):
         text = arch.strip()
-        if re.fullmatch(r"\d{2,3}", text):
+        major, dot, minor = text.partition(".")   # string tests, not regexes: compiling one costs a first call
+        if not dot and text.isdecimal() and 2 <= len(text) <= 3:                                   # "90"
             text = f"sm_{text}"
-        elif re.fullmatch(r"\d{1,2}\.\d", text):
-            text = "sm_" + text.replace(".", "")
+        elif dot and major.isdecimal() and 1 <= len(major) <= 2 and minor.isdecimal() and len(minor) == 1:   # "9.0"
+            text = f"sm_{major}{minor}"
     if text is None or not _ARCH.match(text):
         raise ValueError(f"{what}={arch!r} is not a GPU architecture (expected e.g. 'sm_90', 'compute_90', "
                          f"'sm_90a', 90 or (9, 0): a compute capability of major 1-99, minor 0-9)")
@@ -276,17 +277,19 @@ class ObjectCode:
         return None
 
     def load(self, options: dict[str | int, Any] | None = None, *, context: Context | None = None,
-             driver: Driver | None = None) -> CompiledModule:
+             driver: Driver | None = None, eager: bool = False) -> CompiledModule:
         """Load into ``context`` (default: the current one) as a module (cuModuleLoadDataEx), checked first
-        against the driver (:meth:`load_problem`).  Its ``get_function`` takes the name expressions."""
+        against the driver (:meth:`load_problem`).  Its ``get_function`` takes the name expressions.
+        ``eager=True`` loads every function now, so that a JIT error comes here even under lazy loading."""
         from .compiled_module import CompiledModule
-        return CompiledModule.from_code(self, options, context=context, driver=driver)
+        return CompiledModule.from_code(self, options, context=context, driver=driver, eager=eager)
 
     def load_library(self, options: dict[str | int, Any] | None = None, *,
-                     driver: Driver | None = None) -> CompiledLibrary:
-        """Load as a context-independent library (cuLibraryLoadData), checked as :meth:`load` is."""
+                     driver: Driver | None = None, eager: bool = False) -> CompiledLibrary:
+        """Load as a context-independent library (cuLibraryLoadData), checked as :meth:`load` is;
+        ``eager=True`` loads every kernel into the current context now."""
         from .compiled_module import CompiledLibrary
-        return CompiledLibrary.from_code(self, options, driver=driver)
+        return CompiledLibrary.from_code(self, options, driver=driver, eager=eager)
 
     def __repr__(self) -> str:
         where = ", from cache" if self.from_cache else ""
@@ -369,9 +372,16 @@ class Program:
         Raises CompileError (with the log), NvrtcNotFoundError, ValueError for bad arguments."""
         request = _Request(options, arch, target, name_expressions, include_paths, driver, context)
         store, note, included = self._cache_for(cache, request.options)
-        loads_on = _driver_version(driver, context)
-        prefer = _major(loads_on) if loads_on is not None else None
         lib, nvrtc_path = (nvrtc, None) if isinstance(nvrtc, _nvrtc.NvrtcLibrary) else (None, nvrtc)
+        asked: list[int | None] = []
+
+        def prefer() -> int | None:
+            """The driver's major, asked once and only where several NVRTC majors are installed: a hit with
+            arch= given then opens no libcuda (loading needs it, compiling and the cache do not)."""
+            if not asked:
+                loads_on = _driver_version(driver, context)
+                asked.append(_major(loads_on) if loads_on is not None else None)
+            return asked[0]
 
         def key_for(version: CudaVersion) -> str:
             return compile_cache.cache_key(source=self.source, name=self.name, headers=self.headers,
@@ -386,7 +396,7 @@ class Program:
             if hit is not None:
                 return hit
         if lib is None:
-            lib = _nvrtc.open_nvrtc(nvrtc_path, prefer_major=prefer)
+            lib = _nvrtc.open_nvrtc(nvrtc_path, prefer_major=prefer() if nvrtc_path is None else None)
         if store is not None and key is not None and lib.version != version:
             # the version remembered for the file is not the one that opened (replaced meanwhile, or another
             # candidate opened): store under the version that compiles, never under the remembered one
@@ -394,7 +404,7 @@ class Program:
             hit = self._from_cache(store, key, request.options)
             if hit is not None:
                 return hit
-        code = self._compile_now(lib, request, loads_on)
+        code = self._compile_now(lib, request, _driver_version(driver, context))
         code.cache_key, code.cache_note = key, note
         if store is not None and key is not None:
             try:
@@ -442,18 +452,18 @@ class Program:
     @staticmethod
     def _nvrtc_version(store: compile_cache.CompileCache, lib: _nvrtc.NvrtcLibrary | None,
                        path: str | os.PathLike[str] | None,
-                       prefer_major: int | None) -> tuple[CudaVersion, _nvrtc.NvrtcLibrary | None]:
+                       prefer_major: Callable[[], int | None]) -> tuple[CudaVersion, _nvrtc.NvrtcLibrary | None]:
         """The NVRTC version for the key: the library's, or remembered for its file (no opening), else
         opened now and remembered.  A remembered version is checked against the library if it is opened
         later (:meth:`compile`)."""
         if lib is not None:
             return lib.version, lib
-        location = _nvrtc.locate(prefer_major) if path is None else _nvrtc.location_of(os.fspath(path))
+        location = _nvrtc.locate_preferring(prefer_major) if path is None else _nvrtc.location_of(os.fspath(path))
         if location is not None:
             known = store.nvrtc_version(location)
             if known is not None:
                 return known, None
-        lib = _nvrtc.open_nvrtc(path, prefer_major=prefer_major)
+        lib = _nvrtc.open_nvrtc(path, prefer_major=prefer_major() if path is None else None)
         if location is not None and lib.path == location.path:
             try:
                 store.remember_nvrtc_version(location, lib.version)

@@ -383,12 +383,6 @@ class Stream(Resource):
         ``fn`` must not call CUDA."""
         launch_host_func(self, fn)
 
-    def capture(self, mode: str | int = "global") -> Any:
-        """``with stream.capture(mode) as graph:`` records what is enqueued here into a Graph
-        (cuStreamBeginCapture / cuStreamEndCapture; see :mod:`cuproc.stream_capture`)."""
-        from .stream_capture import StreamCapture   # (cuproc.stream_capture imports this module)
-        return StreamCapture(self, mode)
-
     def __repr__(self) -> str:
         return f"<cuproc.Stream {handle_int(self.handle):#x}{' ' + self.ended if self.ended else ''}>"
 

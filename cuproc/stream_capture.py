@@ -1,4 +1,4 @@
-"""Stream capture: ``with stream.capture() as graph:`` records what is enqueued on a stream into a Graph.
+"""Stream capture: ``with cuproc.capture(stream) as graph:`` records what is enqueued on a stream into a Graph.
 
 Policy
 ------
@@ -63,7 +63,8 @@ from ._support import arity, get_driver, handle_int, invalid
 from .context import Context, is_default_stream
 from .driver import Driver
 from .errors import CudaError, refusal, result_code
-from .graph import Graph, add_note
+from .graph import Graph
+from .graph_errors import add_note
 from .stream import (
     CU_STREAM_PER_THREAD,
     Stream,
@@ -168,49 +169,33 @@ def _defer_drop(resource: Resource) -> bool:
     return True
 
 
-_resource.DEFER_DROP[0] = _defer_drop
-
-
-def _fast_finalizer() -> Any:
-    """The compiled finalizer of DeviceBuffer, which frees a dropped buffer without Python (so without
-    DEFER_DROP); None without the fast path."""
-    from .device_memory import DeviceBuffer
-    front = DeviceBuffer.__dict__.get("__del__")
-    return front if hasattr(front, "take_finalizer") else None
-
-
 def _began(mode: int) -> None:
-    """A capture in ``mode`` began on this thread."""
+    """A capture in ``mode`` began on this thread.  The first that prohibits releases sets cuproc._resource's
+    DEFER_DROP hook: while it is set, every finalizer asks it (the compiled DeviceBuffer finalizer too, which
+    leaves such a drop to Resource.__del__); with no such capture running it is None, and drops cost nothing
+    more."""
     if mode == MODES["relaxed"]:
         return
     with _lock:
         _state.prohibiting = getattr(_state, "prohibiting", 0) + 1
         _global[0] += mode == MODES["global"]
         _total[0] += 1
-        first = _total[0] == 1
-    front = _fast_finalizer() if first else None
-    if front is not None:
-        # The compiled DeviceBuffer finalizer frees a dropped buffer without Python: while captures that
-        # prohibit releases run, the class takes the generic slot (its __del__, hence Resource.__del__ and
-        # DEFER_DROP); _ended gives the compiled one back.
-        from .device_memory import DeviceBuffer
-        DeviceBuffer.__del__ = front  # type: ignore[method-assign]
+        _resource.DEFER_DROP[0] = _defer_drop
 
 
 def _ended(mode: int) -> None:
-    """A capture in ``mode`` begun on this thread ended: release what was kept, once nothing prohibits it."""
+    """A capture in ``mode`` begun on this thread ended: release what was kept, once nothing prohibits it.  The
+    last capture that prohibited releases clears the DEFER_DROP hook."""
     with _lock:
         if mode != MODES["relaxed"]:
             _state.prohibiting = max(getattr(_state, "prohibiting", 0) - 1, 0)
             _global[0] -= mode == MODES["global"]
             _total[0] -= 1
-        last = mode != MODES["relaxed"] and _total[0] == 0
+            if _total[0] == 0:
+                _resource.DEFER_DROP[0] = None
         kept: list[Resource] = []
         if not _prohibited():
             kept, _deferred[:] = _deferred[:], []
-    front = _fast_finalizer() if last else None
-    if front is not None and not front.finalizes_class:
-        front.take_finalizer()
     for resource in kept:
         if resource.ended is None:
             resource._end_drop(resource._drop)
@@ -233,7 +218,7 @@ class StreamCapture:
                                 "stream (cuproc.stream.CU_STREAM_PER_THREAD, or a handle made with "
                                 "per_thread_default_stream=True)", code_name="CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED")
         self.graph: Graph | None = None
-        self.id = 0
+        self._id = 0                   # the driver's capture id, asked for when first needed (see id)
         self.thread = 0
         self._key: tuple[int, int, int, int] | None = None
 
@@ -245,7 +230,7 @@ class StreamCapture:
     def __enter__(self) -> Graph:
         call = "cuStreamBeginCapture"
         if self.graph is not None:
-            raise invalid(call, "a StreamCapture is entered once: make another (stream.capture())")
+            raise invalid(call, "a StreamCapture is entered once: make another (cuproc.capture(stream))")
         if self.stream is not None:
             self.stream.check(call)
         drv = self.driver
@@ -258,12 +243,20 @@ class StreamCapture:
         drv.check(self.context.call_on(self.handle, drv.cuStreamBeginCapture, *args), call)
         self.thread = _thread.get_ident()
         self.graph = Graph._capturing(self.context, self)
-        self.id = _capture_id(drv, self.context, self.handle)
         self._key = _key(drv, self.context, self.handle, self.thread)
         with _lock:
             _running[self._key] = self
         _began(self.mode)
         return self.graph
+
+    @property
+    def id(self) -> int:
+        """The driver's id of this capture (cuStreamGetCaptureInfo), asked once, when something needs it (a
+        joined stream to match, a capture_info query): most captures never do, and the capture's own cost
+        is what issue 36's goal against cuda.core's GraphBuilder measures."""
+        if not self._id and self.graph is not None and self.graph._capture is self:
+            self._id = _capture_id(self.driver, self.context, self.handle)
+        return self._id
 
     def _members(self) -> list[Stream]:
         """The cuproc Streams in this capture (asked before it ends): the captured one and those that joined
@@ -278,6 +271,8 @@ class StreamCapture:
         for stream in candidates:
             if id(stream) in found or stream.ended_owner() is not None:
                 continue
+            if not self.id:
+                break
             try:
                 if _capture_id(stream.driver, stream.context, stream.handle) == self.id:
                     found[id(stream)] = stream
@@ -395,7 +390,9 @@ def _capture_id(driver: Driver, context: Context, handle: Any) -> int:
 
 def capture(stream: Any = None, mode: str | int = "global", *, context: Context | None = None,
             driver: Driver | None = None) -> StreamCapture:
-    """``with capture(stream) as graph:`` (``stream.capture()`` for a Stream): see the module docstring.
+    """``with capture(stream) as graph:``: see the module docstring.  A function of this module, not a method
+    of :class:`~cuproc.stream.Stream`: the capture yields a Graph, whose layer sits above streams (its kernels,
+    copies and memsets take streams), so streams do not know captures and the imports flow one way.
     ``stream``: a Stream, another library's stream, a raw handle, or None for the handle's default stream
     (the per-thread one; the legacy one is refused)."""
     return StreamCapture(stream, mode, context=context, driver=driver)

@@ -34,6 +34,7 @@ from .allocation import Allocation
 from .context import Context
 from .device_memory import DeviceBuffer, DeviceView, GlobalView, order_after
 from .driver import Driver
+from .fill_args import check_element_bits, fill_count
 from .host_memory import HostMemory, PinnedBuffer
 from .interop import LEGACY_STREAM, PER_THREAD_STREAM, read_cai, wait_for_cai
 from .stream import Stream, as_stream, stream_handle
@@ -400,21 +401,12 @@ def _place(drv: Driver, p: Any, prefix: str, side: _Side) -> None:
 def memset(dst: Any, value: int, count: int | None = None, *, element_bits: int = 8,
            stream: Stream | Any | None = None, driver: Driver | None = None) -> None:
     """Fill ``count`` elements of 8, 16 or 32 bits (cuMemsetD8/D16/D32, Async with a stream)."""
-    if element_bits not in (8, 16, 32):
-        raise invalid("cuMemsetD8", f"element_bits must be 8, 16 or 32, got {element_bits}")
+    check_element_bits(element_bits, "cuMemsetD8")
     call = f"cuMemsetD{element_bits}"
     d = _side(dst, call, writable=True)
     if d.kind != "device":
         raise invalid(call, "memset fills device memory; the destination is host memory")
-    size = element_bits // 8
-    if count is None:
-        if d.nbytes is None:
-            raise invalid(call, "count is needed for a raw pointer")
-        count = d.nbytes // size
-    if count < 0 or (d.nbytes is not None and count * size > d.nbytes):
-        raise invalid(call, f"{count} elements of {size} bytes do not fit the {d.nbytes}-byte destination")
-    if not 0 <= value < (1 << element_bits):
-        raise invalid(call, f"value {value} does not fit {element_bits} bits")
+    count = fill_count(call, d.ptr, d.nbytes, value, count, element_bits, minimum=0)   # (cuproc.fill_args)
     stream, ctx, last = _begin(stream, driver, call + "Async", d)
     if stream is None:
         _run(ctx, driver, call, d.ptr, value, count)

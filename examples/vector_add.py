@@ -1,6 +1,8 @@
 """vectorAddDrv from the CUDA samples, in cuproc: allocate, copy in, load the module, launch, copy out.
 
-Run it: ``python examples/vector_add.py`` (needs a GPU). The test suite runs it and checks the result.
+Run it: ``python examples/vector_add.py``. The test suite runs it and checks the result.  Needs a GPU of
+compute capability 7.5 or newer and a CUDA 13.0 driver (580+): kernels/kernels.fatbin holds SASS for
+sm_75 to sm_121 and PTX for newer GPUs, built with nvcc 13.0 (tools/build_kernels.sh).
 """
 from pathlib import Path
 
@@ -18,7 +20,7 @@ def main() -> np.ndarray:
     rng = np.random.default_rng(0)
     h_a, h_b = rng.random(N, dtype=np.float32), rng.random(N, dtype=np.float32)
     h_c = np.zeros(N, np.float32)
-    with cuproc.Module.load(KERNELS / "kernels.cubin") as module, \
+    with cuproc.Module.load(KERNELS / "kernels.fatbin") as module, \
             cuproc.DeviceBuffer(h_a.nbytes) as d_a, cuproc.DeviceBuffer(h_b.nbytes) as d_b, \
             cuproc.DeviceBuffer(h_c.nbytes) as d_c:
         mem.copy(d_a, h_a)                               # cuMemcpyHtoD

@@ -44,8 +44,12 @@ extern "C" __global__ void coop_sum(int *data, int *out) {
 
 // Cluster launch check (Hopper): each block writes its cluster rank.
 extern "C" __global__ void cluster_rank(int *out) {
+#if __CUDA_ARCH__ >= 900
   cg::cluster_group cluster = cg::this_cluster();
   if (threadIdx.x == 0) out[blockIdx.x] = (int)cluster.block_rank();
+#else
+  if (threadIdx.x == 0) out[blockIdx.x] = -1;   // no clusters before sm_90
+#endif
 }
 
 // A global for cuModuleGetGlobal / cuLibraryGetGlobal.

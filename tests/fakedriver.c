@@ -169,6 +169,7 @@ enum {
   E_INVALID_IMAGE = 200,
   E_INVALID_CONTEXT = 201,
   E_UNSUPPORTED_LIMIT = 215,
+  E_UNSUPPORTED_PTX_VERSION = 222,
   E_FILE_NOT_FOUND = 301,
   E_INVALID_HANDLE = 400,
   E_NOT_FOUND = 500,
@@ -182,11 +183,14 @@ enum {
 };
 
 #define DRIVER_VERSION 13000
+/* The newest PTX ISA the JIT of a CUDA 13.0 driver accepts (cuproc/ptx_isa.py), as major * 10 + minor. */
+#define PTX_ISA_LIMIT 90
 #define MAX_DEV 16
 #define DEVICE_TOTAL_MEM (1ULL << 30)
 #define STACK_DEPTH 64
 #define MAX_PARAMS 64
 #define MAX_ARG_BYTES 32768
+#define PARAM_BASE 0x210   /* sm_90: where kernel parameters start in constant bank 0 */
 #define N_LIMITS 11
 #define N_FUNC_ATTRS 18
 #define LEGACY_STREAM ((handle_t)0x1)
@@ -196,6 +200,13 @@ enum {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static const char *cur_call = "";      /* name of the call holding mu, for the records */
 static int initialized;
+/* CUDA_MODULE_LOADING as cuInit read it: 1 LAZY (the default from CUDA 12.2), 0 EAGER.  Lazily, a library
+ * is JIT-compiled when a kernel or variable of it is first asked for (so CUDA_ERROR_UNSUPPORTED_PTX_VERSION
+ * comes from cuLibraryGetKernel, as seen on an H200 with driver 580, or cuKernelGetFunction / cuFuncLoad);
+ * eagerly, at cuLibraryLoadData.  A module's PTX is compiled at cuModuleLoadData* in both modes here (what
+ * tests/test_gpu_launch.py expects of the driver; tests/test_gpu_modules.py prints where a real one fails).
+ * fake_set_lazy_loading() changes it. */
+static int lazy_loading = 1;
 static pid_t init_pid;                  /* pid that first called cuInit; 0 before */
 static long fork_violations;            /* atomic: counted before mu is taken */
 static unsigned reset_gen = 1;          /* bumped by fake_reset: empties every thread's stack */
@@ -240,7 +251,8 @@ struct kinfo {
   size_t size[MAX_PARAMS], off[MAX_PARAMS], total;
 };
 struct ginfo { char *name; size_t nbytes; int managed; };
-struct image { int nk, ng; struct kinfo *k; struct ginfo *g; };
+/* ptx: the image is PTX of that ISA (".version 9.9": 99), which the JIT compiles; 0: SASS, nothing to compile */
+struct image { int nk, ng, ptx; struct kinfo *k; struct ginfo *g; };
 
 static void free_image(struct image *img) {
   if (!img) return;
@@ -266,9 +278,11 @@ static int is_fakecubin(const char *text, size_t len) {
 
 /* Parse at most len bytes (stops at a NUL).  Format:
  *   FAKECUBIN
- *   kernel <name> <param size> ...
+ *   kernel <name> <param size>[@<alignment>] ...
  *   global <name> <nbytes>
  *   managed <name> <nbytes>
+ *   .version <major>.<minor>   (PTX of that ISA, as PTX declares it: the JIT refuses one newer than
+ *                              PTX_ISA_LIMIT)
  * Blank lines and lines starting with '#' are ignored; anything else is an invalid image. */
 static CUresult parse_image(const char *data, size_t len, struct image **out) {
   len = strnlen(data, len);
@@ -299,9 +313,14 @@ static CUresult parse_image(const char *data, size_t len, struct image **out) {
       for (int i = 2; i < nw; i++) {
         char *end;
         unsigned long size = strtoul(words[i], &end, 10);
-        if (*end || size == 0) { rc = E_INVALID_IMAGE; break; }
         size_t align = param_align(size);
-        k->total = (k->total + align - 1) / align * align;
+        if (*end == '@') align = strtoul(end + 1, &end, 10);   /* <size>@<align>: a struct of its own alignment */
+        if (*end || size == 0 || align == 0 || (align & (align - 1))) { rc = E_INVALID_IMAGE; break; }
+        /* Laid out as the compiler does for sm_90 (this fake's devices): parameters live in constant bank 0
+         * from PARAM_BASE, and each is aligned at its address in the bank, not in the parameter buffer (read from
+         * NVRTC 13.5's cubins: a 64-aligned struct first, or after an int, at offset 48; 128-aligned at 112).
+         * The same as aligning in the buffer up to 16 bytes. */
+        k->total = (PARAM_BASE + k->total + align - 1) / align * align - PARAM_BASE;
         k->off[k->nparams] = k->total;
         k->size[k->nparams++] = size;
         k->total += size;
@@ -317,6 +336,11 @@ static CUresult parse_image(const char *data, size_t len, struct image **out) {
       g->name = strdup(words[1]);
       g->nbytes = n;
       g->managed = words[0][0] == 'm';
+    } else if (strcmp(words[0], ".version") == 0 && nw == 2) {
+      unsigned major, minor;
+      char tail;
+      if (sscanf(words[1], "%u.%u%c", &major, &minor, &tail) != 2 || minor > 9) { rc = E_INVALID_IMAGE; break; }
+      img->ptx = (int)(major * 10 + minor);
     } else {
       rc = E_INVALID_IMAGE;
       break;
@@ -1134,6 +1158,10 @@ EXPORT CUresult cuInit(unsigned int flags) {
     if (flags != 0) {
       rc = E_INVALID_VALUE;
     } else {
+      if (!initialized) {
+        const char *mode = getenv("CUDA_MODULE_LOADING");
+        lazy_loading = !(mode && strcmp(mode, "EAGER") == 0);
+      }
       initialized = 1;
       if (!init_pid) init_pid = getpid();
     }
@@ -2343,6 +2371,11 @@ static CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end) {
 }
 
 /* ------------------------------------------------------------------ modules */
+/* The JIT's verdict on an image: PTX of a newer ISA than this driver's is refused. */
+static CUresult jit_image(const struct image *img) {
+  return img->ptx > PTX_ISA_LIMIT ? E_UNSUPPORTED_PTX_VERSION : OK;
+}
+
 /* A module of the current context from a parsed image; its variables are allocated now. */
 static CUresult load_module(CUmodule *pmod, const char *data, size_t len) {
   NEED(pmod && data);
@@ -2350,6 +2383,7 @@ static CUresult load_module(CUmodule *pmod, const char *data, size_t len) {
   TRY(cur_ctx(&c));
   struct image *img;
   TRY(parse_image(data, len, &img));
+  if (jit_image(img) != OK) { free_image(img); return E_UNSUPPORTED_PTX_VERSION; }
   struct obj *m = new_obj(K_MODULE, c->h, c->dev);
   if (!m) { free_image(img); return E_OUT_OF_MEMORY; }
   m->img = img;
@@ -2424,6 +2458,36 @@ static CUresult cuModuleGetFunction(CUfunction *pf, CUmodule mod, const char *na
   struct obj *f = function_of(m, m->ctx, k);
   if (!f) return E_OUT_OF_MEMORY;
   *pf = (CUfunction)f->h;
+  return OK;
+}
+
+static CUresult cuModuleGetFunctionCount(unsigned *count, CUmodule mod) {
+  ENTER("cuModuleGetFunctionCount");
+  NEED(count);
+  struct obj *m;
+  TRY(use_module(mod, &m));
+  *count = (unsigned)m->img->nk;
+  return OK;
+}
+
+/* The module's functions, loaded or not (no JIT: cuFuncLoad or a launch compiles them lazily). */
+static CUresult cuModuleEnumerateFunctions(CUfunction *functions, unsigned n, CUmodule mod) {
+  ENTER("cuModuleEnumerateFunctions");
+  NEED(functions);
+  struct obj *m;
+  TRY(use_module(mod, &m));
+  for (int k = 0; k < m->img->nk && (unsigned)k < n; k++) {
+    struct obj *f = function_of(m, m->ctx, k);
+    if (!f) return E_OUT_OF_MEMORY;
+    functions[k] = (CUfunction)f->h;
+  }
+  return OK;
+}
+
+static CUresult cuModuleGetLoadingMode(int *mode) {
+  ENTER("cuModuleGetLoadingMode");
+  NEED(mode);
+  *mode = lazy_loading ? 2 : 1; /* CU_MODULE_LAZY_LOADING, CU_MODULE_EAGER_LOADING */
   return OK;
 }
 
@@ -2512,6 +2576,14 @@ static CUresult cuFuncGetName(const char **name, CUfunction func) {
   TRY(func_arg(func, &f));
   *name = f->img->k[f->kidx].name; /* valid while the module or library is loaded */
   return OK;
+}
+
+/* Load a function (or a library's kernel) now; under lazy loading this is where its JIT runs. */
+static CUresult cuFuncLoad(CUfunction func) {
+  ENTER("cuFuncLoad");
+  struct obj *f;
+  TRY(func_arg(func, &f));
+  return jit_image(f->img);
 }
 
 static CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, CUfunction func, int block_size, size_t smem) {
@@ -2628,6 +2700,7 @@ static CUresult cuLibraryLoadData(CUlibrary *plib, const void *code, int *jit_op
   NEED(plib && code);
   struct image *img;
   TRY(parse_image(code, SIZE_MAX, &img));
+  if (!lazy_loading && jit_image(img) != OK) { free_image(img); return E_UNSUPPORTED_PTX_VERSION; }
   struct obj *l = new_obj(K_LIBRARY, 0, 0);
   if (!l) { free_image(img); return E_OUT_OF_MEMORY; }
   l->img = img;
@@ -2644,6 +2717,20 @@ static CUresult cuLibraryUnload(CUlibrary lib) {
   return OK;
 }
 
+/* The one kernel object of (library, kernel index), made on first request. */
+static struct obj *kernel_of(struct obj *l, int k) {
+  for (size_t i = 0; i < nlive; i++) {
+    struct obj *o = live_obj(i);
+    if (o->kind == K_KERNEL && o->parent == l->h && o->kidx == k) return o;
+  }
+  struct obj *kern = new_obj(K_KERNEL, 0, 0);
+  if (!kern) return NULL;
+  kern->parent = l->h;
+  kern->img = l->img;
+  kern->kidx = k;
+  return kern;
+}
+
 static CUresult cuLibraryGetKernel(CUkernel *pk, CUlibrary lib, const char *name) {
   ENTER("cuLibraryGetKernel");
   NEED(pk && name);
@@ -2652,16 +2739,44 @@ static CUresult cuLibraryGetKernel(CUkernel *pk, CUlibrary lib, const char *name
   if (!l) return rc;
   int k = find_kernel(l->img, name);
   if (k < 0) return E_NOT_FOUND;
-  for (size_t i = 0; i < nlive; i++) {
-    struct obj *o = live_obj(i);
-    if (o->kind == K_KERNEL && o->parent == l->h && o->kidx == k) { *pk = (CUkernel)o->h; return OK; }
-  }
-  struct obj *kern = new_obj(K_KERNEL, 0, 0);
+  TRY(jit_image(l->img)); /* lazy loading: compiled now (seen on an H200: the load succeeded, this failed) */
+  struct obj *kern = kernel_of(l, k);
   if (!kern) return E_OUT_OF_MEMORY;
-  kern->parent = l->h;
-  kern->img = l->img;
-  kern->kidx = k;
   *pk = (CUkernel)kern->h;
+  return OK;
+}
+
+static CUresult cuLibraryGetKernelCount(unsigned *count, CUlibrary lib) {
+  ENTER("cuLibraryGetKernelCount");
+  NEED(count);
+  CUresult rc;
+  struct obj *l = get(lib, K_LIBRARY, &rc);
+  if (!l) return rc;
+  *count = (unsigned)l->img->nk;
+  return OK;
+}
+
+static CUresult cuLibraryEnumerateKernels(CUkernel *kernels, unsigned n, CUlibrary lib) {
+  ENTER("cuLibraryEnumerateKernels");
+  NEED(kernels);
+  CUresult rc;
+  struct obj *l = get(lib, K_LIBRARY, &rc);
+  if (!l) return rc;
+  for (int k = 0; k < l->img->nk && (unsigned)k < n; k++) {
+    struct obj *kern = kernel_of(l, k);
+    if (!kern) return E_OUT_OF_MEMORY;
+    kernels[k] = (CUkernel)kern->h;
+  }
+  return OK;
+}
+
+static CUresult cuKernelGetName(const char **name, CUkernel kernel) {
+  ENTER("cuKernelGetName");
+  NEED(name);
+  CUresult rc;
+  struct obj *k = get(kernel, K_KERNEL, &rc);
+  if (!k) return rc;
+  *name = k->img->k[k->kidx].name;
   return OK;
 }
 
@@ -2674,6 +2789,7 @@ static CUresult library_variable(CUdeviceptr *dptr, size_t *bytes, CUlibrary lib
   if (!l) return rc;
   int g = find_global(l->img, name);
   if (g < 0 || l->img->g[g].managed != managed) return E_NOT_FOUND;
+  TRY(jit_image(l->img));
   struct obj *c = NULL;
   if (!managed) TRY(cur_ctx(&c));
   struct alloc *a = variable_of(l->h, c ? c->h : 0, g);
@@ -2706,6 +2822,7 @@ static CUresult cuKernelGetFunction(CUfunction *pf, CUkernel kernel) {
   if (!k) return rc;
   struct obj *c;
   TRY(cur_ctx(&c));
+  TRY(jit_image(k->img));
   struct obj *f = function_of(k, c->h, k->kidx);
   if (!f) return E_OUT_OF_MEMORY;
   *pf = (CUfunction)f->h;
@@ -2879,6 +2996,10 @@ static CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, voi
 }
 
 #include "fakedriver_graphs.c"   /* graphs and stream capture (its top comment says how) */
+#include "fakedriver_arrays.c"   /* CUDA arrays, texture/surface objects, tensor maps (its top comment) */
+#include "fakedriver_vmm.c"      /* virtual memory management (its top comment says how) */
+#include "fakedriver_ipc.c"      /* IPC of memory and events (its top comment says how) */
+#include "fakedriver_green.c"    /* green contexts and SM splits (its top comment says how) */
 
 /* ================================================================== lookup */
 struct entry { const char *symbol; int version; void *fn; };
@@ -2934,6 +3055,15 @@ static void unlock(void) { pthread_mutex_unlock(&mu); }
  * reuse on, the next objects take them, the primary contexts' included; freed address ranges are
  * forgotten), and the default pools (a device's default pool is never destroyed; its statistics
  * are cleared). */
+/* CUDA_MODULE_LOADING for what loads from now on: 1 LAZY, 0 EAGER (cuInit reads the environment once). */
+EXPORT void fake_set_lazy_loading(int on) {
+  lock();
+  lazy_loading = on != 0;
+  unlock();
+}
+
+EXPORT int fake_lazy_loading(void) { return lazy_loading; }
+
 EXPORT void fake_reset(void) {
   lock();
   cur_call = "fake_reset";

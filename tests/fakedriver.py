@@ -96,7 +96,7 @@ Choices made where the real driver is vaguer or more forgiving (the fake is stri
 Image format (``fake_image``)::
 
     FAKECUBIN
-    kernel <name> <param size> ...
+    kernel <name> <param size>[@<alignment>] ...
     global <name> <nbytes>
     managed <name> <nbytes>
 """
@@ -112,6 +112,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 C_SOURCE = Path(__file__).resolve().parent / "fakedriver.c"
 GRAPHS_SOURCE = Path(__file__).resolve().parent / "fakedriver_graphs.c"   # #included by fakedriver.c
+VMM_SOURCE = Path(__file__).resolve().parent / "fakedriver_vmm.c"         # #included by fakedriver.c
+IPC_SOURCE = Path(__file__).resolve().parent / "fakedriver_ipc.c"         # #included by fakedriver.c
+GREEN_SOURCE = Path(__file__).resolve().parent / "fakedriver_green.c"     # #included by fakedriver.c
+ARRAYS_SOURCE = Path(__file__).resolve().parent / "fakedriver_arrays.c"   # #included by fakedriver.c
 ABI_VERSION = 13000
 CFLAGS = ("-shared", "-fPIC", "-O1", "-Wall", "-pthread", "-std=gnu11", "-fvisibility=hidden")
 LIVE_KINDS = ("context", "primary", "device_alloc", "host_alloc", "managed_alloc", "registered",
@@ -175,12 +179,18 @@ def tables(c_text: str) -> str:
 
 
 def fake_image(kernels: dict[str, list[int]] | None = None, globals: dict[str, int] | None = None,
-               managed: dict[str, int] | None = None) -> bytes:
+               managed: dict[str, int] | None = None, *, ptx: str | None = None) -> bytes:
     """A FAKECUBIN image (NUL-terminated) for cuModuleLoadData / cuLibraryLoadData / the linker.
 
-    ``kernels``: name -> parameter sizes in bytes (each aligned to its size, 16 at most);
-    ``globals``: ``__device__`` variables, name -> bytes; ``managed``: ``__managed__`` ones."""
-    lines = ["FAKECUBIN"]
+    ``kernels``: name -> parameter sizes in bytes (each aligned to its size, 16 at most; a string
+    ``"128@64"`` is a parameter of 128 bytes aligned to 64, such as a tensor map);
+    ``globals``: ``__device__`` variables, name -> bytes; ``managed``: ``__managed__`` ones;
+    ``ptx``: the image stands for PTX of that ISA (``"9.9"``: a ``.version 9.9`` line, which cuproc reads
+    as it reads PTX's), which the fake's JIT (a CUDA 13.0 driver's: up to 9.0) refuses with
+    CUDA_ERROR_UNSUPPORTED_PTX_VERSION: a module at load; a library at load when loading eagerly, at the
+    first lookup of a kernel or variable (or cuKernelGetFunction, cuFuncLoad) when lazily
+    (``set_lazy_loading``), as the driver does."""
+    lines = ["FAKECUBIN"] + ([f".version {ptx}"] if ptx is not None else [])   # as PTX declares its ISA
     lines += [" ".join(["kernel", name, *map(str, sizes)]) for name, sizes in (kernels or {}).items()]
     lines += [f"global {name} {n}" for name, n in (globals or {}).items()]
     lines += [f"managed {name} {n}" for name, n in (managed or {}).items()]
@@ -211,8 +221,12 @@ class FakeDriver:
         return self._lib
 
     def reset(self) -> None:
-        """Destroy everything and clear the records (not while other threads use the fake)."""
+        """Destroy everything and clear the records (not while other threads use the fake); the virtual
+        memory of fakedriver_vmm.c (reservations, mappings, physical allocations) and the green contexts
+        of fakedriver_green.c too."""
         self._lib.fake_reset()
+        self._lib.fake_vmm_reset()
+        self._lib.fake_green_reset()
 
     def set_device_count(self, n: int) -> None:
         self._lib.fake_set_device_count(int(n))
@@ -287,6 +301,16 @@ class FakeDriver:
     @property
     def reuse(self) -> bool:
         return bool(self._lib.fake_reuse())
+
+    def set_lazy_loading(self, on: bool) -> None:
+        """Load libraries lazily (True: CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2: their PTX is
+        compiled at the first lookup) or eagerly, from now on.  At cuInit the fake reads
+        CUDA_MODULE_LOADING, as the driver does."""
+        self._lib.fake_set_lazy_loading(int(bool(on)))
+
+    @property
+    def lazy_loading(self) -> bool:
+        return bool(self._lib.fake_lazy_loading())
 
     def launch_count(self) -> int:
         return self._lib.fake_launch_count()
@@ -371,8 +395,10 @@ def build(out_dir: Path) -> FakeDriver:
         raise RuntimeError("no C compiler (cc) to build the fake driver")
     c_text = C_SOURCE.read_text()
     graphs_text = GRAPHS_SOURCE.read_text()
-    header = tables(c_text + "\n" + graphs_text)
-    tag = hashlib.sha256((c_text + graphs_text + header + " ".join(CFLAGS)).encode()).hexdigest()[:12]
+    included = {source.name: source.read_text() for source in (VMM_SOURCE, IPC_SOURCE, GREEN_SOURCE, ARRAYS_SOURCE)}
+    header = tables("\n".join([c_text, graphs_text, *included.values()]))
+    tag = hashlib.sha256((c_text + graphs_text + "".join(included.values()) + header + " ".join(CFLAGS)).encode()
+                         ).hexdigest()[:12]
     out_dir = Path(out_dir)
     lib = out_dir / f"libfakecuda-{tag}.so"
     if not lib.exists():
@@ -380,6 +406,8 @@ def build(out_dir: Path) -> FakeDriver:
         work.mkdir(parents=True, exist_ok=True)
         (work / "fakedriver.c").write_text(c_text)
         (work / GRAPHS_SOURCE.name).write_text(graphs_text)
+        for name, text in included.items():
+            (work / name).write_text(text)
         (work / "fakedriver_tables.h").write_text(header)
         tmp = work / lib.name
         subprocess.run([cc, *CFLAGS, "-I", str(work), "-o", str(tmp), str(work / "fakedriver.c")],

@@ -27,8 +27,9 @@
  *     CUDA_GRAPH_INSTANTIATE_MULTIPLE_CTXS_NOT_SUPPORTED.  All three are CUDA_ERROR_INVALID_VALUE.
  *   - cuGraphLaunch runs the nodes at once, in dependency order, as work on the launch stream (the
  *     ordering model of fakedriver.c: kernels and copies touch the memory they use): copies and memsets
- *     move real bytes, host nodes are called on the calling thread without the lock, event record and
- *     wait nodes are the stream's event record and wait.  Kernels are recorded like launches (the last
+ *     move real bytes, host nodes are queued as host work that runs later (at the next synchronize, see
+ *     "host work" below: never inside cuGraphLaunch), event record and wait nodes are the stream's event
+ *     record and wait.  Kernels are recorded like launches (the last
  *     launch, the launch count, a pointer argument into no live allocation is a stale use); in a graph,
  *     and only there, four kernels also do what their GPU namesakes in kernels/kernels.cu do:
  *       VecAdd_kernel(const float *A, const float *B, float *C, int N)   C[i] = A[i] + B[i]
@@ -279,29 +280,31 @@ static int set_side(struct obj *o, void *p) {
   return 1;
 }
 
-static struct gdata *graph_of(CUgraph h, CUresult *rc) {
-  struct obj *o = get(h, K_GRAPH, rc);
+/* The side data of live object h of kind (tagged tag); else NULL and *rc (a stale use either way). */
+static void *side_data(const void *h, int kind, int tag, CUresult *rc) {
+  struct obj *o = get(h, kind, rc);
   if (!o) return NULL;
-  struct gdata *g = side_of(o->h, TAG_GRAPH);
-  if (!g) *rc = stale(E_INVALID_HANDLE);
-  return g;
+  void *p = side_of(o->h, tag);
+  if (!p) *rc = stale(E_INVALID_HANDLE);
+  return p;
 }
 
-static struct gnode *node_of(CUgraphNode h, CUresult *rc) {
-  struct obj *o = get(h, K_GNODE, rc);
-  if (!o) return NULL;
-  struct gnode *n = side_of(o->h, TAG_NODE);
-  if (!n) *rc = stale(E_INVALID_HANDLE);
+static struct gdata *graph_of(CUgraph h, CUresult *rc) { return side_data(h, K_GRAPH, TAG_GRAPH, rc); }
+static struct gnode *node_of(CUgraphNode h, CUresult *rc) { return side_data(h, K_GNODE, TAG_NODE, rc); }
+static struct gexec *exec_of(CUgraphExec h, CUresult *rc) { return side_data(h, K_GEXEC, TAG_EXEC, rc); }
+
+/* The node of handle h when it is of kind type; else NULL and *rc: a stale use, or CUDA_ERROR_INVALID_VALUE
+ * for a live node of another kind (what every cuGraph*NodeGet/SetParams answers). */
+static struct gnode *typed_node(CUgraphNode h, int type, CUresult *rc) {
+  struct gnode *n = node_of(h, rc);
+  if (n && n->type != type) { *rc = E_INVALID_VALUE; return NULL; }
   return n;
 }
-
-static struct gexec *exec_of(CUgraphExec h, CUresult *rc) {
-  struct obj *o = get(h, K_GEXEC, rc);
-  if (!o) return NULL;
-  struct gexec *x = side_of(o->h, TAG_EXEC);
-  if (!x) *rc = stale(E_INVALID_HANDLE);
-  return x;
-}
+/* Declares CUresult rc and struct gnode *N, the node of handle H of kind TYPE, or returns typed_node's answer. */
+#define TYPED_NODE(N, H, TYPE)                  \
+  CUresult rc;                                  \
+  struct gnode *N = typed_node(H, TYPE, &rc);   \
+  if (!N) return rc
 
 /* ------------------------------------------------------------------ graph allocations
  * A memory alloc node's address belongs to the node and to every executable graph made from it
@@ -540,6 +543,12 @@ static CUresult check_copy(const CUDA_MEMCPY3D *c) {
   return OK;
 }
 
+/* A memset node's parameters as the node keeps them. */
+static struct mset mset_of(const CUDA_MEMSET_NODE_PARAMS *p) {
+  struct mset m = {p->dst, p->pitch, p->value, p->elementSize, p->width, p->height};
+  return m;
+}
+
 static CUresult check_memset(const CUDA_MEMSET_NODE_PARAMS *m) {
   NEED(m);
   NEED(m->elementSize == 1 || m->elementSize == 2 || m->elementSize == 4);
@@ -617,10 +626,7 @@ static CUresult cuGraphAddKernelNode_v2(CUgraphNode *ph, CUgraph graph, const CU
 static CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS *p) {
   ENTER("cuGraphKernelNodeGetParams");
   NEED(p);
-  CUresult rc;
-  struct gnode *n = node_of(node, &rc);
-  if (!n) return rc;
-  if (n->type != N_KERNEL) return E_INVALID_VALUE;
+  TYPED_NODE(n, node, N_KERNEL);
   struct kparams *k = n->p.k;
   for (int i = 0; i < k->layout.nparams; i++) k->argp[i] = k->args + k->layout.off[i];
   memset(p, 0, sizeof *p);
@@ -635,10 +641,7 @@ static CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode node, CUDA_KERNEL_NODE
 
 static CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS *params) {
   ENTER("cuGraphKernelNodeSetParams");
-  CUresult rc;
-  struct gnode *n = node_of(node, &rc);
-  if (!n) return rc;
-  if (n->type != N_KERNEL) return E_INVALID_VALUE;
+  TYPED_NODE(n, node, N_KERNEL);
   struct kparams *kp;
   handle_t ctx;
   TRY(make_kparams(params, &kp, &ctx));
@@ -648,41 +651,42 @@ static CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode node, const CUDA_KERNE
   return OK;
 }
 
-static CUresult cuGraphAddMemcpyNode(CUgraphNode *ph, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
-                                     const CUDA_MEMCPY3D *copy, CUcontext ctx) {
-  ENTER("cuGraphAddMemcpyNode");
+/* A memcpy or memset node of graph, in the context ctx names, its parameters checked (in the driver's order:
+ * the graph, the context, the parameters); *out for the caller to fill. */
+static CUresult add_in_ctx(CUgraphNode *ph, CUgraph graph, int type, const CUgraphNode *deps, size_t ndeps,
+                           CUcontext ctx, const void *params, struct gnode **out) {
   NEED(ph);
   CUresult rc;
   if (!graph_of(graph, &rc)) return rc;
-  handle_t c;
+  handle_t c, h;
   TRY(node_ctx(ctx, &c));
-  TRY(check_copy(copy));
-  struct gnode *n;
-  handle_t h;
-  TRY(new_node(graph, N_MEMCPY, deps, ndeps, &n, &h));
-  n->p.cp = *copy;
-  n->ctx = c;
+  TRY(type == N_MEMCPY ? check_copy(params) : check_memset(params));
+  TRY(new_node(graph, type, deps, ndeps, out, &h));
+  (*out)->ctx = c;
   *ph = (CUgraphNode)h;
+  return OK;
+}
+
+static CUresult cuGraphAddMemcpyNode(CUgraphNode *ph, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                                     const CUDA_MEMCPY3D *copy, CUcontext ctx) {
+  ENTER("cuGraphAddMemcpyNode");
+  struct gnode *n;
+  TRY(add_in_ctx(ph, graph, N_MEMCPY, deps, ndeps, ctx, copy, &n));
+  n->p.cp = *copy;
   return OK;
 }
 
 static CUresult cuGraphMemcpyNodeGetParams(CUgraphNode node, CUDA_MEMCPY3D *out) {
   ENTER("cuGraphMemcpyNodeGetParams");
   NEED(out);
-  CUresult rc;
-  struct gnode *n = node_of(node, &rc);
-  if (!n) return rc;
-  if (n->type != N_MEMCPY) return E_INVALID_VALUE;
+  TYPED_NODE(n, node, N_MEMCPY);
   *out = n->p.cp;
   return OK;
 }
 
 static CUresult cuGraphMemcpyNodeSetParams(CUgraphNode node, const CUDA_MEMCPY3D *copy) {
   ENTER("cuGraphMemcpyNodeSetParams");
-  CUresult rc;
-  struct gnode *n = node_of(node, &rc);
-  if (!n) return rc;
-  if (n->type != N_MEMCPY) return E_INVALID_VALUE;
+  TYPED_NODE(n, node, N_MEMCPY);
   TRY(check_copy(copy));
   n->p.cp = *copy;
   return OK;
@@ -691,29 +695,16 @@ static CUresult cuGraphMemcpyNodeSetParams(CUgraphNode node, const CUDA_MEMCPY3D
 static CUresult cuGraphAddMemsetNode(CUgraphNode *ph, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
                                      const CUDA_MEMSET_NODE_PARAMS *params, CUcontext ctx) {
   ENTER("cuGraphAddMemsetNode");
-  NEED(ph);
-  CUresult rc;
-  if (!graph_of(graph, &rc)) return rc;
-  handle_t c;
-  TRY(node_ctx(ctx, &c));
-  TRY(check_memset(params));
   struct gnode *n;
-  handle_t h;
-  TRY(new_node(graph, N_MEMSET, deps, ndeps, &n, &h));
-  struct mset m = {params->dst, params->pitch, params->value, params->elementSize, params->width, params->height};
-  n->p.ms = m;
-  n->ctx = c;
-  *ph = (CUgraphNode)h;
+  TRY(add_in_ctx(ph, graph, N_MEMSET, deps, ndeps, ctx, params, &n));
+  n->p.ms = mset_of(params);
   return OK;
 }
 
 static CUresult cuGraphMemsetNodeGetParams(CUgraphNode node, CUDA_MEMSET_NODE_PARAMS *out) {
   ENTER("cuGraphMemsetNodeGetParams");
   NEED(out);
-  CUresult rc;
-  struct gnode *n = node_of(node, &rc);
-  if (!n) return rc;
-  if (n->type != N_MEMSET) return E_INVALID_VALUE;
+  TYPED_NODE(n, node, N_MEMSET);
   struct mset *m = &n->p.ms;
   out->dst = m->dst; out->pitch = m->pitch; out->value = m->value; out->elementSize = m->elem;
   out->width = m->width; out->height = m->height;
@@ -722,13 +713,9 @@ static CUresult cuGraphMemsetNodeGetParams(CUgraphNode node, CUDA_MEMSET_NODE_PA
 
 static CUresult cuGraphMemsetNodeSetParams(CUgraphNode node, const CUDA_MEMSET_NODE_PARAMS *params) {
   ENTER("cuGraphMemsetNodeSetParams");
-  CUresult rc;
-  struct gnode *n = node_of(node, &rc);
-  if (!n) return rc;
-  if (n->type != N_MEMSET) return E_INVALID_VALUE;
+  TYPED_NODE(n, node, N_MEMSET);
   TRY(check_memset(params));
-  struct mset m = {params->dst, params->pitch, params->value, params->elementSize, params->width, params->height};
-  n->p.ms = m;
+  n->p.ms = mset_of(params);
   return OK;
 }
 
@@ -748,10 +735,7 @@ static CUresult cuGraphAddHostNode(CUgraphNode *ph, CUgraph graph, const CUgraph
 static CUresult cuGraphHostNodeGetParams(CUgraphNode node, CUDA_HOST_NODE_PARAMS *out) {
   ENTER("cuGraphHostNodeGetParams");
   NEED(out);
-  CUresult rc;
-  struct gnode *n = node_of(node, &rc);
-  if (!n) return rc;
-  if (n->type != N_HOST) return E_INVALID_VALUE;
+  TYPED_NODE(n, node, N_HOST);
   out->fn = n->p.host.fn;
   out->userData = n->p.host.data;
   return OK;
@@ -760,10 +744,7 @@ static CUresult cuGraphHostNodeGetParams(CUgraphNode node, CUDA_HOST_NODE_PARAMS
 static CUresult cuGraphHostNodeSetParams(CUgraphNode node, const CUDA_HOST_NODE_PARAMS *params) {
   ENTER("cuGraphHostNodeSetParams");
   NEED(params && params->fn);
-  CUresult rc;
-  struct gnode *n = node_of(node, &rc);
-  if (!n) return rc;
-  if (n->type != N_HOST) return E_INVALID_VALUE;
+  TYPED_NODE(n, node, N_HOST);
   n->p.host.fn = params->fn;
   n->p.host.data = params->userData;
   return OK;
@@ -797,19 +778,13 @@ static CUresult cuGraphAddEventWaitNode(CUgraphNode *ph, CUgraph graph, const CU
 
 static CUresult get_event(CUgraphNode node, int type, CUevent *out) {
   NEED(out);
-  CUresult rc;
-  struct gnode *n = node_of(node, &rc);
-  if (!n) return rc;
-  if (n->type != type) return E_INVALID_VALUE;
+  TYPED_NODE(n, node, type);
   *out = (CUevent)n->p.event;
   return OK;
 }
 
 static CUresult set_event(CUgraphNode node, int type, CUevent event) {
-  CUresult rc;
-  struct gnode *n = node_of(node, &rc);
-  if (!n) return rc;
-  if (n->type != type) return E_INVALID_VALUE;
+  TYPED_NODE(n, node, type);
   if (!get(event, K_EVENT, &rc)) return rc;
   n->p.event = (handle_t)event;
   return OK;
@@ -924,10 +899,7 @@ static CUresult cuGraphAddChildGraphNode(CUgraphNode *ph, CUgraph graph, const C
 static CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *out) {
   ENTER("cuGraphChildGraphNodeGetGraph");
   NEED(out);
-  CUresult rc;
-  struct gnode *n = node_of(node, &rc);
-  if (!n) return rc;
-  if (n->type != N_GRAPH) return E_INVALID_VALUE;
+  TYPED_NODE(n, node, N_GRAPH);
   *out = (CUgraph)n->child;
   return OK;
 }
@@ -966,10 +938,7 @@ static CUresult cuGraphAddMemAllocNode(CUgraphNode *ph, CUgraph graph, const CUg
 static CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *out) {
   ENTER("cuGraphMemAllocNodeGetParams");
   NEED(out);
-  CUresult rc;
-  struct gnode *n = node_of(node, &rc);
-  if (!n) return rc;
-  if (n->type != N_MEM_ALLOC) return E_INVALID_VALUE;
+  TYPED_NODE(n, node, N_MEM_ALLOC);
   memset(out, 0, sizeof *out);
   out->poolProps.allocType = 1;
   out->poolProps.locationType = 1;
@@ -995,10 +964,7 @@ static CUresult cuGraphAddMemFreeNode(CUgraphNode *ph, CUgraph graph, const CUgr
 static CUresult cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr *out) {
   ENTER("cuGraphMemFreeNodeGetParams");
   NEED(out);
-  CUresult rc;
-  struct gnode *n = node_of(node, &rc);
-  if (!n) return rc;
-  if (n->type != N_MEM_FREE) return E_INVALID_VALUE;
+  TYPED_NODE(n, node, N_MEM_FREE);
   *out = n->p.free_ptr;
   return OK;
 }
@@ -1166,6 +1132,13 @@ static CUresult cuGraphGetEdges_v2(CUgraph graph, CUgraphNode *from, CUgraphNode
   return OK;
 }
 
+/* hand_out() of a node's edges, with their (default, zero) edge data where asked for. */
+static void hand_out_edges(const handle_t *items, size_t n, CUgraphNode *out, CUgraphEdgeData *edges, size_t *count) {
+  size_t want = *count;
+  hand_out(items, n, out, count);
+  if (out && edges) memset(edges, 0, want * sizeof *edges);
+}
+
 static CUresult cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *deps, CUgraphEdgeData *edges,
                                               size_t *count) {
   ENTER("cuGraphNodeGetDependencies");
@@ -1173,9 +1146,7 @@ static CUresult cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *dep
   CUresult rc;
   struct gnode *n = node_of(node, &rc);
   if (!n) return rc;
-  size_t want = *count;
-  hand_out(n->deps, n->ndeps, deps, count);
-  if (deps && edges) memset(edges, 0, want * sizeof *edges);
+  hand_out_edges(n->deps, n->ndeps, deps, edges, count);
   return OK;
 }
 
@@ -1194,9 +1165,7 @@ static CUresult cuGraphNodeGetDependentNodes_v2(CUgraphNode node, CUgraphNode *o
     struct gnode *m = side_of(g->nodes[i], TAG_NODE);
     for (size_t d = 0; m && d < m->ndeps; d++) if (m->deps[d] == (handle_t)node) { found[k++] = g->nodes[i]; break; }
   }
-  size_t want = *count;
-  hand_out(found, k, out, count);
-  if (out && edges) memset(edges, 0, want * sizeof *edges);
+  hand_out_edges(found, k, out, edges, count);
   free(found);
   return OK;
 }
@@ -1400,6 +1369,67 @@ static CUresult cuGraphExecDestroy(CUgraphExec exec) {
   return OK;
 }
 
+/* ------------------------------------------------------------------ host work, run later
+ * A graph's host nodes run later, as on a GPU, where the driver calls them from its own thread when the
+ * stream reaches them: cuGraphLaunch queues them (in the graph's order), and the queue runs, in order and
+ * without the lock, on the next thread that synchronizes (cuStreamSynchronize, cuStreamQuery,
+ * cuCtxSynchronize, cuEventSynchronize, cuEventQuery) or calls fake_run_host_work().  A host function
+ * launched (cuLaunchHostFunc) while host work is queued joins the queue behind it, so stream order holds;
+ * with none queued it runs at once, as fakedriver.c has it.  So a callable that died between a launch and
+ * its run is seen: what it did is missing (or the process crashes). */
+struct hostwork { CUhostFn fn; void *data; };
+static struct hostwork *hwork;        /* under mu */
+static size_t nhwork, caphwork;
+static int host_work_pending;         /* queued and not run yet: read atomically without mu */
+static long host_work_ran;
+
+/* Under the lock: queue fn(data). */
+static CUresult queue_host(CUhostFn fn, void *data) {
+  if (nhwork == caphwork) {
+    size_t cap = caphwork ? 2 * caphwork : 16;
+    struct hostwork *grown = realloc(hwork, cap * sizeof *grown);
+    if (!grown) return E_OUT_OF_MEMORY;
+    hwork = grown;
+    caphwork = cap;
+  }
+  hwork[nhwork].fn = fn;
+  hwork[nhwork].data = data;
+  nhwork++;
+  __atomic_add_fetch(&host_work_pending, 1, __ATOMIC_RELAXED);
+  return OK;
+}
+
+/* Without the lock: run the queued host work until none is left (another thread's batch included: a
+ * synchronize returns once all of it ran). */
+static void run_host_work(void) {
+  while (__atomic_load_n(&host_work_pending, __ATOMIC_RELAXED)) {
+    pthread_mutex_lock(&mu);
+    struct hostwork *batch = hwork;
+    size_t n = nhwork;
+    hwork = NULL;
+    nhwork = caphwork = 0;
+    pthread_mutex_unlock(&mu);
+    for (size_t i = 0; i < n; i++) {
+      batch[i].fn(batch[i].data);
+      __atomic_add_fetch(&host_work_ran, 1, __ATOMIC_RELAXED);
+      __atomic_sub_fetch(&host_work_pending, 1, __ATOMIC_RELAXED);
+    }
+    free(batch);
+    if (!n) sched_yield();          /* another thread runs the rest */
+  }
+}
+
+/* cuLaunchHostFunc outside a capture: behind queued host work, else fakedriver.c's (at once). */
+static CUresult launch_host_fn(CUstream stream, CUhostFn fn, void *data) {
+  if (!__atomic_load_n(&host_work_pending, __ATOMIC_RELAXED)) return cuLaunchHostFunc(stream, fn, data);
+  ENTER("cuLaunchHostFunc");
+  NEED(fn);
+  struct queue q;
+  TRY(use_queue(stream, &q, NULL));
+  enqueue(q.uid);
+  return queue_host(fn, data);
+}
+
 /* ------------------------------------------------------------------ launch */
 static int capturing_member_uid(unsigned uid);   /* below: is a stream state in a capture? */
 
@@ -1518,8 +1548,8 @@ static CUresult wait_event(handle_t event, const struct queue *q) {
   return OK;
 }
 
-/* Run an executable graph's nodes in order on queue q.  Host nodes run without the lock (*held). */
-static CUresult run_xgraph(struct xgraph *x, const struct queue *q, CUstream stream, int *held) {
+/* Run an executable graph's nodes in order on queue q; its host nodes are queued as host work. */
+static CUresult run_xgraph(struct xgraph *x, const struct queue *q, CUstream stream) {
   for (size_t o = 0; o < x->n; o++) {
     struct xnode *n = &x->nodes[x->order[o]];
     CUresult rc = OK;
@@ -1529,32 +1559,25 @@ static CUresult run_xgraph(struct xgraph *x, const struct queue *q, CUstream str
     case N_MEMSET:
       rc = memset_2d(n->p.ms.dst, n->p.ms.pitch, n->p.ms.value, n->p.ms.elem, n->p.ms.width, n->p.ms.height, q);
       break;
-    case N_HOST: {
+    case N_HOST:             /* run later, as on a GPU (see "host work" above) */
       enqueue(q->uid);
-      const char *call = cur_call;
-      pthread_mutex_unlock(&mu);
-      *held = 0;
-      n->p.host.fn(n->p.host.data);
-      pthread_mutex_lock(&mu);
-      *held = 1;
-      cur_call = call;
+      rc = queue_host(n->p.host.fn, n->p.host.data);
       break;
-    }
     case N_EVENT_RECORD: rc = record_event(n->p.event, q); break;
     case N_WAIT_EVENT: rc = wait_event(n->p.event, q); break;
-    case N_GRAPH: rc = run_xgraph(n->child, q, stream, held); break;
+    case N_GRAPH: rc = run_xgraph(n->child, q, stream); break;
     case N_MEM_ALLOC: case N_MEM_FREE: enqueue(q->uid); break;
     case N_CONDITIONAL: {
       struct cond *cd = cond_of(n->cond.handle);
       if (!cd) break;
       if (n->cond.type == COND_IF) {
-        if (cd->value) rc = run_xgraph(n->cond.body[0], q, stream, held);
-        else if (n->cond.size == 2) rc = run_xgraph(n->cond.body[1], q, stream, held);
+        if (cd->value) rc = run_xgraph(n->cond.body[0], q, stream);
+        else if (n->cond.size == 2) rc = run_xgraph(n->cond.body[1], q, stream);
       } else if (n->cond.type == COND_WHILE) {
         for (unsigned it = 0; rc == OK && (cd = cond_of(n->cond.handle)) && cd->value && it < WHILE_LIMIT; it++)
-          rc = run_xgraph(n->cond.body[0], q, stream, held);
+          rc = run_xgraph(n->cond.body[0], q, stream);
       } else if (cd->value < n->cond.size) {
-        rc = run_xgraph(n->cond.body[cd->value], q, stream, held);
+        rc = run_xgraph(n->cond.body[cd->value], q, stream);
       }
       break;
     }
@@ -1591,8 +1614,7 @@ static CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
   graph_launches++;
   reset_conditions(x->g);
   x->busy++;
-  rc = run_xgraph(x->g, &q, stream, &held_);
-  if (!held_) { pthread_mutex_lock(&mu); held_ = 1; }
+  rc = run_xgraph(x->g, &q, stream);
   if (--x->busy == 0 && x->dead) { free_xgraph(x->g); free(x); }
   return rc;
 }
@@ -1747,7 +1769,15 @@ static const char *type_name(int t) {
   }
 }
 
-static void dot_graph(FILE *f, handle_t h, unsigned verbose) {
+#define DOT_VERBOSE 1u
+#define DOT_KERNEL_NODE_PARAMS 4u
+#define DOT_HANDLES 1024u
+
+/* Graph h as DOT (subgraph clusters for bodies and child graphs).  Of CUgraphDebugDot_flags the fake
+ * honours VERBOSE (everything below), KERNEL_NODE_PARAMS (a kernel's launch dimensions) and HANDLES (each
+ * node's handle); the others add nothing. */
+static void dot_graph(FILE *f, handle_t h, unsigned flags) {
+  unsigned params = flags & (DOT_VERBOSE | DOT_KERNEL_NODE_PARAMS), handles = flags & (DOT_VERBOSE | DOT_HANDLES);
   struct gdata *g = side_of(h, TAG_GRAPH);
   size_t id = slot_of(h);
   fprintf(f, "subgraph cluster_%zu {\nlabel=\"graph_%zu\" graph[style=\"dashed\"];\n", id, id);
@@ -1757,9 +1787,10 @@ static void dot_graph(FILE *f, handle_t h, unsigned verbose) {
             type_name(n->type));
     if (n->type == N_KERNEL) {
       fprintf(f, "\n%s", n->p.k->name);
-      if (verbose) fprintf(f, "\n\\<\\<\\<(%u,%u,%u),(%u,%u,%u),%u\\>\\>\\>", n->p.k->grid[0], n->p.k->grid[1],
+      if (params) fprintf(f, "\n\\<\\<\\<(%u,%u,%u),(%u,%u,%u),%u\\>\\>\\>", n->p.k->grid[0], n->p.k->grid[1],
                            n->p.k->grid[2], n->p.k->block[0], n->p.k->block[1], n->p.k->block[2], n->p.k->shared);
     }
+    if (handles) fprintf(f, "\n%#llx", (unsigned long long)g->nodes[i]);
     fprintf(f, "\n\"];\n");
   }
   for (size_t i = 0; g && i < g->n; i++) {
@@ -1772,8 +1803,8 @@ static void dot_graph(FILE *f, handle_t h, unsigned verbose) {
   }
   for (size_t i = 0; g && i < g->n; i++) {
     struct gnode *n = side_of(g->nodes[i], TAG_NODE);
-    if (n->type == N_GRAPH) dot_graph(f, n->child, verbose);
-    for (unsigned b = 0; n->type == N_CONDITIONAL && b < n->cond.size; b++) dot_graph(f, n->cond.body[b], verbose);
+    if (n->type == N_GRAPH) dot_graph(f, n->child, flags);
+    for (unsigned b = 0; n->type == N_CONDITIONAL && b < n->cond.size; b++) dot_graph(f, n->cond.body[b], flags);
   }
   fprintf(f, "}\n");
 }
@@ -1786,7 +1817,7 @@ static CUresult cuGraphDebugDotPrint(CUgraph graph, const char *path, unsigned i
   FILE *f = fopen(path, "w");
   if (!f) return E_OPERATING_SYSTEM;
   fprintf(f, "digraph dot {\n");
-  dot_graph(f, (handle_t)graph, flags & 1);
+  dot_graph(f, (handle_t)graph, flags);
   fprintf(f, "}\n");
   fclose(f);
   return OK;
@@ -2240,7 +2271,7 @@ static CUresult captured_host(CUhostFn fn, void *data, CUgraph g, const CUgraphN
 }
 
 static CUresult captured_cuLaunchHostFunc(CUstream stream, CUhostFn fn, void *data) {
-  CAPTURED_CALL("cuLaunchHostFunc", stream, cuLaunchHostFunc(stream, fn, data),
+  CAPTURED_CALL("cuLaunchHostFunc", stream, launch_host_fn(stream, fn, data),
                 captured_host(fn, data, g_, DEPS_, &node_));
 }
 
@@ -2381,10 +2412,12 @@ static CUresult captured_cuStreamWaitEvent(CUstream stream, CUevent event, unsig
   } while (0)
 
 static CUresult captured_cuStreamSynchronize(CUstream stream) {
+  run_host_work();
   REFUSED_IN_CAPTURE("cuStreamSynchronize", stream, cuStreamSynchronize(stream));
 }
 
 static CUresult captured_cuStreamQuery(CUstream stream) {
+  run_host_work();
   REFUSED_IN_CAPTURE("cuStreamQuery", stream, cuStreamQuery(stream));
 }
 
@@ -2456,7 +2489,12 @@ static CUresult captured_cuModuleUnload(CUmodule mod) { UNSAFE("cuModuleUnload",
 static CUresult captured_cuGraphExecDestroy(CUgraphExec exec) {
   UNSAFE("cuGraphExecDestroy", 0, cuGraphExecDestroy(exec));
 }
-static CUresult captured_cuCtxSynchronize_v2(CUcontext ctx) { UNSAFE("cuCtxSynchronize", 0, cuCtxSynchronize_v2(ctx)); }
+static CUresult captured_cuCtxSynchronize_v2(CUcontext ctx) {
+  run_host_work();
+  UNSAFE("cuCtxSynchronize", 0, cuCtxSynchronize_v2(ctx));
+}
+static CUresult captured_cuEventSynchronize(CUevent event) { run_host_work(); return cuEventSynchronize(event); }
+static CUresult captured_cuEventQuery(CUevent event) { run_host_work(); return cuEventQuery(event); }
 static CUresult captured_cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
   UNSAFE("cuMemcpyHtoD", 1, cuMemcpyHtoD_v2(dst, src, n));
 }
@@ -2516,6 +2554,8 @@ WRAPPED(cuMemFreeHost)
 WRAPPED(cuModuleUnload)
 WRAPPED(cuGraphExecDestroy)
 WRAPPED(cuCtxSynchronize_v2)
+WRAPPED(cuEventSynchronize)
+WRAPPED(cuEventQuery)
 WRAPPED(cuMemcpyHtoD_v2)
 WRAPPED(cuMemcpyDtoH_v2)
 WRAPPED(cuMemcpyDtoD_v2)
@@ -2557,6 +2597,8 @@ WRAPPED(cuMemsetD32_v2)
 #define cuModuleUnload captured_cuModuleUnload
 #define cuGraphExecDestroy captured_cuGraphExecDestroy
 #define cuCtxSynchronize_v2 captured_cuCtxSynchronize_v2
+#define cuEventSynchronize captured_cuEventSynchronize
+#define cuEventQuery captured_cuEventQuery
 #define cuMemcpyHtoD_v2 captured_cuMemcpyHtoD_v2
 #define cuMemcpyDtoH_v2 captured_cuMemcpyDtoH_v2
 #define cuMemcpyDtoD_v2 captured_cuMemcpyDtoD_v2
@@ -2591,8 +2633,23 @@ EXPORT void fake_graph_reset(void) {
   nconds = 0;
   ngallocs = 0;
   graph_launches = 0;
+  free(hwork);                      /* queued host work of the last test never runs */
+  hwork = NULL;
+  nhwork = caphwork = 0;
+  __atomic_store_n(&host_work_pending, 0, __ATOMIC_RELAXED);
+  host_work_ran = 0;
   pthread_mutex_unlock(&mu);
 }
+
+/* Run the queued host work now (what the driver's thread does when the stream reaches it); how many
+ * host calls have run since fake_graph_reset. */
+EXPORT long fake_run_host_work(void) {
+  run_host_work();
+  return __atomic_load_n(&host_work_ran, __ATOMIC_RELAXED);
+}
+
+/* Host calls queued and not run yet. */
+EXPORT long fake_host_work_pending(void) { return __atomic_load_n(&host_work_pending, __ATOMIC_RELAXED); }
 
 /* Live objects of one of the kinds here: "graph" (bodies and child graphs included), "graph_node",
  * "graph_exec", "capture" (capture sequences), "conditional" (handles); -1 for another name. */

@@ -735,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
         image = fake_image({"empty": [8, 4, 4]})
     else:
         checker = GpuChecker()
-        image = (ROOT / "kernels" / "kernels.cubin").read_bytes()
+        image = (ROOT / "kernels" / "kernels.fatbin").read_bytes()
     failures: list[str] = []
     counts: dict[str, int] = {"sequences": 0, "threaded": 0}
     leftovers: list[str] = []

@@ -364,7 +364,7 @@ def test_the_factories_refuse_slots_that_are_not_the_classes_own():
     """The fronts read and store at the offsets of the member descriptors they are given: a descriptor of
     another class (whose offset could lie anywhere in the object) is refused, as is a bad claim set-up."""
     from cuproc import device_memory as dm
-    from cuproc._resource import FORKED
+    from cuproc._resource import DEFER_DROP, FORKED
     from cuproc.allocation import EXPORTS, Allocation
     from cuproc.driver import DEFAULT_HANDLE
     make = cuproc.fastpath.device_buffer_factory()
@@ -373,7 +373,7 @@ def test_the_factories_refuse_slots_that_are_not_the_classes_own():
     class Own(DeviceBuffer):    # the factory enters its close front for the class's drops: not DeviceBuffer's
         pass
     common = ((print,) * 3, Own, Context, Resource, cuproc.ffi.typeof("CUcontext"), FORKED, EXPORTS,
-              "freed", DEFAULT_HANDLE)
+              "freed", DEFAULT_HANDLE, DEFER_DROP)
     fronts = make(*(print,) * 7, *common, slots)
     assert len(fronts) == 3                                   # consistent: it builds
     for bad in ((Context.handle, *slots[1:]), (*slots[:9], DeviceBuffer.stream), (*slots[:2], Context.handle,
@@ -382,7 +382,9 @@ def test_the_factories_refuse_slots_that_are_not_the_classes_own():
         with pytest.raises(ValueError, match="slot"):
             make(*(print,) * 7, *common, bad)
     with pytest.raises(ValueError, match="inconsistent"):
-        make(*(print,) * 7, *common[:8], [None, None], slots)   # the default handle's list has one entry
+        make(*(print,) * 7, *common[:8], [None, None], DEFER_DROP, slots)   # the default handle's list has one entry
+    with pytest.raises(ValueError, match="inconsistent"):
+        make(*(print,) * 7, *common[:9], [None, None], slots)   # so has DEFER_DROP
     claim = cuproc.fastpath.claim_factory()
     assert callable(claim(print, Resource, Resource.ended, EPOCH))
     with pytest.raises(ValueError, match="slot"):

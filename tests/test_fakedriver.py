@@ -91,7 +91,7 @@ def test_resolution_through_cuproc(drv, fake):
     assert drv.has("cuMemAlloc")
     assert drv.resolution("cuMemAlloc").status == "resolved"
     assert drv.resolution("cuCtxCreate").entry_point == "cuCtxCreate_v4"
-    assert drv.resolution("cuArrayCreate").status == "symbol_not_found"  # not modelled
+    assert drv.resolution("cuTexRefCreate").status == "symbol_not_found"  # not modelled
     count = ffi.new("int *")
     ok(drv.cuDeviceGetCount(count))
     assert count[0] == 2

@@ -80,7 +80,7 @@ def test_checked_errors_are_the_drivers_own(primary):
 
 
 def test_prepared_vector_add_with_values_changing(primary):
-    with Module.load(K / "kernels.cubin") as m:
+    with Module.load(K / "kernels.fatbin") as m:
         run = m.get_function("VecAdd_kernel").prepare(["float*", "float*", "float*", "int"], grid=8, block=256)
         rng = np.random.default_rng(1)
         bufs = [DeviceBuffer(2048 * 4) for _ in range(3)]
@@ -107,7 +107,7 @@ def test_prepared_vector_add_with_values_changing(primary):
 
 def test_prepared_launches_from_threads_never_mix_arguments(primary):
     slots_per_thread, threads = 256, 4
-    with Module.load(K / "kernels.cubin") as m, DeviceBuffer(2 * 8 * slots_per_thread * (threads + 1)) as log:
+    with Module.load(K / "kernels.fatbin") as m, DeviceBuffer(2 * 8 * slots_per_thread * (threads + 1)) as log:
         run = m.get_function("record_pair").prepare(["long long*", "int", "long long", "long long"], 1, 1)
 
         def work(t):   # no context set up in the threads: the launch runs in its function's

@@ -22,6 +22,7 @@ from cuproc import memory as mem
 from cuproc.driver import Driver
 from cuproc.errors import ClosedResourceError, CudaError, SymbolNotFoundError
 from cuproc.graph import GraphUpdateError
+from cuproc.graph_exec import in_flight_count
 from cuproc.registry import default_registry
 from cuproc.stream import CU_STREAM_PER_THREAD
 from cuproc.stream_capture import capture, capture_info, capture_status
@@ -33,7 +34,7 @@ if not cuproc.is_driver_available():
     pytest.skip("no CUDA driver on this machine", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parent.parent
-CUBIN = ROOT / "kernels" / "graph_kernels.cubin"   # kernels.cu and the graph kernels
+CUBIN = ROOT / "kernels" / "graph_kernels.fatbin"   # kernels.cu and the graph kernels, for every GPU
 ffi = cuproc.ffi
 N = 1 << 12
 BLOCK = 256
@@ -87,7 +88,7 @@ def test_capture_of_mixed_work_replayed_1000_times(kit):
     x, acc, tmp = DeviceBuffer(4 * N), DeviceBuffer(4 * N), DeviceBuffer(4 * N)
     mem.memset(acc, 0)
     run = kit.vadd.prepare(VADD, GRID, BLOCK, stream=kit.stream)
-    with kit.stream.capture() as graph:
+    with cuproc.capture(kit.stream) as graph:
         assert capture_status(kit.stream) == "active"
         _mixed_work(kit, run, x, acc, tmp, src, kit.stream)
     assert capture_status(kit.stream) == "none"
@@ -289,7 +290,7 @@ def _exercise(drv: Driver, ctx: cuproc.Context, seen: dict) -> None:
     g2.add_kernel(vadd, GRID, BLOCK, (a, a, c, np.int32(N)))
     with pytest.raises(GraphUpdateError):
         exe.update(g2)
-    with stream.capture(mode="relaxed") as captured:
+    with cuproc.capture(stream, mode="relaxed") as captured:
         info = capture_info(stream)
         seen["capture_info"] = (info.status, info.dependencies)
         vadd.launch(GRID, BLOCK, (a, a, c, np.int32(N)), stream=stream)
@@ -297,7 +298,8 @@ def _exercise(drv: Driver, ctx: cuproc.Context, seen: dict) -> None:
     captured_exe.update(g2)                       # the same shape: applies
     captured_exe.launch(stream)
     stream.synchronize()
-    seen["dot_kernels"] = g.to_dot().count("VecAdd_kernel") >= 1
+    seen["dot"] = [g.to_dot() == drivers_dot(drv, g, 0), g.to_dot(verbose=True) == drivers_dot(drv, g, 1),
+                   g.to_dot(flags=["KERNEL_NODE_PARAMS", "HANDLES"]) == drivers_dot(drv, g, 4 | 1024)]
     if drv.has("cuGraphConditionalHandleCreate", newer_driver_features=False):
         state = DeviceBuffer(8, context=ctx)
         mem.copy(state, np.array([4, 0], np.int32))
@@ -323,7 +325,7 @@ def test_the_graph_layer_on_a_handle_pinned_to(requested):
     seen = exercise(drv)
     status, deps = seen["capture_info"]
     assert status == "active" and deps == ()
-    assert seen["dot_kernels"]
+    assert seen["dot"] == [True, True, True]
     has_conditionals = drv.version >= cuproc.CudaVersion(12, 3)
     assert seen["while"] == ([0, 4] if has_conditionals else None)
     instantiate = drv.resolution("cuGraphInstantiateWithParams")
@@ -342,18 +344,173 @@ def test_dot_has_one_statement_per_kernel_node_as_the_drivers_own(kit):
     g.add_memset(a, 0, depends_on=prev)
     dot = g.to_dot()
     drv = cuproc.driver.default_driver()
-    fd, path = tempfile.mkstemp(suffix=".dot")
-    os.close(fd)
-    try:
-        drv.check(drv.cuGraphDebugDotPrint(g.handle, path.encode(), 0), "cuGraphDebugDotPrint")
-        own = Path(path).read_text()
-    finally:
-        os.unlink(path)
-    assert dot == own
+    assert dot == drivers_dot(drv, g, 0)
+    # the flags reach the driver as the C enum's values: CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE = 1,
+    # KERNEL_NODE_PARAMS = 4, HANDLES = 1024 (each form against the driver's own DOT of the same handle)
+    assert g.to_dot(verbose=True) == drivers_dot(drv, g, 1) != dot
+    flagged = g.to_dot(flags=["KERNEL_NODE_PARAMS", "CU_GRAPH_DEBUG_DOT_FLAGS_HANDLES"])
+    assert flagged == drivers_dot(drv, g, 4 | 1024) != dot
+    assert g.to_dot(flags=1024) == drivers_dot(drv, g, 1024)
     statements = re.findall(r'^"[^"]+"\s*\[(.*?)\];?\s*$', dot, re.M | re.S)   # node statements (no edges)
     assert len(statements) == 6
     assert sum("fill_value" in s for s in statements) == 5
     assert len(g.to_dot(verbose=True)) > len(dot)
+
+
+def drivers_dot(drv: Driver, graph: Graph, flags: int) -> str:
+    """The driver's own DOT of ``graph``'s handle (cuGraphDebugDotPrint called directly with ``flags``)."""
+    fd, path = tempfile.mkstemp(suffix=".dot")
+    os.close(fd)
+    try:
+        drv.check(drv.cuGraphDebugDotPrint(graph.handle, path.encode(), flags), "cuGraphDebugDotPrint")
+        return Path(path).read_text()
+    finally:
+        os.unlink(path)
+
+
+# ----------------------------------------------------------------------------- lifetimes the driver sees
+
+def test_a_launch_keeps_its_host_node_after_the_graph_and_executable_graph_are_dropped(kit):
+    """The driver calls host nodes later, from its own thread: the executable graph and its graph dropped
+    right after the launch (behind a kernel that keeps the GPU busy), the callable still runs, once; an
+    exception it raises is a warning at the next synchronize and kept on the node, never lost."""
+    calls: list[int] = []
+    a = DeviceBuffer(4 * N)
+    g = Graph()
+    prev = None
+    for i in range(64):                                # the GPU is busy when the host node is reached
+        prev = g.add_kernel(kit.fill, GRID, BLOCK, (a, np.int32(N), np.float32(i)), depends_on=prev)
+    g.add_host(lambda: calls.append(1), depends_on=prev)
+    exe = g.instantiate()
+    exe.launch(kit.stream)
+    del exe, g, prev                                   # (a node object holds its graph)
+    gc.collect()
+    kit.stream.synchronize()
+    gc.collect()
+    assert calls == [1]
+    assert in_flight_count() == 0
+
+    def boom():
+        raise RuntimeError("in a host node")
+    g = Graph()
+    node = g.add_host(boom)
+    exe = g.instantiate()
+    with pytest.warns(cuproc.CudaWarning, match="host node raised RuntimeError"):
+        exe.launch(kit.stream)
+        kit.stream.synchronize()
+    assert [str(e) for e in node.errors] == ["in a host node"]
+
+
+def test_error_nodes_are_found_in_child_graphs(kit):
+    """cuGraphExecUpdate names a node inside the new graph's child graph (the driver's copy, which cuproc
+    did not add): the error's node is that node, read from the driver."""
+    a = DeviceBuffer(4 * N)
+    child = Graph()
+    child.add_memset(a, 0)
+    first = Graph()
+    first.add_child_graph(child)
+    other = Graph()
+    other.add_kernel(kit.fill, GRID, BLOCK, (a, np.int32(N), np.float32(1.0)))
+    second = Graph()
+    outer = second.add_child_graph(other)
+    exe = first.instantiate()
+    with pytest.raises(GraphUpdateError) as info:
+        exe.update(second)
+    inner = outer.child_graph.nodes
+    # the driver documents errorNode as a node of the new graph; whether it names the child graph node or the
+    # node inside its copy, cuproc must find it (before, a node inside a child graph was not looked for)
+    node = info.value.node
+    assert node is not None and (node == outer or node in inner), (info.value.reason, node)
+
+
+def test_nodes_cuproc_did_not_add_are_read_from_the_driver(kit):
+    """A captured graph and a child graph's copy: node kinds, a child graph node's graph and its nodes come
+    from the driver; the views own nothing."""
+    a = DeviceBuffer(4 * N)
+    inner = Graph()
+    inner.add_kernel(kit.fill, GRID, BLOCK, (a, np.int32(N), np.float32(5.0)))
+    middle = Graph()
+    middle.add_child_graph(inner)
+    g = Graph()
+    outer = g.add_child_graph(middle)
+    (copy,) = outer.child_graph.nodes
+    assert copy.type == "graph"
+    (kernel,) = copy.child_graph.nodes
+    assert kernel.type == "kernel" and kernel.params.grid == (GRID, 1, 1)
+    with pytest.raises(cuproc.InvalidValueError, match="belongs to its node"):
+        copy.child_graph.close()
+    g.instantiate().launch(kit.stream)
+    kit.stream.synchronize()
+    np.testing.assert_array_equal(host(a), np.full(N, 5.0, np.float32))
+
+
+def test_a_graph_of_another_library_is_adopted(kit):
+    """A CUgraph built through the raw C names: Graph.from_handle reads its nodes from the driver, instantiates
+    and launches it, and never destroys it (its owner does)."""
+    drv = cuproc.driver.default_driver()
+    a = DeviceBuffer(4 * N)
+    raw, node = ffi.new("CUgraph *"), ffi.new("CUgraphNode *")
+    drv.check(drv.cuGraphCreate(raw, 0), "cuGraphCreate")
+    p = ffi.new("CUDA_MEMSET_NODE_PARAMS_v1 *")
+    p.dst, p.value, p.elementSize, p.width, p.height, p.pitch = a.address, 7, 1, 4 * N, 1, 4 * N
+    drv.check(drv.cuGraphAddMemsetNode(node, raw[0], ffi.NULL, 0, p, cuproc.Context.current().handle),
+              "cuGraphAddMemsetNode")
+    g = Graph.from_handle(raw[0], owner=raw)
+    assert [n.type for n in g.nodes] == ["memset"] and g.nodes[0].params.value == 7
+    g.instantiate().launch(kit.stream)
+    kit.stream.synchronize()
+    assert (host(a, 4 * N, np.uint8) == 7).all()
+    g.close()
+    drv.check(drv.cuGraphDestroy(raw[0]), "cuGraphDestroy")   # still the owner's: not destroyed by close()
+
+
+def test_a_conditional_node_cuproc_did_not_add_shows_its_bodies_where_the_driver_can(kit):
+    """A WHILE node inside a child graph's copy: its bodies come from cuGraphNodeGetParams (CUDA 13.2) where
+    the requested version has it; before, the dispatcher's error names that call."""
+    drv = cuproc.driver.default_driver()
+    if not drv.has("cuGraphConditionalHandleCreate", newer_driver_features=False):
+        pytest.skip("no conditional nodes at this driver's version")
+    child = Graph()
+    handle = child.conditional_handle(default=0)
+    child.add_while(handle).body.add_empty()
+    g = Graph()
+    try:
+        outer = g.add_child_graph(child)
+    except CudaError as exc:
+        pytest.skip(f"this driver takes no conditional node in a child graph: {exc}")
+    (copy,) = outer.child_graph.nodes
+    assert copy.type == "conditional"
+    if drv.has("cuGraphNodeGetParams", newer_driver_features=False):
+        assert copy.kind == "while" and [n.type for n in copy.body.nodes] == ["empty"]
+    else:
+        with pytest.raises(SymbolNotFoundError, match="cuGraphNodeGetParams"):
+            copy.body
+
+
+def test_a_prepared_replay_launches_the_graph(kit):
+    a = DeviceBuffer(4 * N)
+    mem.memset(a, 0)
+    g = Graph()
+    g.add_kernel(kit.vadd, GRID, BLOCK, (a, kit_ones(kit), a, np.int32(N)))
+    exe = g.instantiate()
+    replay = exe.replay(kit.stream)
+    for _ in range(100):
+        replay()
+    kit.stream.synchronize()
+    np.testing.assert_array_equal(host(a), np.full(N, 100.0, np.float32))
+    with pytest.raises(cuproc.InvalidValueError, match="replay"):
+        exe.destroy()
+    del replay
+    gc.collect()
+    exe.destroy()
+
+
+def kit_ones(kit) -> DeviceBuffer:
+    ones = DeviceBuffer(4 * N)
+    kit.fill.launch(GRID, BLOCK, (ones, np.int32(N), np.float32(1.0)), stream=kit.stream)
+    kit.stream.synchronize()
+    kit.keep = ones
+    return ones
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -379,7 +536,9 @@ def test_an_update_that_cannot_apply(kit):
     m = other.add_memset(a, 0)
     with pytest.raises(GraphUpdateError) as info:
         exe.update(other)
-    assert info.value.reason.startswith("CU_GRAPH_EXEC_UPDATE_ERROR") and info.value.node in (m, None)
+    # the C semantics: the exec's one node is a kernel, the new graph's a memset -- the node type changed,
+    # and cuGraphExecUpdate's errorNode is the node of the new graph (CUgraphExecUpdateResultInfo)
+    assert info.value.reason == "CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED" and info.value.node == m
     exe.launch(kit.stream)
     np.testing.assert_array_equal(host(a), np.ones(N, np.float32))
 
@@ -404,14 +563,14 @@ def test_exception_and_invalidation_in_a_capture_in_a_subprocess():
         s = cuproc.Stream()
         buf = cuproc.DeviceBuffer(4 * 256)
         try:
-            with s.capture() as g1:
+            with cuproc.capture(s) as g1:
                 fill.launch(1, 256, (buf, np.int32(256), np.float32(1.0)), stream=s)
                 raise KeyError("inside")
         except KeyError:
             pass
         assert "discarded" in g1.ended
         try:
-            with s.capture() as g2:
+            with cuproc.capture(s) as g2:
                 fill.launch(1, 256, (buf, np.int32(256), np.float32(1.0)), stream=s)
                 try:
                     cuproc.DeviceBuffer(64)          # cuMemAlloc: not allowed during a global capture
@@ -424,14 +583,14 @@ def test_exception_and_invalidation_in_a_capture_in_a_subprocess():
         except cuproc.CudaError as exc:
             print("ended", exc.call, exc.name)
         assert "discarded" in g2.ended
-        with s.capture() as g3:
+        with cuproc.capture(s) as g3:
             fill.launch(1, 256, (buf, np.int32(256), np.float32(3.0)), stream=s)
         g3.instantiate().launch(s)
         out = np.zeros(256, np.float32)
         mem.copy(out, buf)
         print("result", float(out.sum()))
         lost = cuproc.Stream()
-        cm = lost.capture()
+        cm = cuproc.capture(lost)
         cm.__enter__()                                # a capture never ended: left to the process exit
     """)
     proc = run_python(code, timeout=120)

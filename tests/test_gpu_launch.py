@@ -26,7 +26,7 @@ K = ROOT / "kernels"
 
 @pytest.fixture()
 def module(primary):
-    with Module.load(K / "kernels.cubin") as m:
+    with Module.load(K / "kernels.fatbin") as m:   # SASS for every GPU nvcc 13.0 supports
         yield m
 
 
@@ -39,6 +39,8 @@ def test_vector_add_example():
 
 @pytest.mark.parametrize("artifact", ["kernels.cubin", "kernels.ptx", "kernels.fatbin"])
 def test_load_each_format_from_file_and_bytes(primary, artifact):
+    if artifact == "kernels.cubin" and Device(0).compute_capability != (9, 0):
+        pytest.skip("kernels.cubin is sm_90's (the format's sample); the fatbin covers this GPU")
     for source in (K / artifact, (K / artifact).read_bytes()):
         with Module.load(source, {"OPTIMIZATION_LEVEL": 3, "MAX_REGISTERS": 64}) as m:
             assert m.jit.wall_ms >= 0.0
@@ -206,7 +208,7 @@ def test_library_in_primary_and_created_context(requested):
 
 def test_per_thread_default_stream_launches(primary):
     drv = cuproc.Driver(per_thread_default_stream=True)
-    with Module.load(K / "kernels.cubin", driver=drv) as m:
+    with Module.load(K / "kernels.fatbin", driver=drv) as m:
         a = np.arange(4096, dtype=np.float32)
         with DeviceBuffer(a.nbytes, driver=drv) as d:
             mem.copy(d, a, driver=drv)

@@ -180,9 +180,10 @@ LAZY_RUN = """
 import sys, re
 sys.path.insert(0, {root!r})
 import cuproc
+from cuproc.module import loading_mode
 from cuproc.program import ObjectCode
-from cuproc.compiled_module import CompiledLibrary, CompiledModule
 pc = cuproc.use_device(0)
+print("mode:", loading_mode())
 major, minor = cuproc.Device(0).compute_capability
 ptx = cuproc.Program('extern "C" __global__ void fill(float* x) {{ x[0] = 1; }}').compile(
     arch=f"compute_{{major}}{{minor}}", cache=False)
@@ -193,14 +194,21 @@ try:
     code.load_library()
 except cuproc.CudaError as exc:
     print("checked:", exc.refused, str(exc).replace(chr(10), " | "))
-for kind in (CompiledLibrary, CompiledModule):
-    try:   # past the check, as code loaded some other way would be
-        obj = kind(bad) if kind is CompiledLibrary else kind.load(bad)
-        obj._take(code)
-        obj.get_kernel("fill") if kind is CompiledLibrary else obj.get_function("fill")
-        print("loaded:", kind.__name__)
+# past the check, as code loaded some other way would be: the plain Library and Module name it too
+for kind in ("Library", "Module"):
+    try:
+        if kind == "Library":
+            cuproc.Library.load_data(bad, name="bad.cu").get_kernel("fill")
+        else:
+            cuproc.Module.load_data(bad, name="bad.cu").get_function("fill")
+        print("loaded:", kind)
     except cuproc.CudaError as exc:
-        print("failed:", kind.__name__, exc.call, str(exc).replace(chr(10), " | "))
+        print("failed:", kind, exc.call, str(exc).replace(chr(10), " | "))
+    try:   # eager=True: the error comes at the load, whatever the mode
+        (cuproc.Library.load_data if kind == "Library" else cuproc.Module.load_data)(bad, name="bad.cu", eager=True)
+        print("loaded eagerly:", kind)
+    except cuproc.CudaError as exc:
+        print("failed eagerly:", kind, exc.call, str(exc).replace(chr(10), " | "))
 """
 
 
@@ -212,9 +220,11 @@ def test_the_lazy_loading_error_names_the_image_its_ptx_version_and_the_limit():
     print("\n".join(lines))
     checked = [line for line in lines if line.startswith("checked:")]
     assert checked and "True" in checked[0] and "9.9" in checked[0]
+    assert "mode: lazy" in lines
     failed = [line for line in lines if line.startswith("failed:")]
     assert len(failed) == 2, lines   # 9.9 loads on no driver cuproc knows: each fails, at load or at lookup
-    for line in failed:
-        assert "9.9" in line and (limit is None or f"{limit}" in line), line
+    for line in failed + [line for line in lines if line.startswith("failed eagerly:")]:
+        assert "9.9" in line and "bad.cu" in line and (limit is None or f"{limit}" in line), line
         if "cuLibraryGetKernel" in line or "cuModuleGetFunction" in line:   # failed late, under lazy loading
-            assert "bad.cu" in line and "lazy" in line
+            assert "lazy" in line
+    assert not [line for line in lines if line.startswith("loaded")], lines

@@ -29,7 +29,7 @@ if not cuproc.is_driver_available():
     pytest.skip("no CUDA driver on this machine", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parent.parent
-CUBIN = ROOT / "kernels" / "kernels.cubin"
+FATBIN = ROOT / "kernels" / "kernels.fatbin"
 ffi = cuproc.ffi
 
 
@@ -86,10 +86,10 @@ def test_2_dependents_of_a_destroyed_context_refuse():
         from cuproc.errors import ClosedResourceError
         ctx = Context.create(0)
         s, e, buf = Stream(), Event(), DeviceBuffer(1024)
-        m = Module.load({str(CUBIN)!r})
+        m = Module.load({str(FATBIN)!r})
         fn = m.get_function("empty")
         run = fn.prepare(["float*", "int", "float"], 1, 32, stream=s)
-        lib = Library({str(CUBIN)!r})
+        lib = Library({str(FATBIN)!r})
         k = lib.get_kernel("empty")
         kfn = k.function()
         Context.pop()
@@ -133,7 +133,7 @@ import gc, numpy as np, cuproc
 from cuproc import memory as mem, Context, DeviceBuffer, Module, Stream
 assert not primary_active()
 pc = cuproc.use_device(0)
-m = Module.load({str(CUBIN)!r})
+m = Module.load({str(FATBIN)!r})
 fn = m.get_function("empty")
 buf = DeviceBuffer(1 << 20)
 s = Stream()
@@ -189,7 +189,7 @@ def test_4_dropped_async_buffers_return_to_the_pool(primary):
 # 5 ------------------------------------------------------------------ a prepared launch holds its stream
 
 def test_5_prepared_launch_keeps_its_stream(primary):
-    m = Module.load(CUBIN)
+    m = Module.load(FATBIN)
     vec_add = m.get_function("VecAdd_kernel")
     s = Stream()
     run = vec_add.prepare(["float*", "float*", "float*", "int"], 4, 256, stream=s)
@@ -208,7 +208,7 @@ def test_5_prepared_launch_keeps_its_stream(primary):
 # 6 ------------------------------------------------------------------ threads
 
 def test_6_concurrent_launches_of_one_kernel_never_mix(primary):
-    fn = Module.load(CUBIN).get_function("record_pair")
+    fn = Module.load(FATBIN).get_function("record_pair")
     per_thread, threads = 400, 8
     log = DeviceBuffer(threads * per_thread * 16)
     run = fn.prepare(["long long*", "int", "long long", "long long"], 1, 32)
@@ -232,7 +232,7 @@ def test_6_concurrent_launches_of_one_kernel_never_mix(primary):
 
 
 def test_6_a_new_thread_copies_and_launches_with_no_setup(primary):
-    m = Module.load(CUBIN)
+    m = Module.load(FATBIN)
     vec_add = m.get_function("VecAdd_kernel")
     a = np.arange(4096, dtype=np.float32)
     da, dc = DeviceBuffer(a.nbytes), DeviceBuffer(a.nbytes)
@@ -262,7 +262,7 @@ def test_7_everything_refuses_in_a_forked_child():
         drv = cuproc.driver.default_driver()
         pc = cuproc.use_device(0)
         buf = cuproc.DeviceBuffer(64)
-        fn = cuproc.Module.load({str(CUBIN)!r}).get_function("empty")
+        fn = cuproc.Module.load({str(FATBIN)!r}).get_function("empty")
         run = fn.prepare(["float*", "int", "float"], 1, 32)
         checked = drv.checked.cuDriverGetVersion   # exact-arity wrapper around a bare pointer
         version = cuproc.ffi.new("int *")
@@ -294,14 +294,14 @@ def test_8_exit_with_everything_alive_is_silent():
         import numpy as np, cuproc
         from cuproc import memory as mem
         pc = cuproc.use_device(0)
-        m = cuproc.Module.load({str(CUBIN)!r})
+        m = cuproc.Module.load({str(FATBIN)!r})
         fn = m.get_function("empty")
         s = cuproc.Stream()
         run = fn.prepare(["float*", "int", "float"], 1, 32, stream=s)
         bufs = [cuproc.DeviceBuffer(1 << 20), mem.alloc_async(1 << 20, s), mem.PinnedBuffer(1 << 20)]
         view = bufs[2].numpy()
         ctx = cuproc.Context.create(0)
-        more = [cuproc.DeviceBuffer(64), cuproc.Stream(), cuproc.Module.load({str(CUBIN)!r})]
+        more = [cuproc.DeviceBuffer(64), cuproc.Stream(), cuproc.Module.load({str(FATBIN)!r})]
         cuproc.Context.pop()
         run(bufs[0], 1, 1.0)
         """)

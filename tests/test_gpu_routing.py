@@ -22,7 +22,7 @@ if not cuproc.is_driver_available():
     pytest.skip("no CUDA driver on this machine", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parent.parent
-CUBIN = (ROOT / "kernels" / "kernels.cubin").read_bytes()
+FATBIN = (ROOT / "kernels" / "kernels.fatbin").read_bytes()
 ffi = cuproc.ffi
 INVALID_HANDLE = cuproc.driver.CUDA_ERROR_INVALID_HANDLE
 
@@ -30,7 +30,7 @@ INVALID_HANDLE = cuproc.driver.CUDA_ERROR_INVALID_HANDLE
 def test_what_the_driver_carries_out_in_another_context(primary):
     drv = cuproc.driver.default_driver()
     a = Context.create(0)                       # current now
-    mod = Module.load(CUBIN, context=a)
+    mod = Module.load(FATBIN, context=a)
     fn = mod.get_function("empty")
     s = Stream(context=a, non_blocking=True)
     ev = cuproc.Event(context=a, timing=False)

@@ -24,6 +24,7 @@ from cuproc import Context, DeviceBuffer, Event, Graph, Module, Stream
 from cuproc import memory as mem
 from cuproc.errors import ClosedResourceError, CudaError, CudaWarning, InvalidValueError, SymbolNotFoundError
 from cuproc.graph import GraphInstantiateError, GraphUpdateError
+from cuproc.graph_exec import in_flight_count
 from cuproc.graph_nodes import (ChildGraphNode, ConditionalNode, EmptyNode, EventRecordNode, EventWaitNode, HostNode,
                                 KernelNode, MemAllocNode, MemcpyNode, MemFreeNode, MemsetNode)
 from cuproc.launch import pack_bytes
@@ -52,6 +53,8 @@ class Graphs:
         self.lib.fake_graph_launches.restype = ctypes.c_long
         self.lib.fake_conditional_value.restype = ctypes.c_long
         self.lib.fake_conditional_value.argtypes = [ctypes.c_ulonglong]
+        self.lib.fake_run_host_work.restype = ctypes.c_long
+        self.lib.fake_host_work_pending.restype = ctypes.c_long
 
     def live(self, kind: str) -> int:
         n = self.lib.fake_graph_live(kind.encode())
@@ -63,6 +66,10 @@ class Graphs:
 
     def condition(self, handle: int) -> int:
         return self.lib.fake_conditional_value(int(handle))
+
+    def pending_host_work(self) -> int:
+        """Host calls a graph launch queued that have not run yet (the fake runs them at a synchronize)."""
+        return self.lib.fake_host_work_pending()
 
 
 @pytest.fixture()
@@ -275,6 +282,120 @@ def test_instantiate_errors_name_result_and_node(kit):
         h.instantiate()
 
 
+def test_an_error_node_in_a_conditional_body_is_found_there(kit):
+    """The driver names a node of a WHILE body (a cycle there): the error's node is that body's node."""
+    g = Graph()
+    handle = g.conditional_handle(default=0)
+    loop = g.add_while(handle)
+    body = loop.body
+    n1 = body.add_empty()
+    n2 = body.add_empty(depends_on=n1)
+    body.add_dependencies(n2, n1)                      # a cycle inside the body
+    with pytest.raises(GraphInstantiateError) as info:
+        g.instantiate()
+    node = info.value.node
+    assert node in (n1, n2) and node.graph.owner == loop and node not in g.nodes
+    assert info.value.result == "CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE"
+
+
+def test_an_update_error_node_in_a_child_graph_is_found_there(kit):
+    """cuGraphExecUpdate names a node inside the new graph's child graph (the driver's copy): the error's
+    node is that node, queried from the driver (cuproc did not add it)."""
+    first, second = Graph(), Graph()
+    child = Graph()
+    child.add_memset(kit.c, 0)
+    first.add_child_graph(child)
+    other = Graph()
+    other.add_empty()
+    node = second.add_child_graph(other)
+    exe = first.instantiate()
+    with pytest.raises(GraphUpdateError) as info:
+        exe.update(second)
+    assert info.value.reason == "CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED"
+    inner = node.child_graph.nodes
+    assert len(inner) == 1 and info.value.node == inner[0] and isinstance(info.value.node, EmptyNode)
+
+
+def test_nodes_cuproc_did_not_add_are_read_from_the_driver(kit, graphs):
+    """A child graph node inside a child graph's copy (the driver made it): its graph and that graph's nodes
+    come from the driver; the views own nothing (closing one is refused, dropping one destroys nothing)."""
+    inner = Graph()
+    inner.add_memset(kit.c, 7)
+    middle = Graph()
+    middle.add_child_graph(inner)
+    g = Graph()
+    outer = g.add_child_graph(middle)
+    copy = outer.child_graph.nodes
+    assert len(copy) == 1 and isinstance(copy[0], ChildGraphNode)
+    deepest = copy[0].child_graph
+    nodes = deepest.nodes
+    assert [type(n) for n in nodes] == [MemsetNode] and nodes[0].params.value == 7
+    assert deepest.owner == copy[0] and not deepest.owned
+    with pytest.raises(InvalidValueError, match="belongs to its node"):
+        deepest.close()
+    live = graphs.live("graph")
+    del deepest, nodes
+    gc.collect()
+    assert graphs.live("graph") == live
+
+
+def test_a_graph_of_another_library_is_adopted_and_never_destroyed_here(kit, graphs):
+    """Graph.from_handle: a CUgraph built through the raw C names (as another library builds one) -- its nodes,
+    a child graph node's graph and its nodes come from the driver; the adopted graph keeps its owner alive,
+    instantiates and launches; closing or dropping it leaves the driver's graph to its owner."""
+    drv = kit.pc.context.driver
+    raw, child, node = ffi.new("CUgraph *"), ffi.new("CUgraph *"), ffi.new("CUgraphNode *")
+    drv.check(drv.cuGraphCreate(child, 0), "cuGraphCreate")
+    p = ffi.new("CUDA_MEMSET_NODE_PARAMS_v1 *")
+    p.dst, p.value, p.elementSize, p.width, p.height, p.pitch = kit.c.address, 9, 1, 4 * N, 1, 4 * N
+    drv.check(drv.cuGraphAddMemsetNode(node, child[0], ffi.NULL, 0, p, kit.pc.context.handle), "memset node")
+    drv.check(drv.cuGraphCreate(raw, 0), "cuGraphCreate")
+    drv.check(drv.cuGraphAddChildGraphNode(node, raw[0], ffi.NULL, 0, child[0]), "child graph node")
+    drv.check(drv.cuGraphDestroy(child[0]), "cuGraphDestroy")
+
+    class Owner:
+        pass
+    owner = Owner()
+    owner_ref = weakref.ref(owner)
+    g = Graph.from_handle(raw[0], owner=owner)
+    del owner
+    gc.collect()
+    assert owner_ref() is not None and "another library" in g.describe()
+    (outer,) = g.nodes
+    assert isinstance(outer, ChildGraphNode)
+    (fill,) = outer.child_graph.nodes
+    assert isinstance(fill, MemsetNode) and fill.params.value == 9
+    g.instantiate().launch(kit.stream)
+    kit.stream.synchronize()
+    assert (host(kit.c, 4 * N, np.uint8) == 9).all()
+    live = graphs.live("graph")
+    g.close()
+    assert graphs.live("graph") == live and g.closed
+    del g, outer, fill
+    gc.collect()
+    assert owner_ref() is None and graphs.live("graph") == live
+    drv.check(drv.cuGraphDestroy(raw[0]), "cuGraphDestroy")   # the owner's to destroy
+    for bad in (0, -1, True, "graph"):
+        with pytest.raises(InvalidValueError, match="graph handle"):
+            Graph.from_handle(bad)
+
+
+def test_a_conditional_node_cuproc_did_not_add_needs_cuGraphNodeGetParams(kit):
+    """A WHILE node inside a child graph's copy: its bodies are the driver's, reported by cuGraphNodeGetParams
+    (CUDA 13.2); at the fake's 13.0 the dispatcher's error says so, naming the call."""
+    child = Graph()
+    handle = child.conditional_handle(default=0)
+    child.add_while(handle).body.add_empty()
+    g = Graph()
+    outer = g.add_child_graph(child)
+    (copy,) = outer.child_graph.nodes
+    assert isinstance(copy, ConditionalNode)
+    with pytest.raises(SymbolNotFoundError, match="cuGraphNodeGetParams") as info:
+        copy.body
+    assert any("not added by cuproc" in note for note in getattr(info.value, "__notes__", []))
+    assert g.find_node(copy.handle) == copy              # the search passes over what it cannot open
+
+
 def test_instantiate_at_11_8_takes_the_five_argument_abi(fk, graphs):
     """A handle pinned to 11.8 instantiates with cuGraphInstantiate (error node, log) and launches."""
     drv = cuproc.Driver("11.8", library=str(fk.path))
@@ -390,7 +511,7 @@ def test_capture_of_mixed_work_replays(kit, fk):
     add = kit.vadd.prepare(VADD, 1, N, stream=kit.stream)
     forked, joined = Event(timing=False), Event(timing=False)
     calls = []
-    with kit.stream.capture() as graph:
+    with cuproc.capture(kit.stream) as graph:
         assert capture_status(kit.stream) == "active" and graph.capture_info.status == "active"
         tmp = mem.alloc_async(4 * N, kit.stream)
         mem.copy(tmp, pinned, stream=kit.stream)                         # 0.5 each
@@ -440,7 +561,7 @@ def test_capture_on_the_legacy_stream_is_refused_before_the_driver(kit, fk):
         assert info.value.refused and info.value.code == UNSUPPORTED
     assert "cuStreamBeginCapture" not in fk.calls()
     with pytest.raises(InvalidValueError, match="mode is one of"):
-        kit.stream.capture(mode="loose")
+        cuproc.capture(kit.stream, mode="loose")
 
 
 def test_capture_on_the_per_thread_default_stream(fk, graphs):
@@ -465,7 +586,7 @@ def test_capture_on_the_per_thread_default_stream(fk, graphs):
 
 def test_a_forbidden_call_in_a_capture_names_the_call(kit, graphs):
     with pytest.raises(CudaError) as info:
-        with kit.stream.capture() as graph:
+        with cuproc.capture(kit.stream) as graph:
             kit.fill.launch(1, N, (kit.c, np.int32(N), np.float32(1.0)), stream=kit.stream)
             DeviceBuffer(64)                        # cuMemAlloc: not allowed while a global capture runs
     assert info.value.call == "cuMemAlloc" and info.value.code == UNSUPPORTED and not info.value.refused
@@ -481,7 +602,7 @@ def test_an_exception_in_a_capture_discards_it(kit, graphs):
     fn = lambda: None  # noqa: E731
     fn_ref = weakref.ref(fn)
     with pytest.raises(ZeroDivisionError):
-        with kit.stream.capture() as graph:
+        with cuproc.capture(kit.stream) as graph:
             kit.fill.launch(1, N, (kit.c, np.int32(N), np.float32(1.0)), stream=kit.stream)
             kit.stream.launch_host_func(fn)
             1 / 0
@@ -495,7 +616,7 @@ def test_an_exception_in_a_capture_discards_it(kit, graphs):
 
 def test_an_invalidated_capture_raises_at_the_end(kit, graphs):
     with pytest.raises(CudaError) as info:
-        with kit.stream.capture() as graph:
+        with cuproc.capture(kit.stream) as graph:
             try:
                 kit.stream.synchronize()            # refused during the capture, which it invalidates
             except CudaError as exc:
@@ -511,7 +632,7 @@ def test_an_invalidated_capture_raises_at_the_end(kit, graphs):
 
 
 def test_relaxed_mode_allows_unsafe_calls(kit):
-    with kit.stream.capture(mode="relaxed") as graph:
+    with cuproc.capture(kit.stream, mode="relaxed") as graph:
         buf = DeviceBuffer(64)                      # allowed in relaxed mode
         kit.fill.launch(1, 16, (buf, np.int32(16), np.float32(8.0)), stream=kit.stream)
     graph.instantiate().launch(kit.stream)
@@ -523,7 +644,7 @@ def _stream_still_works(kit):
     kit.fill.launch(1, N, (kit.c, np.int32(N), np.float32(7.0)), stream=kit.stream)
     mem.memset(kit.a, 0, stream=kit.stream)
     kit.stream.synchronize()
-    with kit.stream.capture() as again:
+    with cuproc.capture(kit.stream) as again:
         kit.fill.launch(1, N, (kit.c, np.int32(N), np.float32(7.0)), stream=kit.stream)
     assert len(again.nodes) == 1
 
@@ -540,10 +661,13 @@ def test_objects_dropped_during_a_capture_are_released_after_it(kit, fk, graphs)
     exe0 = g0.instantiate()
     before = fk.device_bytes_live(0)
     refs = [weakref.ref(o) for o in (scratch, module, exe0)]
+    finalizer = DeviceBuffer.__dict__.get("__del__")
     with warnings.catch_warnings():
         warnings.simplefilter("error", CudaWarning)
-        with kit.stream.capture() as graph:
+        with cuproc.capture(kit.stream) as graph:
             kit.fill.launch(1, N, (kit.a, np.int32(N), np.float32(1.0)), stream=kit.stream)
+            assert DeviceBuffer.__dict__.get("__del__") is finalizer      # (the class's finalizer stays: on the fast
+            assert getattr(finalizer, "finalizes_class", True)           # path its C asks DEFER_DROP)
             del scratch, module, exe0
             gc.collect()
             assert fk.device_bytes_live(0) == before           # not yet: the capture prohibits it
@@ -555,7 +679,7 @@ def test_objects_dropped_during_a_capture_are_released_after_it(kit, fk, graphs)
 
 
 def test_capture_info_is_the_capture_graph_and_ends_with_it(kit):
-    with kit.stream.capture() as graph:
+    with cuproc.capture(kit.stream) as graph:
         kit.fill.launch(1, N, (kit.a, np.int32(N), np.float32(1.0)), stream=kit.stream)
         info = graph.capture_info
         assert capture_info(kit.stream).graph is graph
@@ -573,7 +697,7 @@ def test_capture_info_is_the_capture_graph_and_ends_with_it(kit):
 
 def test_a_failed_capture_ends_its_stream_ordered_buffers(kit, fk):
     with pytest.raises(KeyError):
-        with kit.stream.capture():
+        with cuproc.capture(kit.stream):
             tmp = mem.alloc_async(4 * N, kit.stream)
             raise KeyError("in the block")
     assert tmp.closed                                            # its address never existed
@@ -628,7 +752,7 @@ def test_a_failed_capture_forgets_host_functions_of_joined_streams(kit):
     fn_ref, side_ref = weakref.ref(fn), weakref.ref(side)
     mark = stream_module.host_function_mark()
     with pytest.raises(KeyError):
-        with kit.stream.capture():
+        with cuproc.capture(kit.stream):
             fork.record(kit.stream)
             side.wait(fork)
             side.launch_host_func(fn)
@@ -643,7 +767,7 @@ def test_a_failed_capture_forgets_host_functions_of_joined_streams(kit):
 
 def test_leaving_a_capture_on_another_thread_is_refused_and_it_runs_on(kit):
     import threading
-    cm = kit.stream.capture()
+    cm = cuproc.capture(kit.stream)
     begun, leave = threading.Event(), threading.Event()
 
     def its_thread():
@@ -694,7 +818,7 @@ def test_a_raw_stream_is_captured_in_its_own_context(kit, fk):
 
 
 def test_a_capture_is_entered_once(kit):
-    cap = kit.stream.capture()
+    cap = cuproc.capture(kit.stream)
     with cap:
         pass
     with pytest.raises(InvalidValueError, match="entered once"):
@@ -811,7 +935,14 @@ def test_to_dot_names_every_node(kit, monkeypatch):
     statements = [line for line in dot.splitlines() if line.startswith('"') and "[" in line and "->" not in line]
     assert len(statements) == 3 and dot.count("KERNEL") == 2 and dot.count("->") == 1
     assert "<<<" not in dot.replace("\\", "") and "<<<" in g.to_dot(verbose=True).replace("\\", "")
-    assert g.to_dot(flags=["KERNEL_NODE_PARAMS", "CU_GRAPH_DEBUG_DOT_FLAGS_HANDLES"]) == dot
+    # the flags reach the driver as the C enum's values: the fake's own DOT of the same handle with
+    # CU_GRAPH_DEBUG_DOT_FLAGS_KERNEL_NODE_PARAMS | CU_GRAPH_DEBUG_DOT_FLAGS_HANDLES (4 | 1024) is the reference
+    flagged = g.to_dot(flags=["KERNEL_NODE_PARAMS", "CU_GRAPH_DEBUG_DOT_FLAGS_HANDLES"])
+    assert flagged == _drivers_dot(g, 4 | 1024) and flagged != dot
+    assert g.to_dot(flags=1024) == _drivers_dot(g, 1024) != flagged
+    assert all(f"{int(ffi.cast('uintptr_t', n.handle)):#x}" in flagged for n in g.nodes)   # HANDLES names each node
+    assert "<<<" in flagged.replace("\\", "") and "<<<" not in g.to_dot(flags=["HANDLES"]).replace("\\", "")
+    assert g.to_dot(verbose=True) == _drivers_dot(g, 1)
     with pytest.raises(InvalidValueError, match="no flag"):
         g.to_dot(flags=["SHINY"])
     import shutil
@@ -819,6 +950,21 @@ def test_to_dot_names_every_node(kit, monkeypatch):
     assert g._repr_svg_() is None
     with pytest.raises(FileNotFoundError, match="Graphviz"):
         g.to_png("/nonexistent/graph.png")
+
+
+def _drivers_dot(graph, flags: int) -> str:
+    """The driver's own DOT of ``graph``'s handle with ``flags`` (cuGraphDebugDotPrint, called directly)."""
+    import os
+    import tempfile
+    drv = graph.driver
+    fd, path = tempfile.mkstemp(suffix=".dot")
+    os.close(fd)
+    try:
+        drv.check(drv.cuGraphDebugDotPrint(graph.handle, path.encode(), flags), "cuGraphDebugDotPrint")
+        with open(path) as f:
+            return f.read()
+    finally:
+        os.unlink(path)
 
 
 # ----------------------------------------------------------------------------- lifetimes
@@ -890,10 +1036,120 @@ def test_a_graph_holds_what_its_nodes_refer_to(kit):
     gc.collect()
     assert fn_ref() is not None and buf_ref() is not None       # the executable graph holds them now
     exe.launch(kit.stream)
+    kit.stream.synchronize()                                    # (the launch ran: it holds nothing more)
     np.testing.assert_array_equal(host(buf_ref()), np.ones(N, np.float32))
     del exe
     gc.collect()
     assert fn_ref() is None and buf_ref() is None
+
+
+@pytest.mark.parametrize("where", ["graph", "child graph", "while body"])
+def test_a_launch_keeps_its_host_nodes_until_it_ran(kit, where):
+    """The fake runs host nodes later (at the next synchronize), as the driver does: the executable graph
+    and its graph dropped right after the launch, the callable still runs, once, and goes afterwards."""
+    calls = []
+
+    class Host:
+        def __call__(self):
+            calls.append(1)
+    fn = Host()
+    fn_ref = weakref.ref(fn)
+    g = Graph()
+    if where == "graph":
+        g.add_host(fn)
+    elif where == "child graph":
+        child = Graph()
+        child.add_host(fn)
+        g.add_child_graph(child)
+        del child
+    else:
+        state = DeviceBuffer(8)
+        mem.copy(state, np.array([1, 0], np.int32))
+        handle = g.conditional_handle(default=0)
+        first = g.add_kernel(kit.module.get_function("set_condition"), 1, 1, (handle, state),
+                             signature=["unsigned long long", "int*"])
+        loop = g.add_while(handle, depends_on=first)
+        loop.body.add_kernel(kit.module.get_function("countdown"), 1, 1, (handle, state, state.address + 4),
+                             signature=["unsigned long long", "int*", "int*"])
+        loop.body.add_host(fn)
+    exe = g.instantiate()
+    exe.launch(kit.stream)
+    first = loop = handle = None                 # (a conditional handle holds its graph's records)
+    del fn, exe, g, first, loop, handle
+    gc.collect()
+    assert kit.graphs.pending_host_work() == 2 and calls == []     # the host node, then the launch's release
+    assert fn_ref() is not None                                 # kept by the launch, not by any object
+    assert in_flight_count() >= 1
+    kit.stream.synchronize()                                    # the driver runs the host node now
+    assert calls == [1] and kit.graphs.pending_host_work() == 0
+    gc.collect()
+    assert fn_ref() is None and in_flight_count() == 0
+
+
+def test_a_launch_keeps_host_memory_a_copy_node_reads(kit):
+    """A copy node from host memory: the array is kept by each launch until the launch ran."""
+    src = np.arange(N, dtype=np.float32)
+    src_ref = weakref.ref(src)
+    g = Graph()
+    g.add_host(lambda: None)                                    # (queues the launch's work behind host work)
+    g.add_memcpy(kit.c, src)
+    exe = g.instantiate()
+    del src, g
+    exe.launch(kit.stream)
+    del exe
+    gc.collect()
+    assert src_ref() is not None
+    kit.stream.synchronize()
+    gc.collect()
+    assert src_ref() is None
+    np.testing.assert_array_equal(host(kit.c), np.arange(N, dtype=np.float32))
+
+
+def test_a_prepared_replay_is_the_checked_driver_call(kit, fk, graphs):
+    """exe.replay(stream): cuGraphLaunch alone per call (no cuCtxGetCurrent, nothing queued after it);
+    destroy is refused while it lives; a graph with host nodes and a stream of another context are refused
+    when it is made."""
+    g = Graph()
+    g.add_kernel(kit.fill, 1, N, (kit.c, np.int32(N), np.float32(3.0)))
+    exe = g.instantiate()
+    replay = exe.replay(kit.stream)
+    before = graphs.launches()
+    fk.clear_calls()
+    for _ in range(3):
+        replay()
+    assert fk.calls() == ["cuGraphLaunch"] * 3 and graphs.launches() == before + 3
+    np.testing.assert_array_equal(host(kit.c), np.full(N, 3.0, np.float32))
+    with pytest.raises(InvalidValueError, match="replay"):
+        exe.destroy()
+    del replay
+    gc.collect()
+    exe.destroy()
+    with pytest.raises(ClosedResourceError):
+        exe.replay(kit.stream)
+    hosted = Graph()
+    hosted.add_host(lambda: None)
+    with pytest.raises(InvalidValueError, match="host nodes"):
+        hosted.instantiate().replay(kit.stream)
+    with pytest.raises(InvalidValueError, match="cuproc Stream"):
+        g.instantiate().replay(None)
+    other = Context.create(0)
+    try:
+        foreign = Stream()
+    finally:
+        Context.pop()
+    with pytest.raises(InvalidValueError, match="context"):
+        g.instantiate().replay(foreign)
+    del foreign
+    other.destroy()
+
+
+def test_a_graph_of_kernels_queues_nothing_after_its_launch(kit, fk):
+    g = Graph()
+    g.add_kernel(kit.fill, 1, N, (kit.c, np.int32(N), np.float32(1.0)))
+    exe = g.instantiate()
+    fk.clear_calls()
+    exe.launch(kit.stream)
+    assert "cuLaunchHostFunc" not in fk.calls()
 
 
 def test_ended_resources_refuse_instantiate_and_launch(kit):
@@ -955,9 +1211,21 @@ def test_a_host_node_exception_is_a_warning_never_lost(kit):
     g = Graph()
     node = g.add_host(boom)
     exe = g.instantiate()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        exe.launch(kit.stream)                          # (the driver runs host nodes later)
+    assert node.errors == []
     with pytest.warns(CudaWarning, match="host node raised RuntimeError: in a host node"):
-        exe.launch(kit.stream)
+        kit.stream.synchronize()
     assert [str(e) for e in node.errors] == ["in a host node"] and node.function is boom
+    del exe, g
+    gc.collect()
+    exe2 = node.graph.instantiate()
+    exe2.launch(kit.stream)
+    del exe2
+    gc.collect()
+    with pytest.warns(CudaWarning, match="in a host node"):     # an executable graph dropped at once: reported too
+        kit.stream.synchronize()
 
 
 def test_graph_nodes_refuse_bad_input_before_the_driver(kit, fk):
@@ -991,6 +1259,30 @@ def test_graph_nodes_refuse_bad_input_before_the_driver(kit, fk):
         g.add_empty()
 
 
+def test_memset_and_memset_nodes_share_one_check(kit, fk):
+    """cuproc.fill_args checks both: the same refusals before the driver, and the one difference said -- a
+    memset of 0 elements is the driver's no-op, a memset node must fill one element at least."""
+    g = Graph()
+    fk.clear_calls()
+    for fill in (lambda **kw: mem.memset(kit.c, **kw), lambda **kw: g.add_memset(kit.c, **kw)):
+        with pytest.raises(InvalidValueError, match="does not fit 8 bits"):
+            fill(value=256)
+        with pytest.raises(InvalidValueError, match="element_bits"):
+            fill(value=0, element_bits=12)
+        with pytest.raises(InvalidValueError, match="do not fit"):
+            fill(value=0, count=4 * N + 1)
+        with pytest.raises(InvalidValueError, match="do not fit"):
+            fill(value=0, count=True)
+    with pytest.raises(InvalidValueError, match="not aligned"):
+        mem.memset(kit.c.address + 2, 0, 4, element_bits=32)
+    with pytest.raises(InvalidValueError, match="not aligned"):
+        g.add_memset(kit.c.address + 2, 0, 4, element_bits=32)
+    assert not [c for c in fk.calls() if c.startswith(("cuMemset", "cuGraphAdd"))]
+    mem.memset(kit.c, 0, 0)                                     # nothing to fill: the driver's no-op
+    with pytest.raises(InvalidValueError, match="at least 1 element"):
+        g.add_memset(kit.c, 0, 0)
+
+
 # ----------------------------------------------------------------------------- what could crash: a fresh interpreter
 
 def test_teardown_at_exit_in_a_subprocess(fk):
@@ -1006,7 +1298,7 @@ def test_teardown_at_exit_in_a_subprocess(fk):
         s = cuproc.Stream()
         buf = cuproc.DeviceBuffer(256)
         try:
-            with s.capture() as lost:
+            with cuproc.capture(s) as lost:
                 fn.launch(1, 64, (buf, np.int32(64), np.float32(1.0)), stream=s)
                 try:
                     s.synchronize()
@@ -1015,7 +1307,7 @@ def test_teardown_at_exit_in_a_subprocess(fk):
         except cuproc.CudaError as exc:
             assert exc.code == 901, exc
         try:
-            with s.capture() as thrown:
+            with cuproc.capture(s) as thrown:
                 raise KeyError("x")
         except KeyError:
             pass
@@ -1026,7 +1318,7 @@ def test_teardown_at_exit_in_a_subprocess(fk):
         exe.launch(s)
         cycle = [g, exe]
         cycle.append(cycle)                       # collected (or not) by the interpreter's teardown
-        with s.capture() as captured:
+        with cuproc.capture(s) as captured:
             s.launch_host_func(lambda: None)
         exe2 = captured.instantiate()
         exe2.launch(s)

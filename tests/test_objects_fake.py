@@ -507,7 +507,7 @@ def test_module_load_from_bytes_and_files(fk, pc, tmp_path):
         mods[0].get_function("missing")
     fk.fail("cuModuleLoadDataEx", UNSUPPORTED_PTX, 1)
     with pytest.raises(CudaError) as info:
-        Module.load("// PTX text, not a path\n.version 9.9\n.target sm_90\n")
+        Module.load_data("// PTX text, not a path\n.version 9.9\n.target sm_90\n")
     assert info.value.code == UNSUPPORTED_PTX
     mods[0].unload()
     assert "unloaded" in repr(mods[0]) and fk.live("module") == 2

@@ -66,7 +66,7 @@ typedef struct {
     PyObject *dict;
     PyObject *slow, *failed, *current, *drop_failed;
     PyObject *buffer_type, *context_type, *resource_type, *ccontext_type;
-    PyObject *forked, *exports, *freed, *default_driver, *epoch, *s_context, *s_leaf;
+    PyObject *forked, *exports, *freed, *default_driver, *epoch, *defer, *s_context, *s_leaf;
     Py_ssize_t off_driver, off_ended, off_context, off_address, off_nbytes, off_stream, off_pool, off_last,
         off_key, off_ctx_handle;
     cuproc_fn get_current;    /* cuCtxGetCurrent (__init__) */
@@ -372,7 +372,7 @@ static int cuproc_db_traverse(PyObject *obj, visitproc visit, void *arg)
     Py_VISIT(self->drop_failed);
     Py_VISIT(self->buffer_type); Py_VISIT(self->context_type); Py_VISIT(self->resource_type);
     Py_VISIT(self->ccontext_type); Py_VISIT(self->forked); Py_VISIT(self->exports); Py_VISIT(self->freed);
-    Py_VISIT(self->default_driver); Py_VISIT(self->epoch);
+    Py_VISIT(self->default_driver); Py_VISIT(self->epoch); Py_VISIT(self->defer);
     for (i = 0; i < CUPROC_DB_MEMO; i++) { Py_VISIT(self->memo[i].driver_ref); Py_VISIT(self->memo[i].context_ref); }
     Py_VISIT(Py_TYPE(obj));
     if ((i = cuproc_fn_traverse(&self->get_current, visit, arg)) || (i = cuproc_fn_traverse(&self->call, visit, arg)))
@@ -388,7 +388,7 @@ static int cuproc_db_clear(PyObject *obj)
     Py_CLEAR(self->drop_failed);
     Py_CLEAR(self->buffer_type); Py_CLEAR(self->context_type); Py_CLEAR(self->resource_type);
     Py_CLEAR(self->ccontext_type); Py_CLEAR(self->forked); Py_CLEAR(self->exports); Py_CLEAR(self->freed);
-    Py_CLEAR(self->default_driver); Py_CLEAR(self->epoch);
+    Py_CLEAR(self->default_driver); Py_CLEAR(self->epoch); Py_CLEAR(self->defer);
     for (i = 0; i < CUPROC_DB_MEMO; i++) { Py_CLEAR(self->memo[i].driver_ref); Py_CLEAR(self->memo[i].context_ref); }
     cuproc_fn_clear(&self->get_current);
     cuproc_fn_clear(&self->call);
@@ -432,7 +432,7 @@ static PyType_Spec cuproc_db_spec = {
 static PyTypeObject *cuproc_db_type;
 
 /* objs: failed, current, buffer_type, context_type, resource_type, ccontext_type, forked, exports, freed,
- * default_driver, epoch, drop_failed; pointer_of: cuCtxGetCurrent's, the call's, cuMemFree's (for orphans). */
+ * default_driver, epoch, drop_failed, DEFER_DROP; pointer_of: cuCtxGetCurrent's, the call's, cuMemFree's (for orphans). */
 static cuproc_db *cuproc_db_new(PyObject *const *objs, PyObject *const *pointer_of, const Py_ssize_t *offsets,
                                 PyObject *slow, PyObject *call_name, vectorcallfunc call)
 {
@@ -447,7 +447,7 @@ static cuproc_db *cuproc_db_new(PyObject *const *objs, PyObject *const *pointer_
     self->resource_type = Py_NewRef(objs[4]); self->ccontext_type = Py_NewRef(objs[5]);
     self->forked = Py_NewRef(objs[6]); self->exports = Py_NewRef(objs[7]); self->freed = Py_NewRef(objs[8]);
     self->default_driver = Py_NewRef(objs[9]); self->epoch = Py_NewRef(objs[10]);
-    self->drop_failed = Py_NewRef(objs[11]);
+    self->drop_failed = Py_NewRef(objs[11]); self->defer = Py_NewRef(objs[12]);
     self->s_context = cuproc_s_context;   /* interned for the process: not counted */
     self->s_leaf = cuproc_s_leaf;
     self->off_driver = offsets[0]; self->off_ended = offsets[1]; self->off_context = offsets[2];
@@ -478,7 +478,11 @@ static PyObject *cuproc_s_dropped;
  * does for cuMemAlloc memory -- ``ended`` set to "dropped", then cuMemFree as is -- when the buffer is exactly
  * of a class with a close front, of cuMemAlloc memory, its context live, not forked.  A failure goes to
  * ``drop_failed(buffer, rc)`` (Python: the rebind, else a CudaWarning; a finalizer never raises).  Returns 1
- * when it let the buffer go, 0 to leave it to Resource.__del__.  The current exception is kept. */
+ * when it let the buffer go, 0 to leave it to Resource.__del__.  The current exception is kept.
+ *
+ * While cuproc._resource.DEFER_DROP[0] is set (the list the factory was handed: cuproc.stream_capture sets it
+ * while a capture that prohibits releases runs), a drop is Resource.__del__'s, which asks the hook whether to
+ * keep the buffer until the capture ended: a cuMemFree here would invalidate the capture. */
 static int cuproc_db_drop(PyObject *buf)
 {
     cuproc_db *self = NULL;
@@ -491,7 +495,7 @@ static int cuproc_db_drop(PyObject *buf)
     for (i = 0; i < CUPROC_DB_CLASSES && cuproc_db_closers[i] != NULL; i++)
         if ((PyObject *)Py_TYPE(buf) == cuproc_db_closers[i]->buffer_type) { self = cuproc_db_closers[i]; break; }
     if (self == NULL || self->slow == NULL || CUPROC_SLOT(buf, self->off_ended) != Py_None
-        || CUPROC_SLOT(buf, self->off_stream) != Py_None)
+        || CUPROC_SLOT(buf, self->off_stream) != Py_None || PyList_GET_ITEM(self->defer, 0) != Py_None)
         return 0;
     drv = CUPROC_SLOT(buf, self->off_driver);
     if (drv == NULL) return 0;
@@ -504,7 +508,8 @@ static int cuproc_db_drop(PyObject *buf)
     if (fn == NULL || CUPROC_SLOT(buf, self->off_driver) != drv || CUPROC_SLOT(buf, self->off_ended) != Py_None
         || CUPROC_SLOT(buf, self->off_stream) != Py_None || ctx == NULL
         || !PyObject_TypeCheck(ctx, (PyTypeObject *)self->context_type) || CUPROC_SLOT(ctx, self->off_ended) != Py_None
-        || PyList_GET_ITEM(self->forked, 0) != Py_False || address == NULL || !PyLong_CheckExact(address)
+        || PyList_GET_ITEM(self->forked, 0) != Py_False || PyList_GET_ITEM(self->defer, 0) != Py_None
+        || address == NULL || !PyLong_CheckExact(address)
         || ((dptr = cuproc_u64(address)) == (unsigned long long)-1 && PyErr_Occurred())) {
         PyErr_Clear();
         Py_DECREF(drv);
@@ -553,15 +558,15 @@ static void cuproc_db_finalizes(cuproc_db *close)
 
 /* make_device_buffer(init_slow, init_failed, current, close_slow, free_slow, close_failed, drop_failed,
  *     (pointer readers of cuCtxGetCurrent, cuMemAlloc, cuMemFree), DeviceBuffer, Context, Resource,
- *     the ctype of CUcontext, FORKED, EXPORTS, "freed", the default handle's list,
+ *     the ctype of CUcontext, FORKED, EXPORTS, "freed", the default handle's list, DEFER_DROP (read by drops),
  *     (the member descriptors of a DeviceBuffer's driver, ended, context, address, nbytes, stream, pool,
  *      last_stream, claim_key, and Context's handle))
  *   -> (__init__, close, free), or None on a free-threaded build (the GIL makes their claims one step) */
 static PyObject *cuproc_make_device_buffer(PyObject *module, PyObject *args)
 {
     PyObject *init_slow, *init_failed, *current, *close_slow, *free_slow, *close_failed, *drop_failed, *readers;
-    PyObject *buffer_type, *context_type, *resource_type, *ccontext_type, *forked, *exports, *freed, *dflt;
-    PyObject *members, *objs[12], *pointer_of[3], *result;
+    PyObject *buffer_type, *context_type, *resource_type, *ccontext_type, *forked, *exports, *freed, *dflt, *defer;
+    PyObject *members, *objs[13], *pointer_of[3], *result;
     Py_ssize_t offsets[10], shared, i;
     cuproc_db *init, *close_, *free_;
     (void)module;
@@ -569,14 +574,14 @@ static PyObject *cuproc_make_device_buffer(PyObject *module, PyObject *args)
     (void)args;   /* every front here relies on the GIL to make a test and a store one step: none without it */
     Py_RETURN_NONE;
 #endif
-    if (!PyArg_ParseTuple(args, "OOOOOOOO!O!O!O!OO!O!UO!O!", &init_slow, &init_failed, &current, &close_slow,
+    if (!PyArg_ParseTuple(args, "OOOOOOOO!O!O!O!OO!O!UO!O!O!", &init_slow, &init_failed, &current, &close_slow,
                           &free_slow, &close_failed, &drop_failed, &PyTuple_Type, &readers, &PyType_Type, &buffer_type,
                           &PyType_Type, &context_type, &PyType_Type, &resource_type, &ccontext_type,
                           &PyList_Type, &forked, &PyDict_Type, &exports, &freed, &PyList_Type, &dflt,
-                          &PyTuple_Type, &members))
+                          &PyList_Type, &defer, &PyTuple_Type, &members))
         return NULL;
     if (PyTuple_GET_SIZE(members) != 10 || PyTuple_GET_SIZE(readers) != 3 || PyList_GET_SIZE(forked) != 1
-        || PyList_GET_SIZE(dflt) != 1 || !PyCallable_Check(init_slow) || !PyCallable_Check(init_failed)
+        || PyList_GET_SIZE(dflt) != 1 || PyList_GET_SIZE(defer) != 1 || !PyCallable_Check(init_slow) || !PyCallable_Check(init_failed)
         || !PyCallable_Check(current) || !PyCallable_Check(close_slow) || !PyCallable_Check(free_slow)
         || !PyCallable_Check(close_failed) || !PyCallable_Check(drop_failed)
         || !PyType_IsSubtype((PyTypeObject *)buffer_type, (PyTypeObject *)resource_type)
@@ -603,7 +608,7 @@ static PyObject *cuproc_make_device_buffer(PyObject *module, PyObject *args)
         return NULL;
     objs[0] = init_failed; objs[1] = current; objs[2] = buffer_type; objs[3] = context_type; objs[4] = resource_type;
     objs[5] = ccontext_type; objs[6] = forked; objs[7] = exports; objs[8] = freed; objs[9] = dflt; objs[10] = Py_None;
-    objs[11] = drop_failed;
+    objs[11] = drop_failed; objs[12] = defer;
     init = cuproc_db_new(objs, pointer_of, offsets, init_slow, cuproc_s_cuMemAlloc, cuproc_db_init);
     if (init == NULL) return NULL;
     objs[0] = close_failed;
@@ -623,7 +628,7 @@ static PyObject *cuproc_make_device_buffer(PyObject *module, PyObject *args)
  * free-threaded build */
 static PyObject *cuproc_make_claim(PyObject *module, PyObject *args)
 {
-    PyObject *slow, *resource_type, *ended, *epoch, *objs[12], *none[3] = {Py_None, Py_None, Py_None};
+    PyObject *slow, *resource_type, *ended, *epoch, *objs[13], *none[3] = {Py_None, Py_None, Py_None};
     Py_ssize_t offsets[10] = {0}, i;
     (void)module;
 #ifdef Py_GIL_DISABLED
@@ -638,7 +643,7 @@ static PyObject *cuproc_make_claim(PyObject *module, PyObject *args)
     }
     if (cuproc_slot_offset(ended, resource_type, &offsets[1], "make_claim") < 0)
         return NULL;
-    for (i = 0; i < 12; i++) objs[i] = Py_None;   /* the claim reads only the resource class and the epoch */
+    for (i = 0; i < 13; i++) objs[i] = Py_None;   /* the claim reads only the resource class and the epoch */
     objs[4] = resource_type;
     objs[10] = epoch;
     return (PyObject *)cuproc_db_new(objs, none, offsets, slow, cuproc_s_cuMemFree, cuproc_db_claim);

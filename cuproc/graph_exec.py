@@ -1,0 +1,416 @@
+"""Executable CUDA graphs: instantiation at the requested version's ABI, launch, upload, update, kernel
+arguments set on the executable graph, and what a launch keeps alive until it has run.
+
+Policy
+------
+* **Instantiation** takes ``cuGraphInstantiateWithParams`` where the requested
+  version has it (12.0+: flags, an upload stream, the error node and result);
+  before that ``cuGraphInstantiate`` -- the 11.x five-argument ABI, with its
+  error node and log -- or, for flags, ``cuGraphInstantiateWithFlags``.  A
+  refusal is :class:`~cuproc.graph_errors.GraphInstantiateError` naming the
+  node, found wherever it is (a child graph, a conditional body).
+* **What an executable graph holds.**  It keeps a copy of what its graph's
+  nodes referred to (by place in the graph, never by a node handle, which the
+  driver hands out again), so the graph may be dropped first.  A freed buffer
+  or unloaded module it refers to makes :meth:`GraphExec.launch` refuse with
+  :class:`~cuproc.errors.ClosedResourceError` before the driver sees it.
+* **What a launch holds.**  The driver runs a graph's host nodes later, on the
+  stream's work, and reads host memory a copy node names when the copy runs:
+  after a launch returns, the callables and host memory must outlive the
+  launch, even when the user drops the executable graph and its graph at once.
+  A launch of a graph with such nodes therefore queues, after the graph on the
+  same stream, a host function that lets them go (``cuLaunchHostFunc``): they
+  are kept until the launch has run.  A graph of kernels, memsets and device
+  copies queues nothing (the driver copied their parameters at instantiation).
+* **Launching** on any stream of the graph's context, or on a default stream
+  (then in the executable graph's context): :meth:`GraphExec.launch` checks,
+  once per resource epoch, what the graph holds, and each buffer on every
+  launch (memory ends without moving the epoch).  :meth:`GraphExec.replay`
+  prepares the launch on one stream as the checked C call alone, for a hot
+  loop (see its docstring for what it does not check).
+"""
+from __future__ import annotations
+
+import functools
+import weakref
+
+from . import _fork
+from ._ffi import ffi
+from ._immortal import keep_forever
+from ._resource import EPOCH, Resource, report
+from ._support import arity, handle_int, invalid
+from .errors import ClosedResourceError, result_code
+from .graph_errors import GraphInstantiateError, GraphUpdateError, flag_value, with_details
+from .graph_nodes import HostCall, KernelNode, NodeRecord, kernel_parts, kernel_struct
+from .graph_structure import GraphStructure
+from .stream import Stream, stream_handle
+
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+    from typing import Any
+
+    from .context import Context
+
+_UPDATE_FAILURE = result_code("CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE")
+INSTANTIATE_FLAGS = ffi.typeof("CUgraphInstantiate_flags").relements
+_INSTANTIATE_RESULTS = ffi.typeof("CUgraphInstantiateResult").elements
+_UPDATE_RESULTS = ffi.typeof("CUgraphExecUpdateResult").elements
+_LOG_SIZE = 4096                # cuGraphInstantiate's (11.x ABI) log buffer
+
+
+def instantiate_flags(flags: int | Iterable[str]) -> int:
+    """CUgraphInstantiate_flags as an int (names with or without CUDA_GRAPH_INSTANTIATE_FLAG_)."""
+    return flag_value(flags, INSTANTIATE_FLAGS, "CUDA_GRAPH_INSTANTIATE_FLAG_", "cuGraphInstantiate")
+
+
+def instantiate(graph: GraphStructure, flags: int | Iterable[str] = 0, upload: Any = None) -> GraphExec:
+    """The executable graph of ``graph`` (:meth:`cuproc.graph.Graph.instantiate`; see the module docstring)."""
+    ctx = graph._ready("cuGraphInstantiate")
+    graph._check_held("cuGraphInstantiate")
+    drv = graph.driver
+    value = instantiate_flags(flags)
+    out = ffi.new("CUgraphExec *")
+    log = ""
+    result = None
+    if drv.has("cuGraphInstantiateWithParams", newer_driver_features=False):
+        call = "cuGraphInstantiateWithParams"
+        p = ffi.new("CUDA_GRAPH_INSTANTIATE_PARAMS *")
+        p.flags = value
+        if upload is not None:
+            p.flags |= INSTANTIATE_FLAGS["CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD"]
+            p.hUploadStream = stream_handle(upload, drv, call)
+        rc = ctx.call_current(drv.cuGraphInstantiateWithParams, out, graph.handle, p)
+        error_node, result = p.hErrNode_out, _INSTANTIATE_RESULTS.get(p.result_out, str(p.result_out))
+    elif value == 0 and upload is None:
+        call = "cuGraphInstantiate"      # the 11.x ABI: error node and log buffer
+        err = ffi.new("CUgraphNode *")
+        buf = ffi.new("char[]", _LOG_SIZE)
+        rc = ctx.call_current(drv.cuGraphInstantiate, out, graph.handle, err, buf, _LOG_SIZE)
+        error_node, log = err[0], ffi.string(buf).decode(errors="replace")
+    else:
+        call = "cuGraphInstantiateWithFlags"
+        if upload is not None:
+            raise invalid(call, f"upload= needs cuGraphInstantiateWithParams, which CUDA {drv.version} (the "
+                                "requested version) does not have: call exe.upload(stream) afterwards")
+        rc = ctx.call_current(drv.cuGraphInstantiateWithFlags, out, graph.handle, value)
+        error_node = ffi.NULL
+    if rc:
+        node = graph.find_node(error_node) if error_node != ffi.NULL else None
+        details = [f"the driver's result: {result}" if result else "",
+                   f"at {node.describe()}" if node is not None else "",
+                   f"at node {handle_int(error_node):#x} (not found in the graph)"
+                   if node is None and error_node != ffi.NULL else "",
+                   f"log: {log}" if log else ""]
+        raise with_details(GraphInstantiateError, drv.error(rc, call), ", ".join(filter(None, details)),
+                           result=result, node=node, log=log)
+    return GraphExec._made(graph, out[0], ctx)
+
+
+# ----------------------------------------------------------------------------- what a launch holds until it ran
+# token -> what one launch keeps alive; the host function queued after the launch pops it.
+_in_flight: dict[int, tuple] = {}
+_in_flight_lock = _fork.lock()
+_next_flight = [0]
+_flight_trampoline: list[Any] = []
+
+
+def _launch_ran(user_data: Any, _records: dict = _in_flight, _int: Any = handle_int) -> None:
+    """The host function queued after a launch (on a driver thread): the launch has run, let go of what it
+    kept.  Never raises; reads no module globals (the driver may call it during the interpreter's teardown)."""
+    try:
+        _records.pop(_int(user_data), None)
+    except BaseException:  # noqa: BLE001 - nothing may leave a C callback
+        pass
+
+
+def _launch_ran_trampoline() -> Any:
+    """The one cffi callback around :func:`_launch_ran`, made on first use and never freed."""
+    with _in_flight_lock:
+        if not _flight_trampoline:
+            callback = ffi.callback("void(void *)", _launch_ran)
+            keep_forever(callback)
+            _flight_trampoline.append(callback)
+        return _flight_trampoline[0]
+
+
+def hold_until_run(context: Context, stream: Any, kept: tuple) -> None:
+    """Keep ``kept`` alive until the work queued on ``stream`` so far has run: a host function queued now
+    lets it go.  When the driver refuses that host function, ``kept`` is kept for the process (a leak, never a
+    callable freed under a running graph) and a warning says so."""
+    trampoline = _launch_ran_trampoline()
+    with _in_flight_lock:
+        _next_flight[0] += 1
+        token = _next_flight[0]
+        _in_flight[token] = kept
+    drv = context.driver
+    rc = context.call_on(stream, drv.cuLaunchHostFunc, stream, trampoline, ffi.cast("void *", token))
+    if rc:
+        report(f"a graph launch's host nodes are kept for the process: queuing their release after the launch "
+               f"failed ({drv.error(rc, 'cuLaunchHostFunc')})")
+
+
+def in_flight_count() -> int:
+    """How many launches still hold what they need (for tests)."""
+    return len(_in_flight)
+
+
+def _runtime_objects(record: NodeRecord) -> tuple:
+    """What the driver reads of ``record``'s node when the node runs, not when it was made: a host node's
+    callable, a copy's host memory.  A kernel node's argument block was copied by the driver (not kept)."""
+    kept = record.keep[1:] if record.kernel is not None else record.keep
+    return tuple(k for k in kept if isinstance(k, HostCall) or record.kernel is None)
+
+
+class GraphExec(Resource):
+    """An executable graph (a CUgraphExec), made by :meth:`~cuproc.graph.Graph.instantiate` in the graph's
+    context.
+
+    ``launch(stream)`` and ``upload(stream)`` on any stream; ``update(graph)`` takes another graph of the
+    same shape (cuGraphExecUpdate, :class:`GraphUpdateError` when it cannot); ``set_kernel_args(node, ...)``
+    changes one kernel node here only; ``replay(stream)`` prepares the launch for a hot loop.  It keeps a
+    copy of what its graph's nodes referred to (see the module docstring)."""
+
+    _release_call = "cuGraphExecDestroy"
+    _ended_word = "destroyed"
+
+    context: Context
+    handle: Any
+    _source: weakref.ref[GraphStructure]
+    _kernels: dict[tuple[int, ...], tuple]
+    _places: dict[int, tuple[weakref.ref[NodeRecord], tuple[int, ...]]]
+    _held: tuple[Resource, ...]
+    _leaves: tuple[Resource, ...]
+    _flight: tuple
+    _replays: list[weakref.ref[Any]]
+    _graph_launch: Callable[..., int]
+
+    def __init__(self) -> None:
+        raise TypeError("an executable graph is made by Graph.instantiate()")
+
+    @classmethod
+    def _made(cls, graph: GraphStructure, handle: Any, context: Context) -> GraphExec:
+        exe = cls.__new__(cls)
+        exe.driver = graph.driver
+        exe.context = context
+        exe.handle = handle
+        exe._source = weakref.ref(graph)
+        exe._kernels = {}
+        exe._replays = []
+        exe._graph_launch = graph.driver.cuGraphLaunch
+        order = graph._record_order("cuGraphInstantiate")
+        #: the nodes that name this executable graph's nodes (those of the graph it was instantiated from,
+        #: as the driver has it): id(record) -> (the record, weakly; its place)
+        exe._places = {id(record): (weakref.ref(record), path) for path, record in order}
+        exe._take(order)
+        exe.ended = None
+        return exe
+
+    def _take(self, order: list[tuple[tuple[int, ...], NodeRecord]]) -> None:
+        """Keep what a graph's nodes refer to (instantiation, update).  ``order`` is its node records by
+        their place in the executable graph (a path: the node's index in cuGraphGetNodes' order, then a
+        body's index and the node's in that body): what the executable graph knows of a node is filed by
+        place, never by a node handle, which the driver hands out again."""
+        self._keep_by_node: dict[tuple[int, ...], tuple] = {}
+        self._held_by_node: dict[tuple[int, ...], tuple[Resource, ...]] = {}
+        self._flight_by_node: dict[tuple[int, ...], tuple] = {}
+        self._kernels = {}
+        for path, record in order:
+            self._keep_by_node[path] = (*record.keep, *record.bodies)
+            self._held_by_node[path] = tuple(record.held)
+            self._flight_by_node[path] = _runtime_objects(record)
+            if record.kernel is not None:
+                self._kernels[path] = record.kernel
+        self._refresh()
+
+    def _refresh(self) -> None:
+        held: dict[int, Resource] = {}
+        for resources in self._held_by_node.values():
+            for r in resources:
+                held.setdefault(id(r), r)
+        self._held = tuple(held.values())
+        self._leaves = tuple(r for r in self._held if r._leaf)   # they end without moving EPOCH
+        flight = tuple(k for kept in self._flight_by_node.values() for k in kept)
+        self._flight = (flight, self._held) if flight else ()
+        self._checked_at = -1          # (no epoch): the next launch checks them all
+
+    # ---------------------------------------------------------------- resource
+    def parents(self) -> tuple[Resource, ...]:
+        return (self.context,)
+
+    def describe(self) -> str:
+        return f"executable graph {handle_int(self.handle):#x}"
+
+    def _release(self) -> int:
+        return self.context.call(self.driver.cuGraphExecDestroy, self.handle)
+
+    def close(self) -> None:
+        """cuGraphExecDestroy (idempotent).  Refused while a :meth:`replay` of it is alive: the replay would
+        launch the handle the driver hands to the next executable graph."""
+        if self.ended is None:
+            live = [r for r in self._replays if r() is not None]
+            if live:
+                raise invalid("cuGraphExecDestroy", f"{self.describe()} has {len(live)} replay callable(s) alive "
+                                                    "(exe.replay(stream)): drop them before destroying it")
+        Resource.close(self)
+
+    destroy = close
+
+    @property
+    def graph(self) -> GraphStructure | None:
+        """The graph this was instantiated from, while it lives."""
+        return self._source()
+
+    def _verify(self, call: str) -> None:
+        """Check this executable graph and everything its nodes refer to, for ``call``.  The epoch it is
+        left checked at (what lets :meth:`launch` skip the checks) is set only when all of them passed."""
+        self._checked_at = -1
+        self.check(call)
+        for resource in self._held:
+            gone = resource.ended_owner()
+            if gone is not None:
+                self._checked_at = -1
+                raise ClosedResourceError(call, self.describe(), gone.describe(), gone.ended or "closed")
+
+    # ---------------------------------------------------------------- launch
+    def launch(self, stream: Any = None) -> None:
+        """cuGraphLaunch on ``stream`` (a Stream, another library's stream, a raw handle; None: the default
+        stream, in this graph's context).  Asynchronous: host nodes and host memory the graph uses are kept
+        until the launch has run (see the module docstring).
+
+        On a cuproc Stream, with nothing ended since both were last checked (the resource epoch) and every
+        buffer the graph refers to alive, it is the driver call alone (benchmarks/bench_graphs.py); anything
+        else takes the full checks first."""
+        epoch = EPOCH[0]
+        if stream.__class__ is Stream and self._checked_at == epoch and stream.ended is None \
+                and getattr(stream, "_checked_at", None) == epoch:
+            for leaf in self._leaves:
+                if leaf.ended is not None:
+                    break
+            else:
+                h = stream.handle        # a Stream's own stream: the driver routes the call by it
+                rc = self._graph_launch(self.handle, h)
+                if rc:
+                    self._launch_failed(rc, h)
+                if self._flight:
+                    hold_until_run(self.context, h, self._flight)
+                return
+        self._verify("cuGraphLaunch")
+        h = stream_handle(stream, self.driver, "cuGraphLaunch")
+        rc = self.context.call_on(h, self._graph_launch, self.handle, h)
+        if rc:
+            raise self.driver.error(rc, "cuGraphLaunch")
+        if self._flight:
+            hold_until_run(self.context, h, self._flight)
+
+    def _launch_failed(self, rc: int, stream: Any) -> None:
+        """The first attempt on a Stream answered ``rc``: the context's rebind (Context.call), else the error."""
+        rc = self.context.rebind(rc, self._graph_launch, self.handle, stream)
+        if rc:
+            raise self.driver.error(rc, "cuGraphLaunch")
+
+    def replay(self, stream: Stream) -> Callable[[], None]:
+        """A callable that launches this executable graph on ``stream`` -- ``drv.checked.cuGraphLaunch`` bound
+        to the two handles (``functools.partial``): on the compiled fast path no Python runs per call, the
+        host time of a C loop over cuGraphLaunch plus the interpreter's call.
+
+        Everything is checked once, here; the callable itself checks only the driver's answer (raising
+        CudaError).  So it is for a hot loop over a graph whose resources stay alive: it does not see a
+        buffer freed later, and while it lives :meth:`destroy` is refused (drop it first).  A graph with
+        host nodes or host memory is refused here: each of its launches must keep them until it ran
+        (use :meth:`launch`)."""
+        call = "cuGraphLaunch"
+        if not isinstance(stream, Stream):
+            raise invalid(call, f"replay takes a cuproc Stream (its context's), not {type(stream).__name__}")
+        self._verify(call)
+        stream.check(call)
+        if stream.context is not self.context:
+            raise invalid(call, f"{stream.describe()} is not in {self.context.describe()}: replay on a stream of "
+                                "the executable graph's context (launch() routes any other)")
+        if self._flight:
+            raise invalid(call, f"{self.describe()} has host nodes or host memory, which each launch keeps until it "
+                                "ran: replay it with launch()")
+        replay = functools.partial(self.driver.checked.cuGraphLaunch, self.handle, stream.handle)
+        self._replays = [r for r in self._replays if r() is not None] + [weakref.ref(replay)]
+        return replay
+
+    def upload(self, stream: Any = None) -> None:
+        """cuGraphUpload: make the launch's resources ready on ``stream`` ahead of the first launch."""
+        self._verify("cuGraphUpload")
+        drv = self.driver
+        h = stream_handle(stream, drv, "cuGraphUpload")
+        drv.check(self.context.call_on(h, drv.cuGraphUpload, self.handle, h), "cuGraphUpload")
+
+    # ---------------------------------------------------------------- changes
+    def update(self, graph: GraphStructure) -> None:
+        """cuGraphExecUpdate: take ``graph``'s node parameters (same topology and node order).  When the
+        driver cannot, :class:`GraphUpdateError` says why and names the node (found wherever it is in
+        ``graph``: a child graph, a conditional body), and nothing changed."""
+        call = "cuGraphExecUpdate"
+        self._verify(call)
+        if not isinstance(graph, GraphStructure):
+            raise invalid(call, f"update takes a cuproc Graph, not {type(graph).__name__}")
+        graph._ready(call)
+        graph._check_held(call)
+        drv = self.driver
+        if arity(drv, call) == 3:                  # 12.0+: (exec, graph, CUgraphExecUpdateResultInfo *)
+            info = ffi.new("CUgraphExecUpdateResultInfo *")
+            rc = self.context.call_current(drv.cuGraphExecUpdate, self.handle, graph.handle, info)
+            result, node, other = info.result, info.errorNode, info.errorFromNode
+        else:                                      # (exec, graph, CUgraphNode *, CUgraphExecUpdateResult *)
+            err, res = ffi.new("CUgraphNode *"), ffi.new("CUgraphExecUpdateResult *")
+            rc = self.context.call_current(drv.cuGraphExecUpdate, self.handle, graph.handle, err, res)
+            result, node, other = res[0], err[0], ffi.NULL
+        if rc:
+            reason = _UPDATE_RESULTS.get(result, str(result))
+            failed = rc == _UPDATE_FAILURE
+            error_node = graph.find_node(node) if failed and node != ffi.NULL else None
+            from_node = graph.find_node(other) if failed and other != ffi.NULL else None
+            details = f"the driver's reason: {reason}" + (f" at {error_node.describe()}" if error_node else "")
+            raise with_details(GraphUpdateError, drv.error(rc, call), details, reason=reason, node=error_node,
+                               from_node=from_node)
+        self._take(graph._record_order(call))
+
+    def set_kernel_args(self, node: KernelNode, args: Sequence[Any] | None = None, *, grid: Any = None,
+                        block: Any = None, shared_mem: int | None = None,
+                        signature: Sequence[Any] | None = None) -> None:
+        """cuGraphExecKernelNodeSetParams: new arguments (packed as a launch packs them, by the node's own
+        types unless ``signature`` is given), grid, block or shared memory of a kernel node of the graph
+        this was instantiated from, for the next launches of this executable graph only."""
+        call = "cuGraphExecKernelNodeSetParams"
+        self._verify(call)
+        if not isinstance(node, KernelNode):
+            raise invalid(call, f"set_kernel_args takes a KernelNode, not {type(node).__name__}")
+        node.check(call)
+        place = self._places.get(id(node.record))
+        if (place is None or place[0]() is not node.record) and node.record.kernel is None:
+            raise invalid(call, f"{node.describe()} was not made by cuproc (a captured node): its argument types "
+                                "are not known here")
+        if place is None or place[0]() is not node.record:
+            raise invalid(call, f"{node.describe()} is not a node of the graph this executable graph was "
+                                "instantiated from (as it was then): a node added later has no counterpart here")
+        key = place[1]
+        base = self._kernels.get(key)
+        if base is None:
+            raise invalid(call, f"{node.describe()} was not made by cuproc (a captured node): its argument types "
+                                "are not known here")
+        function, packed, values, dims, shared = base
+        reuse = args is None and signature is None
+        parts = kernel_parts(node.graph, function, call, values if args is None else args,
+                             packed.types if signature is None else signature,
+                             dims[:3] if grid is None else grid, dims[3:] if block is None else block,
+                             shared if shared_mem is None else shared_mem, packed if reuse else None)
+        p = kernel_struct(self.driver, call, 2, parts)
+        self.driver.check(self.context.call_current(self.driver.cuGraphExecKernelNodeSetParams, self.handle,
+                                                    node.handle, p), call)
+        self._kernels[key] = parts[:5]
+        self._keep_by_node[key] = (parts[1], *parts[6])
+        self._held_by_node[key] = tuple(dict.fromkeys(parts[5]))
+        self._refresh()
+
+    def __repr__(self) -> str:
+        state = f" {self.ended}" if self.ended else ""
+        return f"<cuproc.GraphExec {handle_int(self.handle):#x}{state}>"
+
+
+__all__ = ["GraphExec", "hold_until_run", "in_flight_count", "instantiate", "instantiate_flags"]

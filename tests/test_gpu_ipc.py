@@ -1,0 +1,161 @@
+"""IPC on a real GPU (issue 38): a spawned producer and consumer share memory and an event
+(tests/ipc_workers.py says how the ordering is made observable), and the refusals and driver answers the
+fake models are checked against the real driver."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cuproc
+from cuproc import DeviceBuffer, Event, ipc
+from cuproc import memory as mem
+from cuproc.errors import CudaError, InvalidContextError
+
+import ipc_workers
+from subproc import run_python
+
+pytestmark = pytest.mark.gpu
+if not cuproc.is_driver_available():
+    pytest.skip("no CUDA driver on this machine", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parent.parent
+SLACK = 8 << 20   # cuMemGetInfo moves by driver bookkeeping too (page tables, other processes' contexts)
+
+
+def _needs_nvrtc() -> None:
+    from cuproc.nvrtc import is_nvrtc_available
+    if not is_nvrtc_available():
+        pytest.skip("no NVRTC on this machine (pip install 'cuproc[nvrtc]')")
+
+
+def test_spawned_producer_and_consumer_share_memory_and_an_event():
+    _needs_nvrtc()
+    ctx = multiprocessing.get_context("spawn")
+    to_consumer, to_producer, results = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    producer = ctx.Process(target=ipc_workers.producer, args=(to_consumer, to_producer, results))
+    consumer = ctx.Process(target=ipc_workers.consumer, args=(to_consumer, to_producer, results))
+    producer.start()
+    consumer.start()
+    reports = {}
+    try:
+        for _ in range(2):
+            report = results.get(timeout=4 * ipc_workers.TIMEOUT)
+            reports[report["role"]] = report
+    finally:
+        for process in (producer, consumer):
+            process.join(30)
+            if process.is_alive():
+                process.kill()
+    assert producer.exitcode == 0 and consumer.exitcode == 0, (producer.exitcode, consumer.exitcode)
+    p, c = reports["producer"], reports["consumer"]
+    nbytes = 4 * ipc_workers.N
+    assert c["sizes"] == (nbytes, 4)
+    assert p["timeouts"] == 0, "the producer's kernel gave up waiting: the flag was not set after the consumer queued"
+    assert c["bad"] == 0, f"{c['bad']} elements read before the producer's kernel ran: the IPC event did not order"
+    assert p["message"] == "written back" and p["write_back"], "the producer does not see the consumer's writes"
+    assert p["taken"] >= nbytes                                  # the memory was really allocated...
+    assert p["free1"] >= p["free0"] - SLACK                      # ...and is back in the producer
+    assert c["free_after"] >= c["free_before"] - SLACK           # the consumer's mapping went with its close
+
+
+def test_opening_in_the_exporting_process_is_refused_and_so_is_the_driver(primary):
+    buf = DeviceBuffer(1 << 20)
+    handle = ipc.export_memory(buf)
+    with pytest.raises(InvalidContextError) as info:
+        ipc.open_memory(handle)                          # cuproc's refusal, before the driver
+    assert info.value.refused
+    disguised = ipc.IpcMemoryHandle(handle.handle, handle.nbytes, os.getppid(), 0)
+    with pytest.raises(CudaError) as info:               # the driver's own answer for its own process
+        ipc.open_memory(disguised)
+    assert not info.value.refused
+    print(f"the driver answers an own-process cuIpcOpenMemHandle with {info.value.name}")
+    event = Event(timing=False, interprocess=True)
+    with pytest.raises(InvalidContextError):
+        ipc.open_event(ipc.export_event(event))
+    assert pickle.loads(pickle.dumps(handle)) == handle
+    event.close()
+    buf.free()
+
+
+def test_forged_and_truncated_handles_are_errors_not_crashes():
+    """In a child process (a driver that crashed on forged bytes would take only the child down)."""
+    script = textwrap.dedent(f"""
+        import os, sys
+        sys.path[:0] = [{str(ROOT)!r}]
+        import numpy as np
+        import cuproc
+        from cuproc import DeviceBuffer, ipc, memory as mem
+        from cuproc.errors import CudaError, InvalidValueError
+        pc = cuproc.use_device(0)
+        try:
+            ipc.open_memory(bytes(95))
+        except InvalidValueError as exc:
+            assert exc.refused
+        else:
+            raise AssertionError("truncated bytes were not refused")
+        for make, opener in ((ipc.IpcMemoryHandle, ipc.open_memory), (ipc.IpcEventHandle, ipc.open_event)):
+            forged = make(os.urandom(64), 4096, os.getppid(), 0)
+            try:
+                opener(forged)
+            except CudaError as exc:
+                assert not exc.refused
+                print(make.__name__, "forged:", exc.name)
+            else:
+                raise AssertionError("a forged handle opened")
+        buf = DeviceBuffer(64)                      # the context still works
+        mem.copy(buf, np.arange(16, dtype=np.uint32))
+        buf.free()
+        print("child ok")
+    """)
+    proc = run_python(script, timeout=120)
+    assert "child ok" in proc.stdout
+    print(proc.stdout)
+
+
+def test_a_shareable_pool_and_a_pointer_in_another_process(primary):
+    """The parent's pool allocation, filled, is read and written by a child through the imported pool."""
+    stream = cuproc.Stream()
+    shared = cuproc.MemoryPool.create(0, handle_type="posix_fd")
+    buf = cuproc.alloc_async(1 << 20, stream, pool=shared)
+    mem.copy(buf, np.arange(1 << 18, dtype=np.uint32), stream=stream)
+    stream.synchronize()                              # the allocation and the copy are done before the child reads
+    pointer = bytes(ipc.export_pointer(buf)).hex()
+    fd = ipc.export_pool(shared)
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(ROOT)!r}]
+        import numpy as np
+        import cuproc
+        from cuproc import ipc, memory as mem
+        pc = cuproc.use_device(0)
+        pool = ipc.import_pool({fd})
+        imported = ipc.import_pointer(pool, bytes.fromhex({pointer!r}))
+        got = np.empty(1 << 18, np.uint32)
+        mem.copy(got, imported)
+        assert (got == np.arange(1 << 18, dtype=np.uint32)).all()
+        mem.copy(imported, np.full(4, 0xBEEF, np.uint32))
+        imported.close()                              # before the exporter frees
+        pool.close()
+        print("child ok")
+    """)
+    try:
+        proc = subprocess.run([sys.executable, "-c", script], pass_fds=(fd,), capture_output=True, text=True,
+                              timeout=120)
+    finally:
+        os.close(fd)
+    assert proc.returncode == 0 and "child ok" in proc.stdout, proc.stderr[-3000:]
+    out = np.empty(4, np.uint32)
+    mem.copy(out, buf, 16)
+    assert out.tolist() == [0xBEEF] * 4
+    buf.free_async()
+    stream.synchronize()
+    stream.close()
+    shared.close()

@@ -1,0 +1,350 @@
+"""IPC of device memory and events in the object layer (issue 38) on the stateful fake driver: handles as
+bytes and pickles, refusals before the driver (own process, truncated, forged, wrong kind), the driver's
+answers (forged contents, an exited exporter), and opening in another process: close, never free.
+
+The fake (tests/fakedriver_ipc.c) checks each handle's magic and checksum, refuses an open in the exporting
+process with CUDA_ERROR_INVALID_CONTEXT as the real driver does, counts opens per context, and counts a
+close of anything but opened memory -- or a cuMemFree of it -- as a stale use (the ``fk`` fixture fails on
+any).  Bytes are not shared across processes in the fake; the data path is tests/test_gpu_ipc.py's.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import cuproc
+from cuproc import DeviceBuffer, Event
+from cuproc import ipc
+from cuproc.errors import ClosedResourceError, CudaError, InvalidContextError, InvalidValueError
+from cuproc.virtual_memory import GrowableBuffer
+
+from fakedriver import child_preamble
+from subproc import run_python
+
+ffi = cuproc.ffi
+INVALID_VALUE, INVALID_CONTEXT = 1, 201
+
+
+@pytest.fixture()
+def opened(fk, pc):
+    """Device 0's primary context current; afterwards no IPC memory is left open in this process."""
+    fk.lib.fake_ipc_open_count.restype = ctypes.c_long
+    yield fk
+    assert fk.lib.fake_ipc_open_count() == 0
+
+
+def test_handles_are_bytes_and_pickle(opened):
+    buf = DeviceBuffer(4096)
+    handle = ipc.export_memory(buf)
+    data = bytes(handle)
+    assert isinstance(data, bytes) and handle.nbytes == 4096 and handle.pid == os.getpid()
+    assert ipc.IpcMemoryHandle.from_bytes(data) == handle and ipc.IpcMemoryHandle.from_bytes(bytearray(data)) == handle
+    assert pickle.loads(pickle.dumps(handle)) == handle
+    with pytest.raises(AttributeError):
+        handle.nbytes = 1
+    event = Event(timing=False, interprocess=True)
+    eh = ipc.export_event(event)
+    assert pickle.loads(pickle.dumps(eh)) == eh and eh != handle
+    event.close()
+    buf.free()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "padded", "not cuproc's", "an event's"])
+def test_damaged_bytes_are_refused_before_the_driver(opened, damage):
+    buf = DeviceBuffer(64)
+    data = bytes(ipc.export_memory(buf))
+    event = Event(timing=False, interprocess=True)
+    bad = {"truncated": data[:-1], "padded": data + b"\0", "not cuproc's": b"X" + data[1:],
+           "an event's": bytes(ipc.export_event(event))}[damage]
+    opened.clear_calls()
+    with pytest.raises(InvalidValueError) as info:
+        ipc.open_memory(bad)
+    assert info.value.refused and "cuIpcOpenMemHandle" not in opened.calls()
+    event.close()
+    buf.free()
+
+
+def test_opening_in_the_exporting_process_is_refused(opened):
+    buf = DeviceBuffer(64)
+    handle = ipc.export_memory(buf)
+    opened.clear_calls()
+    with pytest.raises(InvalidContextError) as info:
+        ipc.open_memory(handle)
+    assert info.value.refused and "cuIpcOpenMemHandle" not in opened.calls()
+    event = Event(timing=False, interprocess=True)
+    with pytest.raises(InvalidContextError):
+        ipc.open_event(ipc.export_event(event))
+    # The driver's own bytes under another pid reach it: it refuses them as the real driver does, and the
+    # error says why.
+    disguised = ipc.IpcMemoryHandle(handle.handle, handle.nbytes, os.getppid(), 0)
+    with pytest.raises(InvalidContextError) as info:
+        ipc.open_memory(disguised)
+    assert not info.value.refused and info.value.code == INVALID_CONTEXT
+    assert "exported by this very process" in " ".join(info.value.__notes__)
+    event.close()
+    buf.free()
+
+
+def test_forged_driver_bytes_are_the_drivers_error_not_a_crash(opened):
+    forged = ipc.IpcMemoryHandle(os.urandom(64), 4096, os.getppid(), 0)
+    with pytest.raises(CudaError) as info:
+        ipc.open_memory(forged)
+    assert info.value.code == INVALID_VALUE and not info.value.refused
+    assert "came unchanged from export_*" in " ".join(info.value.__notes__)
+    with pytest.raises(InvalidValueError):
+        ipc.IpcMemoryHandle(b"short", 1, 1, 0)
+    with pytest.raises(InvalidValueError):
+        ipc.open_memory(object())  # type: ignore[arg-type]
+
+
+def test_what_cannot_be_exported_is_refused(opened):
+    stream = cuproc.Stream()
+    pooled = cuproc.alloc_async(256, stream)
+    with pytest.raises(InvalidValueError):
+        ipc.export_memory(pooled)                  # pool memory: shared through an IPC pool
+    pooled.free_async()
+    grown = GrowableBuffer(2 << 20)
+    with pytest.raises(InvalidValueError):
+        ipc.export_memory(grown)                   # VMM memory: PhysicalMemory.export_fd
+    grown.close()
+    buf = DeviceBuffer(64)
+    buf.free()
+    with pytest.raises(ClosedResourceError):
+        ipc.export_memory(buf)
+    timed = Event(interprocess=False)
+    with pytest.raises(InvalidValueError):
+        ipc.export_event(timed)
+    timed.close()
+    stream.close()
+
+
+def _export_in_child(fake_path) -> tuple[bytes, bytes]:
+    """Memory and event handles exported by a process that has exited since."""
+    script = child_preamble(fake_path) + textwrap.dedent("""
+        from cuproc import ipc, DeviceBuffer, Event
+        pc = cuproc.use_device(0)
+        buf, event = DeviceBuffer(4096), Event(timing=False, interprocess=True)
+        print(bytes(ipc.export_memory(buf)).hex(), bytes(ipc.export_event(event)).hex())
+    """)
+    memory, event = run_python(script).stdout.split()
+    return bytes.fromhex(memory), bytes.fromhex(event)
+
+
+def test_a_handle_of_an_exited_exporter_is_the_drivers_error(opened, fake):
+    memory, event = _export_in_child(fake.path)
+    with pytest.raises(CudaError) as info:
+        ipc.open_memory(memory)
+    assert info.value.code == INVALID_VALUE and not info.value.refused
+    with pytest.raises(CudaError):
+        ipc.open_event(event)
+
+
+def test_another_process_opens_closes_and_never_frees(opened, fake):
+    """A spawned importer (its own fake driver) opens the exporter's memory and event: the buffer has the
+    size, is usable, closes (cuIpcCloseMemHandle), refuses free(), pickles to its handle, goes with its
+    context; a second open in one context is the same address, each closed once."""
+    buf = DeviceBuffer(4096)
+    event = Event(timing=False, interprocess=True)
+    memory, ev = bytes(ipc.export_memory(buf)).hex(), bytes(ipc.export_event(event)).hex()
+    script = child_preamble(fake.path) + textwrap.dedent(f"""
+        import ctypes, pickle
+        import numpy as np
+        from cuproc import ipc, memory as mem, Context, Stream
+        from cuproc.errors import ClosedResourceError, InvalidValueError
+        fake.lib.fake_ipc_open_count.restype = ctypes.c_long
+        pc = cuproc.use_device(0)
+        handle = ipc.IpcMemoryHandle.from_bytes(bytes.fromhex({memory!r}))
+        a = ipc.open_memory(handle)
+        assert a.nbytes == 4096 and isinstance(a, cuproc.Allocation)
+        mem.memset(a, 7)
+        out = np.zeros(16, np.uint8); mem.copy(out, a, 16); assert out.tolist() == [7] * 16
+        b = pickle.loads(pickle.dumps(a))                  # pickles to its handle: opened again
+        assert b.address == a.address and fake.lib.fake_ipc_open_count() == 2
+        try:
+            a.free()
+        except InvalidValueError:
+            pass
+        else:
+            raise AssertionError("free() of imported memory was not refused")
+        a.close(); a.close()
+        assert fake.lib.fake_ipc_open_count() == 1
+        mem.memset(b, 1)                                   # still open through b
+        b.close()
+        try:
+            mem.memset(a, 1)
+        except ClosedResourceError:
+            pass
+        else:
+            raise AssertionError("use after close was not refused")
+        ctx = Context.create(0)
+        c = ipc.open_memory(handle, context=ctx)
+        Context.pop()
+        ctx.destroy()                                      # the open goes with its context
+        assert c.closed and fake.lib.fake_ipc_open_count() == 0
+        c.close()
+        e = ipc.open_event(bytes.fromhex({ev!r}))
+        s = Stream()
+        s.wait(e); e.record(s); e.synchronize(); assert e.query()
+        e2 = pickle.loads(pickle.dumps(e))
+        for x in (e, e2, s):
+            x.close()
+        del a, b, c
+        import gc; gc.collect()
+        assert fake.stale_count() == 0, fake.stale_calls()
+        print("child ok")
+    """)
+    proc = run_python(script)
+    assert "child ok" in proc.stdout
+    buf.free()
+    event.close()
+
+
+def test_multiprocessing_spawn_carries_handles(opened, fake, tmp_path):
+    """The handle objects pickle through multiprocessing (spawn) as they are."""
+    buf = DeviceBuffer(512)
+    handle = ipc.export_memory(buf)
+    script = tmp_path / "spawned.py"
+    script.write_text(textwrap.dedent(f"""
+        import multiprocessing as mp, os, sys
+        sys.path[:0] = [{str(os.path.dirname(os.path.dirname(__file__)))!r}, {str(os.path.dirname(__file__))!r}]
+
+        def consume(queue, path):
+            from pathlib import Path
+            from fakedriver import FakeDriver
+            import cuproc
+            from cuproc import ipc
+            fake = FakeDriver(Path(path)); fake.reset()
+            cuproc.set_default_driver(cuproc.Driver(library=str(fake.path)))
+            pc = cuproc.use_device(0)
+            handle = queue.get()
+            with ipc.open_memory(handle) as imported:
+                queue.put((type(handle).__name__, imported.nbytes, handle.pid != os.getpid()))
+
+        if __name__ == "__main__":
+            import pickle
+            handle = pickle.loads(bytes.fromhex(sys.argv[1]))
+            ctx = mp.get_context("spawn")
+            queue = ctx.Queue()
+            child = ctx.Process(target=consume, args=(queue, sys.argv[2]))
+            child.start()
+            queue.put(handle)
+            child.join(60)
+            print(queue.get(timeout=5))
+    """))
+    proc = subprocess.run([sys.executable, str(script), pickle.dumps(handle).hex(), str(fake.path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "('IpcMemoryHandle', 512, True)"
+    buf.free()
+
+
+# ----------------------------------------------------------------------------- shareable pools
+
+def test_pool_sharing_is_refused_where_it_cannot_work(opened):
+    with pytest.raises(InvalidValueError):
+        cuproc.MemoryPool.create(0, handle_type="win32")
+    private = cuproc.MemoryPool.create(0)
+    with pytest.raises(InvalidValueError):
+        ipc.export_pool(private)                       # not made shareable
+    stream = cuproc.Stream()
+    plain = cuproc.alloc_async(256, stream)
+    with pytest.raises(InvalidValueError):
+        ipc.export_pointer(plain)                      # the device's default pool
+    from_private = cuproc.alloc_async(256, stream, pool=private)
+    with pytest.raises(InvalidValueError):
+        ipc.export_pointer(from_private)
+    shared = cuproc.MemoryPool.create(0, handle_type="posix_fd")
+    fd = ipc.export_pool(shared)
+    try:
+        with pytest.raises(CudaError) as info:
+            ipc.import_pool(fd)                        # in the process that made it
+        assert "another, running process" in " ".join(info.value.__notes__)
+    finally:
+        os.close(fd)
+    buf = cuproc.alloc_async(256, stream, pool=shared)
+    pointer = ipc.export_pointer(buf)
+    assert pickle.loads(pickle.dumps(pointer)) == pointer
+    with pytest.raises(InvalidContextError):
+        ipc.import_pointer(shared, pointer)            # this process's own allocation
+    for b in (plain, from_private, buf):
+        b.free_async()
+    stream.synchronize()
+    for thing in (stream, private, shared):
+        thing.close()
+
+
+def test_a_shared_pool_and_its_pointers_in_another_process(opened, fake):
+    stream = cuproc.Stream()
+    shared = cuproc.MemoryPool.create(0, handle_type="posix_fd")
+    buf = cuproc.alloc_async(4096, stream, pool=shared)
+    pointer = bytes(ipc.export_pointer(buf)).hex()
+    fd = ipc.export_pool(shared)
+    script = child_preamble(fake.path) + textwrap.dedent(f"""
+        import gc
+        import numpy as np
+        from cuproc import ipc, memory as mem
+        from cuproc.errors import ClosedResourceError
+        pc = cuproc.use_device(0)
+        pool = ipc.import_pool({fd})
+        imported = ipc.import_pointer(pool, bytes.fromhex({pointer!r}))
+        assert imported.nbytes == 4096 and imported.pool is pool
+        mem.memset(imported, 5)
+        out = np.zeros(8, np.uint8); mem.copy(out, imported, 8); assert out.tolist() == [5] * 8
+        imported.close()                               # cuMemFree, before the exporter frees
+        again = ipc.import_pointer(pool, bytes.fromhex({pointer!r}))
+        pool.close()                                   # its imports go with it
+        assert again.closed
+        try:
+            mem.memset(again, 1)
+        except ClosedResourceError:
+            pass
+        else:
+            raise AssertionError("memory of a destroyed imported pool was usable")
+        again.close()
+        gc.collect()
+        assert fake.stale_count() == 0, fake.stale_calls()
+        print("child ok")
+    """)
+    try:
+        proc = subprocess.run([sys.executable, "-c", script], pass_fds=(fd,), capture_output=True, text=True,
+                              timeout=120)
+    finally:
+        os.close(fd)
+    assert proc.returncode == 0 and "child ok" in proc.stdout, proc.stderr[-3000:]
+    buf.free_async()
+    stream.synchronize()
+    stream.close()
+    shared.close()
+
+
+def test_a_handle_pinned_to_11_8_passes_the_64_byte_handle_by_value(fake, fk):
+    """cuIpcOpenMemHandle takes CUipcMemHandle by value: through an 11.8 handle (the v2 entry point of CUDA
+    11.0) the bytes reach the driver intact -- the fake checks their checksum -- from a live exporter."""
+    script = child_preamble(fake.path) + textwrap.dedent("""
+        from cuproc import ipc, DeviceBuffer
+        pc = cuproc.use_device(0)
+        buf = DeviceBuffer(4096)
+        print(bytes(ipc.export_memory(buf)).hex(), flush=True)
+        sys.stdin.readline()                      # alive until the importer is done
+    """)
+    exporter = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)
+    try:
+        data = bytes.fromhex(exporter.stdout.readline().strip())
+        old = cuproc.Driver("11.8", library=str(fake.path))
+        pc = cuproc.use_device(0, driver=old)
+        opened = ipc.open_memory(data, driver=old)
+        assert opened.nbytes == 4096 and opened.driver is old
+        opened.close()
+        assert fk.lib.fake_ipc_open_count() == 0
+        old.cuCtxSetCurrent(ffi.NULL)
+        pc.release()
+    finally:
+        exporter.communicate("done\n", timeout=60)
+    assert exporter.returncode == 0
