@@ -515,6 +515,13 @@ def with_pushed(drv: Driver, handle: Any, function: Callable[..., Any], *args: A
         pop_pushed(drv)
 
 
+def pushing_failed(exc: BaseException) -> bool:
+    """Is ``exc`` :func:`with_pushed`'s own failure -- the context could not be made current, so the call it
+    was for never ran?  A caller that claimed something for that call (a free) may give the claim back then,
+    and only then: after any other exception the call may have run."""
+    return isinstance(exc, CudaError) and exc.call == "cuCtxPushCurrent"
+
+
 def pop_pushed(drv: Driver) -> None:
     """Pop the context cuproc pushed for one call (:func:`with_pushed`, :meth:`Context.rebind`).  A failed
     pop is a :class:`CudaWarning`, not an exception: the call has run by then (an allocation made, a kernel
@@ -923,4 +930,5 @@ def use_device(ordinal: int = 0, *, driver: Driver | None = None) -> PrimaryCont
     return pc
 
 
-__all__ = ["Context", "PrimaryContext", "PrimaryRetains", "call_in", "synchronize_context", "use_device"]
+__all__ = ["Context", "PrimaryContext", "PrimaryRetains", "call_in", "pushing_failed", "synchronize_context",
+           "use_device"]

@@ -41,7 +41,8 @@ from ._ffi import ffi
 from ._resource import DEFER_DROP, FORKED, Resource, report
 from ._support import get_driver, handle_int, invalid
 from .allocation import EXPORTS, Allocation
-from .context import Context, is_default_stream, register_stream_ordered_memory, synchronize_context
+from .context import (Context, is_default_stream, pushing_failed, register_stream_ordered_memory,
+                      synchronize_context)
 from .driver import DEFAULT_HANDLE, Driver
 from .errors import CudaError
 from .interop import KDL_CUDA, DeviceArrayExports, cai, default_marker, typestr_of
@@ -253,8 +254,14 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
             return self._free_again(rc) if rc else 0
         key = self.claim_key
         entry = self.context.untrack_stream_ordered(key)
-        # None: free_async or the teardown took it
-        return 0 if entry is None else free_stream_ordered_entry(self.context, key, entry)
+        if entry is None:                                    # free_async or the teardown took it
+            return 0
+        try:
+            return free_stream_ordered_entry(self.context, key, entry)
+        except CudaError as exc:
+            if pushing_failed(exc):   # cuMemFreeAsync never ran: the entry goes back, for the teardown to free
+                self.context.stream_ordered[key] = entry
+            raise
 
     def _free_again(self, rc: int) -> int:
         """The rest of cuMemFree of this memory once its first attempt answered ``rc``: the context's rebind
@@ -320,10 +327,13 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
             return
         try:
             rc = ctx.call_on(h, self.driver.cuMemFreeAsync, address, h)   # (a default stream: the current one's)
-        except BaseException:
-            # The context could not be made current (cuCtxPushCurrent failed), so cuMemFreeAsync never ran:
-            # the claim is given back, and the buffer stays live for close(), the context's teardown or the
-            # finalizer to free -- else its memory would be lost to a claim that freed nothing.
+        except CudaError as exc:
+            if not pushing_failed(exc):
+                raise
+            # The context could not be made current, so cuMemFreeAsync never ran: the claim is given back,
+            # and the buffer stays live for close(), the context's teardown or the finalizer to free -- else
+            # its memory would be lost to a claim that freed nothing.  Only then: any other exception (an
+            # interrupt in the pop, after the free) keeps the claim, as the driver may have freed it.
             if entry is not None:
                 self.context.stream_ordered[self.claim_key] = entry
             self.ended = None
@@ -406,7 +416,11 @@ def _placement(stream: Stream | Any | None, context: Context | None, driver: Dri
         drv = given.driver if given is not None else get_driver(driver)
         h = stream_handle(stream, drv)
         if not is_default_stream(h):                   # a raw stream of its own: its context, as the driver says
-            ctx = given if given is not None else foreign_context(handle_int(h), None, drv)
+            ctx = foreign_context(handle_int(h), None, drv)
+            if given is not None and given is not ctx and handle_int(given.handle) != handle_int(ctx.handle):
+                raise invalid("cuMemAllocAsync", f"the stream belongs to {ctx.describe()}, not to context= "
+                                                 f"{given.describe()}: the memory would be that stream's context's; "
+                                                 "pass that context, or a stream of the one you mean")
             ctx.check("cuMemAllocAsync")
             return h, ctx, h, handle_int(h), ctx.call    # (the driver routes the call by the stream)
     ctx, run = Context.target(context, "cuMemAllocAsync", driver=driver)   # the default stream: the current one's

@@ -386,13 +386,18 @@ class DLPackArray(Resource):
     (kept, so a closed one is never named to the driver), else the protocol's number or None.
     """
 
-    __slots__ = ("producer", "shape", "typestr", "nbytes", "device", "readonly", "stream", "_tensor", "_ptr")
+    __slots__ = ("producer", "shape", "typestr", "nbytes", "device", "readonly", "stream", "stream_context",
+                 "_tensor", "_ptr")
     _ended_word = "released"
     _release_call = "DLPack deleter"
     _leaf = True       # no resource names it as its parent: closing it leaves EPOCH alone
 
-    def __init__(self, tensor: Imported, producer: Any, stream: Stream | int | None, driver: Driver) -> None:
+    def __init__(self, tensor: Imported, producer: Any, stream: Stream | int | None, driver: Driver,
+                 stream_context: Context | None = None) -> None:
         self.driver, self.producer, self._tensor, self.stream = driver, producer, tensor, stream
+        #: the context whose default stream a marker ``stream`` (1, 2) names: the one current at the import,
+        #: where the producer ordered its work (None: not known, or a stream handle)
+        self.stream_context = stream_context
         self.shape, self.typestr, self.device = tensor.shape, tensor.typestr, tensor.device
         self.readonly = tensor.readonly
         itemsize = typestr_of(tensor.typestr)[1]
@@ -468,7 +473,8 @@ def from_dlpack(obj: Any, *, stream: Stream | Any | None = None, driver: Driver 
         tensor.release()
         raise BufferError(f"from_dlpack: the tensor is on {_device_name(tensor.device)}; cuproc takes CUDA device, "
                           "pinned (kDLCUDAHost) or managed memory")
-    return DLPackArray(tensor, producer, kept if isinstance(kept, Stream) else marker, drv)
+    home = Context.current(driver=drv) if marker in (LEGACY_STREAM, PER_THREAD_STREAM) else None
+    return DLPackArray(tensor, producer, kept if isinstance(kept, Stream) else marker, drv, home)
 
 
 __all__ = ["DLPackArray", "DeviceArrayExports", "HostArrayExports", "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST",

@@ -36,20 +36,34 @@ from .device_memory import DeviceBuffer, DeviceView, GlobalView, order_after
 from .driver import Driver
 from .fill_args import check_element_bits, fill_count
 from .host_memory import HostMemory, PinnedBuffer
-from .interop import LEGACY_STREAM, PER_THREAD_STREAM, read_cai, wait_for_cai
+from .interop import LEGACY_STREAM, PER_THREAD_STREAM, DLPackArray, read_cai, wait_for_cai
 from .stream import Stream, as_stream, stream_handle
 
 
 class _Side:
     """One side of a copy: where it is, its address, its size when known, its context when known."""
 
-    __slots__ = ("kind", "ptr", "nbytes", "keep", "context", "wait", "buffer")
+    __slots__ = ("kind", "ptr", "nbytes", "keep", "context", "wait", "buffer", "home", "recorded")
 
     def __init__(self, kind: str, ptr: int, nbytes: int | None, keep: Any, context: Context | None,
-                 wait: int | None = None, buffer: DeviceBuffer | HostMemory | None = None) -> None:
+                 wait: int | None = None, buffer: DeviceBuffer | HostMemory | None = None,
+                 home: Context | None = None) -> None:
         self.kind, self.ptr, self.nbytes, self.keep, self.context = kind, ptr, nbytes, keep, context
         self.wait = wait      # a CAI exporter's stream, to wait for before the call
         self.buffer = buffer  # the DeviceBuffer or HostMemory whose last_stream the call sets
+        self.home = home      # the context whose default stream ``wait`` (1, 2) names, when the importer knows it
+        self.recorded: Any = _UNASKED   # the driver's record of the memory's context, asked once (_recorded)
+
+
+_UNASKED = object()
+
+
+def _recorded(side: _Side, driver: Driver | None) -> Context | None:
+    """The context the driver records for ``side``'s device memory (:func:`_recorded_context`), asked once per
+    side: a copy asked it up to three times (binding, the peer test, the exporter's stream)."""
+    if side.recorded is _UNASKED:
+        side.recorded = _recorded_context(side.ptr, driver)
+    return side.recorded
 
 
 def _side(obj: Any, call: str, *, writable: bool) -> _Side:
@@ -67,7 +81,9 @@ def _side(obj: Any, call: str, *, writable: bool) -> _Side:
         return _Side("device", obj, None, None, None)
     if hasattr(obj, "__cuda_array_interface__"):
         ptr, size, stream = read_cai(obj, call, writable=writable)
-        return _Side("device", ptr, size, obj, None, stream)
+        # a DLPack import's default-stream marker names the default stream of the context current at the import
+        home = obj.stream_context if obj.__class__ is DLPackArray else None
+        return _Side("device", ptr, size, obj, None, stream, None, home)
     try:
         cbuf = ffi.from_buffer(obj, require_writable=writable)
     except (TypeError, BufferError, ValueError) as exc:
@@ -129,14 +145,14 @@ def _binding(stream: Any, *sides: _Placed, driver: Driver | None = None) -> Cont
     for side in sides:
         if side.kind != "host" and side.context is not None:
             return side.context
+    for side in sides:               # device memory before host memory: the copy's ordering is the device's
+        if side.kind != "host":
+            found = _recorded(side, driver)
+            if found is not None:
+                return found
     for side in sides:
         if side.context is not None:
             return side.context
-    for side in sides:
-        if side.kind != "host":
-            found = _recorded_context(side.ptr, driver)
-            if found is not None:
-                return found
     return None
 
 
@@ -148,6 +164,15 @@ def _recorded_context(address: int, driver: Driver | None) -> Context | None:
     if drv.cuPointerGetAttribute(out, drv.CU_POINTER_ATTRIBUTE_CONTEXT, address) or out[0] == ffi.NULL:
         return None
     return Context.adopt(out[0], driver=drv)
+
+
+def _is_device_memory(address: int, driver: Driver | None) -> bool:
+    """CU_POINTER_ATTRIBUTE_MEMORY_TYPE is CU_MEMORYTYPE_DEVICE: a raw address that is host memory of a
+    context (pinned) is copied as is, not by cuMemcpyPeer, which is for device memory."""
+    drv = get_driver(driver)
+    out = ffi.new("unsigned int *")
+    return drv.cuPointerGetAttribute(out, drv.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, address) == 0 and \
+        out[0] == drv.CU_MEMORYTYPE_DEVICE
 
 
 def _peer_contexts(d: _Placed, s: _Placed) -> tuple[Context, Context] | None:
@@ -164,10 +189,13 @@ def _device_contexts(d: _Side, s: _Side, driver: Driver | None) -> tuple[Context
     found = _peer_contexts(d, s)
     if found is not None or (d.context is not None and s.context is not None):
         return found
-    dc = d.context if d.context is not None else _recorded_context(d.ptr, driver)
-    sc = s.context if s.context is not None else _recorded_context(s.ptr, driver)
+    dc = d.context if d.context is not None else _recorded(d, driver)
+    sc = s.context if s.context is not None else _recorded(s, driver)
     if dc is None or sc is None or handle_int(dc.handle) == handle_int(sc.handle):
         return None
+    for side, known in ((d, d.context), (s, s.context)):   # a raw address of pinned memory is no peer's
+        if known is None and not _is_device_memory(side.ptr, driver):
+            return None
     return dc, sc
 
 
@@ -215,7 +243,8 @@ def _begin(stream: Any, driver: Driver | None, call: str, d: _Side,
         for side in (d, s):
             if side is not None and side.wait is not None:
                 # a default-stream marker names the exporter's context's default stream
-                exporter = _recorded_context(side.ptr, drv) if side.wait in (LEGACY_STREAM, PER_THREAD_STREAM) else None
+                exporter = (side.home or _recorded(side, drv)) if side.wait in (LEGACY_STREAM, PER_THREAD_STREAM) \
+                    else None
                 wait_for_cai(side.wait, stream, ctx, drv, exporter)
     last = stream if stream is None or isinstance(stream, Stream) else \
         handle_int(_stream_arg(stream, ctx, driver, call)) or None   # NULL: the default stream

@@ -102,13 +102,21 @@ def test_raw_and_exported_memory_runs_in_the_context_the_driver_records_for_it(f
     buf.close()
 
 
-def test_a_failed_front_copy_is_raised_not_made_again(fk, pc):
+def test_a_failed_front_copy_is_raised_not_made_again(fk, pc, monkeypatch):
     """The front makes the copy with the context current: a binding answer is raised as the Python code raises
     it, never retried (a retry copied a second time where the Python code raised)."""
+    import cuproc.transfers as transfers
+    front = hasattr(mem.copy, "taken")             # the compiled copy front is built (else the Python copy alone)
     buf, pinned = DeviceBuffer(64), mem.PinnedBuffer(64)
     for _ in range(2):
         mem.copy(pinned, buf)                      # checked: the front's case from here on
-    for how in (mem.copy, getattr(mem.copy, "__wrapped__", mem.copy)):
+    python_copy = transfers._copied_between_allocations
+
+    def not_python(*args):
+        raise AssertionError("the Python code ran: the front did not take the copy")
+    for how in (mem.copy, mem.copy.__wrapped__) if front else (mem.copy,):
+        monkeypatch.setattr(transfers, "_copied_between_allocations",
+                            not_python if front and how is mem.copy else python_copy)
         fk.fail("cuMemcpyDtoH", cuproc.driver.CUDA_ERROR_INVALID_CONTEXT, 1)
         fk.clear_calls()
         with pytest.raises(cuproc.CudaError) as info:
@@ -182,8 +190,9 @@ def test_work_on_a_stream_of_another_context_needs_no_push(fk, created):
 def test_a_default_stream_value_is_not_a_stream_of_its_own(fk, pc):
     """A Stream object is never a default stream (the invariant that lets a Stream's calls go as is)."""
     for value in (0, 1, 2):
-        with pytest.raises(InvalidValueError, match="default stream of whichever context is current"):
+        with pytest.raises(InvalidValueError) as info:
             Stream.from_handle(value, context=pc.context)
+        assert "default stream" in str(info.value)     # the reason given is the default stream, not another
 
 
 # ----------------------------------------------------------------------------- review fixes of 2026-11-29
@@ -330,3 +339,111 @@ def test_a_failed_push_before_a_default_stream_free_leaves_the_buffer_live(fk, p
     buf.free_async()
     assert buf.ended == "freed" and fk.live("async_alloc") == 0
     _routed(fk)
+
+
+# ----------------------------------------------------------------------------- the second review (2026-11-29)
+
+def test_a_dlpack_import_on_the_default_stream_is_read_after_the_producer_in_the_importing_context(
+        fk, pc, created, monkeypatch):
+    """from_dlpack with the primary context current asks the producer to order its work before *that* context's
+    legacy stream; the array's marker 1 names it.  A later synchronous copy runs in the memory's context (the
+    created one): the importing context's default stream must then be waited for (it returned early, and the
+    copy could read before the producer's work on another context's non-blocking stream was done)."""
+    from cuproc.interop import from_dlpack
+    s = Stream(context=created, non_blocking=True)
+    buf = mem.alloc_async(256, stream=s)
+    mem.memset(buf, 7, stream=s)
+    arr = from_dlpack(buf)                          # marker 1, the primary context current
+    assert arr.stream == 1 and arr.stream_context is pc.context
+    calls = _spy_current(monkeypatch, "cuStreamSynchronize")
+    host = np.zeros(256, np.uint8)
+    mem.copy(host, arr)
+    assert calls == [("cuStreamSynchronize", 1, handle_int(pc.context.handle))]
+    assert (host == 7).all()
+    arr.close()
+    buf.free_async()
+    s.synchronize()
+    s.close()
+
+
+@pytest.mark.parametrize("how", ["raw", "cai", "copy_2d"])
+def test_a_raw_device_side_binds_before_a_host_side_of_another_context(fk, pc, created, how):
+    """Device memory of the created context, pinned memory of the primary one (current): the copy runs in the
+    device memory's context, whose work it must follow (the host side's context won, and it ran misrouted)."""
+    a = DeviceBuffer(256, context=created)
+    pinned = mem.PinnedBuffer(256)
+    mem.memset(a, 3)
+    if how == "raw":
+        mem.copy(pinned, a.address, 256)
+        mem.copy(a.address, pinned, 256)
+    elif how == "cai":
+        mem.copy(pinned, _Exported(a.address, 256))
+    else:
+        mem.copy_2d(pinned, 16, a.address, 16, 16, 16)
+    _routed(fk)
+    assert (pinned.numpy(np.uint8) == 3).all()
+    a.close()
+    pinned.close()
+
+
+def test_a_raw_address_of_another_contexts_pinned_memory_is_no_peer(fk, pc, created):
+    """A raw int names device memory by default; one that is pinned host memory of another context is copied as
+    is (cuMemcpyDtoD of UVA addresses), not with cuMemcpyPeer, which is for device memory."""
+    pinned = mem.PinnedBuffer(64, context=created)
+    pinned.numpy(np.uint8)[:] = 5
+    near = DeviceBuffer(64)
+    fk.clear_calls()
+    mem.copy(near, pinned.address, 64)
+    assert "cuMemcpyPeer" not in fk.calls()
+    back = np.zeros(64, np.uint8)
+    mem.copy(back, near)
+    assert (back == 5).all()
+    near.close()
+    pinned.close()
+
+
+def test_an_interrupt_after_the_free_keeps_the_claim(fk, pc, created, monkeypatch):
+    """Only a failed push gives a free_async claim back.  An exception raised after cuMemFreeAsync ran (here a
+    KeyboardInterrupt from the pop) keeps it: the memory is the pool's again, and a live object over it would free
+    someone else's allocation at that address later."""
+    import cuproc.context as context_module
+    buf = mem.alloc_async(256, context=created)
+
+    def interrupted(drv):
+        drv.cuCtxPopCurrent(cuproc.ffi.new("CUcontext *"))   # the pop itself, then the signal's exception
+        raise KeyboardInterrupt
+    monkeypatch.setattr(context_module, "pop_pushed", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        buf.free_async()
+    monkeypatch.undo()
+    assert buf.ended == "freed" and fk.live("async_alloc") == 0
+    buf.free_async()                                 # idempotent: nothing reaches the driver
+    assert fk.stale_count() == 0
+
+
+def test_a_failed_push_in_close_keeps_the_memory_for_the_teardown(fk, pc, created):
+    """close() of stream-ordered memory on its context's default stream pushes that context; a failed push raised
+    and the entry was gone, so nothing ever freed the memory.  The entry goes back: the context's teardown frees it."""
+    buf = mem.alloc_async(256, context=created)
+    fk.fail("cuCtxPushCurrent", cuproc.driver.CUDA_ERROR_INVALID_CONTEXT, 1)
+    with pytest.raises(cuproc.CudaError) as info:
+        buf.close()
+    assert info.value.call == "cuCtxPushCurrent" and fk.live("async_alloc") == 1
+    created.destroy()                                # the teardown frees what its table still holds
+    assert fk.live("async_alloc") == 0
+
+
+def test_a_raw_stream_of_another_context_than_context_is_refused(fk, pc, created):
+    """alloc_async(stream=<raw stream of the created context>, context=<the primary one>): the memory would be
+    the stream's context's while cuproc recorded the other -- refused before the driver."""
+    s = Stream(context=created)
+    raw = int(cuproc.ffi.cast("uintptr_t", s.handle))
+    fk.clear_calls()
+    with pytest.raises(InvalidValueError) as info:
+        mem.alloc_async(64, stream=raw, context=pc.context)
+    assert info.value.call == "cuMemAllocAsync" and "cuMemAllocAsync" not in fk.calls()
+    buf = mem.alloc_async(64, stream=raw, context=created)
+    assert buf.context is created
+    buf.free_async()
+    s.synchronize()
+    s.close()
