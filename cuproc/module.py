@@ -106,6 +106,12 @@ class _JitOptions:
 
 # --------------------------------------------------------------------------- images
 
+def _ptx_entries(raw: bytes) -> list[str]:
+    """The kernel names (``.entry``) PTX text declares, in order."""
+    import re   # here: only an eager load of a library that listed no kernel reads PTX
+    return [m.decode() for m in re.findall(rb"\.entry\s+([A-Za-z_$][\w$]*)", raw)]
+
+
 class _Image:
     """A module image ready for the driver: ``raw`` (PTX NUL-terminated) and its cffi view, and what messages
     say of it: ``source`` (the file it came from, or the name given with the data) and ``kind``."""
@@ -710,6 +716,13 @@ class Library(_CodeMessages, Resource):
             handles = self._kernels()
             if handles is None:
                 raise _cannot_load_eagerly(drv, "cuLibraryEnumerateKernels")
+            if not handles and self._image.kind == "ptx":
+                # Measured on an H200 (driver 580, 2026-11-29): a library of PTX the JIT refuses loads, lists no
+                # kernel, and fails only at cuLibraryGetKernel -- even with CUDA_MODULE_LOADING=EAGER.  PTX names
+                # its kernels (.entry): asking for each brings the error here, where eager=True promises it.
+                for name in _ptx_entries(self._image.raw):
+                    drv.check(run(drv.cuLibraryGetKernel, ffi.new("CUkernel *"), self.handle, name.encode()),
+                              "cuLibraryGetKernel")
             for kernel in handles:
                 drv.check(run(drv.cuKernelGetFunction, out, kernel), "cuKernelGetFunction")
                 drv.check(run(drv.cuFuncLoad, out[0]), "cuFuncLoad")

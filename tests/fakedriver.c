@@ -2752,17 +2752,20 @@ static CUresult cuLibraryGetKernelCount(unsigned *count, CUlibrary lib) {
   CUresult rc;
   struct obj *l = get(lib, K_LIBRARY, &rc);
   if (!l) return rc;
-  *count = (unsigned)l->img->nk;
+  *count = jit_image(l->img) == OK ? (unsigned)l->img->nk : 0;   /* see cuLibraryEnumerateKernels */
   return OK;
 }
 
+/* A library whose PTX the JIT refuses lists no kernel (measured on driver 580, 2026-11-29: it loads, even
+ * with CUDA_MODULE_LOADING=EAGER, and fails only at cuLibraryGetKernel). */
 static CUresult cuLibraryEnumerateKernels(CUkernel *kernels, unsigned n, CUlibrary lib) {
   ENTER("cuLibraryEnumerateKernels");
   NEED(kernels);
   CUresult rc;
   struct obj *l = get(lib, K_LIBRARY, &rc);
   if (!l) return rc;
-  for (int k = 0; k < l->img->nk && (unsigned)k < n; k++) {
+  int listed = jit_image(l->img) == OK ? l->img->nk : 0;
+  for (int k = 0; k < listed && (unsigned)k < n; k++) {
     struct obj *kern = kernel_of(l, k);
     if (!kern) return E_OUT_OF_MEMORY;
     kernels[k] = (CUkernel)kern->h;

@@ -192,6 +192,8 @@ def fake_image(kernels: dict[str, list[int]] | None = None, globals: dict[str, i
     (``set_lazy_loading``), as the driver does."""
     lines = ["FAKECUBIN"] + ([f".version {ptx}"] if ptx is not None else [])   # as PTX declares its ISA
     lines += [" ".join(["kernel", name, *map(str, sizes)]) for name, sizes in (kernels or {}).items()]
+    if ptx is not None:   # PTX names its kernels (.entry): a comment here, which cuproc reads as it reads PTX
+        lines += [f"# .entry {name}" for name in (kernels or {})]
     lines += [f"global {name} {n}" for name, n in (globals or {}).items()]
     lines += [f"managed {name} {n}" for name, n in (managed or {}).items()]
     return ("\n".join(lines) + "\n").encode() + b"\0"

@@ -67,6 +67,9 @@ def producer(to_consumer, from_consumer, results) -> None:
     grid = (N + BLOCK - 1) // BLOCK
     fill = cuproc.compile_kernel(KERNELS, "fill")
     wait_then_add = cuproc.compile_kernel(KERNELS, "wait_then_add")
+    # cuMemGetInfo is the device's: the consumer's context (some 400 MiB) must exist before the first reading,
+    # as it still does at the last (a pure-path GPU run read it before the consumer's context was made)
+    assert from_consumer.get(timeout=TIMEOUT) == "ready"
     free0 = mem.mem_info()[0]
     data, flag, timeouts = DeviceBuffer(4 * N), DeviceBuffer(4), DeviceBuffer(4)
     mem.memset(flag, 0)
@@ -112,6 +115,7 @@ def consumer(from_producer, to_producer, results) -> None:
     mem.memset(bad, 0)
     waiting, setter = Stream(non_blocking=True), Stream(non_blocking=True)
     free_before = mem.mem_info()[0]
+    to_producer.put("ready")                      # this process's context exists: the producer may count
     memory_handle, flag_handle, event_handle = from_producer.get(timeout=TIMEOUT)
     data, flag = ipc.open_memory(memory_handle), ipc.open_memory(flag_handle)
     event = ipc.open_event(event_handle)

@@ -161,19 +161,26 @@ def _fetch2d(module, tex, xs, ys) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------------ textures
-def test_bilinear_fetch_is_cudas_filter_exactly_and_not_nearest_point(module):
+def test_bilinear_fetch_is_cudas_filter_within_its_precision_and_not_nearest_point(module):
+    """Measured on an H200 (driver 580, 2026-11-29): on the 1/256 grid the hardware's result is NOT the guide's
+    formula exactly (83% of 8192 points differ, by up to 0.18 for texels 0..63, every result a multiple of
+    1/256): the filter computes in reduced fixed-point precision.  So the check is the guide's formula within that
+    precision -- one 1/256 step of the largest texel -- and unlike nearest-point sampling beyond it."""
     rng = np.random.default_rng(39)
-    texels = rng.integers(0, 64, (12, 16)).astype(np.float32)   # small integers: every step exact in float32
+    texels = rng.integers(0, 64, (12, 16)).astype(np.float32)
     a = CudaArray.create(16, 12, dtype="float32")
     a.copy_from(texels)
     tex = TextureObject.create(a, filter_mode="linear", address_mode="clamp")
     xs, ys = _points(16, 12, 8192, seed=1)
-    got = _fetch2d(module, tex, xs, ys)
+    got = _fetch2d(module, tex, xs, ys).astype(np.float64)
     want = bilinear(texels, xs, ys)
-    np.testing.assert_array_equal(got, want.astype(np.float32))
-    differs = want != nearest(texels, xs, ys)
-    assert differs.mean() > 0.5, "the points chosen do not tell bilinear from nearest-point filtering"
-    assert (got[differs] != nearest(texels, xs, ys)[differs]).all()
+    tolerance = float(texels.max()) / 256
+    error = np.abs(got - want)
+    assert error.max() <= tolerance, f"{int((error > tolerance).sum())} points off by up to {error.max()}"
+    point = nearest(texels, xs, ys)
+    far = np.abs(want - point) > 2 * tolerance          # where the two filters tell apart beyond the precision
+    assert far.mean() > 0.5, "the points chosen do not tell bilinear from nearest-point filtering"
+    assert (np.abs(got[far] - point[far]) > tolerance).all()
 
 
 def test_point_filtering_is_exact(module):

@@ -120,6 +120,9 @@ def test_forged_and_truncated_handles_are_errors_not_crashes():
     print(proc.stdout)
 
 
+@pytest.mark.xfail(strict=True, raises=cuproc.errors.InvalidValueError,
+                   reason="measured on an H200, driver 580, 2026-11-29: cuMemPoolExportPointer of an allocation from "
+                          "a posix_fd pool answers CUDA_ERROR_INVALID_VALUE; not yet understood (issue 38)")
 def test_a_shareable_pool_and_a_pointer_in_another_process(primary):
     """The parent's pool allocation, filled, is read and written by a child through the imported pool."""
     stream = cuproc.Stream()
