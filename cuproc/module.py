@@ -578,7 +578,9 @@ class Library(_CodeMessages, Resource):
             self.handle = out[0]
             self.jit = jit.result()
         self.ended = None
-        if eager and loading_mode(drv) != "eager":
+        # Even under CUDA_MODULE_LOADING=EAGER a library defers a JIT error to its first lookup (measured on
+        # driver 580, 2026-11-29): eager=True loads it here whatever the mode (cheap when the driver did).
+        if eager:
             try:
                 self.load_eagerly()
             except BaseException:
