@@ -9,7 +9,11 @@ search rules (checked against NVRTC 13.5):
   the ``headers`` entries that is the directory of their name, relative to the current directory --
   then in each ``-I`` directory in order;
 * ``#include <x>`` looks only in the ``-I`` directories;
-* ``-include f`` (``--pre-include``) is read as ``#include "f"`` of the program;
+* ``-include f`` (``--pre-include``) is looked for in the current directory, then in each ``-I``
+  directory (not in the program's directory);
+* a path is resolved as the file system resolves it (``link/../x.h`` is beside link's target), never
+  normalized as text; a quoted include in a header reached through a symlink looks beside the link;
+* ``"-I sub"`` as one option is ``sub/`` (:func:`include_dirs` says how NVRTC trims option values);
 * a name found nowhere is NVRTC's built-in header (``cuda_fp16.h``, versioned with NVRTC, which the key
   holds) or a compile error (which is never cached).
 
@@ -99,20 +103,25 @@ class Closure:
 
 
 def include_dirs(options: Iterable[str]) -> tuple[list[str], list[str]]:
-    """(``-I`` directories, ``-include`` files) named by NVRTC options, in order."""
+    """(``-I`` directories, ``-include`` files) named by NVRTC options, in order, spelt as NVRTC reads them
+    (checked against NVRTC 13.5): an option and a separate value (``"-I", " sub "``) lose their surrounding
+    whitespace; the value joined to ``-I`` loses its leading spaces (``"-I sub"`` is ``sub/``); a value
+    after ``=`` keeps them (``--include-path= sub`` is `` sub/``)."""
     dirs: list[str] = []
     pre: list[str] = []
     items = list(options)
     i = 0
     while i < len(items):
-        opt = items[i]
-        for flags, out in (((("-I", "--include-path")), dirs), ((("-include", "--pre-include")), pre)):
+        opt = items[i].strip()
+        for flags, out in ((("-I", "--include-path"), dirs), (("-include", "--pre-include"), pre)):
             for flag in flags:
                 if opt == flag and i + 1 < len(items):
-                    out.append(items[i + 1])
+                    out.append(items[i + 1].strip())
                     i += 1
-                elif opt.startswith(flag + "=") or (flag == "-I" and opt.startswith("-I") and len(opt) > 2):
-                    out.append(opt[len(flag) + 1:] if opt.startswith(flag + "=") else opt[2:])
+                elif opt.startswith(flag + "="):
+                    out.append(opt[len(flag) + 1:])
+                elif flag == "-I" and opt.startswith("-I") and len(opt) > 2:
+                    out.append(opt[2:].lstrip(" "))
         i += 1
     return dirs, pre
 
@@ -221,17 +230,30 @@ def _system_stamp(path: str, dirs: list[tuple[str, str]]) -> str | None:
 
 # ----------------------------------------------------------------------------- the closure
 
+def _resolved(path: str) -> str:
+    """``path`` named as the file system resolves it: its directory through every symlink and ``..`` in
+    order (``link/../x.h`` is beside link's target, not ``./x.h``), the file's own name kept (a quoted include
+    inside a symlinked header is looked for beside the link, as NVRTC does).  The same file reached by
+    another spelling gets the same name: the key is stable and a cycle written with ``..`` ends."""
+    directory, base = os.path.split(path)
+    return os.path.join(os.path.realpath(directory), base)
+
+
 def closure(source: bytes, name: str, headers: Mapping[str, bytes], options: Iterable[str]) -> Closure:
     """The files on disk that compiling ``source`` (program ``name``) with ``headers`` and ``options``
     may read, by NVRTC's search rules (see the module's policy)."""
     dirs, pre = include_dirs(options)
-    search = [os.path.abspath(d) for d in dirs]
+    cwd = os.getcwd()
+    # Directories as written, joined to the current one but not normalized as text: "link/.." is the parent
+    # of link's target, as the file system (and so NVRTC) resolves it, not the current directory.
+    search = [os.path.join(cwd, d) for d in dirs]
     system: list[tuple[str, str]] | None = None   # found on the first include read from disk (globs: not for none)
     out = Closure()
     seen_headers: set[str] = set()
-    main_dir = os.path.abspath(os.path.dirname(name))
-    # (includer, its includes, directory of the including file); -include files first, as NVRTC reads them
-    todo: list[tuple[str, tuple[_Include, ...], str]] = [(name, tuple((True, p) for p in pre), main_dir)]
+    main_dir = os.path.join(cwd, os.path.dirname(name))
+    # (includer, its includes, directory of the including file); -include files first, as NVRTC reads them:
+    # from the current directory, then the -I directories (never the program's directory)
+    todo: list[tuple[str, tuple[_Include, ...], str]] = [(name, tuple((True, p) for p in pre), cwd)]
     todo.append((name, includes_of(source), main_dir))
     while todo:
         includer, includes, here = todo.pop()
@@ -244,11 +266,11 @@ def closure(source: bytes, name: str, headers: Mapping[str, bytes], options: Ite
                 out.edges.append((includer, written, include, "headers"))
                 if include not in seen_headers:
                     seen_headers.add(include)
-                    todo.append((include, includes_of(headers[include]), os.path.abspath(os.path.dirname(include))))
+                    todo.append((include, includes_of(headers[include]), os.path.join(cwd, os.path.dirname(include))))
                 continue
             places = ([here] if quoted else []) + search
             for place in places:
-                path = os.path.normpath(os.path.join(place, include))
+                path = _resolved(os.path.join(place, include))
                 if path in out.files:
                     out.edges.append((includer, written, path, out.files[path]))
                     break

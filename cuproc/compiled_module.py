@@ -108,7 +108,9 @@ class CompiledLibrary(_CompiledNames, Library):
         lib = cls.load_data(code.code, options, driver=drv, name=code.name)
         assert isinstance(lib, CompiledLibrary)
         lib._take(code)
-        if eager and loading_mode(drv) != "eager":
+        # eager=True whatever CUDA_MODULE_LOADING says, as Library does: a library defers a JIT error to its
+        # first lookup in both modes (driver 580); after _take, so that a load error names the program
+        if eager:
             try:
                 lib.load_eagerly()
             except BaseException:

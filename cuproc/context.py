@@ -930,5 +930,4 @@ def use_device(ordinal: int = 0, *, driver: Driver | None = None) -> PrimaryCont
     return pc
 
 
-__all__ = ["Context", "PrimaryContext", "PrimaryRetains", "call_in", "pushing_failed", "synchronize_context",
-           "use_device"]
+__all__ = ["Context", "PrimaryContext", "PrimaryRetains", "call_in", "synchronize_context", "use_device"]

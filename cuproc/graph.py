@@ -154,8 +154,9 @@ class Graph(GraphStructure, GraphPicture):
         """A copy node (cuGraphAddMemcpyNode) between any two sides memory.copy takes (one context)."""
         call = "cuGraphAddMemcpyNode"
         self._ready(call)
-        p, ctx, held, keep = copy_struct(self, call, dst, src, nbytes)
+        p, ctx, held, keep, runtime = copy_struct(self, call, dst, src, nbytes)
         record = NodeRecord(0, keep=keep, held=held)
+        record.runtime = runtime
         return self._add(call, MemcpyNode, depends_on, (p, ctx.handle), record)  # type: ignore[return-value]
 
     def add_memset(self, dst: Any, value: int, count: int | None = None, *, element_bits: int = 8,
@@ -203,6 +204,7 @@ class Graph(GraphStructure, GraphPicture):
         child._check_held(call)
         keep, held = child._everything()
         record = NodeRecord(0, keep=keep, held=held, bodies=({},))
+        record.runtime = child._runtime_objects()
         return self._add(call, ChildGraphNode, depends_on, (child.handle,), record)  # type: ignore[return-value]
 
     def add_empty(self, *, depends_on: Any = None) -> EmptyNode:

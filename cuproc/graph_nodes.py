@@ -78,15 +78,19 @@ class NodeRecord:
     graph node, ``bodies`` (the records of the nodes in each of its graphs).  ``kernel`` is a kernel
     node's (function, packed arguments, values, dimensions, shared memory): what setting new arguments
     reuses; ``graphs`` the CUgraph handles of a conditional node's bodies; ``info`` what else a kind of
-    node remembers (a conditional node's kind and handle)."""
+    node remembers (a conditional node's kind and handle).  ``runtime``, set on a child graph node cuproc added,
+    is what the nodes of the child it copied read when they run (:func:`runtime_objects` of their records);
+    ``keep`` holds all they refer to."""
 
-    __slots__ = ("handle", "keep", "held", "bodies", "graphs", "kernel", "info", "wrapper", "__weakref__")
+    __slots__ = ("handle", "keep", "held", "bodies", "graphs", "kernel", "info", "runtime", "wrapper",
+                 "__weakref__")
 
     def __init__(self, handle: int, keep: tuple = (), held: tuple[Resource, ...] = (),
                  bodies: tuple[dict[int, NodeRecord], ...] = (), kernel: tuple | None = None) -> None:
         self.handle, self.keep, self.held, self.bodies, self.kernel = handle, keep, held, bodies, kernel
         self.graphs: tuple[Any, ...] = ()
         self.info: tuple[Any, ...] = ()
+        self.runtime: tuple[Any, ...] | None = None
         self.wrapper: weakref.ref[GraphNode] | None = None
 
     def everything(self) -> Iterable[NodeRecord]:
@@ -95,6 +99,16 @@ class NodeRecord:
         for body in self.bodies:
             for record in list(body.values()):
                 yield from record.everything()
+
+
+def runtime_objects(record: NodeRecord) -> tuple:
+    """What the driver reads of ``record``'s node when the node runs, not when it was made: a host node's
+    callable (a HostCall), a copy's host memory (``runtime``, set by the copy), for a child graph node those
+    of the nodes it copied (``runtime``, set when it was added).  The driver copied a kernel node's argument
+    block and every other node's parameters when the node was made: they are not kept."""
+    if record.runtime is not None:
+        return record.runtime
+    return tuple(k for k in record.keep if isinstance(k, HostCall))
 
 
 def held_by(values: Iterable[Any]) -> tuple[tuple[Resource, ...], tuple[Any, ...]]:
@@ -490,13 +504,15 @@ class MemcpyNode(GraphNode):
         """cuGraphMemcpyNodeSetParams: copy ``nbytes`` from ``src`` to ``dst`` (checked as memory.copy checks)."""
         call = "cuGraphMemcpyNodeSetParams"
         ctx = self._use(call)
-        p, _ctx, held, keep = copy_struct(self.graph, call, dst, src, nbytes)
+        p, _ctx, held, keep, runtime = copy_struct(self.graph, call, dst, src, nbytes)
         self.driver.check(ctx.call_current(self.driver.cuGraphMemcpyNodeSetParams, self.handle, p), call)
-        self.record.held, self.record.keep = held, keep
+        self.record.held, self.record.keep, self.record.runtime = held, keep, runtime
 
 
-def copy_struct(graph: GraphStructure, call: str, dst: Any, src: Any, nbytes: int | None) -> tuple[Any, Context, tuple, tuple]:
-    """(CUDA_MEMCPY3D, the context it runs in, resources held, objects kept) of a 1-D copy between any two
+def copy_struct(graph: GraphStructure, call: str, dst: Any, src: Any,
+                nbytes: int | None) -> tuple[Any, Context, tuple, tuple, tuple]:
+    """(CUDA_MEMCPY3D, the context it runs in, resources held, objects kept, the host memory among them: what
+    the driver reads or writes when the copy runs) of a 1-D copy between any two
     sides memory.copy takes, checked as it checks them (sizes, a read-only destination)."""
     from .transfers import _both_host, _checked_size, _place, _side
     d, s = _side(dst, call, writable=True), _side(src, call, writable=False)
@@ -512,7 +528,8 @@ def copy_struct(graph: GraphStructure, call: str, dst: Any, src: Any, nbytes: in
     _place(graph.driver, p, "dst", d)
     p.WidthInBytes, p.Height, p.Depth = n, 1, 1
     held, keep = held_by((dst, src))
-    return p, ctx, held, keep + tuple(side.keep for side in (d, s) if side.keep is not None)
+    hosts = tuple(side.keep for side in (d, s) if side.keep is not None and side.kind == "host")
+    return p, ctx, held, keep + tuple(side.keep for side in (d, s) if side.keep is not None), hosts
 
 
 class MemsetNode(GraphNode):

@@ -27,7 +27,7 @@ from ._ffi import ffi
 from ._resource import EPOCH, FORKED, Resource
 from ._support import arity, handle_int, invalid
 from .errors import ClosedResourceError
-from .graph_nodes import GraphNode, NodeRecord, node_array, node_class
+from .graph_nodes import GraphNode, NodeRecord, node_array, node_class, runtime_objects
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
@@ -293,6 +293,11 @@ class GraphStructure(Resource):
                 for resource in r.held:
                     held.setdefault(id(resource), resource)
         return tuple(keep), tuple(held.values())
+
+    def _runtime_objects(self) -> tuple:
+        """What the driver reads of every node (nested bodies included) when it runs (graph_nodes.runtime_objects)."""
+        return tuple(k for record in list(self._records.values()) for r in record.everything()
+                     for k in runtime_objects(r))
 
     def _check_held(self, call: str) -> None:
         """Refuse ``call`` when something a node refers to has ended (before the driver sees the graph)."""

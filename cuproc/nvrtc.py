@@ -7,8 +7,9 @@ Policy
   that needs it.  Without NVRTC everything else in cuproc works; compiling raises
   :class:`NvrtcNotFoundError`, which says what to install.
 * **Where it is found**, first that opens: ``CUPROC_LIBNVRTC`` (a path or a name for the dynamic
-  linker; when set, nothing else is tried), the ``nvidia-cuda-nvrtc`` wheel (``pip install
-  'cuproc[nvrtc]'``; its ``nvidia/cu13/lib`` or, for CUDA 11 and 12, ``nvidia/cuda_nvrtc/lib``, newest
+  linker; when set, nothing else is tried), the NVRTC wheel (``pip install 'cuproc[nvrtc]'`` for
+  CUDA 13's ``nvidia-cuda-nvrtc``; CUDA 12's is ``nvidia-cuda-nvrtc-cu12``, 11's ``-cu11``:
+  :func:`wheel_name`; its ``nvidia/cu13/lib`` or, for CUDA 11 and 12, ``nvidia/cuda_nvrtc/lib``, newest
   major first, in every ``sys.path`` entry), a toolkit (``CUDA_HOME``, ``CUDA_PATH``, ``/usr/local/cuda``),
   then the dynamic linker's own search by name (``libnvrtc.so.13``, ...).  When the caller knows the
   driver's CUDA major (``prefer_major``, as :mod:`cuproc.program` passes it), every NVRTC of that major
@@ -47,8 +48,38 @@ if TYPE_CHECKING:
     from typing import Any
 
 ENV_LIBRARY = "CUPROC_LIBNVRTC"
-INSTALL_HINT = ("install NVRTC with pip install 'cuproc[nvrtc]' (the nvidia-cuda-nvrtc wheel), or set "
-                f"{ENV_LIBRARY} to the path of libnvrtc.so")
+# The NVRTC wheel of each CUDA major on PyPI: nvidia-cuda-nvrtc has only CUDA 13 (and later) releases; CUDA
+# 12's and 11's carry the major in the name.
+_UNSUFFIXED_FROM = 13
+
+
+def wheel_name(major: int) -> str:
+    """The PyPI name of the NVRTC wheel of CUDA ``major``: ``nvidia-cuda-nvrtc`` from 13,
+    ``nvidia-cuda-nvrtc-cu12`` and ``nvidia-cuda-nvrtc-cu11`` before."""
+    return "nvidia-cuda-nvrtc" if major >= _UNSUFFIXED_FROM else f"nvidia-cuda-nvrtc-cu{major}"
+
+
+def pip_install(version: CudaVersion | str | int, spec: str = "==", *, upgrade: bool = False) -> str:
+    """The pip command for the NVRTC wheel of ``version``'s major: ``pip install
+    'nvidia-cuda-nvrtc-cu12==12.8.*'`` for ``CudaVersion(12, 8)`` (``spec`` ``">="`` gives ``>=12.8``; a
+    bare major ``12`` gives ``==12.*``)."""
+    text = str(version)
+    major = int(text.partition(".")[0])
+    wanted = f"{text}.*" if spec == "==" else text
+    return f"pip install {'-U ' if upgrade else ''}'{wheel_name(major)}{spec}{wanted}'"
+
+
+def install_hint(major: int | None = None) -> str:
+    """What to install to compile: for a CUDA ``major`` driver its NVRTC wheel; with no major known, the
+    extra (CUDA 13's wheel) and the CUDA 12 one."""
+    where = f"or set {ENV_LIBRARY} to the path of libnvrtc.so"
+    if major is not None and major < _UNSUFFIXED_FROM:
+        return f"install NVRTC for this CUDA {major} driver with {pip_install(major)}, {where}"
+    return (f"install NVRTC with pip install 'cuproc[nvrtc]' (the nvidia-cuda-nvrtc wheel, CUDA 13; on a CUDA 12 "
+            f"driver {pip_install(12)}), {where}")
+
+
+INSTALL_HINT = install_hint()
 
 if sys.platform == "win32":
     _LIB_DIR, _NAME = "bin", re.compile(r"^nvrtc64_(\d+)(?:_\d+)?\.dll$")
@@ -64,13 +95,17 @@ _WHEEL_DIR = re.compile(r"^cu(\d+)$")
 # --------------------------------------------------------------------------- errors
 
 class NvrtcNotFoundError(OSError):
-    """No NVRTC library could be opened; ``attempts`` lists each path with why it failed."""
+    """No NVRTC library could be opened; ``attempts`` lists each path with why it failed.  The message names
+    the wheel of ``driver_major`` (the driver's CUDA major) where it is known."""
 
-    def __init__(self, attempts: list[tuple[str, str]]) -> None:
-        self.attempts = attempts
+    def __init__(self, attempts: list[tuple[str, str]], driver_major: int | None = None) -> None:
+        self.attempts, self.driver_major = attempts, driver_major
         tried = "".join(f"\n  {path}: {why}" for path, why in attempts) or " nothing (no candidate path)"
         super().__init__(f"NVRTC (CUDA's runtime compiler) is needed to compile from source, and none could be "
-                         f"opened. Tried:{tried}\nTo compile, {INSTALL_HINT}")
+                         f"opened. Tried:{tried}\nTo compile, {install_hint(driver_major)}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.attempts, self.driver_major))
 
 
 class NvrtcError(Exception):
@@ -255,7 +290,7 @@ class NvrtcLibrary:
         if CudaVersion.parse(first) > self.version:
             return NvrtcFunctionMissingError(
                 f"{name} needs NVRTC {first} or newer; {loaded}", call=name,
-                hint=f"install a newer NVRTC (pip install -U 'nvidia-cuda-nvrtc>={first}'), or point "
+                hint=f"install a newer NVRTC ({pip_install(first, '>=', upgrade=True)}), or point "
                      f"{ENV_LIBRARY} at one")
         if last != NVRTC_HEADERS[-1] and CudaVersion.parse(last) < self.version:
             return NvrtcFunctionMissingError(
@@ -321,7 +356,7 @@ def open_nvrtc(path: str | os.PathLike[str] | None = None, *, prefer_major: int 
             _open_builtins(ffi, candidate, nvrtc.version)
             _libraries[candidate] = nvrtc
             return nvrtc
-    raise NvrtcNotFoundError(attempts)
+    raise NvrtcNotFoundError(attempts, prefer_major)
 
 
 _builtins: list[Any] = []   # held for the process: NVRTC finds them by name when it compiles
@@ -424,4 +459,5 @@ def _log(nvrtc: NvrtcLibrary, prog: Any) -> str:
 
 __all__ = ["CompileError", "ENV_LIBRARY", "Location", "NvrtcError", "NvrtcFunctionMissingError", "NvrtcLibrary",
            "NvrtcNotFoundError", "OUTPUT_KINDS", "RawOutput", "candidate_paths", "compile_program",
-           "is_nvrtc_available", "locate", "location_of", "locate_preferring", "major_of", "open_nvrtc"]
+           "install_hint", "is_nvrtc_available", "locate", "location_of", "locate_preferring", "major_of", "open_nvrtc",
+           "pip_install", "wheel_name"]

@@ -203,9 +203,10 @@ def _plan(arch: str, target: str | None, nvrtc_version: CudaVersion, driver: Cud
     if supported is not None and number not in supported:
         usable = [a for a in supported if a <= number]
         if not (arch_defaulted and target in (None, "ptx") and usable):
+            loads_on = driver if driver is not None else nvrtc_version   # the NVRTC of the driver's major
             raise ValueError(f"NVRTC {nvrtc_version} cannot compile for {arch}: it supports "
-                             f"{', '.join(f'sm_{a}' for a in supported)}; install an NVRTC that supports it "
-                             f"(pip install -U nvidia-cuda-nvrtc) or pass another arch=")
+                             f"{', '.join(f'sm_{a}' for a in supported)}; install a newer NVRTC that supports it "
+                             f"({_nvrtc.pip_install(_major(loads_on), upgrade=True)}) or pass another arch=")
         newest = max(usable)
         return _Plan(f"compute_{newest}", "ptx",
                      f"NVRTC {nvrtc_version} cannot compile for this device ({arch}): PTX for compute_{newest}, "
@@ -261,18 +262,21 @@ class ObjectCode:
         if self.kind == "ltoir":
             return ("LTO IR is not loadable by itself: link it with nvJitLink into a cubin, or compile with "
                     "target='cubin'")
-        if self.kind == "cubin" and _major(self.nvrtc_version) > _major(driver):
+        newer_major = _major(self.nvrtc_version) > _major(driver)
+        if self.kind == "cubin" and newer_major:
             return (f"{self.name} is a cubin from NVRTC {self.nvrtc_version}, a newer CUDA major than this CUDA "
                     f"{driver} driver: a driver loads cubins of its own major and older (minor version "
-                    f"compatibility stops at the major). Compile with an NVRTC {_major(driver)}.x (pip install "
-                    f"'nvidia-cuda-nvrtc=={_major(driver)}.*', or set CUPROC_LIBNVRTC to one; cuproc prefers "
+                    f"compatibility stops at the major). Compile with an NVRTC {_major(driver)}.x "
+                    f"({_nvrtc.pip_install(_major(driver))}, or set CUPROC_LIBNVRTC to one; cuproc prefers "
                     f"the driver's major when several are installed), or upgrade the driver")
         isa = self.ptx_isa
         if isa is not None and driver_accepts(isa, driver) is False:
+            # a cubin is the way out only where the cubin rule above lets it load: not from a newer major
+            cubin = ("" if newer_major else
+                     "compile a cubin instead (target='cubin' and a real arch like 'sm_90', the default), ")
             return (f"{self.name}'s PTX declares ISA .version {isa} (from NVRTC {self.nvrtc_version}), and this "
-                    f"CUDA {driver} driver's JIT accepts PTX up to ISA {max_ptx_isa(driver)}: compile a cubin "
-                    f"instead (target='cubin' and a real arch like 'sm_90', the default), use an NVRTC no newer "
-                    f"than the driver (pip install 'nvidia-cuda-nvrtc=={driver}.*'), or "
+                    f"CUDA {driver} driver's JIT accepts PTX up to ISA {max_ptx_isa(driver)}: {cubin}use an NVRTC "
+                    f"no newer than the driver ({_nvrtc.pip_install(driver)}, or set CUPROC_LIBNVRTC to one), or "
                     f"upgrade the driver")
         return None
 

@@ -105,6 +105,10 @@ def kit(pc, graphs):
     k.stream.synchronize()
 
 
+def handle_of(obj) -> int:
+    return int(ffi.cast("uintptr_t", obj.handle))
+
+
 def host(buf, n=N, dtype=np.float32):
     out = np.zeros(n, dtype)
     mem.copy(out, buf, out.nbytes)
@@ -1086,6 +1090,38 @@ def test_a_launch_keeps_its_host_nodes_until_it_ran(kit, where):
     assert fn_ref() is None and in_flight_count() == 0
 
 
+def test_a_child_graph_of_kernels_is_no_host_work_and_a_child_copy_from_host_memory_is(kit, fk):
+    """A child graph node's kernels and device copies queue nothing after a launch and can be replayed; a
+    child (nested one level more) that copies from host memory keeps that memory until the launch ran."""
+    child = Graph()
+    child.add_kernel(kit.fill, 1, N, (kit.c, np.int32(N), np.float32(5.0)))
+    child.add_memcpy(kit.b, kit.a)
+    g = Graph()
+    g.add_child_graph(child)
+    exe = g.instantiate()
+    fk.clear_calls()
+    exe.launch(kit.stream)
+    assert "cuLaunchHostFunc" not in fk.calls()
+    exe.replay(kit.stream)()
+    kit.stream.synchronize()
+    np.testing.assert_array_equal(host(kit.c), np.full(N, 5.0, np.float32))
+    src = np.full(N, 7.0, np.float32)
+    inner = Graph()
+    inner.add_memcpy(kit.c, src)
+    middle = Graph()
+    middle.add_child_graph(inner)
+    hosted = Graph()
+    hosted.add_child_graph(middle)
+    exe = hosted.instantiate()
+    with pytest.raises(InvalidValueError, match="host nodes"):
+        exe.replay(kit.stream)
+    del inner, middle, hosted
+    exe.launch(kit.stream)
+    assert fk.calls()[-2:] == ["cuGraphLaunch", "cuLaunchHostFunc"]     # the launch keeps src until it ran
+    kit.stream.synchronize()
+    np.testing.assert_array_equal(host(kit.c), np.full(N, 7.0, np.float32))
+
+
 def test_a_launch_keeps_host_memory_a_copy_node_reads(kit):
     """A copy node from host memory: the array is kept by each launch until the launch ran."""
     src = np.arange(N, dtype=np.float32)
@@ -1106,9 +1142,8 @@ def test_a_launch_keeps_host_memory_a_copy_node_reads(kit):
 
 
 def test_a_prepared_replay_is_the_checked_driver_call(kit, fk, graphs):
-    """exe.replay(stream): cuGraphLaunch alone per call (no cuCtxGetCurrent, nothing queued after it);
-    destroy is refused while it lives; a graph with host nodes and a stream of another context are refused
-    when it is made."""
+    """exe.replay(stream): cuGraphLaunch alone per call (no cuCtxGetCurrent, nothing queued after it); a graph
+    with host nodes and a stream of another context are refused when it is made."""
     g = Graph()
     g.add_kernel(kit.fill, 1, N, (kit.c, np.int32(N), np.float32(3.0)))
     exe = g.instantiate()
@@ -1119,10 +1154,6 @@ def test_a_prepared_replay_is_the_checked_driver_call(kit, fk, graphs):
         replay()
     assert fk.calls() == ["cuGraphLaunch"] * 3 and graphs.launches() == before + 3
     np.testing.assert_array_equal(host(kit.c), np.full(N, 3.0, np.float32))
-    with pytest.raises(InvalidValueError, match="replay"):
-        exe.destroy()
-    del replay
-    gc.collect()
     exe.destroy()
     with pytest.raises(ClosedResourceError):
         exe.replay(kit.stream)
@@ -1141,6 +1172,55 @@ def test_a_prepared_replay_is_the_checked_driver_call(kit, fk, graphs):
         g.instantiate().replay(foreign)
     del foreign
     other.destroy()
+
+
+def test_a_replay_holds_its_executable_graph_and_stream_and_refuses_once_they_ended(kit, fk, graphs):
+    """A replay keeps what it launches alive, and once its stream, its executable graph or their context
+    ended it refuses (ClosedResourceError) before a handle the driver hands out again reaches it."""
+    g = Graph()
+    g.add_kernel(kit.fill, 1, N, (kit.c, np.int32(N), np.float32(3.0)))
+    exe = g.instantiate()
+    s = Stream()
+    replay = exe.replay(s)
+    old = handle_of(s)
+    s.close()
+    s2 = Stream()                                   # the fake, as the driver, hands s's handle out again
+    assert handle_of(s2) == old
+    before = graphs.launches()
+    with pytest.raises(ClosedResourceError) as info:
+        replay()
+    assert graphs.launches() == before and "stream" in str(info.value)
+    replay = exe.replay(s2)
+    exe_ref = weakref.ref(exe)
+    del exe
+    gc.collect()
+    assert exe_ref() is not None                    # the replay holds it
+    other = g.instantiate()
+    replay()                                        # its own executable graph, alive (fk: nothing stale)
+    assert graphs.launches() == before + 1
+    exe_ref().destroy()
+    with pytest.raises(ClosedResourceError) as info:
+        replay()
+    assert graphs.launches() == before + 1 and "executable graph" in str(info.value)
+    s2.synchronize()
+    del replay, other
+    ctx = Context.create(0)
+    try:
+        module = Module.load(IMAGE)
+        buf = DeviceBuffer(4 * N)
+        h = Graph()
+        h.add_kernel(module.get_function("fill_value"), 1, N, (buf, np.int32(N), np.float32(1.0)))
+        s3 = Stream()
+        replay = h.instantiate().replay(s3)
+        replay()
+        s3.synchronize()
+    finally:
+        Context.pop()
+    ctx.destroy()
+    with pytest.raises(ClosedResourceError) as info:
+        replay()
+    assert graphs.launches() == before + 2 and "context" in str(info.value)
+    del replay, h, s3, buf, module
 
 
 def test_a_graph_of_kernels_queues_nothing_after_its_launch(kit, fk):

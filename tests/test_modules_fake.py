@@ -260,3 +260,66 @@ def test_loading_eagerly_needs_cuda_12_4_and_says_what_to_do_instead(fk, lazy, d
             attempt()
         assert info.value.refused and "CUDA_MODULE_LOADING=EAGER" in str(info.value)
     assert fk.live("module") == 0 and fk.live("library") == 0
+
+
+@pytest.mark.parametrize("mode", ["lazy", "eager"])
+def test_library_eager_true_loads_at_the_load_in_either_mode(fk, pc, mode):
+    """Library(eager=True) brings a library's JIT error to the load under CUDA_MODULE_LOADING=EAGER too: the
+    driver defers it to the first lookup in both modes (driver 580, commit b558e58)."""
+    fk.set_lazy_loading(mode == "lazy")
+    try:
+        for attempt in (lambda: Library(NEWER_PTX, eager=True), lambda: Library.load_data(NEWER_PTX, eager=True)):
+            with pytest.raises(CudaError) as info:
+                attempt()
+            assert info.value.code == UNSUPPORTED_PTX and "9.9" in str(info.value)
+        assert fk.live("library") == 0
+    finally:
+        fk.set_lazy_loading(True)
+
+
+def _compiled(image: bytes, kind: str = "cubin"):
+    from cuproc.program import ObjectCode
+    return ObjectCode(image, kind, "sm_90", name="newer.cu", log="", lowered_names={"fill": "fill"},
+                      nvrtc_version=cuproc.CudaVersion(13, 0), options=(), reason="test")
+
+
+@pytest.mark.parametrize("mode", ["lazy", "eager"])
+def test_compiled_library_eager_true_loads_at_the_load_in_either_mode(fk, pc, mode, monkeypatch):
+    """ObjectCode.load_library(eager=True): as Library(eager=True), whatever CUDA_MODULE_LOADING says.  The
+    code is one cuproc's PTX rule lets through (load_problem None: a JIT refusal it cannot foresee)."""
+    from cuproc.program import ObjectCode
+    monkeypatch.setattr(ObjectCode, "load_problem", lambda self, driver: None)
+    fk.set_lazy_loading(mode == "lazy")
+    try:
+        code = _compiled(NEWER_PTX, "ptx")
+        with pytest.raises(CudaError) as info:
+            code.load_library(eager=True)
+        assert info.value.code == UNSUPPORTED_PTX and "newer.cu" in str(info.value) and "9.9" in str(info.value)
+        assert fk.live("library") == 0
+        lib = code.load_library()                     # not eager: loads, and fails at the first lookup
+        with pytest.raises(CudaError) as info:
+            lib.get_kernel("fill")
+        assert info.value.code == UNSUPPORTED_PTX
+        lib.close()
+        good = _compiled(IMAGE).load_library(eager=True)
+        assert good.load_eagerly() == 2 and good.get_kernel("fill").name == "fill"
+        good.close()
+    finally:
+        fk.set_lazy_loading(True)
+
+
+def test_compiled_module_eager_true_loads_every_function_at_the_load(fk, pc, lazy):
+    """ObjectCode.load(eager=True) under lazy loading: every function is loaded (cuFuncLoad) before it
+    returns, and a failure there closes the module and names the program."""
+    fk.clear_calls()
+    mod = _compiled(IMAGE).load(eager=True)
+    assert fk.calls().count("cuFuncLoad") == 2
+    mod.close()
+    fk.fail("cuFuncLoad", UNSUPPORTED_PTX)
+    with pytest.raises(CudaError) as info:
+        _compiled(IMAGE).load(eager=True)
+    assert info.value.code == UNSUPPORTED_PTX and info.value.call == "cuFuncLoad" and "newer.cu" in str(info.value)
+    assert fk.live("module") == 0
+    fk.clear_calls()
+    _compiled(IMAGE).load().close()                  # not eager: nothing loaded ahead
+    assert "cuFuncLoad" not in fk.calls()

@@ -443,3 +443,97 @@ def test_the_top_level_names_of_an_imported_module_load_nothing_else():
         print(sorted(m for m in set(sys.modules) - before if m.startswith("cuproc")))
     """
     assert run_python(script).stdout.split() == ["[]"]
+
+
+# ----------------------------------------------------------------------------- the closure against NVRTC
+
+KERNEL_NAMED_BY = 'extern "C" __global__ void NAME() {{}}\n'   # its .entry is whatever the header #defines
+
+
+def _entry_of(code) -> str:
+    import re
+    found = re.findall(rb"\.entry\s+(\w+)", code.code)
+    assert len(found) == 1, code.code[:400]
+    return found[0].decode()
+
+
+def _built(src: str, name: str, cache: CompileCache, *options: str) -> tuple[str, bool]:
+    """(the kernel's name, as the header NVRTC read defined it; whether it came from the cache)."""
+    code = Program(src, name=name).compile(*options, arch="compute_80", cache=cache)
+    return _entry_of(code), code.from_cache
+
+
+def _changed_header_misses(tmp_path, write, src: str, name: str, *options: str) -> None:
+    """Compile, rewrite the header NVRTC read (``write(value)``), compile again: a miss with the new value."""
+    cache = CompileCache(tmp_path / "cache")
+    write("first")
+    assert _built(src, name, cache, *options) == ("first", False)
+    assert _built(src, name, cache, *options) == ("first", True)
+    write("second")
+    assert _built(src, name, cache, *options) == ("second", False)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("options", [("-I sub",), ("-I  sub ",), ("-I", " sub "), ("--include-path", " sub")])
+def test_an_include_directory_with_spaces_is_the_one_nvrtc_reads(tmp_path, monkeypatch, options):
+    """NVRTC takes ``-I sub`` as one option (and strips the spaces around a separate value): the closure must
+    follow ``sub/``, not `` sub``, or a changed header there is a stale hit."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    _changed_header_misses(tmp_path, lambda v: (tmp_path / "sub" / "cfg.h").write_text(f"#define NAME {v}\n"),
+                           '#include "cfg.h"\n' + KERNEL_NAMED_BY.format(), "k.cu", *options)
+    assert include_dirs(list(options)) == (["sub"], [])
+
+
+@needs_nvrtc
+def test_a_leading_space_after_the_equals_sign_is_kept_as_nvrtc_keeps_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / " sub").mkdir()
+    _changed_header_misses(tmp_path, lambda v: (tmp_path / " sub" / "cfg.h").write_text(f"#define NAME {v}\n"),
+                           '#include "cfg.h"\n' + KERNEL_NAMED_BY.format(), "k.cu", "--include-path= sub")
+    assert include_dirs(["--include-path= sub ", "-I= sub"]) == ([" sub", " sub"], [])
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("with_include_path", [False, True])
+def test_a_pre_include_is_looked_for_where_nvrtc_looks(tmp_path, monkeypatch, with_include_path):
+    """``-include config.h`` of a program named ``src/k.cu``: NVRTC reads ./config.h (then the -I
+    directories), not src/config.h."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "config.h").write_text("#define NAME beside_the_program\n")
+    options = ["-include", "config.h"]
+    where = tmp_path
+    if with_include_path:
+        (tmp_path / "inc").mkdir()
+        options += ["-I", "inc"]
+        where = tmp_path / "inc"       # not in the current directory: the -I directory's
+    _changed_header_misses(tmp_path, lambda v: (where / "config.h").write_text(f"#define NAME {v}\n"),
+                           KERNEL_NAMED_BY.format(), "src/k.cu", *options)
+
+
+@needs_nvrtc
+def test_an_include_through_a_symlink_and_dot_dot_is_the_file_nvrtc_reads(tmp_path, monkeypatch):
+    """``#include "link/../x.h"``, link -> real/deep: the file system resolves link first, so NVRTC reads
+    real/x.h, not ./x.h (which a textual normalization would give)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "real" / "deep").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "real" / "deep")
+    (tmp_path / "x.h").write_text("#define NAME textual\n")
+    _changed_header_misses(tmp_path, lambda v: (tmp_path / "real" / "x.h").write_text(f"#define NAME {v}\n"),
+                           '#include "link/../x.h"\n' + KERNEL_NAMED_BY.format(), "k.cu")
+
+
+def test_includes_through_symlinks_keep_stable_keys_and_end(tmp_path, monkeypatch):
+    """Paths are no longer normalized as text: the same closure twice gives the same edges, and a cycle
+    written with ``..`` (each visit a longer spelling) still ends, each file once."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.h").write_text('#include "../d/b.h"\n')
+    (tmp_path / "d" / "b.h").write_text('#include "../d/a.h"\n#include "./a.h"\n')
+    src = b'#include "d/a.h"\n'
+    first = closure(src, "k.cu", {}, [])
+    assert first.edges == closure(src, "k.cu", {}, []).edges and first.untracked == []
+    real = os.path.realpath(tmp_path / "d")
+    assert sorted(first.files) == [os.path.join(real, "a.h"), os.path.join(real, "b.h")]
+    assert len(first.edges) == 4

@@ -147,6 +147,7 @@ def test_an_older_nvrtc_lacking_a_function_fails_clearly_before_compiling(tmp_pa
         Program("__global__ void k() {}").compile(arch=ARCH, target="ltoir", nvrtc=lib, cache=False)
     assert err.value.call == "nvrtcGetLTOIRSize"   # the first of the two it needs
     assert "12.0" in str(err.value) and "11.8" in str(err.value) and str(stub) in str(err.value)
+    assert "'nvidia-cuda-nvrtc-cu12>=12.0'" in str(err.value)   # the wheel that has 12.0 (issue 37, review)
     assert ctypes.c_long.in_dll(ctypes.CDLL(str(stub)), "stub_compiles").value == 0   # refused before compiling
     code = Program("__global__ void k() {}").compile(arch=ARCH, target="ptx", nvrtc=lib, cache=False)
     assert code.nvrtc_version == V(11, 8) and code.ptx_isa == PtxIsa(7, 8)
@@ -375,6 +376,40 @@ def test_load_problem_says_what_to_do():
     assert "nvJitLink" in (_code("ltoir", b"BC").load_problem(V(13, 0)) or "")
     with pytest.raises(ValueError, match="kind"):
         _code("sass", b"")
+
+
+def _wheels_named(text: str) -> set[str]:
+    import re
+    return set(re.findall(r"'(nvidia-cuda-nvrtc[\w-]*)[=<>]", text))
+
+
+def test_install_advice_names_the_wheel_of_the_drivers_major():
+    """nvidia-cuda-nvrtc has CUDA 13 releases only: a CUDA 12 driver's NVRTC is nvidia-cuda-nvrtc-cu12
+    (11's -cu11), so advice naming 'nvidia-cuda-nvrtc==12.8.*' could never be installed."""
+    assert nv.pip_install(V(12, 8)) == "pip install 'nvidia-cuda-nvrtc-cu12==12.8.*'"
+    assert nv.pip_install(V(13, 0)) == "pip install 'nvidia-cuda-nvrtc==13.0.*'"
+    assert nv.wheel_name(11) == "nvidia-cuda-nvrtc-cu11"
+    ptx_12 = _code("ptx", b".version 8.8\n.target sm_90\n", nvrtc="12.9").load_problem(V(12, 8))
+    assert ptx_12 is not None and _wheels_named(ptx_12) == {"nvidia-cuda-nvrtc-cu12"} and "12.8.*" in ptx_12
+    assert "target='cubin'" in ptx_12                                  # a 12.9 cubin loads on 12.8
+    cubin = _code("cubin", b"\x7fELF").load_problem(V(12, 8))
+    assert cubin is not None and _wheels_named(cubin) == {"nvidia-cuda-nvrtc-cu12"}
+    assert _wheels_named(_code("cubin", b"\x7fELF").load_problem(V(11, 8)) or "") == {"nvidia-cuda-nvrtc-cu11"}
+    refused = nv.NvrtcNotFoundError([("libnvrtc.so.12", "not found")], driver_major=12)
+    assert _wheels_named(str(refused)) == {"nvidia-cuda-nvrtc-cu12"}
+    assert "nvidia-cuda-nvrtc-cu12" in nv.INSTALL_HINT and "cuproc[nvrtc]" in nv.INSTALL_HINT
+    from cuproc.program import _plan
+    with pytest.raises(ValueError) as err:
+        _plan("sm_120", None, V(12, 4), V(12, 8), arch_defaulted=False, supported=(75, 80, 90))
+    assert _wheels_named(str(err.value)) == {"nvidia-cuda-nvrtc-cu12"}
+
+
+def test_ptx_of_a_newer_major_is_not_told_to_become_a_cubin():
+    """PTX from NVRTC 13.5 on a CUDA 12.8 driver: a cubin from that NVRTC is refused too (minor
+    compatibility stops at the major), so the advice is an NVRTC of the driver's major."""
+    problem = _code("ptx", b".version 9.5\n.target sm_90\n").load_problem(V(12, 8))
+    assert problem is not None and "target='cubin'" not in problem
+    assert _wheels_named(problem) == {"nvidia-cuda-nvrtc-cu12"} and "12.8.*" in problem
 
 
 @needs_nvrtc
