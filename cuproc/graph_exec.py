@@ -40,7 +40,10 @@ from ._resource import EPOCH, Resource, report
 from ._support import arity, handle_int, invalid
 from .errors import ClosedResourceError, result_code
 from .graph_errors import GraphInstantiateError, GraphUpdateError, flag_value, with_details
-from .graph_nodes import KernelNode, NodeRecord, kernel_parts, kernel_struct, runtime_objects
+from .graph_nodes import HostCall, KernelNode, NodeRecord, kernel_parts, kernel_struct
+def runtime_objects(record):
+    kept = record.keep[1:] if record.kernel is not None else record.keep
+    return tuple(k for k in kept if isinstance(k, HostCall) or record.kernel is None)
 from .graph_structure import GraphStructure
 from .stream import Stream, stream_handle
 

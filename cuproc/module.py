@@ -284,19 +284,31 @@ class _CodeMessages:
             return exc
         return _with_hint(exc, parts)
 
+    def _late_load(self) -> tuple[str, str]:
+        """(why a load error came at a lookup, what brings it to the load) for a module: lazy loading, when
+        the driver runs it; under eager loading a module's code is JIT-compiled at load, and nothing more is
+        known of a late error."""
+        try:
+            lazy = loading_mode(self.driver) == "lazy"
+        except Exception:  # noqa: BLE001 - explaining an error must never hide it
+            lazy = False
+        if not lazy:
+            return "", ""
+        return (" (under lazy loading, CUDA_MODULE_LOADING=LAZY and the default from CUDA 12.2, the driver "
+                "JIT-compiles code then, not at load)",
+                "; load with eager=True (or set CUDA_MODULE_LOADING=EAGER) to see such errors at load")
+
     def _load_hint(self, when: str, *, late: bool = True) -> str:
         """What a load error says: the code, its PTX ISA (in ``code_description``), the newest ISA this driver
-        accepts and what to do; ``late``: it surfaced at a lookup, so say why (lazy loading)."""
+        accepts and what to do; ``late``: it surfaced at a lookup, so say why (:meth:`_late_load`)."""
         from .ptx_isa import max_ptx_isa
         drv = self.driver.driver_version
         limit = max_ptx_isa(drv)
-        why = (" (under lazy loading, CUDA_MODULE_LOADING=LAZY and the default from CUDA 12.2, the driver "
-               "JIT-compiles code then, not at load)") if late else ""
+        why, advice = self._late_load() if late else ("", "")
         return (f"{self.code_name} ({self.code_description}) failed to load {when}{why}; this CUDA {drv} driver "
                 f"accepts PTX up to ISA {limit if limit is not None else '(unknown to cuproc: newer than it knows)'}"
                 f". Load a cubin for the device (Program.compile(target='cubin')) or PTX of an ISA the driver "
-                f"accepts" + ("; load with eager=True (or set CUDA_MODULE_LOADING=EAGER) to see such errors at "
-                              "load" if late else ""))
+                f"accepts{advice}")
 
     def _eager_error(self, exc: CudaError) -> CudaError:
         """``exc`` from loading eagerly (enumerating, cuKernelGetFunction, cuFuncLoad): a load error names
@@ -306,10 +318,12 @@ class _CodeMessages:
         return _with_hint(exc, [self._load_hint("when it was loaded eagerly", late=False)])
 
 
-def _cannot_load_eagerly(driver: Driver, call: str) -> CudaError:
+def _cannot_load_eagerly(driver: Driver, call: str, *, library: bool = False) -> CudaError:
+    # CUDA_MODULE_LOADING=EAGER brings a module's JIT errors to its load, not a library's (driver 580)
+    instead = ("ask for each kernel (get_kernel) right after loading instead, or load it as a Module under "
+               "CUDA_MODULE_LOADING=EAGER" if library else "set CUDA_MODULE_LOADING=EAGER before CUDA starts instead")
     return refusal(call, f"loading eagerly needs {call} and the enumeration of kernels (a CUDA 12.4 driver); "
-                         f"this driver is {driver.driver_version}: set CUDA_MODULE_LOADING=EAGER before CUDA "
-                         f"starts instead", code_name="CUDA_ERROR_NOT_SUPPORTED")
+                         f"this driver is {driver.driver_version}: {instead}", code_name="CUDA_ERROR_NOT_SUPPORTED")
 
 
 # --------------------------------------------------------------------------- modules
@@ -602,6 +616,12 @@ class Library(_CodeMessages, Resource):
         return cls(_Image.from_file(path, "cuLibraryLoadData", "Library.load_data"), options, driver=driver,
                    eager=eager)
 
+    def _late_load(self) -> tuple[str, str]:
+        """A library's code is JIT-compiled at its first lookup under CUDA_MODULE_LOADING=EAGER as under LAZY
+        (measured on driver 580): only eager=True brings the error to the load."""
+        return (" (the driver JIT-compiles a library's code at its first lookup, whatever CUDA_MODULE_LOADING "
+                "says)", "; load with eager=True to see such errors at load")
+
     def describe(self) -> str:
         return f"library {handle_int(self.handle):#x}" if self.handle is not None else "library (per-context modules)"
 
@@ -710,14 +730,14 @@ class Library(_CodeMessages, Resource):
             return self.module_for(ctx).load_eagerly()
         drv = self.driver
         if not drv.has("cuFuncLoad"):
-            raise _cannot_load_eagerly(drv, "cuFuncLoad")
+            raise _cannot_load_eagerly(drv, "cuFuncLoad", library=True)
         out = ffi.new("CUfunction *")
         try:
             if drv.has("cuLibraryGetModule"):   # loads the library into the context now (12.0), JIT included
                 drv.check(run(drv.cuLibraryGetModule, ffi.new("CUmodule *"), self.handle), "cuLibraryGetModule")
             handles = self._kernels()
             if handles is None:
-                raise _cannot_load_eagerly(drv, "cuLibraryEnumerateKernels")
+                raise _cannot_load_eagerly(drv, "cuLibraryEnumerateKernels", library=True)
             if not handles and self._image.kind == "ptx":
                 # Measured on an H200 (driver 580, 2026-11-29): a library of PTX the JIT refuses loads, lists no
                 # kernel, and fails only at cuLibraryGetKernel -- even with CUDA_MODULE_LOADING=EAGER.  PTX names
