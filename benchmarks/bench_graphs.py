@@ -6,8 +6,9 @@ Replay: one executable graph of 256 launches of the empty (float*, int, float) k
 captured from cuproc prepared launches), replayed on one stream by every launcher in the same process and
 run -- the C loop over cuGraphLaunch (``c_floor_graph.c`` as a shared library, called between the Python
 bursts, on the very same CUgraphExec and stream), cuproc's ``GraphExec.launch`` (the bound method in a
-loop), cuproc's prepared replay (``exe.replay(stream)``: the checked C call bound to both handles, no
-Python frame per launch), cuda.bindings' ``cuGraphLaunch`` with its handles built once, and cuda.core's
+loop), cuproc's prepared replay (``exe.replay(stream)``: a closure holding the executable graph and the
+stream that compares the resource epoch, then makes the checked C call on both handles), cuda.bindings'
+``cuGraphLaunch`` with its handles built once, and cuda.core's
 ``Graph.launch`` (the same 256 launches built by its GraphBuilder: its own executable graph).
 
 Host time is what the goal compares, and it is measured where the GPU cannot set it: bursts of
@@ -351,8 +352,9 @@ def run_section(smoke: bool, tmp: Path) -> Section:
         "graphs, ratios: the median over rounds of the row over the C loop in the same round (rows take turns)",
         "graphs, capture: one capture + instantiate per round (the graph and its executable graph destroyed after "
         "the timing), median over rounds; paired against the C floor and against cuda.core's GraphBuilder",
-        "graphs, GraphExec.replay: drv.checked.cuGraphLaunch bound to both handles by functools.partial -- no "
-        "Python frame per launch; everything is checked when it is made (see its docstring)"]
+        "graphs, GraphExec.replay: a closure holding the executable graph and the stream: one comparison of the "
+        "resource epoch (the full checks again only when something ended), then drv.checked.cuGraphLaunch on both "
+        "handles (see its docstring)"]
     section.panels = [
         ([(k, v["burst_us"] * 1e3) for k, v in replay.items() if k != C_LOOP],
          (C_LOOP + ", burst host time (ns/kernel)", c_ref["burst_us"] * 1e3) if c_ref else None),
@@ -373,7 +375,11 @@ def check_goals(goals: Goals, section: Section, smoke: bool) -> None:
         goals.check(f"graph replay, host time per kernel (bursts of {BURST}, launch calls only): {name} within 2% "
                     "of C's cuGraphLaunch", ratio, 1.02, why_not=why or (None if c_ref else "no C loop"))
     ratio = paired_ratio(replay[CUPROC]["steady_rounds"], c_ref["steady_rounds"]) if c_ref else None
-    goals.check(f"graph replay, end-to-end time per kernel: {CUPROC} within 2% of C's cuGraphLaunch", ratio, 1.02,
+    measured = (f" ({c_ref['steady_us'] * KERNELS:.0f} µs per graph end to end against "
+                f"{c_ref['burst_us'] * KERNELS:.1f} µs of C's host time per launch)") if c_ref else ""
+    goals.check(f"graph replay, end-to-end time per kernel: {CUPROC} within 2% of C's cuGraphLaunch -- GPU-bound: "
+                f"the GPU's run of the {KERNELS} kernels sets it{measured}, so any launcher that keeps the queue full "
+                "meets it; it is not a launcher result (the host-time goals above are)", ratio, 1.02,
                 why_not=why or (None if c_ref else "no C loop"))
     core = captured.get(CORE_CAPTURE)
     cap_ratio = paired_ratio(captured[CAPTURE]["rounds_ms"], core["rounds_ms"]) if core else None

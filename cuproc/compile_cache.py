@@ -21,6 +21,12 @@ Policy
 * **Corruption is detected.**  An entry carries a SHA-256 of its contents and the key it was stored
   under; one that fails either check (a torn disk write, a truncated copy) is a miss, is deleted and is
   written again by the compilation that follows.
+* **Only the user's own directories are trusted.**  The cache holds code that will run, so a cache
+  directory, its ``entries`` and ``nvrtc-libraries`` folders and each shard folder must belong to this
+  user (``st_uid == os.geteuid()``) and not be writable by group or others, checked on first use in a
+  process (on Windows, which has neither, this is left to the ACLs).  One that is not warns once
+  (RuntimeWarning) and the compile goes on without the cache.  A folder not made yet passes: cuproc makes
+  it private.
 * **Never fails a compile.**  A cache directory that cannot be written warns once
   (RuntimeWarning) and the compile goes on without storing; a ``CUPROC_NVRTC_CACHE_SIZE`` that is not
   a size (``inf``, ``lots``) warns once and the default limit holds.
@@ -126,7 +132,7 @@ def size_from_environment() -> int:
         return DEFAULT_MAX_BYTES
 
 
-_warned: set[str] = set()   # bad sizes and unwritable directories already warned about
+_warned: set[object] = set()   # bad sizes, unwritable and untrusted directories already warned about
 
 
 def warn_unwritable(cache: CompileCache, exc: OSError) -> None:
@@ -137,6 +143,38 @@ def warn_unwritable(cache: CompileCache, exc: OSError) -> None:
         warnings.warn(f"the NVRTC compile cache in {cache.directory} is not writable ({exc}): compiling "
                       f"without storing; set {ENV_DIR} to a writable directory, or {ENV_SWITCH}=0",
                       RuntimeWarning, stacklevel=3)
+
+
+_trusted_dirs: set[str] = set()   # directories found to be the user's own and private, this process
+
+
+def _untrusted(path: str) -> str | None:
+    """Why the directory ``path`` must not be trusted (another user's, or writable by group or others), or
+    None: it is the user's and private (remembered for the process), or it does not exist yet."""
+    if path in _trusted_dirs or not hasattr(os, "geteuid"):
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None   # not there (yet): made private when it is made; an unreadable one fails on use
+    me = os.geteuid()
+    if st.st_uid != me:
+        return f"{path} belongs to user {st.st_uid}, not to this user ({me})"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by group or others (mode {st.st_mode & 0o777:o})"
+    _trusted_dirs.add(path)
+    return None
+
+
+def warn_untrusted(cache: CompileCache, reason: str) -> None:
+    """Warn, once per directory, that ``cache`` is not used because ``reason`` (the compile goes on)."""
+    if ("untrusted", cache.directory) not in _warned:
+        _warned.add(("untrusted", cache.directory))
+        import warnings
+        warnings.warn(f"the NVRTC compile cache in {cache.directory} is not used: {reason}, so others could "
+                      f"plant code in it; compiling without the cache. Make it yours and private (chmod "
+                      f"go-w), or set {ENV_DIR} to a private directory, or {ENV_SWITCH}=0",
+                      RuntimeWarning, stacklevel=4)
 
 
 def _hash_parts(parts: Iterable[bytes]) -> str:
@@ -213,10 +251,28 @@ class CompileCache:
                 where = os.path.join(where, part)
                 os.makedirs(where, mode=0o700, exist_ok=True)
 
+    def distrust(self, key: str | None = None) -> str | None:
+        """Why this cache must not be used -- a folder of it (the directory, ``entries``,
+        ``nvrtc-libraries``, and ``key``'s shard) is another user's or writable by group or others -- or
+        None (see the module's policy).  Warns once per directory when there is a reason."""
+        dirs = [self.directory, self.entries_dir, os.path.join(self.directory, "nvrtc-libraries")]
+        if key is not None:
+            dirs.append(os.path.dirname(self.path_of(key)))
+        for path in dirs:
+            reason = _untrusted(path)
+            if reason is not None:
+                warn_untrusted(self, reason)
+                return reason
+        return None
+
     # ---------------------------------------------------------------- entries
     def get(self, key: str) -> CacheEntry | None:
-        """The entry stored under ``key``, or None (also for a corrupt one, which is deleted)."""
+        """The entry stored under ``key``, or None (also for a corrupt one, which is deleted, and in a
+        cache that is not trusted: :meth:`distrust`)."""
         path = self.path_of(key)
+        if self.distrust(key) is not None:
+            self.stats["misses"] += 1
+            return None
         try:
             with open(path, "rb") as f:
                 data = f.read()
@@ -240,7 +296,7 @@ class CompileCache:
         """Store ``entry`` under ``key`` atomically, then evict down to the size limit.  An entry larger
         than the whole limit is not stored."""
         data = _encode(key, entry)
-        if len(data) > self.max_bytes:
+        if len(data) > self.max_bytes or self.distrust(key) is not None:
             return
         path = self.path_of(key)
         self._write_atomically(path, data)
@@ -311,7 +367,10 @@ class CompileCache:
         return os.path.join(self.directory, "nvrtc-libraries", name)
 
     def nvrtc_version(self, location: Location) -> CudaVersion | None:
-        """The version remembered for the NVRTC file at ``location`` (None if never seen or replaced since)."""
+        """The version remembered for the NVRTC file at ``location`` (None if never seen or replaced since,
+        or in a cache that is not trusted)."""
+        if self.distrust() is not None:
+            return None
         try:
             with open(self._version_path(location), "rb") as f:   # binary: no codec machinery on a hit
                 identity, _, version = f.read().decode(errors="replace").rpartition("\n")
@@ -406,4 +465,4 @@ def _default() -> CompileCache:
 
 __all__ = ["CacheEntry", "CompileCache", "DEFAULT_MAX_BYTES", "ENV_DIR", "ENV_SIZE", "ENV_SWITCH", "cache_key",
            "default_directory", "enabled_by_environment", "parse_size", "resolve", "size_from_environment",
-           "user_cache_dir", "warn_unwritable"]
+           "user_cache_dir", "warn_unwritable", "warn_untrusted"]

@@ -70,7 +70,7 @@ from ._namedtuple import NamedTuple
 from ._env import flag
 from ._ffi import ffi as ffi  # re-exported: cuproc.driver.ffi is part of the C-named namespace
 from .loader import DIRECT_LOOKUP, GET_PROC_ADDRESS_V2, DriverLibrary, open_library
-from .registry import (AVAILABLE, NOT_ON_THIS_PLATFORM, NOT_YET_INTRODUCED, PER_THREAD_NEEDS_7_0, Entry,
+from .registry import (AVAILABLE, FEATURES, NOT_ON_THIS_PLATFORM, NOT_YET_INTRODUCED, PER_THREAD_NEEDS_7_0, Entry,
                        Registry, Selection, default_registry, interned_version)
 from .version import CudaVersion
 
@@ -673,6 +673,26 @@ class Driver(_DriverFunctions):
         except Exception:  # noqa: BLE001 - a yes/no question
             return False
         return res.status == RESOLVED and (newer_driver_features or not res.newer_driver_feature)
+
+    def has_feature(self, feature: str) -> bool:
+        """Does this handle have ``feature`` (cuproc.registry.FEATURES: what a function gained at a CUDA
+        version without a new ABI) at its requested version, on this driver?  A feature newer than the
+        requested version is not taken, as a newer-driver function is not by ``has(...,
+        newer_driver_features=False)``: :meth:`feature_error` says what to do."""
+        introduced = FEATURES[feature].introduced
+        return self.version >= introduced and self.driver_version >= introduced
+
+    def feature_error(self, feature: str, call: str) -> errors.CudaError:
+        """The exception for ``call`` asking for ``feature`` where :meth:`has_feature` says no:
+        DriverTooOldError when the driver lacks it, else SymbolNotFoundError naming the requested version."""
+        f = FEATURES[feature]
+        if self.driver_version < f.introduced:
+            return errors.DriverTooOldError(_CUDA_ERROR_NOT_FOUND, call, name="CUDA_ERROR_NOT_FOUND", hint=(
+                f"{f.what} needs a CUDA {f.introduced} driver; this driver supports {self.driver_version}. Upgrade "
+                "the NVIDIA driver"))
+        return errors.SymbolNotFoundError(_CUDA_ERROR_NOT_FOUND, call, name="CUDA_ERROR_NOT_FOUND", hint=(
+            f"{f.what} does not exist at CUDA {self.version} (the requested version); it was introduced in "
+            f"{f.introduced}: request CUDA {f.introduced} or later (cuproc.Driver(version=...)) to use it"))
 
     def is_declared(self, name: str) -> bool:
         """Was ``name`` resolved by :meth:`declare` (a function cuproc's registry lacks)?"""

@@ -253,7 +253,8 @@ class Graph(GraphStructure, GraphPicture):
 
     def add_if_else(self, condition: ConditionalHandle, *, depends_on: Any = None) -> ConditionalNode:
         """IF/ELSE: ``node.then_body`` when the condition is not 0, ``node.else_body`` otherwise (the driver
-        takes two bodies from CUDA 12.8)."""
+        takes two bodies from CUDA 12.8: a handle pinned to an older version refuses, see
+        ``Driver.has_feature``)."""
         return self._conditional("if", condition, 2, depends_on)
 
     def add_while(self, condition: ConditionalHandle, *, depends_on: Any = None) -> ConditionalNode:
@@ -261,7 +262,8 @@ class Graph(GraphStructure, GraphPicture):
         return self._conditional("while", condition, 1, depends_on)
 
     def add_switch(self, condition: ConditionalHandle, cases: int, *, depends_on: Any = None) -> ConditionalNode:
-        """SWITCH: ``node.bodies[value]`` runs, none when the value is ``cases`` or more (CUDA 12.8)."""
+        """SWITCH: ``node.bodies[value]`` runs, none when the value is ``cases`` or more (CUDA 12.8: a handle
+        pinned to an older version refuses, see ``Driver.has_feature``)."""
         if isinstance(cases, bool) or not isinstance(cases, int) or cases < 1:
             raise invalid("cuGraphAddNode", f"cases must be a positive int, got {cases!r}")
         return self._conditional("switch", condition, cases, depends_on)
@@ -271,6 +273,9 @@ class Graph(GraphStructure, GraphPicture):
         ctx = self._ready(call)
         require_at_requested_version(self.driver, "cuGraphConditionalHandleCreate")
         require_at_requested_version(self.driver, call)
+        feature = "conditional_switch" if kind == "switch" else "conditional_if_else" if size == 2 else None
+        if feature is not None and not self.driver.has_feature(feature):
+            raise self.driver.feature_error(feature, call)
         if not isinstance(condition, ConditionalHandle):
             raise invalid(call, f"a conditional node takes the ConditionalHandle of graph.conditional_handle(), "
                                 f"not {type(condition).__name__}")

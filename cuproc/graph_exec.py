@@ -26,8 +26,8 @@ Policy
   (then in the executable graph's context): :meth:`GraphExec.launch` checks,
   once per resource epoch, what the graph holds, and each buffer on every
   launch (memory ends without moving the epoch).  :meth:`GraphExec.replay`
-  prepares the launch on one stream as the checked C call alone, for a hot
-  loop (see its docstring for what it does not check).
+  prepares the launch on one stream for a hot loop: the checked C call after
+  one comparison of the epoch (see its docstring for what it does not check).
 """
 from __future__ import annotations
 
@@ -40,10 +40,7 @@ from ._resource import EPOCH, Resource, report
 from ._support import arity, handle_int, invalid
 from .errors import ClosedResourceError, result_code
 from .graph_errors import GraphInstantiateError, GraphUpdateError, flag_value, with_details
-from .graph_nodes import HostCall, KernelNode, NodeRecord, kernel_parts, kernel_struct
-def runtime_objects(record):
-    kept = record.keep[1:] if record.kernel is not None else record.keep
-    return tuple(k for k in kept if isinstance(k, HostCall) or record.kernel is None)
+from .graph_nodes import KernelNode, NodeRecord, kernel_parts, kernel_struct, runtime_objects
 from .graph_structure import GraphStructure
 from .stream import Stream, stream_handle
 
@@ -320,14 +317,15 @@ class GraphExec(Resource):
             raise invalid(call, f"{self.describe()} has host nodes or host memory, which each launch keeps until it "
                                 "ran: replay it with launch()")
         exe, launch, h, s = self, self.driver.checked.cuGraphLaunch, self.handle, stream.handle
-        seen = [EPOCH[0]]        # the epoch at which exe and stream were last found alive
+        seen = EPOCH[0]          # the epoch at which exe and stream were last found alive
 
         def replay(_epoch: list[int] = EPOCH) -> None:
-            if _epoch[0] != seen[0]:             # something ended somewhere (or fork): check ours again
+            nonlocal seen
+            if _epoch[0] != seen:                # something ended somewhere (or fork): check ours again
                 epoch = _epoch[0]
                 exe._verify(call)
                 stream.check(call)
-                seen[0] = epoch
+                seen = epoch
             launch(h, s)
 
         replay.graph_exec = exe                  # type: ignore[attr-defined]

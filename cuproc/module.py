@@ -7,9 +7,11 @@ Policy
   ``Module.load_file`` / ``Library.load_file`` / ``Linker.add_file`` take a path.  ``Module.load`` and
   ``Library(...)`` take either, told apart by type only: bytes-like is data, a ``str`` or
   ``os.PathLike`` is a path -- never guessed from the contents (a ``str`` of PTX text given as a path is
-  refused with a pointer to ``load_data``, not opened as a file name).  What kind of image bytes are
-  (ELF: cubin; the fatbin magic; a ``.version`` directive: PTX) is read from the bytes, where it cannot be
-  wrong, only to NUL-terminate PTX and to say what the code is in messages.
+  refused with a pointer to ``load_data``, not opened as a file name; a ``str`` given as data with one
+  line and no ``.version`` directive is a path, refused with a pointer to ``load_file``).  What kind of
+  image bytes are (ELF: cubin; the fatbin magic; a ``.version`` directive: PTX) is read from the bytes,
+  where it cannot be wrong, to NUL-terminate PTX, to say what the code is in messages, and as
+  ``Linker.add_data``'s default input kind (``kind=`` overrides).
 * JIT info and error logs are always captured; a failed load raises with the
   error log in the message.  CUDA_ERROR_UNSUPPORTED_PTX_VERSION names the image, the PTX ISA it declares
   and the newest this driver accepts (:mod:`cuproc.ptx_isa`).
@@ -18,11 +20,14 @@ Policy
   kernels where the driver can enumerate them (``driver.has("cuModuleEnumerateFunctions")`` /
   ``"cuLibraryEnumerateKernels"``, CUDA 12.4+).
 * **Lazy loading.**  Under ``CUDA_MODULE_LOADING=LAZY`` (the default from CUDA 12.2) the driver may compile
-  PTX when a kernel is first asked for (a library's, on driver 580), so a load that succeeded can fail at
-  ``get_kernel`` / ``get_function``: that error names the image, its PTX ISA and the newest ISA the
-  driver accepts.
+  a module's PTX when a kernel is first asked for, and a library's it compiles then in both modes (driver
+  580, under ``CUDA_MODULE_LOADING=EAGER`` too), so a load that succeeded can fail at ``get_kernel`` /
+  ``get_function``: that error names the image, its PTX ISA and the newest ISA the driver accepts, and
+  says why it came late as is true of the code and the mode (a library: its first lookup; a module: lazy
+  loading, only when the driver runs lazily).
   ``eager=True`` (or ``load_eagerly()``) loads every function at once (cuFuncLoad, CUDA 12.4+), so
-  such errors come where the code is loaded; :func:`loading_mode` says which mode the driver runs.
+  such errors come where the code is loaded -- for a library whatever the mode; :func:`loading_mode` says
+  which mode the driver runs.
 * A :class:`Library` loads once and serves every context.  Where the handle
   lacks ``cuLibraryLoadData`` (drivers or requested versions before 12.0) the
   same object loads a :class:`Module` into each context it meets.
@@ -106,10 +111,15 @@ class _JitOptions:
 
 # --------------------------------------------------------------------------- images
 
-def _ptx_entries(raw: bytes) -> list[str]:
-    """The kernel names (``.entry``) PTX text declares, in order."""
-    import re   # here: only an eager load of a library that listed no kernel reads PTX
-    return [m.decode() for m in re.findall(rb"\.entry\s+([A-Za-z_$][\w$]*)", raw)]
+def _declared_kernels(raw: bytes) -> list[str]:
+    """The kernel names an image declares where its bytes show them, in order: PTX's ``.entry`` (PTX text,
+    or PTX stored uncompressed in a fatbin) and an ELF cubin's ``.text.<name>`` sections (a cubin, or one
+    in a fatbin).  Compressed fatbin members show none."""
+    import re   # here: only an eager load of a library that listed no kernel reads the image
+    found = re.findall(rb"\.entry\s+([A-Za-z_$][\w$]*)", raw)
+    if _ELF_MAGIC in raw:
+        found += re.findall(rb"\x00\.text\.([A-Za-z_$][\w$]*)(?=\x00)", raw)
+    return list(dict.fromkeys(m.decode() for m in found))
 
 
 class _Image:
@@ -151,6 +161,12 @@ class _Image:
         if isinstance(data, str):
             if "\0" in data.rstrip("\0"):      # a terminating NUL is the C string's own; one inside is not
                 raise ValueError(f"{call}: PTX text contains a NUL character; the driver would stop reading there")
+            if "\n" not in data.strip():
+                from .ptx_isa import ptx_isa_of   # here: only a one-line str needs the PTX rules
+                if ptx_isa_of(data) is None:     # one line and no .version directive: a path, not PTX
+                    raise ValueError(f"{call}: a str here is PTX text, and {data.strip()[:60]!r} is no PTX (one "
+                                     f"line, no .version directive) but a file path: use {file_entry} for a "
+                                     f"file, or pass the image as bytes")
             raw = data.encode()
         elif isinstance(data, _DATA_TYPES):
             raw = bytes(data)
@@ -505,20 +521,40 @@ class Linker(Resource):
             raise invalid(call, f"kind={kind!r} is no input kind: expected one of {', '.join(self._TYPES)}")
         return ffi.typeof("CUjitInputType").relements[self._TYPES[kind]]
 
-    def add_data(self, data: bytes | bytearray | memoryview | str, kind: str = "ptx", name: str = "input") -> Linker:
-        """Add an input given as data (cuLinkAddData): bytes of ``kind``, or a ``str`` of PTX text; a file
-        goes to :meth:`add_file`.  ``name`` names it in the linker's log."""
+    def add_data(self, data: bytes | bytearray | memoryview | str, kind: str | None = None,
+                 name: str = "input") -> Linker:
+        """Add an input given as data (cuLinkAddData): bytes, or a ``str`` of PTX text; a file goes to
+        :meth:`add_file`.  ``kind`` defaults from the bytes where they say it (:meth:`_kind_of`: ELF for the
+        GPU is a cubin, the fatbin magic a fatbin, ...), else PTX; given, it wins.  ``name`` names it in the
+        linker's log."""
         self.check("cuLinkAddData")
-        input_type = self._input(kind, "cuLinkAddData")
-        if isinstance(data, str) and kind != "ptx":
+        if kind is not None:
+            self._input(kind, "cuLinkAddData")   # a bad kind= is refused before the data is read
+        if isinstance(data, str) and kind not in (None, "ptx"):
             raise TypeError(f"cuLinkAddData: a str is PTX text (kind='ptx'); {kind} input is bytes")
         image = _Image.from_data(data, "cuLinkAddData", name, "Linker.add_file")
+        input_type = self._input(kind if kind is not None else self._kind_of(image), "cuLinkAddData")
         self._keep.append(image.buffer)
         rc = self.driver.cuLinkAddData(self.handle, input_type, image.buffer, len(image.raw), name.encode(), 0,
                                        ffi.NULL, ffi.NULL)
         if rc:
             raise _load_error(self.driver, rc, "cuLinkAddData", image, self._jit)
         return self
+
+    @staticmethod
+    def _kind_of(image: _Image) -> str:
+        """The input kind the bytes say: ELF for the GPU (e_machine EM_CUDA, 190) a cubin, ELF of another
+        machine a host object (with device code embedded), the fatbin magic a fatbin, an ``ar`` archive a
+        library; anything else PTX (the driver then says if it is not)."""
+        raw = image.raw
+        if image.kind == "cubin":
+            machine = int.from_bytes(raw[18:20], "little" if raw[5:6] != b"\x02" else "big") if len(raw) >= 20 else 190
+            return "cubin" if machine == 190 else "object"
+        if image.kind == "fatbin":
+            return "fatbin"
+        if raw.startswith(b"!<arch>\n"):
+            return "library"
+        return "ptx"
 
     def add_file(self, path: str | os.PathLike[str], kind: str | None = None) -> Linker:
         """Add the file at ``path`` (cuLinkAddFile); ``kind`` defaults from its suffix (.ptx, .cubin,
@@ -738,11 +774,12 @@ class Library(_CodeMessages, Resource):
             handles = self._kernels()
             if handles is None:
                 raise _cannot_load_eagerly(drv, "cuLibraryEnumerateKernels", library=True)
-            if not handles and self._image.kind == "ptx":
+            if not handles:
                 # Measured on an H200 (driver 580, 2026-11-29): a library of PTX the JIT refuses loads, lists no
-                # kernel, and fails only at cuLibraryGetKernel -- even with CUDA_MODULE_LOADING=EAGER.  PTX names
-                # its kernels (.entry): asking for each brings the error here, where eager=True promises it.
-                for name in _ptx_entries(self._image.raw):
+                # kernel, and fails only at cuLibraryGetKernel -- even with CUDA_MODULE_LOADING=EAGER.  The image
+                # names its kernels (PTX's .entry, also in a fatbin; a cubin's .text.<name>): asking for each
+                # brings the error here, where eager=True promises it.
+                for name in _declared_kernels(self._image.raw):
                     drv.check(run(drv.cuLibraryGetKernel, ffi.new("CUkernel *"), self.handle, name.encode()),
                               "cuLibraryGetKernel")
             for kernel in handles:

@@ -219,7 +219,12 @@ def _plan(arch: str, target: str | None, nvrtc_version: CudaVersion, driver: Cud
     if virtual:
         return _Plan(arch, "ptx", f"PTX for the virtual architecture {arch}")
     reason = f"cubin for {arch}: it loads with no driver JIT"
-    if driver is not None:
+    if driver is not None and _major(nvrtc_version) > _major(driver):
+        # no cubin helps: minor version compatibility stops at the major (ObjectCode.load_problem refuses it)
+        reason += (f"; but NVRTC {nvrtc_version} is of a newer CUDA major than this CUDA {driver} driver, which "
+                   f"is not promised to load its cubins and cannot JIT its PTX: compile with an NVRTC "
+                   f"{_major(driver)}.x ({_nvrtc.pip_install(_major(driver))})")
+    elif driver is not None:
         isa = max_ptx_isa(nvrtc_version)
         if isa is not None and driver_accepts(isa, driver) is False:
             reason += (f"; NVRTC {nvrtc_version} is newer than this CUDA {driver} driver, whose JIT accepts PTX "
@@ -241,8 +246,20 @@ class ObjectCode:
             raise ValueError(f"no code kind {kind!r}: expected one of {', '.join(TARGETS)}")
         self.code, self.kind, self.arch, self.name, self.log = code, kind, arch, name, log
         self.lowered_names = dict(lowered_names)
-        self.nvrtc_version, self.options, self.reason = nvrtc_version, options, reason
+        self.nvrtc_version, self.options, self._reason = nvrtc_version, options, reason
         self.cache_key, self.from_cache, self.cache_note = cache_key, from_cache, cache_note
+        self._reason_on: Callable[[], CudaVersion | None] | None = None   # a hit's driver, asked when read
+
+    @property
+    def reason(self) -> str:
+        """Why this target was chosen.  For a cubin from the cache, chosen by default, it is said again for
+        the driver this process loads on (asked when read, so that a hit opens no libcuda): the one that
+        compiled it may have been another."""
+        if self._reason_on is not None:
+            loads_on, self._reason_on = self._reason_on(), None
+            self._reason = _plan(self.arch, None, self.nvrtc_version, loads_on, arch_defaulted=False,
+                                 supported=None).reason
+        return self._reason
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -396,7 +413,7 @@ class Program:
         if store is not None:
             version, lib = self._nvrtc_version(store, lib, nvrtc_path, prefer)
             key = key_for(version)
-            hit = self._from_cache(store, key, request.options)
+            hit = self._from_cache(store, key, request, lambda: _driver_version(driver, context))
             if hit is not None:
                 return hit
         if lib is None:
@@ -405,7 +422,7 @@ class Program:
             # the version remembered for the file is not the one that opened (replaced meanwhile, or another
             # candidate opened): store under the version that compiles, never under the remembered one
             key = key_for(lib.version)
-            hit = self._from_cache(store, key, request.options)
+            hit = self._from_cache(store, key, request, lambda: _driver_version(driver, context))
             if hit is not None:
                 return hit
         code = self._compile_now(lib, request, _driver_version(driver, context))
@@ -424,22 +441,29 @@ class Program:
         store = compile_cache.resolve(cache)
         if store is None:
             return None, "cache off", []
+        distrust = store.distrust()   # another user's cache, or one others can write to: warned once
+        if distrust is not None:
+            return None, f"not cached: {distrust}", []
         found = closure(self.source, self.name, self.headers, options)
         if found.untracked:
             return None, f"not cached: {', '.join(found.untracked)} cannot be followed", []
         return store, "", found.edges
 
-    def _from_cache(self, store: compile_cache.CompileCache, key: str, options: list[str]) -> ObjectCode | None:
+    def _from_cache(self, store: compile_cache.CompileCache, key: str, request: _Request,
+                    loads_on: Callable[[], CudaVersion | None]) -> ObjectCode | None:
         entry = store.get(key)
         if entry is None:
             return None
         meta = entry.meta
         try:
-            return ObjectCode(entry.code, meta["kind"], meta["arch"], name=self.name, log=meta["log"],
+            code = ObjectCode(entry.code, meta["kind"], meta["arch"], name=self.name, log=meta["log"],
                               lowered_names=meta["lowered"], nvrtc_version=CudaVersion.parse(meta["nvrtc"]),
-                              options=tuple(options), reason=meta["reason"], cache_key=key, from_cache=True)
+                              options=tuple(request.options), reason=meta["reason"], cache_key=key, from_cache=True)
         except (KeyError, TypeError, ValueError):   # written by another cuproc: compile again, and replace it
             return None
+        if request.target is None and code.kind == "cubin":
+            code._reason_on = loads_on   # the default cubin's reason names the driver: say it for this one
+        return code
 
     def _compile_now(self, lib: _nvrtc.NvrtcLibrary, request: _Request, loads_on: CudaVersion | None) -> ObjectCode:
         supported = lib.supported_archs() if lib.has("nvrtcGetSupportedArchs") else None

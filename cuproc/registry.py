@@ -60,6 +60,25 @@ _new = tuple.__new__
 WINDOWS = "win32"
 
 # A versioned PFN typedef name (Registry.from_typedefs; compiled by re there: no re at startup, see driver.py)
+
+
+class Feature(NamedTuple):
+    """Something a function gained at a CUDA version without a new ABI (a new value of a field it already
+    took): no typedef tells it, so the registry lists it (:data:`FEATURES`)."""
+
+    introduced: CudaVersion
+    what: str
+
+
+#: name -> :class:`Feature`, asked through ``Driver.has_feature(name)``: like a symbol introduced after the
+#: requested version, a feature newer than it is not taken (its behaviour is not the requested version's).
+FEATURES: dict[str, Feature] = {
+    "conditional_if_else": Feature(CudaVersion(12, 8), "an IF conditional node with an ELSE body (cuGraphAddNode, "
+                                                       "CUDA_CONDITIONAL_NODE_PARAMS.size 2)"),
+    "conditional_switch": Feature(CudaVersion(12, 8), "a SWITCH conditional node (cuGraphAddNode, "
+                                                      "CU_GRAPH_COND_TYPE_SWITCH)"),
+}
+
 _PFN = r"^PFN_(\w+?)_v(\d+)(_ptds|_ptsz)?$"
 
 

@@ -155,6 +155,21 @@ _deferred: list[Resource] = []
 _lock = _fork.lock()
 
 
+def _forget_after_fork() -> None:
+    """In a forked child: no capture runs (the parent's are the parent's, and the child cannot use CUDA), so
+    nothing prohibits a release and no finalizer is put off; a parent's capture left in a with block ends
+    there without counting (see StreamCapture._finish)."""
+    global _state
+    _running.clear()
+    _state = _fork.per_thread()
+    _global[0] = _total[0] = 0
+    _deferred.clear()           # the parent's handles: their finalizers release nothing in the child
+    _resource.DEFER_DROP[0] = None
+
+
+_fork.on_fork_in_child(_forget_after_fork)
+
+
 def _prohibited() -> bool:
     """Does a running cuproc capture prohibit this thread's unsafe calls?"""
     return bool(_global[0] or getattr(_state, "prohibiting", 0))
@@ -297,11 +312,15 @@ class StreamCapture:
                     buffer._claim("discarded (allocated during a stream capture that failed)")
 
     def _finish(self) -> None:
-        """The capture is over (whatever became of it): it no longer prohibits anything."""
+        """The capture is over (whatever became of it): it no longer prohibits anything.  One this process's
+        state does not list (begun before a fork, in the parent) counted nothing here."""
+        key = self._key
         with _lock:
-            if self._key is not None and _running.get(self._key) is self:
-                del _running[self._key]
-        _ended(self.mode)
+            listed = key is not None and _running.get(key) is self
+            if key is not None and listed:
+                del _running[key]
+        if listed:
+            _ended(self.mode)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         graph, drv = self.graph, self.driver

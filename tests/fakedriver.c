@@ -3022,14 +3022,15 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
   *pfn = NULL;
   if (version > DRIVER_VERSION) return E_INVALID_VALUE;
   int found = 1; /* CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND */
+  const struct entry *best = NULL;
   for (const struct entry *e = entries; e->symbol; e++) {
     if (strcmp(e->symbol, symbol) != 0) continue;
-    /* asked for an older ABI than the one implemented: say so instead of a wrong signature */
-    if (version < e->version) { found = 2; break; } /* VERSION_NOT_SUFFICIENT */
-    *pfn = e->fn;
-    found = 0;
-    break;
+    /* a symbol's rows are oldest first (the 13.0 ABI, and a few older ones): the last that fits */
+    if (e->version <= version) best = e;
+    /* asked for an older ABI than any implemented: say so instead of a wrong signature */
+    else if (!best) found = 2; /* VERSION_NOT_SUFFICIENT */
   }
+  if (best) { *pfn = best->fn; found = 0; }
   if (status) *status = found;
   return OK;
 }

@@ -1132,6 +1132,11 @@ static CUresult cuGraphGetEdges_v2(CUgraph graph, CUgraphNode *from, CUgraphNode
   return OK;
 }
 
+/* The 10.0 ABI (no edge data), what a handle pinned before 12.3 asks for: the 12.3 one without it. */
+static CUresult cuGraphGetEdges(CUgraph graph, CUgraphNode *from, CUgraphNode *to, size_t *count) {
+  return cuGraphGetEdges_v2(graph, from, to, NULL, count);
+}
+
 /* hand_out() of a node's edges, with their (default, zero) edge data where asked for. */
 static void hand_out_edges(const handle_t *items, size_t n, CUgraphNode *out, CUgraphEdgeData *edges, size_t *count) {
   size_t want = *count;
@@ -1722,6 +1727,19 @@ static CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, CUgraphExe
   return OK;
 }
 
+/* The 10.2 ABI (the error node and the result through two pointers), what a handle pinned before 12.0 asks
+ * for: the 12.0 one, its answer copied out. */
+static CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node,
+                                  int *result) {   /* CUgraphExecUpdateResult * */
+  if (!error_node || !result) return E_INVALID_VALUE;
+  CUgraphExecUpdateResultInfo info;
+  memset(&info, 0, sizeof info);
+  CUresult rc = cuGraphExecUpdate_v2(exec, graph, &info);
+  *error_node = info.errorNode;
+  *result = info.result;
+  return rc;
+}
+
 static struct xnode *xnode_of(struct xgraph *x, handle_t orig) {
   for (size_t i = 0; x && i < x->n; i++) {
     struct xnode *n = &x->nodes[i];
@@ -2022,6 +2040,12 @@ static CUresult cuStreamGetCaptureInfo_v3(CUstream stream, int *status, cuuint64
   if (edges) *edges = NULL;
   if (ndeps) *ndeps = m ? m->ndeps : 0;
   return OK;
+}
+
+/* The 11.3 ABI (no edge data), what a handle pinned to 11.3-12.2 asks for: the 12.3 one without it. */
+static CUresult cuStreamGetCaptureInfo_v2(CUstream stream, int *status, cuuint64_t *id, CUgraph *graph,
+                                          const CUgraphNode **deps, size_t *ndeps) {
+  return cuStreamGetCaptureInfo_v3(stream, status, id, graph, deps, NULL, ndeps);
 }
 
 /* ------------------------------------------------------------------ stream capture: the wrappers

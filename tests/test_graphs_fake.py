@@ -428,6 +428,54 @@ def test_instantiate_at_11_8_takes_the_five_argument_abi(fk, graphs):
         pc.release()
 
 
+@pytest.mark.parametrize("version", ["11.8", "12.0"])
+def test_the_older_abis_of_update_capture_info_and_edges(fk, graphs, version):
+    """Pinned before 12.0, cuGraphExecUpdate is the 10.2 ABI (error node and result through pointers); before
+    12.3, cuStreamGetCaptureInfo is the 11.3 one and cuGraphGetEdges the 10.0 one (no edge data).  The
+    fake's shims of those ABIs answer as its 13.0 ones do: the reason and the node of a refused update, the
+    graph and dependencies of a running capture, the edges of a graph."""
+    drv = cuproc.Driver(version, library=str(fk.path))
+    pc = cuproc.use_device(0, driver=drv)
+    try:
+        assert drv.resolution("cuStreamGetCaptureInfo").entry_point == "cuStreamGetCaptureInfo_v2"
+        assert drv.resolution("cuGraphGetEdges").entry_point == "cuGraphGetEdges"
+        assert drv.resolution("cuGraphExecUpdate").entry_point == \
+            ("cuGraphExecUpdate" if version == "11.8" else "cuGraphExecUpdate_v2")
+        buf = DeviceBuffer(64, context=pc.context)
+        g = Graph(driver=drv)
+        first = g.add_memset(buf, 1)
+        second = g.add_memset(buf, 2, depends_on=first)
+        assert g.edges == [(first, second)]
+        exe = g.instantiate()
+        other = Graph(driver=drv)
+        other.add_memset(buf, 3)
+        other.add_memset(buf, 4)                    # no edge: the topology changed
+        with pytest.raises(GraphUpdateError) as info:
+            exe.update(other)
+        assert info.value.reason == "CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED"
+        changed = Graph(driver=drv)
+        changed.add_memset(buf, 5)
+        node = changed.add_empty(depends_on=changed.nodes[0])
+        with pytest.raises(GraphUpdateError) as info:
+            exe.update(changed)
+        assert info.value.reason == "CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED" and info.value.node == node
+        same = Graph(driver=drv)
+        same.add_memset(buf, 6, depends_on=same.add_memset(buf, 7))
+        exe.update(same)
+        s = Stream(driver=drv)
+        exe.launch(s)
+        assert host(buf, 64, np.uint8).tolist() == [6] * 64
+        with capture(s) as captured:
+            mem.memset(buf, 8, stream=s)
+            info = capture_info(s)
+            assert info.status == "active" and info.graph is captured and len(info.dependencies) == 1
+        del exe, g, other, changed, same, node, first, second, captured, info, s, buf
+        gc.collect()
+    finally:
+        drv.cuCtxSetCurrent(ffi.NULL)
+        pc.release()
+
+
 # ----------------------------------------------------------------------------- update, kernel arguments
 
 def _vadd_graph(kit, a, b, c, n=N):
@@ -925,6 +973,62 @@ def test_conditional_nodes_at_12_0_raise_the_dispatchers_error(fk, graphs):
     finally:
         drv.cuCtxSetCurrent(ffi.NULL)
         pc.release()
+
+
+def test_if_else_and_switch_need_a_handle_at_12_8(fk, graphs):
+    """IF with an ELSE body and SWITCH are CUDA 12.8 features of cuGraphAddNode (12.3's ABI): a handle pinned
+    to 12.4 refuses them before the driver is called (IF and WHILE work there); at 12.8 they are made."""
+    for version, newer in (("12.4", False), ("12.8", True)):
+        drv = cuproc.Driver(version, library=str(fk.path))
+        pc = cuproc.use_device(0, driver=drv)
+        try:
+            assert drv.has_feature("conditional_if_else") is newer and drv.has_feature("conditional_switch") is newer
+            g = Graph(driver=drv)
+            handle = g.conditional_handle(default=1)
+            g.add_if(handle)
+            g.add_while(handle)
+            fk.clear_calls()
+            if newer:
+                assert len(g.add_if_else(handle).bodies) == 2 and len(g.add_switch(handle, 3).bodies) == 3
+            else:
+                with pytest.raises(SymbolNotFoundError, match="12.8"):
+                    g.add_if_else(handle)
+                with pytest.raises(SymbolNotFoundError, match="12.8"):
+                    g.add_switch(handle, 3)
+                assert "cuGraphAddNode" not in fk.calls()
+            del g, handle
+            gc.collect()
+        finally:
+            drv.cuCtxSetCurrent(ffi.NULL)
+            pc.release()
+
+
+@pytest.mark.skipif(not hasattr(cuproc._fork.os, "fork"), reason="needs fork")
+def test_a_child_forked_during_a_capture_has_no_capture_state(fk):
+    """fork() inside a capture's with block: the child's capture state is empty (nothing put off, no hook on
+    finalizers), and the with block ending there counts nothing; the parent's capture ends as usual."""
+    code = child_preamble(fk.path) + textwrap.dedent("""
+        from cuproc import _resource, stream_capture as sc
+        pc = cuproc.use_device(0)
+        s = cuproc.Stream()
+        clean = False
+        try:
+            with sc.capture(s) as graph:
+                pid = os.fork()
+                if pid == 0:
+                    clean = (not sc._running and sc._global[0] == 0 and sc._total[0] == 0 and not sc._deferred
+                             and _resource.DEFER_DROP[0] is None and not sc._prohibited())
+        except cuproc.ForkedProcessError:      # the child's block ends: cuStreamEndCapture is refused there
+            assert pid == 0
+        if pid == 0:
+            after = sc._global[0] == 0 and sc._total[0] == 0 and not sc._prohibited()
+            os._exit(0 if clean and after else 3 if not clean else 4)
+        _, status = os.waitpid(pid, 0)
+        assert graph.instantiate() is not None and not sc._running and sc._global[0] == 0
+        print(os.waitstatus_to_exitcode(status))
+        """)
+    proc = run_python(code)
+    assert proc.stdout.strip() == "0", proc.stdout
 
 
 # ----------------------------------------------------------------------------- the picture

@@ -215,7 +215,7 @@ def test_lazily_a_load_error_comes_at_the_lookup_and_names_the_code(fk, pc, lazy
             attempt()
         err = info.value
         assert err.code == UNSUPPORTED_PTX and err.call == call
-        assert "newer.ptx" in str(err) and "9.9" in str(err) and LIMIT in str(err) and "lazy" in str(err)
+        assert "newer.ptx" in str(err) and "9.9" in str(err) and LIMIT in str(err) and "first lookup" in str(err)
     with pytest.raises(NotFoundError):
         lib.get_kernel("nosuch")                         # a name that is not there is still "not found"
     with pytest.raises(CudaError) as info:
@@ -255,10 +255,12 @@ def test_eager_true_brings_the_error_to_the_load_and_leaves_nothing_loaded(fk, p
 
 def test_loading_eagerly_needs_cuda_12_4_and_says_what_to_do_instead(fk, lazy, driver_12_3):
     drv, ctx = driver_12_3
-    for attempt in (lambda: Module.load(IMAGE, context=ctx, eager=True), lambda: Library(IMAGE, driver=drv, eager=True)):
-        with pytest.raises(CudaError) as info:
-            attempt()
-        assert info.value.refused and "CUDA_MODULE_LOADING=EAGER" in str(info.value)
+    with pytest.raises(CudaError) as info:
+        Module.load(IMAGE, context=ctx, eager=True)
+    assert info.value.refused and "CUDA_MODULE_LOADING=EAGER before CUDA starts" in str(info.value)
+    with pytest.raises(CudaError) as info:
+        Library(IMAGE, driver=drv, eager=True)       # the mode does not bring a library's errors to its load
+    assert info.value.refused and "get_kernel" in str(info.value) and "before CUDA starts" not in str(info.value)
     assert fk.live("module") == 0 and fk.live("library") == 0
 
 
@@ -323,3 +325,104 @@ def test_compiled_module_eager_true_loads_every_function_at_the_load(fk, pc, laz
     fk.clear_calls()
     _compiled(IMAGE).load().close()                  # not eager: nothing loaded ahead
     assert "cuFuncLoad" not in fk.calls()
+
+
+LAZY_WHY = "under lazy loading"
+EAGER_ADVICE = "set CUDA_MODULE_LOADING=EAGER"
+
+
+@pytest.mark.parametrize("mode", ["lazy", "eager"])
+def test_a_late_library_error_says_why_as_true_in_either_mode(fk, pc, mode):
+    """A library's JIT runs at its first lookup in both modes: the late error says so, and points to
+    eager=True only -- never to lazy loading or to CUDA_MODULE_LOADING=EAGER, which would not help."""
+    fk.set_lazy_loading(mode == "lazy")
+    try:
+        lib = Library.load_data(NEWER_PTX, name="newer.ptx")
+        with pytest.raises(CudaError) as info:
+            lib.get_kernel("fill")
+        text = str(info.value)
+        assert info.value.code == UNSUPPORTED_PTX and "newer.ptx" in text and "first lookup" in text
+        assert "eager=True" in text and LAZY_WHY not in text and EAGER_ADVICE not in text
+        lib.close()
+    finally:
+        fk.set_lazy_loading(True)
+
+
+@pytest.mark.parametrize("mode", ["lazy", "eager"])
+def test_a_late_module_error_blames_lazy_loading_only_when_the_driver_loads_lazily(fk, pc, mode):
+    """A module's late load error (here injected at cuModuleGetFunction) explains lazy loading and points to
+    eager loading only when the driver runs lazily."""
+    fk.set_lazy_loading(mode == "lazy")
+    try:
+        mod = Module.load_data(IMAGE, name="kernels.cubin")
+        fk.fail("cuModuleGetFunction", UNSUPPORTED_PTX)
+        with pytest.raises(CudaError) as info:
+            mod.get_function("fill")
+        text = str(info.value)
+        assert info.value.code == UNSUPPORTED_PTX and "kernels.cubin" in text
+        assert (LAZY_WHY in text) == (mode == "lazy") and (EAGER_ADVICE in text) == (mode == "lazy")
+        mod.close()
+    finally:
+        fk.set_lazy_loading(True)
+
+
+# ----------------------------------------------------------------------------- a path given as data
+
+def test_a_path_given_as_data_is_refused_before_the_driver_sees_it(fk, pc, tmp_path):
+    """``load_data("kernels/kernels.ptx")``: a str is PTX text here, and a str with no line break and no
+    .version directive is a path, not PTX -- sent, the driver would read its 19 bytes as an image."""
+    fk.clear_calls()
+    with Linker() as linker:
+        path = "kernels/kernels.ptx"
+        for attempt in (lambda: Module.load_data(path), lambda: Library.load_data(path),
+                        lambda: linker.add_data(str(tmp_path / "part.ptx")), lambda: Module.load_data("k.cubin\n")):
+            with pytest.raises(ValueError, match="load_file|add_file"):
+                attempt()
+    assert not [c for c in fk.calls() if c.startswith(("cuModuleLoad", "cuLibraryLoad", "cuLinkAddData"))]
+    one_line = ".version 9.0 .target sm_90 .address_size 64"            # PTX on one line is still PTX
+    assert cuproc.module._Image.from_data(one_line, "cuModuleLoadDataEx", None, "Module.load_file").kind == "ptx"
+
+
+def _elf(machine: int) -> bytes:
+    """An ELF header (64-bit, little-endian) for ``machine``: 190 is EM_CUDA (a cubin), 62 x86-64."""
+    return b"\x7fELF\x02\x01\x01\x00" + bytes(8) + (2).to_bytes(2, "little") + machine.to_bytes(2, "little") + bytes(44)
+
+
+ELF_CUBIN, ELF_HOST_OBJECT = _elf(190), _elf(62)
+FATBIN = (0xBA55ED50).to_bytes(4, "little") + bytes(60)
+
+
+def test_the_linker_takes_the_kind_from_the_bytes_where_they_say_it(fk, monkeypatch):
+    """add_data(cubin_bytes) with no kind= is a cubin (ELF of EM_CUDA), not PTX; a fatbin by its magic; a
+    host object (ELF of another machine) an object; kind= still overrides."""
+    from cuproc._ffi import ffi
+    types = ffi.typeof("CUjitInputType").relements
+    drv = cuproc.default_driver()
+    seen: list[int] = []
+
+    def add(state, input_type, data, size, name, n, options, values):
+        seen.append(int(input_type))
+        return 0
+    monkeypatch.setattr(drv, "cuLinkAddData", add)
+    with Linker() as linker:
+        for data, kind in ((ELF_CUBIN, None), (FATBIN, None), (ELF_HOST_OBJECT, None), (b".version 9.0\n", None),
+                           (".version 9.0\n", None), (ELF_CUBIN, "object"), (b"!<arch>\n" + bytes(8), None)):
+            linker.add_data(data, kind) if kind is not None else linker.add_data(data)
+    assert seen == [types[t] for t in ("CU_JIT_INPUT_CUBIN", "CU_JIT_INPUT_FATBINARY", "CU_JIT_INPUT_OBJECT",
+                                       "CU_JIT_INPUT_PTX", "CU_JIT_INPUT_PTX", "CU_JIT_INPUT_OBJECT",
+                                       "CU_JIT_INPUT_LIBRARY")]
+
+
+def test_eager_finds_a_refused_librarys_kernels_in_any_image_that_names_them(fk, pc, lazy):
+    """A library the JIT refuses lists no kernel; eager=True asks for each kernel the image names -- for a
+    fatbin carrying that PTX (or a cubin's .text.<name> sections) too, not only for PTX text."""
+    from cuproc.module import _declared_kernels
+    lib = Library(NEWER_PTX)
+    lib._image.kind, lib._image.ptx_isa = "fatbin", None          # as a fatbin that carries the refused PTX
+    with pytest.raises(CudaError) as info:
+        lib.load_eagerly()
+    assert info.value.code == UNSUPPORTED_PTX and info.value.call == "cuLibraryGetKernel"
+    lib.close()
+    cubin = b"\x7fELF" + bytes(60) + b"\x00.shstrtab\x00.text.axpy\x00.nv.info.axpy\x00.text._Z4fillPfi\x00"
+    assert _declared_kernels(cubin) == ["axpy", "_Z4fillPfi"]
+    assert _declared_kernels(b".version 9.0\n.visible .entry k1(\n.entry k2 (") == ["k1", "k2"]

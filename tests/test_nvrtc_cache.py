@@ -537,3 +537,58 @@ def test_includes_through_symlinks_keep_stable_keys_and_end(tmp_path, monkeypatc
     real = os.path.realpath(tmp_path / "d")
     assert sorted(first.files) == [os.path.join(real, "a.h"), os.path.join(real, "b.h")]
     assert len(first.edges) == 4
+
+
+# ----------------------------------------------------------------------------- whose directory
+
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="no user ids (Windows: ACLs)")
+@pytest.mark.parametrize("folder", [".", "entries", "shard"])
+def test_a_cache_others_can_write_to_is_not_used(tmp_path, monkeypatch, folder):
+    """The cache holds code that will run: a cache folder writable by others (0777) is warned about once and
+    neither read nor written -- a planted entry is not served (issue 37, review)."""
+    monkeypatch.setattr(cc, "_warned", set())
+    monkeypatch.setattr(cc, "_trusted_dirs", set())
+    cache = CompileCache(tmp_path / "c")
+    cache.put(KEY, CacheEntry(b"planted code", {"kind": "cubin"}))
+    target = {".": cache.directory, "entries": cache.entries_dir, "shard": os.path.dirname(cache.path_of(KEY))}[folder]
+    os.chmod(target, 0o777)
+    monkeypatch.setattr(cc, "_trusted_dirs", set())            # a fresh process: the first use checks
+    fresh = CompileCache(tmp_path / "c")
+    with pytest.warns(RuntimeWarning, match="writable by group or others"):
+        assert fresh.get(KEY) is None
+    other = KEY[:2] + "1" * 62                                  # another entry of the same shard
+    fresh.put(other, CacheEntry(b"x", {}))
+    assert not os.path.exists(fresh.path_of(other)) and fresh.stats["stores"] == 0
+    assert fresh.distrust(KEY) is not None
+    os.chmod(target, 0o700)
+    assert fresh.distrust(KEY) is None and fresh.get(KEY) is not None
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="no user ids (Windows: ACLs)")
+def test_a_cache_of_another_user_is_not_used(tmp_path, monkeypatch):
+    monkeypatch.setattr(cc, "_warned", set())
+    monkeypatch.setattr(cc, "_trusted_dirs", set())
+    cache = CompileCache(tmp_path / "c")
+    cache.put(KEY, CacheEntry(b"code", {}))
+    me = os.geteuid()
+    monkeypatch.setattr(cc.os, "geteuid", lambda: me + 1)    # as seen by another user
+    with pytest.warns(RuntimeWarning, match="belongs to user"):
+        assert cache.get(KEY) is None
+
+
+@needs_nvrtc
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="no user ids (Windows: ACLs)")
+def test_a_compile_with_a_world_writable_cache_warns_once_and_compiles_without_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(cc, "_warned", set())
+    monkeypatch.setattr(cc, "_trusted_dirs", set())
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.warns(RuntimeWarning, match="not used"):
+        first = Program("__global__ void k() {}").compile(arch=ARCH, cache=str(shared))
+    assert not first.from_cache and first.cache_key is None and "writable" in first.cache_note
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                           # once per directory
+        again = Program("__global__ void k() {}").compile(arch=ARCH, cache=str(shared))
+    assert not again.from_cache and os.listdir(shared) == []

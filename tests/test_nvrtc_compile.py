@@ -410,6 +410,9 @@ def test_ptx_of_a_newer_major_is_not_told_to_become_a_cubin():
     problem = _code("ptx", b".version 9.5\n.target sm_90\n").load_problem(V(12, 8))
     assert problem is not None and "target='cubin'" not in problem
     assert _wheels_named(problem) == {"nvidia-cuda-nvrtc-cu12"} and "12.8.*" in problem
+    from cuproc.program import _plan
+    default = _plan("sm_90", None, V(13, 5), V(12, 8), arch_defaulted=True, supported=(75, 80, 90))
+    assert default.kind == "cubin" and _wheels_named(default.reason) == {"nvidia-cuda-nvrtc-cu12"}
 
 
 @needs_nvrtc
@@ -476,3 +479,21 @@ def test_the_default_arch_is_the_current_devices(fk, pc):
     code = Program("__global__ void k() {}").compile(cache=False)
     major, minor = cuproc.Device(0).compute_capability
     assert code.arch == f"sm_{major}{minor}" and code.kind == "cubin"
+
+
+@needs_nvrtc
+def test_a_hit_says_why_for_the_driver_it_loads_on(tmp_path, monkeypatch):
+    """The default cubin's reason names the driver (NVRTC newer than it, or not); a hit in a process on
+    another driver says it for that driver, not the stored one's words (issue 37, review)."""
+    from cuproc import program
+    cache = str(tmp_path / "c")
+    nvrtc_version = nv.open_nvrtc().version
+    older = V(nvrtc_version.major, 0) if nvrtc_version.minor else None
+    if older is None or max_ptx_isa(nvrtc_version) == max_ptx_isa(older):
+        pytest.skip("needs an NVRTC newer than the .0 driver of its major")
+    monkeypatch.setattr(program, "_driver_version", lambda driver, context: older)
+    first = Program("__global__ void k() {}").compile(arch=ARCH, cache=cache)
+    assert not first.from_cache and "newer than this CUDA" in first.reason
+    monkeypatch.setattr(program, "_driver_version", lambda driver, context: nvrtc_version)
+    hit = Program("__global__ void k() {}").compile(arch=ARCH, cache=cache)
+    assert hit.from_cache and "newer than this CUDA" not in hit.reason and ARCH in hit.reason
