@@ -59,7 +59,7 @@ _LOG_SIZE = 4096                # cuGraphInstantiate's (11.x ABI) log buffer
 
 
 def instantiate_flags(flags: int | Iterable[str]) -> int:
-    """CUgraphInstantiate_flags as an int (names with or without CUDA_GRAPH_INSTANTIATE_FLAG_)."""
+    """``CUgraphInstantiate_flags`` as an int (names with or without ``CUDA_GRAPH_INSTANTIATE_FLAG_``)."""
     return flag_value(flags, INSTANTIATE_FLAGS, "CUDA_GRAPH_INSTANTIATE_FLAG_", "cuGraphInstantiate")
 
 

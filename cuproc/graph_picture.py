@@ -29,7 +29,7 @@ DOT_FLAGS = ffi.typeof("CUgraphDebugDot_flags").relements
 
 
 def dot_flags(flags: int | Iterable[str]) -> int:
-    """CUgraphDebugDot_flags as an int (names with or without CU_GRAPH_DEBUG_DOT_FLAGS_)."""
+    """``CUgraphDebugDot_flags`` as an int (names with or without ``CU_GRAPH_DEBUG_DOT_FLAGS_``)."""
     return flag_value(flags, DOT_FLAGS, "CU_GRAPH_DEBUG_DOT_FLAGS_", "cuGraphDebugDotPrint")
 
 
