@@ -127,14 +127,28 @@ int cuproc_slot_claim(const char *typedef_name, int k, void *fn) {{
     return cdefs, bodies
 
 
-def digest_module(root: Path):  # type: ignore[no-untyped-def] - a module object
-    """cuproc/_fastpath_digest.py loaded by path: the one digest cuproc._ffi checks, without importing
-    cuproc (whose package import would load the very module being rebuilt)."""
-    spec = importlib.util.spec_from_file_location("_cuproc_fastpath_digest", root / "cuproc" / "_fastpath_digest.py")
+def _load(root: Path, name: str):  # type: ignore[no-untyped-def] - a module object
+    """cuproc/<name>.py loaded by path, without importing cuproc (whose package import would load the
+    very module being rebuilt)."""
+    spec = importlib.util.spec_from_file_location(f"_cuproc_build_{name}", root / "cuproc" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def digest_module(root: Path):  # type: ignore[no-untyped-def] - a module object
+    """cuproc/_fastpath_digest.py: the one digest cuproc._ffi checks."""
+    return _load(root, "_fastpath_digest")
+
+
+def abi_ffi(root: Path) -> cffi.FFI:
+    """The out-of-line ABI module's ffi (cuproc/_cffi_abi.py, generated from the same headers/: its digest is
+    built into the module, and cuproc._ffi loads nothing else).  Why not the API-mode ffi being built:
+    its ``typeof`` re-parses a declaration of every known typedef on each query, and asking it for each
+    PFN typedef took 73 s of a 2-core machine's install; the ABI module answers from its tables in
+    about 10 ms."""
+    return _load(root, "_cffi_abi").ffi  # type: ignore[no-any-return]
 
 
 # The launcher's argument kinds (src/fastpath/fastpath_launch.c enum cuproc_kind), declared to cffi so
@@ -151,7 +165,7 @@ def ffibuilder(root: Path = ROOT) -> cffi.FFI:
     declarations = "".join((headers / name).read_text() for name in HEADER_ORDER)
     ffi = cffi.FFI()
     ffi.cdef(declarations)
-    cdefs, bodies = trampolines(headers, ffi)
+    cdefs, bodies = trampolines(headers, abi_ffi(root))
     digests = digest_module(root)
     abi, tools = digests.digest(root, digests.ABI_INPUTS), digests.digest(root, digests.TOOL_INPUTS)
     ffi.cdef("\n".join(cdefs) + "\nconst char *cuproc_abi_digest(void);\nconst char *cuproc_tools_digest(void);\n"
