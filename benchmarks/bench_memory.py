@@ -12,7 +12,7 @@ The synchronous loops run twice, as two groups.  The goal's group, ``sync_us``, 
 allocation of the same size alive in the context (``resident``), made before the group and freed after
 it: the state of any program that holds memory.  With nothing else allocated, the driver gives a small
 allocation's 2 MiB chunk back at every cuMemFree, and a pair costs 60-90 µs instead of 2-3 µs on an
-H200 (benchmarks/results/2026-11-28-0432-h200-bench_memory: 65.7 against 2.57 µs in C), which hides any
+H200 (the bench_memory run of 2026-11-28 04:32 UTC, HISTORY.md: 65.7 against 2.57 µs in C), which hides any
 Python cost; every result before 2026-11-28 04:30 UTC was read in that state.  That state is still read,
 for information, as the group ``sync_alone_us`` (no goal); ``allocation_state`` in the JSON says which
 state each group ran in.

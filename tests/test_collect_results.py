@@ -1,4 +1,4 @@
-"""tools/collect_results.py: a GPU run's benchmark files copied under dated names, plot links following."""
+"""tools/collect_results.py: a GPU run's benchmark results merged into one Markdown file and one plot per benchmark."""
 from __future__ import annotations
 
 import json
@@ -10,66 +10,83 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
-from collect_results import collect, main
+from collect_results import RESULTS, collect, current_rows, main, read_sections, section_data
 
 pytestmark = pytest.mark.slow   # the results tooling, not the library; CI runs it
 
-
-def _run(folder: Path, name: str, *, gpu: str, path: str, date: str = "2026-11-28 03:07 UTC") -> None:
-    machine = {"date": date, "gpu": gpu, "cuproc_path": path}
-    (folder / f"{name}.json").write_text(json.dumps({"machine": machine}))
-    (folder / f"{name}.md").write_text(f"# {name}\n\ntable\n\n![{name}.png]({name}.png)\n")
-    (folder / f"{name}.png").write_bytes(b"\x89PNG")
+H200 = "NVIDIA H200, 580.159.04, 143771 MiB"
+PURE = "pure Python (cffi ABI mode), forced by CUPROC_PURE_PYTHON"
 
 
-def test_each_file_gets_its_dated_name_and_the_plot_link_follows(tmp_path):
+def _run(folder: Path, name: str, *, path: str = "compiled fast path", date: str = "2026-11-28 03:07 UTC",
+         goals: str = "- [met] a: 1.0x\n", plot: bytes = b"\x89PNG") -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    machine = {"date": date, "gpu": H200, "cuproc_path": path, "commit": "abc1234"}
+    (folder / f"{name}.json").write_text(json.dumps({"machine": machine, "rows": [1, 2]}))
+    (folder / f"{name}.md").write_text(f"# {name}\n\ndate: {date}\n\n## Goals\n\n{goals}\n![{name}.png]({name}.png)\n")
+    (folder / f"{name}.png").write_bytes(plot)
+
+
+def test_one_markdown_file_and_one_plot_per_benchmark_both_paths_in_the_file(tmp_path):
     src, dest = tmp_path / "src", tmp_path / "dest"
-    src.mkdir()
-    _run(src, "bench_launch", gpu="NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB", path="compiled fast path")
-    _run(src, "bench_memory", gpu="NVIDIA H200, 580.82.07, 143771 MiB", path="pure Python (cffi ABI mode)")
-    written = collect(src, dest)
-    assert sorted(p.name for p in written) == sorted([
-        "2026-11-28-0307-h100-bench_launch.json", "2026-11-28-0307-h100-bench_launch.md",
-        "2026-11-28-0307-h100-bench_launch.png", "2026-11-28-0307-h200-pure-bench_memory.json",
-        "2026-11-28-0307-h200-pure-bench_memory.md", "2026-11-28-0307-h200-pure-bench_memory.png"])
-    md = (dest / "2026-11-28-0307-h100-bench_launch.md").read_text()
-    assert "![2026-11-28-0307-h100-bench_launch.png](2026-11-28-0307-h100-bench_launch.png)" in md
-    assert "(bench_launch.png)" not in md
-    assert (dest / "2026-11-28-0307-h100-bench_launch.png").read_bytes() == b"\x89PNG"
+    _run(src, "bench_launch", plot=b"fast plot")
+    _run(src / "pure", "bench_launch", path=PURE, plot=b"pure plot", goals="- [MISSED] a: 2.0x\n")
+    _run(src, "bench_memory")
+    written, new = collect(src, dest)
+    assert sorted(p.name for p in dest.iterdir()) == ["bench_launch.md", "bench_launch.png", "bench_memory.md",
+                                                       "bench_memory.png"]
+    assert sorted(p.name for p in written) == sorted(p.name for p in dest.iterdir())
+    assert (dest / "bench_launch.png").read_bytes() == b"fast plot"          # the fast path's plot, not the pure one's
+    text = (dest / "bench_launch.md").read_text()
+    sections = read_sections(text)
+    assert sorted(sections) == ["fast", "pure"]
+    assert text.count("![bench_launch.png](bench_launch.png)") == 1 and "bench_launch.png" in sections["fast"]
+    assert "[MISSED]" in sections["pure"] and "[MISSED]" not in sections["fast"]
+    assert "### Goals" in sections["fast"] and text.count("\n# ") == 0       # headings one level down
+    assert section_data(sections["pure"])["machine"]["cuproc_path"] == PURE  # the JSON is carried, whole
+    assert section_data(sections["fast"])["rows"] == [1, 2]
+    assert len(new) == 3
 
 
-def test_an_existing_result_is_never_overwritten(tmp_path):
+def test_a_later_run_of_one_path_replaces_that_path_only_and_an_older_one_is_refused(tmp_path):
+    dest = tmp_path / "dest"
+    _run(tmp_path / "a", "bench_launch", date="2026-11-27 10:00 UTC")
+    _run(tmp_path / "a" / "pure", "bench_launch", path=PURE, date="2026-11-27 10:05 UTC")
+    collect(tmp_path / "a", dest)
+    _run(tmp_path / "b", "bench_launch", date="2026-11-28 11:00 UTC", goals="- [met] b: 0.9x\n")
+    collect(tmp_path / "b", dest)
+    sections = read_sections((dest / "bench_launch.md").read_text())
+    assert section_data(sections["fast"])["machine"]["date"] == "2026-11-28 11:00 UTC"
+    assert section_data(sections["pure"])["machine"]["date"] == "2026-11-27 10:05 UTC"   # kept
+    before = (dest / "bench_launch.md").read_text()
+    _run(tmp_path / "c", "bench_launch", date="2026-11-26 09:00 UTC")
+    with pytest.raises(FileExistsError, match="newer"):
+        collect(tmp_path / "c", dest)
+    assert (dest / "bench_launch.md").read_text() == before
+
+
+def test_two_results_for_one_path_write_nothing(tmp_path):
     src, dest = tmp_path / "src", tmp_path / "dest"
-    src.mkdir()
-    dest.mkdir()
-    _run(src, "bench_launch", gpu="NVIDIA H100 80GB HBM3", path="compiled fast path")
-    (dest / "2026-11-28-0307-h100-bench_launch.md").write_text("earlier\n")
-    _run(src, "bench_driver", gpu="NVIDIA H100 80GB HBM3", path="compiled fast path")   # sorts first
+    for folder in (src, src / "pure"):             # both on the fast path: two results for one file section
+        _run(folder, "bench_launch")
     with pytest.raises(FileExistsError):
         collect(src, dest)
-    assert (dest / "2026-11-28-0307-h100-bench_launch.md").read_text() == "earlier\n"
-    assert sorted(p.name for p in dest.iterdir()) == ["2026-11-28-0307-h100-bench_launch.md"]   # nothing copied
+    assert not dest.exists()
 
 
-@pytest.mark.parametrize(("gpu", "kind"), [("NVIDIA GH200 480GB, 580.1, 97871 MiB", "gh200"), ("NVIDIA L40S", "l40s"),
-                                           ("NVIDIA A100-SXM4-80GB", "a100"), (None, "nogpu")])
-def test_the_gpu_tag_is_the_models_first_word_with_a_digit(tmp_path, gpu, kind):
-    src = tmp_path / "src"
-    src.mkdir()
-    _run(src, "bench_memory", gpu=gpu, path="compiled fast path")
-    assert collect(src, tmp_path / "dest")[0].name.startswith(f"2026-11-28-0307-{kind}-bench_memory")
-
-
-def test_the_command_reads_gpu_checks_archive_and_refuses_an_unreadable_date(tmp_path, capsys):
+def test_the_command_reads_gpu_checks_archive_fills_the_history_and_refuses_an_unreadable_date(tmp_path, capsys):
     src, dest = tmp_path / "src", tmp_path / "dest"
-    src.mkdir()
-    _run(src, "bench_startup", gpu="NVIDIA H100", path="compiled fast path")
+    _run(src, "bench_startup", goals="- [met] a: 1.0x\n- [MISSED] b: 2.0x\n")
     archive = tmp_path / "gpu_check.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(src, arcname=".")
     assert main([str(archive), "--dest", str(dest)]) == 0
-    assert (dest / "2026-11-28-0307-h100-bench_startup.md").exists()
-    _run(src, "bench_startup", gpu="NVIDIA H100", path="compiled fast path", date="yesterday")
+    rows = [line for line in (dest / "HISTORY.md").read_text().splitlines() if line.startswith("| 2026")]
+    assert len(rows) == 1
+    cells = [c.strip() for c in rows[0].split("|")[1:-1]]
+    assert cells[:7] == ["2026-11-28 03:07 UTC", "NVIDIA H200", "fast", "abc1234", "bench_startup", "1", "1"]
+    assert rows == current_rows(dest)                                  # --rebuild-history reads the same back
+    _run(src, "bench_startup", date="yesterday")
     assert main([str(src), "--dest", str(dest)]) == 1
     assert "yesterday" in capsys.readouterr().err
 
@@ -82,57 +99,16 @@ def test_an_unreadable_archive_is_refused_with_a_message(tmp_path, capsys):
     assert not (tmp_path / "dest").exists()
 
 
-def test_the_pure_paths_results_in_pure_come_along_and_two_for_one_name_copy_nothing(tmp_path):
-    """gpu_check's benchpure stage writes the pure path's results into pure/, beside the fast path's."""
-    src, dest = tmp_path / "src", tmp_path / "dest"
-    (src / "pure").mkdir(parents=True)
-    _run(src, "bench_launch", gpu="NVIDIA H200, 580.159.04, 143771 MiB", path="compiled fast path")
-    _run(src / "pure", "bench_launch", gpu="NVIDIA H200, 580.159.04, 143771 MiB",
-         path="pure Python (cffi ABI mode), forced by CUPROC_PURE_PYTHON")
-    written = collect(src, dest)
-    assert sorted(p.name for p in written if p.suffix == ".md") == [
-        "2026-11-28-0307-h200-bench_launch.md", "2026-11-28-0307-h200-pure-bench_launch.md"]
-    pure = (dest / "2026-11-28-0307-h200-pure-bench_launch.md").read_text()
-    assert "![2026-11-28-0307-h200-pure-bench_launch.png](2026-11-28-0307-h200-pure-bench_launch.png)" in pure
-    again, dest2 = tmp_path / "again", tmp_path / "dest2"
-    (again / "pure").mkdir(parents=True)
-    for folder in (again, again / "pure"):             # both on one path: one name for two results
-        _run(folder, "bench_launch", gpu="NVIDIA H200, 580.159.04, 143771 MiB", path="compiled fast path")
-    with pytest.raises(FileExistsError):
-        collect(again, dest2)
-    assert not dest2.exists() or not any(dest2.iterdir())
-
-
-def test_a_newer_run_replaces_the_older_files_and_each_gets_a_row_in_the_history(tmp_path):
-    dest = tmp_path / "dest"
-    for date, goals in (("2026-11-27 10:00 UTC", "- [met] a: 1.0x\n- [MISSED] b: 2.0x\n"),
-                        ("2026-11-28 11:00 UTC", "- [met] a: 0.9x\n- [met] b: 1.1x\n")):
-        src = tmp_path / date[:10]
-        src.mkdir()
-        _run(src, "bench_launch", gpu="NVIDIA H200, 580.159.04, 143771 MiB", path="compiled fast path", date=date)
-        (src / "bench_launch.md").write_text((src / "bench_launch.md").read_text() + goals)
-        _run(src, "bench_memory", gpu="NVIDIA H200, 580.159.04, 143771 MiB", path="pure Python", date=date)
-        assert main([str(src), "--dest", str(dest)]) == 0
-    left = sorted(p.name for p in dest.iterdir())
-    assert left == ["2026-11-28-1100-h200-bench_launch.json", "2026-11-28-1100-h200-bench_launch.md",
-                    "2026-11-28-1100-h200-bench_launch.png", "2026-11-28-1100-h200-pure-bench_memory.json",
-                    "2026-11-28-1100-h200-pure-bench_memory.md", "2026-11-28-1100-h200-pure-bench_memory.png",
-                    "HISTORY.md"]
-    rows = [line for line in (dest / "HISTORY.md").read_text().splitlines() if line.startswith("| 2026")]
-    assert len(rows) == 4
-    launch = [r.split(" | ") for r in rows if "bench_launch" in r]
-    assert [(r[0], r[5], r[6]) for r in launch] == [("| 2026-11-27 10:00 UTC", "1", "1"),
-                                                      ("| 2026-11-28 11:00 UTC", "2", "0")]
-
-
-def test_the_repository_keeps_the_latest_result_per_benchmark_and_path_and_the_history():
-    """Issue 41: benchmarks/results/ holds at most a JSON, a Markdown and a plot per benchmark and path."""
-    from collect_results import RESULTS, _stem_key
-    keys: dict[tuple[str, bool], set[str]] = {}
-    for f in RESULTS.iterdir():
-        if f.name == "HISTORY.md":
-            continue
-        key = _stem_key(f.name.rsplit(".", 1)[0])
-        assert key is not None, f"{f.name}: not a dated result name"
-        keys.setdefault(key[:2], set()).add(f.name.rsplit(".", 1)[0])
-    assert keys and all(len(stems) == 1 for stems in keys.values()), keys
+def test_the_repository_keeps_a_markdown_file_and_a_plot_per_benchmark_and_the_history():
+    """Issue 41: benchmarks/results/ holds at most a file and a plot per benchmark, plus HISTORY.md, and every
+    run those files hold has its row in the history."""
+    names = sorted(p.name for p in RESULTS.iterdir())
+    benchmarks = {n.rsplit(".", 1)[0] for n in names if n != "HISTORY.md"}
+    assert "HISTORY.md" in names and benchmarks
+    for bench in benchmarks:
+        assert (ROOT / "benchmarks" / f"{bench}.py").exists(), f"{bench}: no such benchmark"
+        assert set(names) & {f"{bench}.md", f"{bench}.png"} <= set(names)
+        assert f"{bench}.md" in names, f"{bench}.png without its results file"
+    assert len(names) <= 2 * len(benchmarks) + 1
+    history = (RESULTS / "HISTORY.md").read_text()
+    assert all(row in history for row in current_rows(RESULTS))
