@@ -50,6 +50,7 @@ CUPROC = "cuproc GraphExec.launch"
 REPLAY = "cuproc GraphExec.replay (prepared)"
 BINDINGS = "cuda.bindings cuGraphLaunch, handles built once"
 CORE = "cuda.core Graph.launch (its GraphBuilder's graph)"
+FLOOR = "Python floor: a closure calling the raw drv.cuGraphLaunch (no checks)"
 CUPROC_ROWS = (CUPROC, REPLAY)
 CAPTURE = "cuproc capture of 256 prepared launches + instantiate"
 C_CAPTURE = "C capture of 256 cuLaunchKernel + cuGraphInstantiateWithFlags"
@@ -157,6 +158,11 @@ def replay_rows(env: dict[str, Any], lib: Any, errors: dict[str, str], smoke: bo
         return (host - t) / count, (time.perf_counter() - t) / count
     rows[CUPROC] = Row(cuproc_burst, cuproc_steady, sync)
     rows[REPLAY] = python_row(exe.replay(stream), sync)
+    raw, eh, sh = exe.driver.cuGraphLaunch, exe.handle, stream.handle
+
+    def floor() -> None:     # what any Python caller pays: a frame and the call into C, nothing checked
+        raw(eh, sh)
+    rows[FLOOR] = python_row(floor, sync)
     if lib is not None:
         h, st = ctypes.c_void_p(handle_int(exe.handle)), ctypes.c_void_p(handle_int(stream.handle))
         host = ctypes.c_double()
@@ -354,7 +360,10 @@ def run_section(smoke: bool, tmp: Path) -> Section:
         "the timing), median over rounds; paired against the C floor and against cuda.core's GraphBuilder",
         "graphs, GraphExec.replay: a closure holding the executable graph and the stream: one comparison of the "
         "resource epoch (the full checks again only when something ended), then drv.checked.cuGraphLaunch on both "
-        "handles (see its docstring)"]
+        "handles (see its docstring)",
+        "graphs, Python floor: the raw C name called from a closure, its result not even read -- what any Python "
+        "caller pays over the C loop (the interpreter between two driver calls); the replay's own cost is the "
+        "difference between its row and this one"]
     section.panels = [
         ([(k, v["burst_us"] * 1e3) for k, v in replay.items() if k != C_LOOP],
          (C_LOOP + ", burst host time (ns/kernel)", c_ref["burst_us"] * 1e3) if c_ref else None),
@@ -374,6 +383,11 @@ def check_goals(goals: Goals, section: Section, smoke: bool) -> None:
         ratio = paired_ratio(replay[name]["burst_rounds"], c_ref["burst_rounds"]) if c_ref else None
         goals.check(f"graph replay, host time per kernel (bursts of {BURST}, launch calls only): {name} within 2% "
                     "of C's cuGraphLaunch", ratio, 1.02, why_not=why or (None if c_ref else "no C loop"))
+    floor = replay.get(FLOOR)
+    ratio = paired_ratio(replay[REPLAY]["burst_rounds"], floor["burst_rounds"]) if floor else None
+    goals.check(f"graph replay, host time per kernel (bursts of {BURST}): {REPLAY} within 2% of the Python floor "
+                "(a closure calling the raw C name, nothing checked): what the replay's checks cost", ratio, 1.02,
+                why_not=why or (None if floor else "no floor row"))
     ratio = paired_ratio(replay[CUPROC]["steady_rounds"], c_ref["steady_rounds"]) if c_ref else None
     measured = (f" ({c_ref['steady_us'] * KERNELS:.0f} µs per graph end to end against "
                 f"{c_ref['burst_us'] * KERNELS:.1f} µs of C's host time per launch)") if c_ref else ""

@@ -250,7 +250,7 @@ def test_benchmarks_run_end_to_end_in_smoke_mode(bench, tmp_path, monkeypatch):
         import bench_graphs as g                          # the graph section joined the launch results
         graphs = json.loads((tmp_path / "bench_launch.json").read_text())["graphs"]
         assert {g.CUPROC, g.REPLAY} <= set(graphs["replay"]) and g.CAPTURE in graphs["capture"]
-        assert "## CUDA graphs" in text and sum("graph replay" in line for line in lines) == 3
+        assert "## CUDA graphs" in text and sum("graph replay" in line for line in lines) == 4
 
 
 def test_bench_driver_times_a_real_cffi_pointer_as_bare_cffi(fk, monkeypatch):
