@@ -9,7 +9,6 @@ that is a C trampoline, not a cffi pointer: it is the row the namespace's own ov
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -32,7 +31,7 @@ from harness import (  # noqa: E402
     per_call_us,
     round_order,
     smoke_driver,
-    write_results, OUT_HELP, results_dir)
+    write_results, bench_args, bench_parser)
 
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # installed packages have .pyc
 BARE = "bare cffi (a cffi function pointer to the resolved address, in a local)"
@@ -249,11 +248,7 @@ def trivial_call_times(number: int, smoke: bool) -> Interleaved:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", type=Path, default=None, help=OUT_HELP)
-    p.add_argument("--smoke", action="store_true", help="run on the fake driver, no C floor, no peers")
-    args = p.parse_args(argv)
-    args.out = results_dir(args.out)
+    args = bench_args(bench_parser(), argv)
     runs, number = (2, 2000) if args.smoke else (15, 100_000)
     with tempfile.TemporaryDirectory() as tmp:
         if args.smoke:

@@ -27,7 +27,6 @@ Goal: cuproc faster than cuda.core.
 """
 from __future__ import annotations
 
-import argparse
 import ctypes
 import statistics
 import sys
@@ -40,7 +39,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # noqa: E402, I001
     ROOT, Goals, build_c, frozen_heap, machine, one_cpu, paired_ratio, peer, plot_panels, round_order, smoke_driver,
-    write_results, OUT_HELP, results_dir)
+    write_results, bench_args, bench_parser)
 
 CUBIN = ROOT / "kernels" / "kernels.cubin"
 KERNELS = 256
@@ -403,11 +402,7 @@ def check_goals(goals: Goals, section: Section, smoke: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="the graph section of bench_launch.py, alone")
-    p.add_argument("--out", type=Path, default=None, help=OUT_HELP)
-    p.add_argument("--smoke", action="store_true", help="run on the fake driver, no C floor, no peers")
-    args = p.parse_args(argv)
-    args.out = results_dir(args.out)
+    args = bench_args(bench_parser("the graph section of bench_launch.py, alone"), argv)
     with tempfile.TemporaryDirectory() as tmp:
         if args.smoke:
             smoke_driver()

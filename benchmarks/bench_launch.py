@@ -59,7 +59,6 @@ timed at both entry points, and every goal is evaluated on the burst and on the 
 """
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
 import statistics
@@ -73,7 +72,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # noqa: E402, I001
     ROOT, Goals, build_c, frozen_heap, machine, one_cpu, paired_ratio, peer, plot_panels, round_order,
-    smoke_driver, write_results, OUT_HELP, results_dir)
+    smoke_driver, write_results, bench_args, bench_parser)
 import bench_graphs  # noqa: E402 - its section joins this benchmark's results (issue 36)
 
 CUBIN = ROOT / "kernels" / "kernels.cubin"
@@ -640,11 +639,7 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", type=Path, default=None, help=OUT_HELP)
-    p.add_argument("--smoke", action="store_true", help="run on the fake driver, no C floor, no peers")
-    args = p.parse_args(argv)
-    args.out = results_dir(args.out)
+    args = bench_args(bench_parser(), argv)
     burst_size, reps, steady = (16, 5, 64) if args.smoke else (256, 200, 20_000)
     own_process = None
     with tempfile.TemporaryDirectory() as tmp:

@@ -28,7 +28,6 @@ tests (tests/test_memory_paths.py) and ``--smoke`` count them on the fake driver
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import random
@@ -42,7 +41,7 @@ from typing import Any, Callable, Iterator
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # noqa: E402, I001
     ROOT, Goals, build_c, frozen_heap, machine, one_cpu, paired_ratio, peer, plot_panels, round_order,
-    smoke_driver, write_results, OUT_HELP, results_dir)
+    smoke_driver, write_results, bench_args, bench_parser)
 
 SMALL = 256                    # bytes per allocation (the issue's size)
 COPY_SIZES = (64 << 20, 256 << 20)
@@ -361,11 +360,7 @@ def evaluate(alloc_rounds: dict[str, dict[str, list[float]]], copy_rounds: dict[
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", type=Path, default=None, help=OUT_HELP)
-    p.add_argument("--smoke", action="store_true", help="run on the fake driver, no C floor, no peers")
-    args = p.parse_args(argv)
-    args.out = results_dir(args.out)
+    args = bench_args(bench_parser(), argv)
     import cuproc
     errors: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -26,7 +26,6 @@ allocation imported, and where cuproc's in-process time goes (import / use_devic
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -44,7 +43,7 @@ from harness import (  # noqa: E402
     plot_bars,
     round_order,
     smoke_driver,
-    write_results, OUT_HELP, results_dir)
+    write_results, bench_args, bench_parser)
 
 CTYPES = "ctypes + cuInit"
 EXIT_ROW = "cuproc, leaving by os._exit (no teardown)"
@@ -156,12 +155,9 @@ def quartiles(values: list[float]) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", type=Path, default=None, help=OUT_HELP)
-    p.add_argument("--smoke", action="store_true", help="cuproc on the fake driver only")
+    p = bench_parser(smoke_help="cuproc on the fake driver only")
     p.add_argument("--runs", type=int, default=21, help="rounds (heavy peers: every third round)")
-    args = p.parse_args(argv)
-    args.out = results_dir(args.out)
+    args = bench_args(p, argv)
     env = dict(os.environ)
     runs = 2 if args.smoke else args.runs
     errors: dict[str, str] = {}

@@ -13,6 +13,7 @@ a benchmark is never first executed on the GPU machine.  Its numbers mean nothin
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import gc
 import json
@@ -318,6 +319,24 @@ def results_dir(out: Path | None) -> Path:
     """``--out`` as given, else a new temporary folder: a run (a ``--smoke`` run above all) never writes into
     the checkout unless told to (issue 41: untracked result files appeared in benchmarks/results/)."""
     return out if out is not None else Path(tempfile.mkdtemp(prefix="cuproc-bench-"))
+
+
+SMOKE_HELP = "run on the fake driver, no C floor, no peers"
+
+
+def bench_parser(description: str | None = None, smoke_help: str = SMOKE_HELP) -> argparse.ArgumentParser:
+    """The options every benchmark takes, ``--out`` and ``--smoke``; a benchmark adds its own to it."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--out", type=Path, default=None, help=OUT_HELP)
+    p.add_argument("--smoke", action="store_true", help=smoke_help)
+    return p
+
+
+def bench_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The parsed options, ``out`` made a folder by :func:`results_dir`'s rule."""
+    args = parser.parse_args(argv)
+    args.out = results_dir(args.out)
+    return args
 
 
 def write_results(out_dir: Path, name: str, data: dict[str, Any], table: list[list[str]],
