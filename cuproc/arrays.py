@@ -18,8 +18,10 @@ Policy
   region against the array's extent and the linear side's size.  A refusal says the call was not made.
 * **Copies** go through :func:`copy` (or :meth:`CudaArray.copy_from` / :meth:`CudaArray.copy_to`): host
   memory (any C-contiguous buffer-protocol object, or cuproc pinned memory), device memory (a
-  DeviceBuffer, a view, an int address) or another array on either side.  ``memory.copy`` itself is the
-  linear-memory path and does not take arrays (it is a compiled front on the fast path).  Without a stream
+  DeviceBuffer, a view, an int address) or another array on either side.  ``memory.copy(dst, src)`` takes a
+  CudaArray on either side too and copies the whole array (:func:`copy_whole`): the other side must match
+  it -- an array of the same extent and element type, a NumPy-like host array of its
+  :attr:`~CudaArray.numpy_shape` and dtype, or linear memory of at least its bytes.  Without a stream
   the copy is synchronous and runs with the array's context current (it would otherwise run in whichever
   context is current); with one it is queued there, after the work cuproc last queued on a DeviceBuffer
   side on another stream, and that buffer's ``last_stream`` becomes the stream.  Host memory given to an
@@ -555,5 +557,58 @@ def copy(dst: Any, src: Any, *, dst_origin: tuple[int, ...] = (0, 0, 0), src_ori
         buffer.last_stream = last
 
 
+def _typed(obj: Any) -> tuple[tuple[int, ...], str] | None:
+    """(shape, dtype name) of a host array that says what it holds (NumPy's, or one with the same ``shape``
+    and ``dtype.name``), else None: raw bytes and device memory are checked by their size only."""
+    name = getattr(getattr(obj, "dtype", None), "name", None)
+    shape = getattr(obj, "shape", None)
+    if not isinstance(name, str) or not isinstance(shape, tuple) or isinstance(obj, (Allocation, DeviceView)):
+        return None
+    return shape, name
+
+
+def _matching(array: CudaArray, other: Any, side: _Side, label: str, call: str) -> None:
+    """Refuse ``other`` (the ``label`` side, read into :class:`_Side` ``side``) unless it holds exactly what
+    ``array`` holds: the same extent and element type for an array, the same NumPy shape and dtype for a
+    typed host array, at least the array's bytes for any other linear memory."""
+    whole = f"{array.describe()} (NumPy shape {array.numpy_shape}, {array.dtype}, {array.nbytes} bytes)"
+    if side.array is not None:
+        theirs = side.array
+        if (theirs.width, theirs.height, theirs.depth, theirs.dtype, theirs.channels) != \
+                (array.width, array.height, array.depth, array.dtype, array.channels):
+            raise invalid(call, f"the arrays differ: the {label} is {theirs.describe()}, the other side is {whole}; "
+                                f"for a region or a reinterpretation use cuproc.arrays.copy with extent= and "
+                                f"origins")
+        return
+    typed = _typed(other)
+    if typed is not None and typed != (array.numpy_shape, array.dtype):
+        raise invalid(call, f"the {label} is a {type(other).__name__} of shape {typed[0]} and dtype {typed[1]}; the "
+                            f"other side is {whole}: give a host array of that shape and dtype (or a region with "
+                            f"cuproc.arrays.copy)")
+    if side.nbytes is not None and side.nbytes < array.nbytes:
+        raise invalid(call, f"the {label} has {side.nbytes} bytes; the other side is {whole}")
+
+
+def copy_whole(dst: Any, src: Any, nbytes: int | None = None, *, stream: Stream | Any | None = None) -> None:
+    """What ``cuproc.memory.copy(dst, src, nbytes, stream=...)`` does when either side is a CudaArray: copy the
+    whole array, after checking that the other side holds the same (see the module docstring) -- a linear
+    copy's "the smaller side" would cut an array at a row or reinterpret its shape.  ``nbytes``, if given, must
+    be the array's size.  cuMemcpy2D / cuMemcpy3D (``Async`` with ``stream``) as :func:`copy` makes them, in the
+    array's context; a region or another layout goes through :func:`copy` itself."""
+    call = "cuMemcpy3D"
+    d, s = _side(dst, call, writable=True), _side(src, call, writable=False)
+    array = s.array if s.array is not None else d.array
+    if array is None:
+        raise invalid(call, "neither side is a CudaArray: cuproc.memory.copy copies linear memory itself")
+    if s.array is not None:
+        _matching(array, dst, d, "destination", call)
+    else:
+        _matching(array, src, s, "source", call)
+    if nbytes is not None and (nbytes.__class__ is bool or nbytes != array.nbytes):
+        raise invalid(call, f"a copy with a CUDA array moves the whole array, {array.nbytes} bytes; nbytes={nbytes!r} "
+                            f"was given (for a region use cuproc.arrays.copy with extent=)")
+    copy(dst, src, stream=stream)
+
+
 __all__ = ["CUBEMAP", "FORMATS", "LAYERED", "STRUCT_PARAMETERS", "SURFACE_LDST", "TEXTURE_GATHER", "CudaArray",
-           "MipmappedArray", "copy", "descriptor_type", "dtype_name", "struct_name"]
+           "MipmappedArray", "copy", "copy_whole", "descriptor_type", "dtype_name", "struct_name"]

@@ -9,15 +9,22 @@ Policy
   Python ``int`` or ``float`` without a signature is refused: a float is never
   silently passed as a double to a float parameter.  A ``CUdeviceptr``
   parameter is a device pointer, as ``T*`` is: it takes the same values.
-* **Layout.**  Each argument sits at the next offset aligned to its own
-  alignment (programming guide, "Kernel Execution"); vector types use their
-  device alignment (float2: 8, float4: 16).
+* **Layout.**  Each argument sits where the kernel reads it.  Where the driver
+  reports parameter offsets (cuFuncGetParamInfo / cuKernelGetParamInfo, CUDA
+  12.4+), those: the compiler aligns a parameter at its address in constant
+  bank 0, where the parameters start at 0x160, 0x210 or 0x380 depending on the
+  architecture, so a 64-aligned struct (a ``CUtensorMap``) after an ``int`` is
+  at offset 48 on sm_90, not 64.  Otherwise each argument sits at the next
+  offset aligned to its own alignment (programming guide, "Kernel
+  Execution"), which agrees with every architecture up to 16-byte alignment;
+  vector types use their device alignment (float2: 8, float4: 16).
 * **Conventions.**  ``convention="params"`` passes ``kernelParams`` (an array
   of pointers into the packed block); ``"buffer"`` passes the block through
   ``CU_LAUNCH_PARAM_BUFFER_POINTER`` / ``CU_LAUNCH_PARAM_BUFFER_SIZE``.
-* **Checks.**  Where the driver reports parameter offsets and sizes
-  (cuFuncGetParamInfo / cuKernelGetParamInfo), a wrong count or size raises
-  before launch.
+* **Checks.**  Where the driver reports parameter offsets and sizes, a wrong
+  count or size raises before launch.  Where it cannot, a ``"buffer"`` launch
+  of a parameter aligned beyond 16 bytes is refused (its offset in the kernel
+  is unknown): ``"params"`` lets the driver place each value.
 * **Prepare once, launch many.**  :class:`PreparedLaunch` owns the packed
   buffer and the argument array; a call only stores the new values and calls
   the driver.  With the compiled fast path (:mod:`cuproc.fastpath`) and
@@ -77,16 +84,26 @@ _NUMPY_KINDS = {("i", 1): "int8_t", ("i", 2): "int16_t", ("i", 4): "int32_t", ("
 
 
 class ArgType:
-    """How one parameter is laid out and written: size, alignment, and a writer into the packed block."""
+    """How one parameter is laid out and written: size, alignment, and a writer into the packed block.
 
-    __slots__ = ("name", "size", "align", "kind", "ctype", "count")
+    ``offset``: where the kernel reads it, as the driver reported it for one function (:meth:`at`); None
+    packs it at the next multiple of ``align`` (:func:`layout`)."""
+
+    __slots__ = ("name", "size", "align", "kind", "ctype", "count", "offset")
 
     def __init__(self, name: str, size: int, align: int, kind: str, ctype: str | None = None,
-                 count: int = 1) -> None:
+                 count: int = 1, offset: int | None = None) -> None:
         self.name, self.size, self.align, self.kind, self.ctype, self.count = name, size, align, kind, ctype, count
+        self.offset = offset
+
+    def at(self, offset: int | None) -> ArgType:
+        """This type placed at ``offset`` (None: at its alignment); a new object, so that a signature entry
+        given as an ArgType is never changed."""
+        return ArgType(self.name, self.size, self.align, self.kind, self.ctype, self.count, offset)
 
     def __repr__(self) -> str:
-        return f"ArgType({self.name!r}, size={self.size}, align={self.align})"
+        at = "" if self.offset is None else f", offset={self.offset}"
+        return f"ArgType({self.name!r}, size={self.size}, align={self.align}{at})"
 
 
 def arg_type(spec: Any, call: str = "cuLaunchKernel") -> ArgType:
@@ -180,13 +197,15 @@ def _device_address(value: Any, call: str) -> int | None:
 
 
 def layout(types: Sequence[ArgType]) -> tuple[list[int], int]:
-    """Offsets per the guide: each argument aligned to its own alignment; returns (offsets, total)."""
-    offsets, offset = [], 0
+    """(offsets, total size) of a packed block: each argument at its ``offset`` where the driver placed it
+    (:func:`placed_types`), else per the guide, at the next multiple of its own alignment."""
+    offsets, offset, end = [], 0, 0
     for t in types:
-        offset = (offset + t.align - 1) // t.align * t.align
+        offset = (offset + t.align - 1) // t.align * t.align if t.offset is None else t.offset
         offsets.append(offset)
         offset += t.size
-    return offsets, offset
+        end = max(end, offset)
+    return offsets, end
 
 
 def _writer(t: ArgType, address: Any, call: str, index: int = 0) -> Callable[[Any], None]:
@@ -348,18 +367,37 @@ class PackedArgs:
             write(value)
 
 
-def check_signature(function: Any, packed: PackedArgs) -> None:
-    """Compare our layout with the driver's parameter info, where the driver has it (a refusal names
-    ``packed.call``)."""
+#: The alignment up to which packing from offset 0 agrees with every architecture's kernels: the parameters
+#: start in constant bank 0 at a multiple of 16 (0x160 on sm_75/sm_80, 0x210 on sm_90, 0x380 on sm_100/sm_120),
+#: and the compiler aligns each at its address there.
+_BANK_SAFE_ALIGNMENT = 16
+
+
+def placed_types(function: Any, types: Sequence[ArgType], call: str, convention: str) -> list[ArgType]:
+    """``types`` placed where ``function``'s kernel reads them: at the offsets the driver reports
+    (cuFuncGetParamInfo / cuKernelGetParamInfo, asked once, when a launch is prepared), after refusing a
+    wrong count or size.  Where the driver cannot say, at their natural alignment -- which a
+    ``convention="buffer"`` launch cannot trust for a parameter aligned beyond 16 bytes (the driver copies
+    the buffer as it is, and sm_90 reads a 64-aligned struct after an int at 48, not 64: a device fault), so
+    that is refused, naming the kernel.  Refusals name ``call``."""
     info = function.param_info()
     if info is None:
-        return
-    if len(info) != len(packed.types):
-        raise invalid(packed.call, f"{function.name} takes {len(info)} parameters; {len(packed.types)} were given")
-    for i, ((offset, size), t, ours) in enumerate(zip(info, packed.types, packed.offsets)):
-        if size != t.size or offset != ours:
-            raise invalid(packed.call, f"{function.name} parameter {i} is {size} bytes at offset {offset}; "
-                                       f"the argument given ({t.name}) is {t.size} bytes at offset {ours}")
+        if convention == "buffer":
+            for i, t in enumerate(types):
+                if t.align > _BANK_SAFE_ALIGNMENT:
+                    raise invalid(call, f"{function.name} parameter {i} ({t.name}) is aligned to {t.align} bytes, "
+                                        f"and this driver cannot say where the kernel reads it (cuFuncGetParamInfo "
+                                        f"/ cuKernelGetParamInfo: CUDA 12.4): the packed buffer could put it "
+                                        f"elsewhere; launch with convention='params' (the driver places each "
+                                        f"argument) or update the driver")
+        return [t.at(None) for t in types]
+    if len(info) != len(types):
+        raise invalid(call, f"{function.name} takes {len(info)} parameters; {len(types)} were given")
+    for i, ((_, size), t) in enumerate(zip(info, types)):
+        if size != t.size:
+            raise invalid(call, f"{function.name} parameter {i} is {size} bytes; the argument given ({t.name}) is "
+                                f"{t.size} bytes")
+    return [t.at(offset) for (offset, _), t in zip(info, types)]
 
 
 class PreparedLaunch:
@@ -407,8 +445,8 @@ class PreparedLaunch:
         if convention not in ("buffer", "params"):
             raise invalid(entry, f"convention is 'buffer' or 'params', not {convention!r}")
         function.check(entry)
-        self.packed = packed = PackedArgs([arg_type(s, entry) for s in signature], entry)
-        check_signature(function, packed)
+        types = placed_types(function, [arg_type(s, entry) for s in signature], entry, convention)
+        self.packed = PackedArgs(types, entry)
         self.grid: tuple[int, int, int] | None = None    # None: given with each call (a one-shot entry)
         self.block: tuple[int, int, int] | None = None
         self.shared_mem: int | None = None
@@ -1241,12 +1279,13 @@ def _launch_cooperative(function: Any, grid: Any, block: Any, args: Sequence[Any
 
 
 def _packed_once(function: Any, call: str, args: Sequence[Any], signature: Sequence[Any] | None) -> PackedArgs:
-    """A fresh argument block for one launch, after the function's and the signature's checks."""
+    """A fresh argument block for one launch, after the function's and the signature's checks, laid out where
+    the kernel reads each argument (:func:`placed_types`).  For the kernelParams convention: cuLaunchKernelEx
+    and cuLaunchCooperativeKernel here, graph kernel nodes (cuproc.graph_nodes) pass ``packed.params``."""
     function.check(call)
     types = ([arg_type(s, call) for s in signature] if signature is not None
              else [infer_type(a, call, i) for i, a in enumerate(args)])
-    packed = PackedArgs(types, call)
-    check_signature(function, packed)
+    packed = PackedArgs(placed_types(function, types, call, "params"), call)
     packed.fill(args)
     return packed
 
@@ -1274,9 +1313,15 @@ def _launch_config(grid: tuple, block: tuple, shared_mem: int, stream: Any,
     return config, array
 
 
-def pack_bytes(signature: Sequence[Any], values: Sequence[Any]) -> bytes:
-    """The packed argument block for ``values`` (for inspection and tests)."""
-    packed = PackedArgs([arg_type(s) for s in signature])
+def pack_bytes(signature: Sequence[Any], values: Sequence[Any], *, function: Any = None,
+               convention: str = "params") -> bytes:
+    """The packed argument block for ``values`` (for inspection and tests): at natural alignment, or with
+    ``function``, as a launch of it in ``convention`` packs them (at the offsets its driver reports)."""
+    types = [arg_type(s) for s in signature]
+    if function is not None:
+        target = function.launch_target() if hasattr(function, "launch_target") else function
+        types = placed_types(target, types, default_entry(target.driver), convention)
+    packed = PackedArgs(types)
     packed.fill(values)
     return bytes(ffi.buffer(packed.block, packed.size))
 

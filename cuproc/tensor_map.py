@@ -25,9 +25,10 @@ Policy
   the parameter buffer, and the parameters start at 0x210 there on sm_90 (0x160 on sm_75 and sm_80, 0x380
   on sm_100 and sm_120; read from NVRTC 13.5's cubins): a 64-aligned map as the first parameter, or after an
   ``int``, is at offset 48 on Hopper, 32 on Ampere, 64 on Blackwell, and the driver reports just that
-  (cuFuncGetParamInfo).  :mod:`cuproc.launch` packs each argument at its alignment from offset 0 and refuses
-  a launch whose offsets differ from the driver's -- every launch with a tensor map on sm_90, in both
-  conventions, until it packs at the driver's offsets (issue 39; the tests mark it as an expected failure).
+  (cuFuncGetParamInfo / cuKernelGetParamInfo, CUDA 12.4+).  :mod:`cuproc.launch` packs each argument at the
+  offset the driver reports, in both conventions.  A driver that cannot say (before 12.4) leaves only C
+  alignment from offset 0, which is wrong on sm_90: a ``convention="buffer"`` launch of a map is then refused
+  before the call; ``convention="params"`` works (the driver places each argument).
 """
 from __future__ import annotations
 

@@ -7,6 +7,9 @@ Policy
   ``__cuda_array_interface__`` exporters or int addresses.
 * Sizes and bounds are checked before the driver sees anything; such a
   refusal says the call was not made.
+* A CUDA array on either side of :func:`copy` (host, device or array to
+  array) is copied whole by :mod:`cuproc.arrays` (cuMemcpy2D / cuMemcpy3D),
+  after checking that the other side matches its shape and element type.
 * Streams (:mod:`cuproc.interop`): each call records its stream as the
   ``last_stream`` of the cuproc memory it touches -- device, pinned,
   registered or managed (None, the default stream, for synchronous calls and
@@ -31,6 +34,7 @@ from ._ffi import ffi
 from ._resource import EPOCH, FORKED, Resource
 from ._support import get_driver, handle_int, invalid
 from .allocation import Allocation
+from .arrays import CudaArray, MipmappedArray, copy_whole
 from .context import Context
 from .device_memory import DeviceBuffer, DeviceView, GlobalView, order_after
 from .driver import Driver
@@ -38,6 +42,9 @@ from .fill_args import check_element_bits, fill_count
 from .host_memory import HostMemory, PinnedBuffer
 from .interop import LEGACY_STREAM, PER_THREAD_STREAM, DLPackArray, read_cai, wait_for_cai
 from .stream import Stream, as_stream, stream_handle
+
+
+_ARRAYS = (CudaArray, MipmappedArray)   # what memory.copy gives to cuproc.arrays (a mipmapped one: refused there)
 
 
 class _Side:
@@ -284,10 +291,17 @@ def copy(dst: Any, src: Any, nbytes: int | None = None, *, stream: Stream | Any 
     """Copy between host and device memory in any direction; ``stream`` makes it asynchronous.
 
     ``nbytes`` defaults to the smaller side.  Device-to-device copies between
-    two contexts go through cuMemcpyPeer.
+    two contexts go through cuMemcpyPeer.  A :class:`~cuproc.arrays.CudaArray`
+    on either side copies the whole array, host, device or array to array,
+    with cuMemcpy2D / cuMemcpy3D in the array's context, after checking that
+    the other side matches it (:func:`cuproc.arrays.copy_whole`; ``driver`` is
+    the array's own).
     """
     if stream is None and driver is None and isinstance(dst, Allocation) and isinstance(src, Allocation) \
             and _copied_between_allocations(dst, src, nbytes):
+        return
+    if isinstance(dst, _ARRAYS) or isinstance(src, _ARRAYS):
+        copy_whole(dst, src, nbytes, stream=stream)
         return
     d, s = _side(dst, "cuMemcpy", writable=True), _side(src, "cuMemcpy", writable=False)
     n = _checked_size("cuMemcpy", nbytes, d, s)

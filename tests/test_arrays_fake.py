@@ -296,6 +296,87 @@ def test_bounds_and_kinds_are_checked_before_the_copy(arrays, fk, case, words):
     assert not any(c.startswith("cuMemcpy") for c in fk.calls())
 
 
+# ------------------------------------------------------------------------------------------------ memory.copy
+@pytest.mark.parametrize("dims, dtype, channels, layered", [
+    ((32,), np.float32, 1, False), ((16, 8), np.uint8, 4, False), ((8, 4, 3), np.int16, 2, False),
+    ((8, 0, 5), np.float32, 1, True), ((6, 4, 3), np.float32, 1, True)])
+@pytest.mark.parametrize("on_stream", [False, True])
+def test_memory_copy_takes_arrays_host_device_and_array_round_trips(arrays, fk, dims, dtype, channels, layered,
+                                                                    on_stream):
+    """host -> array -> device -> array -> host through memory.copy alone, 2-D and 3-D, sync and on a stream: the
+    driver's 2-D or 3-D copy (Async with a stream) each time, the data NumPy's."""
+    s = Stream() if on_stream else None
+    a = CudaArray.create(*dims, dtype=np.dtype(dtype).name, channels=channels, layered=layered)
+    b = CudaArray.create(*dims, dtype=np.dtype(dtype).name, channels=channels, layered=layered)
+    src = _host(a.numpy_shape, dtype)
+    back = np.zeros_like(src)
+    fk.clear_calls()
+    with DeviceBuffer(src.nbytes) as dev:
+        mem.copy(a, src, stream=s)
+        mem.copy(dev, a, stream=s)
+        mem.copy(b, dev, stream=s)
+        assert dev.last_stream is s                   # the buffer remembers the stream (interop, frees)
+        mem.copy(a, np.zeros_like(src), stream=s)     # overwritten, so the next copy must bring it back
+        mem.copy(a, b, stream=s)
+        mem.copy(back, a, stream=s)
+        if s is not None:
+            s.synchronize()
+    np.testing.assert_array_equal(back, src)
+    call = ("cuMemcpy3D" if a.depth else "cuMemcpy2D") + ("Async" if s is not None else "")
+    assert [c for c in fk.calls() if c.startswith("cuMemcpy")] == [call] * 6
+
+
+@pytest.mark.parametrize("case", ["shape", "dtype", "array extent", "array dtype", "device small", "host small",
+                                  "nbytes", "mipmapped", "read-only"])
+def test_memory_copy_refuses_a_side_that_does_not_match_the_array(arrays, fk, case):
+    """Refused before any copy, naming both sides where they do not match: the array, and the other side's shape
+    and dtype, extent or size."""
+    a = CudaArray.create(8, 4, dtype="float32")
+    other_array = CudaArray.create(4, 8, dtype="float32") if case == "array extent" else \
+        CudaArray.create(8, 4, dtype="int32")
+    fk.clear_calls()
+    with DeviceBuffer(64) as small, pytest.raises(InvalidValueError) as refused:
+        if case == "shape":
+            mem.copy(a, other := np.zeros((8, 4), np.float32))       # the same bytes, transposed
+        elif case == "dtype":
+            mem.copy(other := np.zeros((4, 8), np.int32), a)         # the same element size
+        elif case in ("array extent", "array dtype"):
+            mem.copy(other_array, a)
+        elif case == "device small":
+            mem.copy(small, a)
+        elif case == "host small":
+            mem.copy(a, bytearray(127))
+        elif case == "nbytes":
+            mem.copy(np.zeros((4, 8), np.float32), a, 64)
+        elif case == "mipmapped":
+            mem.copy(MipmappedArray.create(8, 8, levels=2), np.zeros((8, 8), np.float32))
+        else:
+            mem.copy(bytes(128), a)
+    text = str(refused.value)
+    named = {"shape": str(other.shape) if case == "shape" else None, "dtype": "int32",
+             "array extent": other_array.describe(), "array dtype": other_array.describe(),
+             "device small": "64 bytes", "host small": "127 bytes"}
+    if case in named:
+        assert a.describe() in text and named[case] in text, text
+    assert refused.value.refused
+    assert not any(c.startswith("cuMemcpy") for c in fk.calls())
+
+
+def test_memory_copy_takes_more_linear_memory_than_the_array_and_raw_addresses(arrays, fk):
+    """Linear memory without a shape is checked by size: more than the array's bytes is fine (the array's worth
+    is copied), as a linear copy takes the smaller side; a raw device address has no size to check."""
+    a = CudaArray.create(8, 4, dtype="float32")
+    src = _host(a.numpy_shape)
+    with DeviceBuffer(4096) as big:
+        mem.copy(big, src)
+        mem.copy(a, big)
+        mem.copy(a, big.ptr, a.nbytes)
+        out = bytearray(a.nbytes + 16)
+        mem.copy(out, a)
+    np.testing.assert_array_equal(np.frombuffer(bytes(out[:a.nbytes]), np.float32).reshape(a.numpy_shape), src)
+    assert out[a.nbytes:] == bytes(16)
+
+
 def test_the_fake_checks_regions_too(arrays):
     """The driver's own bounds (what cuproc checks first): a region past the array is CUDA_ERROR_INVALID_VALUE."""
     drv = cuproc.default_driver()

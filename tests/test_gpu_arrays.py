@@ -9,10 +9,9 @@ are chosen so that most of them differ from the nearest texel, which the test as
 fetch cannot pass it).
 
 The tensor-map test needs sm_90 (TMA) and is skipped before; it loads tiles of a matrix whose size is not a
-multiple of the box (edge tiles read zeros past the end), with the map placed after an ``int``.  Where the
-driver's parameter offsets differ from what cuproc.launch packs (sm_90 places a 64-aligned struct by its
-constant-bank address, at 48), the launch is refused before the driver call and the test reports an expected
-failure naming issue 39's launch-layout defect; any other failure is a failure.
+multiple of the box (edge tiles read zeros past the end), with the map placed after an ``int``.  The driver
+places a 64-aligned struct by its constant-bank address (at 48 on sm_90, see DRIVER_LAYOUT), and cuproc.launch
+packs each argument at the offset the driver reports, in both conventions and both launch forms.
 """
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ from cuproc import DeviceBuffer, Stream
 from cuproc import memory as mem
 from cuproc.arrays import CudaArray, MipmappedArray
 from cuproc.errors import InvalidValueError
-from cuproc.launch import arg_type, launch, layout
+from cuproc.launch import launch
 from cuproc.nvrtc import is_nvrtc_available
 from cuproc.program import Program
 from cuproc.tensor_map import TensorMap, param_type
@@ -244,6 +243,33 @@ def test_a_3d_array_round_trip_and_a_fetch_of_every_texel(module):
         np.testing.assert_array_equal(_download(out, vol.shape), vol)
 
 
+@pytest.mark.parametrize("dims, dtype, channels", [((40, 24), np.float32, 1), ((16, 12), np.uint8, 4),
+                                                    ((20, 6, 5), np.float32, 1), ((9, 7, 3), np.int16, 2)])
+@pytest.mark.parametrize("on_stream", [False, True])
+def test_memory_copy_round_trips_through_arrays(module, dims, dtype, channels, on_stream):
+    """host -> array -> device -> array -> host through cuproc.memory.copy alone (cuMemcpy2D/3D, Async on a
+    stream), 2-D and 3-D, against NumPy: every element back where it was."""
+    s = Stream() if on_stream else None
+    a = CudaArray.create(*dims, dtype=np.dtype(dtype).name, channels=channels)
+    b = CudaArray.create(*dims, dtype=np.dtype(dtype).name, channels=channels)
+    rng = np.random.default_rng(len(dims) * 10 + channels)
+    src = (rng.random(a.numpy_shape) * 100).astype(dtype)
+    zeros, back = np.zeros_like(src), np.zeros_like(src)   # host memory alive until the stream has run it
+    with DeviceBuffer(src.nbytes) as dev:
+        mem.copy(a, src, stream=s)
+        mem.copy(dev, a, stream=s)
+        mem.copy(b, dev, stream=s)
+        mem.copy(a, zeros, stream=s)                       # so that the next copy must bring the data back
+        mem.copy(a, b, stream=s)
+        mem.copy(back, a, stream=s)
+        if s is not None:
+            s.synchronize()
+        np.testing.assert_array_equal(back, src)
+        np.testing.assert_array_equal(_download(dev, src.shape, dtype), src)   # the device copy in between
+    a.close()
+    b.close()
+
+
 def test_a_layered_array(module):
     w, h, layers = 16, 4, 3
     data = np.stack([np.full((h, w), 10.0 * k, np.float32) + np.arange(w, dtype=np.float32) for k in range(layers)])
@@ -348,26 +374,25 @@ def test_the_driver_places_the_tensor_map_by_its_constant_bank_address(tma):
 @pytest.mark.parametrize("convention", ["buffer", "params"])
 @pytest.mark.parametrize("form", ["one-shot", "prepared"])
 def test_tma_loads_tiles_edge_tiles_included(tma, form, convention):
+    """cuproc packs the map where the driver says the kernel reads it (48 after the int on sm_90, 64 on sm_100),
+    in both conventions; a driver that cannot say refuses a packed buffer before the call."""
     info = tma.param_info()
-    ours = layout([arg_type(s) for s in TMA_SIGNATURE])[0]
-    if convention == "buffer" and info is None:
-        pytest.skip("without the driver's parameter info (cuFuncGetParamInfo, CUDA 12.4+) nothing checks where the "
-                    "packed buffer puts the map; on sm_90 it is not where the kernel reads it (a device fault)")
     rows, cols = 37, 72                               # not multiples of the 8 x 16 box: edge tiles
     matrix = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols) + 1
     grid = (-(-cols // BOX[1]), -(-rows // BOX[0]))
     with DeviceBuffer(matrix.nbytes) as src, DeviceBuffer(4 * grid[0] * grid[1] * BOX[0] * BOX[1]) as out:
         mem.copy(src, matrix)
         tm = TensorMap.tiled(src, "float32", matrix.shape, BOX)
-        try:
-            if form == "one-shot":
+        if info is None and convention == "buffer":   # (before CUDA 12.4) where the map goes is unknown
+            with pytest.raises(InvalidValueError, match="convention='params'"):
                 launch(tma, grid, 128, (np.int32(1000), tm, out, np.int32(grid[0])), convention=convention)
-            else:
-                tma.prepare(TMA_SIGNATURE, grid, 128, convention=convention)(1000, tm, out, grid[0])
-        except InvalidValueError as exc:
-            if info is not None and [o for o, _ in info] != ours:
-                pytest.xfail(f"issue 39's launch-layout defect in cuproc.launch (packs at {ours}, the driver "
-                             f"places at {[o for o, _ in info]}): {exc}")
-            raise
+            return
+        if form == "one-shot":
+            launch(tma, grid, 128, (np.int32(1000), tm, out, np.int32(grid[0])), convention=convention)
+        else:
+            run = tma.prepare(TMA_SIGNATURE, grid, 128, convention=convention)
+            if info is not None:
+                assert run.prepared.packed.offsets == [offset for offset, _ in info]
+            run(1000, tm, out, grid[0])
         got = _download(out, grid[0] * grid[1] * BOX[0] * BOX[1])
     np.testing.assert_array_equal(got - 1000, _tiles(matrix))

@@ -289,19 +289,10 @@ def test_objects_pass_by_value_in_every_launch_form(kernels, fk, form):
     assert int.from_bytes(data[16:20], "little") == 7
 
 
-#: What keeps tensor maps out of launches today (issue 39's defect, in cuproc.launch, which this change does not
-#: touch): arguments are packed at their alignment from offset 0, and check_signature compares those offsets with
-#: the driver's parameter info.  The compiler aligns a parameter at its address in constant bank 0, where sm_90
-#: puts the parameters from 0x210: a 64-aligned struct lands at offset 48 (first, or after an int; 128-aligned:
-#: 112), which the driver reports (on an H200 too) and the fake models.  So every such launch is refused, in both
-#: conventions.  The fix belongs in cuproc.launch: pack at the driver's offsets where it reports them (the buffer
-#: convention), compare sizes only for kernelParams (the driver places each parameter itself).  Strict: these
-#: start passing with that fix, and then fail here until the marker goes.
-LAUNCH_LAYOUT_DEFECT = pytest.mark.xfail(strict=True, raises=InvalidValueError,
-                                         reason="cuproc.launch packs a 64-aligned struct at 64; sm_90 places it at 48")
-
-
-@LAUNCH_LAYOUT_DEFECT
+#: The compiler aligns a parameter at its address in constant bank 0, where sm_90 puts the parameters from 0x210:
+#: a 64-aligned struct lands at offset 48 (first, or after an int; 128-aligned: 112), which the driver reports (on
+#: an H200 too) and the fake models.  cuproc.launch packs at the driver's offsets, so the map arrives where the
+#: kernel reads it in every form and convention (the fake copies a "buffer" block verbatim).
 @pytest.mark.parametrize("form", ["inferred", "prepared", "prepared params", "signature params", "128 aligned"])
 def test_a_tensor_map_passes_by_value_where_the_driver_places_it(kernels, fk, form):
     buf = _aligned_buffer(32 * 32 * 2)
