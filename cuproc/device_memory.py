@@ -44,7 +44,7 @@ from .allocation import EXPORTS, Allocation
 from .context import (Context, is_default_stream, pushing_failed, register_stream_ordered_memory,
                       synchronize_context)
 from .driver import DEFAULT_HANDLE, Driver
-from .errors import CudaError
+from .errors import CudaError, result_code
 from .interop import KDL_CUDA, DeviceArrayExports, cai, default_marker, typestr_of
 from .stream import Stream, as_stream, default_stream, foreign_context, stream_handle
 
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 _SIZE_MAX = (1 << (8 * ffi.sizeof("size_t"))) - 1
 _EVENT_DISABLE_TIMING = 2                         # CU_EVENT_DISABLE_TIMING
 _PER_THREAD = 2                                   # CU_STREAM_PER_THREAD's value
+_CAPTURE_INVALIDATED = result_code("CUDA_ERROR_STREAM_CAPTURE_INVALIDATED")
 _LEGACY = 1                                       # CU_STREAM_LEGACY's
 _DEVICE_POINTER = ffi.typeof("CUdeviceptr *")   # parsed once: ffi.new of a string parses it per call
 _new_buffer = object.__new__                     # DeviceBuffer has no __new__ of its own: skips a lookup
@@ -323,7 +324,7 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
         if own.__class__ is Stream and h is own.handle:   # a Stream's own handle is never a default stream
             rc = self.driver.cuMemFreeAsync(address, h)  # Context.call's first attempt, inline
             if rc:
-                _free_failed(ctx, rc, address, h)
+                _free_failed(ctx, rc, address, h, self)
             return
         try:
             rc = ctx.call_on(h, self.driver.cuMemFreeAsync, address, h)   # (a default stream: the current one's)
@@ -339,7 +340,7 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
             self.ended = None
             raise
         if rc:
-            raise self.driver.error(rc, "cuMemFreeAsync")
+            _free_failed(ctx, rc, address, h, self, rebind=False)
 
 
 def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: MemoryPool | None = None,
@@ -428,13 +429,38 @@ def _placement(stream: Stream | Any | None, context: Context | None, driver: Dri
     return h, ctx, h, handle_int(h) or None, run      # last_stream None: the default (NULL) stream
 
 
-def _free_failed(ctx: Context, rc: int, address: int, stream: Any) -> None:
+def _free_failed(ctx: Context, rc: int, address: int, stream: Any, buffer: DeviceBuffer | None = None, *,
+                 rebind: bool = True) -> None:
     """The rest of a stream-ordered free after its first attempt answered ``rc``: the context's rebind
-    (a binding error gets the second attempt), then the exception for what the driver said."""
+    (a binding error gets the second attempt), then the exception for what the driver said -- with
+    ``buffer`` (whose claim was taken) kept live when the refusal was a stream capture's."""
     drv = ctx.driver
-    rc = ctx.rebind(rc, drv.cuMemFreeAsync, address, stream)
+    if rebind:
+        rc = ctx.rebind(rc, drv.cuMemFreeAsync, address, stream)
     if rc:
-        raise drv.error(rc, "cuMemFreeAsync")
+        err = drv.error(rc, "cuMemFreeAsync")
+        if buffer is not None:
+            _kept_if_captured(buffer, stream, err)
+        raise err
+
+
+def _kept_if_captured(buffer: DeviceBuffer, stream: Any, err: CudaError) -> None:
+    """cuMemFreeAsync of ``buffer`` on ``stream`` was refused.  While the stream is being captured the
+    driver frees only graph allocations (the free becomes a free node): this pool memory was not freed, so
+    its claim goes back (the buffer stays live, for a free after the capture) and ``err`` says so."""
+    status = ffi.new("CUstreamCaptureStatus *")
+    rc = buffer.context.call_on(stream, buffer.driver.cuStreamIsCapturing, stream, status)
+    if not (rc == _CAPTURE_INVALIDATED or (rc == 0 and status[0] != 0)):
+        return
+    buffer.context.stream_ordered[buffer.claim_key] = (buffer.address, buffer.stream)
+    buffer.ended = None
+    note = (f"{buffer.describe()} was allocated outside the stream capture running on its stream: during a "
+            "capture cuMemFreeAsync frees only memory allocated in the capture (a graph's); it was not freed and "
+            "stays usable: free it after the capture (after the graph's last launch that uses it)")
+    if hasattr(err, "add_note"):
+        err.add_note(note)
+    else:  # pragma: no cover - Python 3.10
+        err.__notes__ = [*getattr(err, "__notes__", ()), note]  # type: ignore[attr-defined]
 
 
 # With the fast path, ``alloc_async``, ``DeviceBuffer.free_async`` and ``DeviceBuffer.__del__`` are C
@@ -459,7 +485,7 @@ def _c_alloc_failed(stream: Stream, nbytes: int, rc: int, address: int | None = 
 
 def _c_free_failed(buffer: DeviceBuffer, rc: int) -> None:
     """free_async's first attempt answered ``rc`` (the claim is taken, the buffer ended)."""
-    _free_failed(buffer.stream.context, rc, buffer.address, buffer.stream.handle)
+    _free_failed(buffer.stream.context, rc, buffer.address, buffer.stream.handle, buffer)
 
 
 _python_alloc_async = alloc_async

@@ -42,6 +42,8 @@ Policy
 """
 from __future__ import annotations
 
+import weakref
+
 from ._ffi import ffi
 from ._support import arity, handle_int, invalid
 from .context import Context
@@ -83,6 +85,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
     from typing import Any
 
+    from .graph_nodes import GraphAllocation
     from .stream_capture import CaptureInfo, StreamCapture
 
 _NODE_TYPE = ffi.typeof("CUgraphNodeType").relements
@@ -333,11 +336,14 @@ class Graph(GraphStructure, GraphPicture):
     def _capturing(cls, context: Context, capture: StreamCapture) -> Graph:
         return cls._view(context.driver, context, None, owned=True, capture=capture)
 
-    def _captured(self, handle: Any) -> None:
+    def _captured(self, handle: Any, allocations: Sequence[GraphAllocation] = ()) -> None:
         """The capture ended with ``handle``: this object owns it now (host functions the capture met are
-        taken over from cuproc.stream's one-shot records, so that every launch runs them)."""
+        taken over from cuproc.stream's one-shot records, so that every launch runs them).  ``allocations``:
+        the buffers alloc_async made in the capture that it did not free, now the graph's (its executable
+        graphs track them, weakly: see GraphExec.launch)."""
         first_token = self._capture._first_token if self._capture is not None else 0
         self.handle, self._capture = handle, None
+        self._allocations = tuple((buf.address, weakref.ref(buf)) for buf in allocations)
         from .stream import host_function_streams
         if host_function_streams(first_token):
             for node in self.nodes:

@@ -103,7 +103,7 @@ def instantiate(graph: GraphStructure, flags: int | Iterable[str] = 0, upload: A
                    f"log: {log}" if log else ""]
         raise with_details(GraphInstantiateError, drv.error(rc, call), ", ".join(filter(None, details)),
                            result=result, node=node, log=log)
-    return GraphExec._made(graph, out[0], ctx)
+    return GraphExec._made(graph, out[0], ctx, value)
 
 
 # ----------------------------------------------------------------------------- what a launch holds until it ran
@@ -175,12 +175,16 @@ class GraphExec(Resource):
     _leaves: tuple[Resource, ...]
     _flight: tuple
     _graph_launch: Callable[..., int]
+    _origin: dict[tuple[int, ...], weakref.ref[NodeRecord]]
+    _allocations: tuple[tuple[int, weakref.ref[Any]], ...]
+    _auto_free: bool
+    _lock: Any
 
     def __init__(self) -> None:
         raise TypeError("an executable graph is made by Graph.instantiate()")
 
     @classmethod
-    def _made(cls, graph: GraphStructure, handle: Any, context: Context) -> GraphExec:
+    def _made(cls, graph: GraphStructure, handle: Any, context: Context, flags: int = 0) -> GraphExec:
         exe = cls.__new__(cls)
         exe.driver = graph.driver
         exe.context = context
@@ -192,6 +196,14 @@ class GraphExec(Resource):
         #: the nodes that name this executable graph's nodes (those of the graph it was instantiated from,
         #: as the driver has it): id(record) -> (the record, weakly; its place)
         exe._places = {id(record): (weakref.ref(record), path) for path, record in order}
+        #: the records of that graph by place: the node handles the driver takes (cuGraphExec*SetParams
+        #: names a node by the graph the executable graph was instantiated from, also after an update)
+        exe._origin = {path: weakref.ref(record) for path, record in order}
+        exe._allocations = graph._allocations
+        exe._auto_free = bool(flags & INSTANTIATE_FLAGS["CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH"])
+        #: held by launch, upload, update and set_kernel_args: a launch sees the executable graph and what it
+        #: keeps either before or after an update from another thread, never half of each
+        exe._lock = _fork.lock()
         exe._take(order)
         exe.ended = None
         return exe
@@ -260,28 +272,68 @@ class GraphExec(Resource):
 
         On a cuproc Stream, with nothing ended since both were last checked (the resource epoch) and every
         buffer the graph refers to alive, it is the driver call alone (benchmarks/bench_graphs.py); anything
-        else takes the full checks first."""
-        epoch = EPOCH[0]
-        if stream.__class__ is Stream and self._checked_at == epoch and stream.ended is None \
-                and getattr(stream, "_checked_at", None) == epoch:
-            for leaf in self._leaves:
-                if leaf.ended is not None:
-                    break
-            else:
-                h = stream.handle        # a Stream's own stream: the driver routes the call by it
-                rc = self._graph_launch(self.handle, h)
-                if rc:
-                    self._launch_failed(rc, h)
-                if self._flight:
-                    hold_until_run(self.context, h, self._flight)
-                return
-        self._verify("cuGraphLaunch")
-        h = stream_handle(stream, self.driver, "cuGraphLaunch")
-        rc = self.context.call_on(h, self._graph_launch, self.handle, h)
-        if rc:
-            raise self.driver.error(rc, "cuGraphLaunch")
-        if self._flight:
-            hold_until_run(self.context, h, self._flight)
+        else takes the full checks first.
+
+        Threads: a launch waits for an :meth:`update` or :meth:`set_kernel_args` another thread is making
+        (one lock per executable graph), so it launches the graph as it was before or after that change.
+        The driver orders launches of one executable graph itself.
+
+        A captured graph's allocations (:class:`~cuproc.graph_nodes.GraphAllocation`) are allocated by
+        each launch: the launch is refused while one from the last launch is not freed (the driver would
+        refuse it) unless the graph was instantiated with ``AUTO_FREE_ON_LAUNCH``; one whose buffer was
+        dropped is freed right after each launch, on its stream."""
+        with self._lock:
+            epoch = EPOCH[0]
+            if stream.__class__ is Stream and self._checked_at == epoch and stream.ended is None \
+                    and getattr(stream, "_checked_at", None) == epoch and not self._allocations:
+                for leaf in self._leaves:
+                    if leaf.ended is not None:
+                        break
+                else:
+                    h = stream.handle        # a Stream's own stream: the driver routes the call by it
+                    rc = self._graph_launch(self.handle, h)
+                    if rc:
+                        self._launch_failed(rc, h)
+                    if self._flight:
+                        hold_until_run(self.context, h, self._flight)
+                    return
+            self._verify("cuGraphLaunch")
+            h = stream_handle(stream, self.driver, "cuGraphLaunch")
+            self._allocations_freed()
+            rc = self.context.call_on(h, self._graph_launch, self.handle, h)
+            if rc:
+                raise self.driver.error(rc, "cuGraphLaunch")
+            if self._allocations:
+                self._allocated(stream if isinstance(stream, Stream) else h, h)
+            if self._flight:
+                hold_until_run(self.context, h, self._flight)
+
+    def _allocations_freed(self) -> None:
+        """Refuse a launch while memory the last launch allocated is not freed (cuGraphLaunch answers
+        CUDA_ERROR_INVALID_VALUE then), unless each launch frees it (AUTO_FREE_ON_LAUNCH)."""
+        if self._auto_free:
+            return
+        for _address, ref in self._allocations:
+            buf = ref()
+            if buf is not None and buf.ended is None:
+                raise invalid("cuGraphLaunch", f"{buf.describe()}, which the last launch of {self.describe()} "
+                                               "allocated, is not freed: the driver launches the graph again only "
+                                               "once it is (buf.free_async(stream) after its last use), or "
+                                               "instantiate with flags='AUTO_FREE_ON_LAUNCH'")
+
+    def _allocated(self, stream: Any, h: Any) -> None:
+        """After a launch on ``stream`` (``h``, its CUstream): the graph's allocations exist; those whose buffer
+        was dropped have no one to free them and are freed now, after the launch on its stream."""
+        drv = self.driver
+        for address, ref in self._allocations:
+            buf = ref()
+            if buf is not None and buf.ended != "dropped":
+                buf.launched(stream)
+                continue
+            rc = self.context.call_on(h, drv.cuMemFreeAsync, address, h)
+            if rc:
+                report(f"freeing the graph allocation at {address:#x} (its buffer was dropped) after a launch of "
+                       f"{self.describe()} failed: {drv.error(rc, 'cuMemFreeAsync')}")
 
     def _launch_failed(self, rc: int, stream: Any) -> None:
         """The first attempt on a Stream answered ``rc``: the context's rebind (Context.call), else the error."""
@@ -302,6 +354,10 @@ class GraphExec(Resource):
         :meth:`launch` where buffers may end.  A graph with host nodes or host memory is refused here: each of
         its launches must keep them until it ran (use :meth:`launch`).
 
+        It does not take the executable graph's lock (:meth:`launch`, :meth:`update` and
+        :meth:`set_kernel_args` do): a replay racing an update or an argument change from another thread is
+        the caller's to order, as for the driver's own executable graphs.
+
         It is a closure, not an instance of a class: calling an instance runs its ``__call__`` through the
         interpreter's slower slot (about 160 ns more per call than a function, CPython 3.11), which is the
         whole cost this exists to save."""
@@ -316,6 +372,9 @@ class GraphExec(Resource):
         if self._flight:
             raise invalid(call, f"{self.describe()} has host nodes or host memory, which each launch keeps until it "
                                 "ran: replay it with launch()")
+        if self._allocations:
+            raise invalid(call, f"{self.describe()} allocates memory (alloc_async in its capture), which each launch "
+                                "allocates and must find freed: replay it with launch()")
         exe, launch, h, s = self, self.driver.checked.cuGraphLaunch, self.handle, stream.handle
         seen = EPOCH[0]          # the epoch at which exe and stream were last found alive
 
@@ -334,22 +393,35 @@ class GraphExec(Resource):
 
     def upload(self, stream: Any = None) -> None:
         """cuGraphUpload: make the launch's resources ready on ``stream`` ahead of the first launch."""
-        self._verify("cuGraphUpload")
-        drv = self.driver
-        h = stream_handle(stream, drv, "cuGraphUpload")
-        drv.check(self.context.call_on(h, drv.cuGraphUpload, self.handle, h), "cuGraphUpload")
+        with self._lock:
+            self._verify("cuGraphUpload")
+            drv = self.driver
+            h = stream_handle(stream, drv, "cuGraphUpload")
+            drv.check(self.context.call_on(h, drv.cuGraphUpload, self.handle, h), "cuGraphUpload")
 
     # ---------------------------------------------------------------- changes
     def update(self, graph: GraphStructure) -> None:
         """cuGraphExecUpdate: take ``graph``'s node parameters (same topology and node order).  When the
         driver cannot, :class:`GraphUpdateError` says why and names the node (found wherever it is in
-        ``graph``: a child graph, a conditional body), and nothing changed."""
+        ``graph``: a child graph, a conditional body), and nothing changed.  Afterwards the nodes of
+        ``graph`` address this executable graph's nodes (the driver pairs them by place), as those of the
+        graph it was instantiated from still do: :meth:`set_kernel_args` takes either.  A launch from
+        another thread waits for the update (see :meth:`launch`)."""
         call = "cuGraphExecUpdate"
-        self._verify(call)
         if not isinstance(graph, GraphStructure):
             raise invalid(call, f"update takes a cuproc Graph, not {type(graph).__name__}")
-        graph._ready(call)
-        graph._check_held(call)
+        with self._lock:
+            self._verify(call)
+            graph._ready(call)
+            graph._check_held(call)
+            self._apply_update(call, graph)
+            order = graph._record_order(call)
+            self._take(order)
+            origin = {id(r()): (r, path) for path, r in self._origin.items() if r() is not None}
+            self._places = {**origin, **{id(record): (weakref.ref(record), path) for path, record in order}}
+
+    def _apply_update(self, call: str, graph: GraphStructure) -> None:
+        """The driver call of :meth:`update` at the handle's ABI; its refusal as GraphUpdateError."""
         drv = self.driver
         if arity(drv, call) == 3:                  # 12.0+: (exec, graph, CUgraphExecUpdateResultInfo *)
             info = ffi.new("CUgraphExecUpdateResultInfo *")
@@ -367,44 +439,67 @@ class GraphExec(Resource):
             details = f"the driver's reason: {reason}" + (f" at {error_node.describe()}" if error_node else "")
             raise with_details(GraphUpdateError, drv.error(rc, call), details, reason=reason, node=error_node,
                                from_node=from_node)
-        self._take(graph._record_order(call))
 
     def set_kernel_args(self, node: KernelNode, args: Sequence[Any] | None = None, *, grid: Any = None,
                         block: Any = None, shared_mem: int | None = None,
                         signature: Sequence[Any] | None = None) -> None:
         """cuGraphExecKernelNodeSetParams: new arguments (packed as a launch packs them, by the node's own
-        types unless ``signature`` is given), grid, block or shared memory of a kernel node of the graph
-        this was instantiated from, for the next launches of this executable graph only."""
+        types unless ``signature`` is given), grid, block or shared memory of a kernel node -- of the graph
+        this was instantiated from, or of the graph of its last :meth:`update` -- for the next launches of
+        this executable graph only.  The driver names the node by the graph it was instantiated from, which
+        must still be alive (and the node in it)."""
         call = "cuGraphExecKernelNodeSetParams"
-        self._verify(call)
         if not isinstance(node, KernelNode):
             raise invalid(call, f"set_kernel_args takes a KernelNode, not {type(node).__name__}")
-        node.check(call)
+        with self._lock:
+            self._verify(call)
+            node.check(call)
+            key = self._place_of(node, call)
+            base = self._kernels.get(key)
+            if base is None:
+                raise invalid(call, f"{node.describe()} was not made by cuproc (a captured node): its argument "
+                                    "types are not known here")
+            function, packed, values, dims, shared = base
+            reuse = args is None and signature is None
+            parts = kernel_parts(node.graph, function, call, values if args is None else args,
+                                 packed.types if signature is None else signature,
+                                 dims[:3] if grid is None else grid, dims[3:] if block is None else block,
+                                 shared if shared_mem is None else shared_mem, packed if reuse else None)
+            p = kernel_struct(self.driver, call, 2, parts)
+            self.driver.check(self.context.call_current(self.driver.cuGraphExecKernelNodeSetParams, self.handle,
+                                                        self._driver_node(node, key, call), p), call)
+            self._kernels[key] = parts[:5]
+            self._keep_by_node[key] = (parts[1], *parts[6])
+            self._held_by_node[key] = tuple(dict.fromkeys(parts[5]))
+            self._refresh()
+
+    def _place_of(self, node: KernelNode, call: str) -> tuple[int, ...]:
+        """The place in this executable graph of ``node`` (of the graph it was instantiated from, or of its
+        last update's); refused for any other node."""
         place = self._places.get(id(node.record))
-        if (place is None or place[0]() is not node.record) and node.record.kernel is None:
-            raise invalid(call, f"{node.describe()} was not made by cuproc (a captured node): its argument types "
-                                "are not known here")
         if place is None or place[0]() is not node.record:
+            if node.record.kernel is None:
+                raise invalid(call, f"{node.describe()} was not made by cuproc (a captured node): its argument "
+                                    "types are not known here")
             raise invalid(call, f"{node.describe()} is not a node of the graph this executable graph was "
-                                "instantiated from (as it was then): a node added later has no counterpart here")
-        key = place[1]
-        base = self._kernels.get(key)
-        if base is None:
-            raise invalid(call, f"{node.describe()} was not made by cuproc (a captured node): its argument types "
-                                "are not known here")
-        function, packed, values, dims, shared = base
-        reuse = args is None and signature is None
-        parts = kernel_parts(node.graph, function, call, values if args is None else args,
-                             packed.types if signature is None else signature,
-                             dims[:3] if grid is None else grid, dims[3:] if block is None else block,
-                             shared if shared_mem is None else shared_mem, packed if reuse else None)
-        p = kernel_struct(self.driver, call, 2, parts)
-        self.driver.check(self.context.call_current(self.driver.cuGraphExecKernelNodeSetParams, self.handle,
-                                                    node.handle, p), call)
-        self._kernels[key] = parts[:5]
-        self._keep_by_node[key] = (parts[1], *parts[6])
-        self._held_by_node[key] = tuple(dict.fromkeys(parts[5]))
-        self._refresh()
+                                "instantiated from, nor of the graph of its last update (as they were then): a "
+                                "node added later has no counterpart here")
+        return place[1]
+
+    def _driver_node(self, node: KernelNode, key: tuple[int, ...], call: str) -> Any:
+        """The node handle the driver takes for place ``key``: that of the graph this was instantiated from
+        (``node``'s own when it is one of that graph's), checked to be still that graph's node."""
+        origin = self._origin.get(key)
+        record = origin() if origin is not None else None
+        if record is node.record:
+            return node.handle
+        source = self._source()
+        if record is None or source is None or source.ended is not None or not source.holds(record):
+            raise invalid(call, f"{node.describe()} is at the place of a node of the graph {self.describe()} was "
+                                "instantiated from, which is gone (destroyed, or the node removed): the driver names "
+                                "a node of an executable graph by that graph's; keep it alive to set arguments "
+                                "here, or instantiate again")
+        return ffi.cast("CUgraphNode", record.handle)
 
     def __repr__(self) -> str:
         state = f" {self.ended}" if self.ended else ""

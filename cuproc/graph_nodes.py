@@ -48,10 +48,11 @@ from ._namedtuple import NamedTuple
 from ._resource import Resource
 from ._support import arity, handle_int, invalid
 from .context import Context
-from .device_memory import DeviceView, GlobalView
+from .device_memory import DeviceBuffer, DeviceView, GlobalView, after_last_work
 from .errors import CudaWarning, SymbolNotFoundError
 from .fill_args import check_element_bits, fill_count
 from .graph_errors import add_note, require_at_requested_version
+from .stream import Stream, stream_handle
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ class NodeRecord:
     is what the nodes of the child it copied read when they run (:func:`runtime_objects` of their records);
     ``keep`` holds all they refer to."""
 
-    __slots__ = ("handle", "keep", "held", "bodies", "graphs", "kernel", "info", "runtime", "wrapper",
+    __slots__ = ("handle", "keep", "held", "bodies", "graphs", "kernel", "info", "runtime", "wrapper", "node_class",
                  "__weakref__")
 
     def __init__(self, handle: int, keep: tuple = (), held: tuple[Resource, ...] = (),
@@ -92,6 +93,8 @@ class NodeRecord:
         self.info: tuple[Any, ...] = ()
         self.runtime: tuple[Any, ...] | None = None
         self.wrapper: weakref.ref[GraphNode] | None = None
+        #: the class of its node object (what the driver said the node is when the object was made)
+        self.node_class: type[GraphNode] | None = None
 
     def everything(self) -> Iterable[NodeRecord]:
         """This record and those of the nodes in its bodies, recursively."""
@@ -295,6 +298,7 @@ class GraphNode(Resource):
         self.handle = ffi.cast("CUgraphNode", handle)
         self.record = record
         record.wrapper = weakref.ref(self)
+        record.node_class = type(self)
         self.ended = None
 
     # ------------------------------------------------------------ resource
@@ -687,6 +691,87 @@ class MemAllocNode(GraphNode):
         return int(self.params.bytesize)
 
 
+#: How a graph allocation's buffer reads (its ``ended``) while its memory does not exist.
+NOT_ALLOCATED = ("not allocated yet: it is a graph allocation (alloc_async during a stream capture) and the graph's "
+                 "memory exists only from a launch of its executable graph until it is freed; launch it first")
+FREED_UNTIL_LAUNCH = "freed (a graph allocation: the next launch of its executable graph allocates it again)"
+
+
+class GraphAllocation(DeviceBuffer):
+    """What ``alloc_async`` made during a stream capture that the capture did not free: a *graph
+    allocation* (the capture made a memory alloc node, cuMemAllocAsync's documented behaviour), not pool
+    memory.  Its address is fixed, but its memory exists only from a launch of the executable graph
+    (``GraphExec.launch``) until it is freed; the next launch allocates it again, at the same address.
+
+    * Before the first launch, and between a free and the next launch, it refuses every use
+      (:class:`~cuproc.errors.ClosedResourceError`: ``ended`` says why) and ``free_async`` raises: the
+      driver refuses to free memory its graph never allocated.
+    * After a launch, it is device memory as any other, until ``free_async(stream)`` (cuMemFreeAsync,
+      ordered after the launch; default: the launch's stream) or ``close()`` / ``free()`` (the same on the
+      launch's stream while it lives, else cuMemFree).  The executable graph cannot be launched again
+      until it is freed (cuGraphLaunch refuses; cuproc says so first), unless it was instantiated with
+      ``AUTO_FREE_ON_LAUNCH``.
+    * Dropped while allocated, its finalizer frees it; dropped otherwise, nothing is freed (nothing
+      exists), and each later launch frees the allocation right after itself on the launch's stream.
+
+    The capture turns the buffer ``alloc_async`` returned into this class when it ends (the object the
+    caller holds); one freed inside the capture (a free node) simply ends as "freed"."""
+
+    __slots__ = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a GraphAllocation is made by alloc_async during a stream capture (cuproc.capture)")
+
+    def describe(self) -> str:
+        return f"graph allocation of {self.nbytes} bytes at {self.address:#x}"
+
+    @property
+    def allocated(self) -> bool:
+        """True from a launch of its executable graph until the memory is freed."""
+        return self.ended is None
+
+    def _release(self) -> int:
+        """close() and the finalizer of allocated memory: cuMemFreeAsync on the stream of the launch that
+        allocated it while that stream is usable, else cuMemFree (the driver frees graph memory both ways)."""
+        drv, stream = self.driver, self.stream
+        if isinstance(stream, Stream) and stream.ended_owner() is None:
+            return self.context.call_on(stream.handle, drv.cuMemFreeAsync, self.address, stream.handle)
+        return self.context.call(drv.cuMemFree, self.address)
+
+    def free_async(self, stream: Stream | Any | None = None) -> None:  # type: ignore[override]
+        """cuMemFreeAsync of the allocated memory on ``stream`` (default: the stream of the launch that
+        allocated it), ordered after that launch; the next launch allocates it again.  Idempotent once
+        freed; refused (before the driver) while the graph never allocated it."""
+        call = "cuMemFreeAsync"
+        if self.ended == FREED_UNTIL_LAUNCH:
+            return
+        if self.ended == NOT_ALLOCATED:
+            raise invalid(call, f"{self.describe()} was never allocated: its graph has not been launched (the "
+                                "driver refuses to free it); launch the executable graph first, free it after")
+        self.check(call)
+        target = self.stream if stream is None else stream
+        h = stream_handle(target, self.driver, call)
+        after_last_work(self, self.context, h, target if isinstance(target, Stream) else None)
+        self.driver.check(self.context.call_on(h, self.driver.cuMemFreeAsync, self.address, h), call)
+        self.ended = FREED_UNTIL_LAUNCH
+
+    def launched(self, stream: Stream | Any) -> None:
+        """A launch on ``stream`` allocated this memory (called by ``GraphExec.launch``): usable again, to be
+        freed on that stream by default."""
+        if self.context.ended is None:
+            self.stream = self.last_stream = stream
+            self.ended = None
+
+
+def adopt_graph_allocation(buffer: DeviceBuffer) -> GraphAllocation:
+    """``buffer`` (what alloc_async returned during a capture, its claim on the pool entry already taken by
+    the caller) as a :class:`GraphAllocation` that its graph has not allocated yet.  The object is the
+    caller's: its class changes in place (GraphAllocation adds no slots)."""
+    buffer.__class__ = GraphAllocation
+    buffer.ended = NOT_ALLOCATED
+    return buffer  # type: ignore[return-value]
+
+
 class MemFreeNode(GraphNode):
     """Frees graph-owned memory (cuGraphAddMemFreeNode)."""
 
@@ -809,5 +894,5 @@ def alloc_params(graph: GraphStructure, nbytes: int) -> Any:
 
 
 __all__ = ["ChildGraphNode", "ConditionalHandle", "ConditionalNode", "EmptyNode", "EventRecordNode", "EventWaitNode",
-           "GraphNode", "HostNode", "KernelNode", "KernelNodeParams", "MemAllocNode", "MemFreeNode", "MemcpyNode",
+           "GraphAllocation", "GraphNode", "HostNode", "KernelNode", "KernelNodeParams", "MemAllocNode", "MemFreeNode", "MemcpyNode",
            "MemsetNode"]

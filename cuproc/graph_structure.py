@@ -23,6 +23,8 @@ Policy
 """
 from __future__ import annotations
 
+import weakref
+
 from ._ffi import ffi
 from ._resource import EPOCH, FORKED, Resource
 from ._support import arity, handle_int, invalid
@@ -77,6 +79,9 @@ class GraphStructure(Resource):
         self._capture = capture       # the StreamCapture making this graph, while it runs
         self.adopted = False          # True: another library's graph (Graph.from_handle), never destroyed here
         self.foreign_owner: Any = None   # what an adopted graph keeps alive (the library object that owns it)
+        #: a captured graph's allocations (alloc_async in the capture, not freed there): (address, the
+        #: GraphAllocation weakly), what its executable graphs track at each launch
+        self._allocations: tuple[tuple[int, weakref.ref[Any]], ...] = ()
         self.ended = None
 
     @classmethod
@@ -152,16 +157,36 @@ class GraphStructure(Resource):
     def _node(self, handle: Any) -> GraphNode:
         """The node object of a node handle of this graph (made once per record while it is alive)."""
         key = handle_int(handle)
-        record = self._records.get(key)
+        record = self._record_of(key)
         if record is None:
             record = self._records[key] = NodeRecord(key)
         node = record.wrapper() if record.wrapper is not None else None
         if node is None or node.ended is not None:
-            out = ffi.new("CUgraphNodeType *")
-            self.driver.check(self.context.call_current(self.driver.cuGraphNodeGetType, handle, out),
-                              "cuGraphNodeGetType")
-            node = node_class(out[0])(self, handle, record)
+            node = self._node_type(handle)(self, handle, record)
         return node
+
+    def _node_type(self, handle: Any) -> type[GraphNode]:
+        """The node class of a node handle, as the driver says (cuGraphNodeGetType)."""
+        out = ffi.new("CUgraphNodeType *")
+        self.driver.check(self.context.call_current(self.driver.cuGraphNodeGetType, handle, out), "cuGraphNodeGetType")
+        return node_class(out[0])
+
+    def _record_of(self, key: int) -> NodeRecord | None:
+        """The record filed under node handle ``key``.  In another library's graph (Graph.from_handle, and the
+        graphs inside it) the owner may destroy a node behind cuproc's back and the driver hand its handle to
+        a new node: a record whose node object was of another kind than the driver's node now belongs to the
+        dead node -- it is dropped (its node object ends) and None returned, so nothing it kept or knew is
+        taken for the new node's."""
+        record = self._records.get(key)
+        if record is None or record.node_class is None or not any(g.adopted for g in self._lineage()):
+            return record
+        if self._node_type(ffi.cast("CUgraphNode", key)) is record.node_class:
+            return record
+        del self._records[key]
+        dead = record.wrapper() if record.wrapper is not None else None
+        if dead is not None and dead.ended is None:
+            dead.ended = "destroyed (by its graph's owner: the driver gave its handle to another node)"
+        return None
 
     def find_node(self, handle: Any) -> GraphNode | None:
         """The node object of ``handle`` wherever it is: a node of this graph, or of a child graph or a
@@ -225,10 +250,15 @@ class GraphStructure(Resource):
         if not records:
             return order
         for i, h in enumerate(self._handles("cuGraphGetNodes")):
-            record = records.get(handle_int(h))
+            record = self._record_of(handle_int(h))
             if record is not None:
                 walk((i,), record)
         return order
+
+    def holds(self, record: NodeRecord) -> bool:
+        """Whether ``record`` is still the record of a node of this graph (or of a body inside it): a node
+        destroyed since has none here (its handle may be another node's now)."""
+        return any(r is record for top in list(self._records.values()) for r in top.everything())
 
     @property
     def edges(self) -> list[tuple[GraphNode, GraphNode]]:

@@ -35,7 +35,16 @@ Policy
 * **The thread.**  Outside mode ``"relaxed"`` the driver lets only the thread
   that began a capture end it: leaving the block on another thread is refused
   (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, before the driver is called) and
-  the capture runs on, until its own thread leaves the block.
+  the capture runs on, until its own thread leaves the block.  When the block
+  raised, its exception stays the one raised: the refusal is added to it as a
+  note and reported as a :class:`~cuproc.errors.CudaWarning`.
+* **Graph allocations.**  A buffer ``alloc_async`` made during a capture that
+  ends well and that the capture did not free (``free_async`` in the block
+  makes a free node, the common case) becomes a
+  :class:`~cuproc.graph_nodes.GraphAllocation`: its memory exists from a
+  launch of the graph until it is freed (see there).  Pool memory allocated
+  before the capture cannot be freed in it (the driver frees only graph
+  allocations during a capture): the refusal leaves that buffer usable.
 * **Finalizers.**  A cuproc object dropped while a capture prohibits the
   thread's "potentially unsafe" calls (mode ``"global"``: every thread; mode
   ``"thread_local"``: its own) would release its handle with such a call
@@ -58,13 +67,14 @@ import _thread
 from . import _fork, _resource
 from ._ffi import ffi
 from ._namedtuple import NamedTuple
-from ._resource import Resource
+from ._resource import Resource, report
 from ._support import arity, get_driver, handle_int, invalid
 from .context import Context, is_default_stream
 from .driver import Driver
 from .errors import CudaError, refusal, result_code
 from .graph import Graph
 from .graph_errors import add_note
+from .graph_nodes import adopt_graph_allocation
 from .stream import (
     CU_STREAM_PER_THREAD,
     Stream,
@@ -80,6 +90,7 @@ TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run t
 if TYPE_CHECKING:
     from typing import Any
 
+    from .device_memory import DeviceBuffer
     from .graph_nodes import GraphNode
 
 MODES = {"global": 0, "thread_local": 1, "relaxed": 2}          # CUstreamCaptureMode
@@ -302,14 +313,23 @@ class StreamCapture:
         self.graph._discard(how)
         streams = members if members is not None else ([self.stream] if self.stream is not None else [])
         take_host_functions(self._first_token, streams)
+        for buffer in self._allocated_here(streams):
+            buffer._claim("discarded (allocated during a stream capture that failed)")
+
+    def _allocated_here(self, streams: list[Stream]) -> list[DeviceBuffer]:
+        """The buffers alloc_async made during this capture on its streams and that it did not free, each
+        taken out of its context's table of pool memory (the claim: their addresses are the graph's, never
+        the pool's, so nothing may cuMemFreeAsync them as pool memory)."""
         handles = {handle_int(s.handle) for s in streams} | {handle_int(self.handle)}
+        taken: list[DeviceBuffer] = []
         for key, (_address, stream) in list(self.context.stream_ordered.items()):
             if key in self._first_buffers or _handle_of(stream) not in handles:
                 continue
-            if self.context.untrack_stream_ordered(key) is not None:     # the claim: nothing to free
+            if self.context.untrack_stream_ordered(key) is not None:
                 buffer = key()
                 if buffer is not None:
-                    buffer._claim("discarded (allocated during a stream capture that failed)")
+                    taken.append(buffer)
+        return taken
 
     def _finish(self) -> None:
         """The capture is over (whatever became of it): it no longer prohibits anything.  One this process's
@@ -329,10 +349,17 @@ class StreamCapture:
             raise invalid("cuStreamEndCapture", "this capture has ended already")
         if self.mode != MODES["relaxed"] and _thread.get_ident() != self.thread:
             # The driver would answer CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD and go on capturing.
-            raise refusal("cuStreamEndCapture", f"the capture on {self.describe()} (mode "
+            err = refusal("cuStreamEndCapture", f"the capture on {self.describe()} (mode "
                                                 f"{self._mode_name()!r}) was begun by another thread, which must "
                                                 "end it (leave the with block there): it is still running",
                           code_name="CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD")
+            if exc is None:
+                raise err
+            # The block's own exception stays the one raised; the thread problem goes with it and is reported.
+            add_note(exc, f"leaving the capture failed too: {err}")
+            report(f"a with block capturing {self.describe()} raised {type(exc).__name__} and was left on another "
+                   f"thread than the one that began the capture: {err}")
+            return
         try:
             self._exit(exc)
         finally:
@@ -368,7 +395,7 @@ class StreamCapture:
                                   "block that the driver refused during the capture (its exception was caught): "
                                   "nothing was captured; the stream is usable again")
                 raise err
-            graph._captured(out[0])
+            graph._captured(out[0], [adopt_graph_allocation(b) for b in self._allocated_here(members)])
             return
         # The block raised: no graph, whatever the driver made of it.
         if rc == 0 and out[0] != ffi.NULL:

@@ -308,8 +308,13 @@ static struct gnode *typed_node(CUgraphNode h, int type, CUresult *rc) {
 
 /* ------------------------------------------------------------------ graph allocations
  * A memory alloc node's address belongs to the node and to every executable graph made from it
- * (references counted by address); the allocation goes with the last of them, or with its context. */
-struct galloc { CUdeviceptr base; int refs; };
+ * (references counted by address); the allocation goes with the last of them, or with its context.
+ * As on a GPU, the memory exists ("live") only from a launch that runs the alloc node until it is freed
+ * (a free node, cuMemFreeAsync, cuMemFree): freeing it while not live is CUDA_ERROR_INVALID_VALUE,
+ * launching an executable graph while an allocation of its is live is CUDA_ERROR_INVALID_VALUE unless
+ * it was instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH, and a live allocation
+ * outlives its nodes (graph destruction does not free it) until it is freed. */
+struct galloc { CUdeviceptr base; int refs, live; };
 static struct galloc *gallocs;
 static size_t ngallocs, cap_gallocs;
 
@@ -317,7 +322,7 @@ static void galloc_ref(CUdeviceptr base, int delta) {
   for (size_t i = 0; i < ngallocs; i++) {
     if (gallocs[i].base != base) continue;
     gallocs[i].refs += delta;
-    if (gallocs[i].refs <= 0) {
+    if (gallocs[i].refs <= 0 && !gallocs[i].live) {
       struct alloc *a = find_alloc(base, 0);
       if (a && a->base == base && a->kind == A_ASYNC && a->pool == GRAPH_POOL) free_alloc(a);
       gallocs[i] = gallocs[--ngallocs];
@@ -334,7 +339,35 @@ static void galloc_ref(CUdeviceptr base, int delta) {
   }
   gallocs[ngallocs].base = base;
   gallocs[ngallocs].refs = delta;
+  gallocs[ngallocs].live = 0;
   ngallocs++;
+}
+
+static struct galloc *galloc_of(CUdeviceptr base) {
+  for (size_t i = 0; i < ngallocs; i++) if (gallocs[i].base == base) return &gallocs[i];
+  return NULL;
+}
+
+/* A launch ran the alloc node of base (live = 1), or a free node or call freed it (live = 0; the allocation
+ * goes when no node has it any more). */
+static void galloc_live(CUdeviceptr base, int live) {
+  struct galloc *g = galloc_of(base);
+  if (!g) return;
+  g->live = live;
+  if (!live) galloc_ref(base, 0);
+}
+
+/* Is an allocation of executable graph x (its nodes, bodies and child graphs) live? */
+static int xgraph_has_live_alloc(const struct xgraph *x) {
+  for (size_t i = 0; x && i < x->n; i++) {
+    const struct xnode *n = &x->nodes[i];
+    struct galloc *g = n->type == N_MEM_ALLOC ? galloc_of(n->p.alloc.dptr) : NULL;
+    if (g && g->live) return 1;
+    if (n->type == N_GRAPH && xgraph_has_live_alloc(n->child)) return 1;
+    for (unsigned b = 0; n->type == N_CONDITIONAL && b < n->cond.size; b++)
+      if (xgraph_has_live_alloc(n->cond.body[b])) return 1;
+  }
+  return 0;
 }
 
 /* ------------------------------------------------------------------ conditional handles */
@@ -1571,7 +1604,8 @@ static CUresult run_xgraph(struct xgraph *x, const struct queue *q, CUstream str
     case N_EVENT_RECORD: rc = record_event(n->p.event, q); break;
     case N_WAIT_EVENT: rc = wait_event(n->p.event, q); break;
     case N_GRAPH: rc = run_xgraph(n->child, q, stream); break;
-    case N_MEM_ALLOC: case N_MEM_FREE: enqueue(q->uid); break;
+    case N_MEM_ALLOC: enqueue(q->uid); galloc_live(n->p.alloc.dptr, 1); break;
+    case N_MEM_FREE: enqueue(q->uid); galloc_live(n->p.free_ptr, 0); break;
     case N_CONDITIONAL: {
       struct cond *cd = cond_of(n->cond.handle);
       if (!cd) break;
@@ -1616,6 +1650,7 @@ static CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
   struct queue q;
   TRY(use_queue(stream, &q, NULL));
   if (capturing_member_uid(q.uid)) return E_CAPTURE_UNSUPPORTED;   /* not modelled (see the top) */
+  if (!(x->flags & 1) && xgraph_has_live_alloc(x->g)) return E_INVALID_VALUE;   /* AUTO_FREE_ON_LAUNCH */
   graph_launches++;
   reset_conditions(x->g);
   x->busy++;
@@ -2278,8 +2313,27 @@ static CUresult captured_free(CUdeviceptr dptr, CUgraph g, const CUgraphNode *de
   return OK;
 }
 
+/* cuMemFreeAsync / cuMemFree outside a capture of a graph allocation: only a live one (see "graph allocations"). */
+static CUresult free_graph_alloc(const char *call, CUdeviceptr dptr, CUstream stream) {
+  ENTER(call);
+  struct galloc *g = galloc_of(dptr);
+  if (!g || !g->live) return E_INVALID_VALUE;
+  if (stream != (CUstream)-1) {
+    struct queue q;
+    TRY(use_queue(stream, &q, NULL));
+    enqueue(q.uid);
+  }
+  galloc_live(dptr, 0);
+  return OK;
+}
+
+static CUresult graph_or_pool_free_async(CUdeviceptr dptr, CUstream stream) {
+  return galloc_of(dptr) ? free_graph_alloc("cuMemFreeAsync", dptr, stream) : cuMemFreeAsync(dptr, stream);
+}
+
 static CUresult captured_cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
-  CAPTURED_CALL("cuMemFreeAsync", stream, cuMemFreeAsync(dptr, stream), captured_free(dptr, g_, DEPS_, &node_));
+  CAPTURED_CALL("cuMemFreeAsync", stream, graph_or_pool_free_async(dptr, stream),
+                captured_free(dptr, g_, DEPS_, &node_));
 }
 
 static CUresult captured_host(CUhostFn fn, void *data, CUgraph g, const CUgraphNode *deps, size_t ndeps,
@@ -2503,7 +2557,9 @@ static int refused_unsafe(const char *call, int legacy_work, CUresult *rc) {
   } while (0)
 
 static CUresult captured_cuMemAlloc_v2(CUdeviceptr *p, size_t n) { UNSAFE("cuMemAlloc", 0, cuMemAlloc_v2(p, n)); }
-static CUresult captured_cuMemFree_v2(CUdeviceptr p) { UNSAFE("cuMemFree", 0, cuMemFree_v2(p)); }
+static CUresult captured_cuMemFree_v2(CUdeviceptr p) {
+  UNSAFE("cuMemFree", 0, galloc_of(p) ? free_graph_alloc("cuMemFree", p, (CUstream)-1) : cuMemFree_v2(p));
+}
 static CUresult captured_cuMemAllocHost_v2(void **p, size_t n) { UNSAFE("cuMemAllocHost", 0, cuMemAllocHost_v2(p, n)); }
 static CUresult captured_cuMemHostAlloc(void **p, size_t n, unsigned flags) {
   UNSAFE("cuMemHostAlloc", 0, cuMemHostAlloc(p, n, flags));
@@ -2635,6 +2691,7 @@ WRAPPED(cuMemsetD32_v2)
 /* Forget every graph, node, executable graph, capture and conditional handle (after fake_reset). */
 EXPORT void fake_graph_reset(void) {
   pthread_mutex_lock(&mu);
+  for (size_t i = 0; i < ngallocs; i++) gallocs[i].live = 0;   /* (what a test left allocated goes too) */
   for (size_t i = nlive; i > 0;) {
     i--;
     struct obj *o = live_obj(i);

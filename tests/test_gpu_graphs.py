@@ -608,3 +608,87 @@ def test_conditional_nodes_before_12_3_are_refused():
     finally:
         drv.cuCtxSetCurrent(ffi.NULL)
         pc.release()
+
+
+# ----------------------------------------------------------------------------- issue 36's leftovers
+
+def _capture_allocating(kit, value):
+    with capture(kit.stream) as g:
+        buf = mem.alloc_async(4 * N, kit.stream)
+        kit.fill.launch(GRID, BLOCK, (buf, np.int32(N), np.float32(value)), stream=kit.stream)
+    return g, buf
+
+
+def test_a_captured_allocation_exists_from_a_launch_until_it_is_freed(kit):
+    from cuproc.errors import InvalidValueError
+    from cuproc.graph_nodes import GraphAllocation
+    g, buf = _capture_allocating(kit, 7.0)
+    assert isinstance(buf, GraphAllocation) and not buf.allocated
+    with pytest.raises(ClosedResourceError):
+        mem.memset(buf, 0, stream=kit.stream)
+    with pytest.raises(InvalidValueError):
+        buf.free_async()
+    exe = g.instantiate()
+    for value in (7.0, 7.0):
+        exe.launch(kit.stream)
+        kit.stream.synchronize()
+        np.testing.assert_array_equal(host(buf), np.full(N, value, np.float32))
+        with pytest.raises(InvalidValueError):
+            exe.launch(kit.stream)                   # refused by cuproc before the driver (see the next test)
+        buf.free_async()
+    kit.stream.synchronize()
+    del buf
+    gc.collect()
+    exe.launch(kit.stream)                           # a dropped allocation: freed after each launch
+    exe.launch(kit.stream)
+    kit.stream.synchronize()
+
+
+def test_the_driver_refuses_a_relaunch_with_an_unfreed_graph_allocation(kit):
+    """What cuproc's refusal stands for (cuGraphLaunch's documentation): checked on the raw call."""
+    g, buf = _capture_allocating(kit, 1.0)
+    exe = g.instantiate()
+    exe.launch(kit.stream)
+    drv = kit.stream.context.driver
+    assert drv.cuGraphLaunch(exe.handle, kit.stream.handle) != 0
+    buf.free_async()
+    assert drv.cuGraphLaunch(exe.handle, kit.stream.handle) == 0     # freed: the driver launches it again
+    kit.stream.synchronize()
+    assert drv.cuMemFreeAsync(buf.address, kit.stream.handle) == 0   # (that launch's allocation, raw)
+    kit.stream.synchronize()
+
+
+def test_auto_free_on_launch_relaunches_a_graph_allocation(kit):
+    g, buf = _capture_allocating(kit, 4.0)
+    exe = g.instantiate(flags="AUTO_FREE_ON_LAUNCH")
+    for _ in range(3):
+        exe.launch(kit.stream)
+        kit.stream.synchronize()
+        np.testing.assert_array_equal(host(buf), np.full(N, 4.0, np.float32))
+    buf.free_async()
+    kit.stream.synchronize()
+
+
+def test_pool_memory_freed_inside_a_capture_is_refused_and_stays_usable(kit):
+    pre = mem.alloc_async(4 * N, kit.stream)
+    with pytest.raises(CudaError):
+        with capture(kit.stream):
+            pre.free_async()                         # cuMemFreeAsync during a capture takes graph memory only
+    assert pre.ended is None and capture_status(kit.stream) == "none"
+    mem.memset(pre, 1, stream=kit.stream)
+    pre.free_async()
+    kit.stream.synchronize()
+
+
+def test_kernel_args_set_through_the_nodes_of_the_updated_graph(kit):
+    a, c = DeviceBuffer(4 * N), DeviceBuffer(4 * N)
+    g1 = Graph()
+    g1.add_kernel(kit.fill, GRID, BLOCK, (a, np.int32(N), np.float32(1.0)))
+    exe = g1.instantiate()
+    g2 = Graph()
+    n2 = g2.add_kernel(kit.fill, GRID, BLOCK, (c, np.int32(N), np.float32(2.0)))
+    exe.update(g2)
+    exe.set_kernel_args(n2, (c, np.int32(N), np.float32(6.0)))      # the driver is given g1's node
+    exe.launch(kit.stream)
+    kit.stream.synchronize()
+    np.testing.assert_array_equal(host(c), np.full(N, 6.0, np.float32))

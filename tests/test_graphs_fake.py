@@ -10,6 +10,7 @@ graph is left once the test's objects are gone.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import textwrap
@@ -817,9 +818,11 @@ def test_a_failed_capture_forgets_host_functions_of_joined_streams(kit):
     assert fn_ref() is None and side_ref() is None
 
 
-def test_leaving_a_capture_on_another_thread_is_refused_and_it_runs_on(kit):
+@contextlib.contextmanager
+def _captured_on_another_thread(kit, cm):
+    """``cm`` entered on a thread of its own (which launches one kernel in it), for the body of the with
+    statement to act on it from this one; the thread leaves the capture when the body is done."""
     import threading
-    cm = cuproc.capture(kit.stream)
     begun, leave = threading.Event(), threading.Event()
 
     def its_thread():
@@ -837,13 +840,19 @@ def test_leaving_a_capture_on_another_thread_is_refused_and_it_runs_on(kit):
     t.start()
     try:
         assert begun.wait(30)
+        yield
+    finally:
+        leave.set()
+        t.join()
+
+
+def test_leaving_a_capture_on_another_thread_is_refused_and_it_runs_on(kit):
+    cm = cuproc.capture(kit.stream)
+    with _captured_on_another_thread(kit, cm):
         with pytest.raises(CudaError) as info:
             cm.__exit__(None, None, None)                       # not the thread that began it
         assert info.value.refused and info.value.name == "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"
         assert cm.graph.ended is None and capture_status(kit.stream) == "active"
-    finally:
-        leave.set()
-        t.join()
     assert capture_status(kit.stream) == "none" and len(cm.graph.nodes) == 1
 
 
@@ -1539,3 +1548,198 @@ def test_launching_from_threads_and_dropping_meanwhile_in_a_subprocess(fk):
         print("stale", fake.stale_count())
     """)
     assert "stale 0" in run_python(code).stdout
+
+
+# ----------------------------------------------------------------------------- issue 36's leftovers
+from cuproc.graph_nodes import GraphAllocation  # noqa: E402
+
+
+def _capture_allocating(kit, value=7.0):
+    """A captured graph that allocates a buffer (alloc_async in the capture, not freed there) and fills it."""
+    with cuproc.capture(kit.stream) as g:
+        buf = mem.alloc_async(4 * N, kit.stream)
+        kit.fill.launch(1, N, (buf, np.int32(N), np.float32(value)), stream=kit.stream)
+    return g, buf
+
+
+def test_a_captured_allocation_exists_from_a_launch_until_it_is_freed(kit):
+    g, buf = _capture_allocating(kit)
+    assert isinstance(buf, GraphAllocation) and not buf.allocated
+    with pytest.raises(ClosedResourceError, match="not allocated yet"):
+        mem.memset(buf, 0, stream=kit.stream)                  # its memory does not exist before a launch
+    with pytest.raises(InvalidValueError, match="never allocated"):
+        buf.free_async()                                       # the driver refuses it: nothing changes
+    exe = g.instantiate()
+    exe.launch(kit.stream)
+    assert buf.allocated
+    np.testing.assert_array_equal(host(buf), np.full(N, 7.0, np.float32))
+    with pytest.raises(InvalidValueError, match="not freed"):
+        exe.launch(kit.stream)                                 # the driver would refuse it too
+    buf.free_async()
+    buf.free_async()                                           # idempotent until the next launch
+    assert not buf.allocated
+    with pytest.raises(ClosedResourceError):
+        mem.memset(buf, 0, stream=kit.stream)
+    mem_before = buf.address
+    exe.launch(kit.stream)                                     # allocated again, at the same address
+    assert buf.allocated and buf.address == mem_before
+    np.testing.assert_array_equal(host(buf), np.full(N, 7.0, np.float32))
+    buf.free_async(kit.stream)
+    kit.stream.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CudaWarning)            # its finalizer frees nothing the graph never made
+        del buf
+        gc.collect()
+        exe.launch(kit.stream)                                 # and a dropped allocation is freed after each launch
+        exe.launch(kit.stream)
+        kit.stream.synchronize()
+
+
+def test_a_dropped_graph_allocation_is_freed_by_its_finalizer_and_after_later_launches(kit):
+    g, buf = _capture_allocating(kit)
+    exe = g.instantiate()
+    exe.launch(kit.stream)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CudaWarning)
+        del buf                                                # allocated: the finalizer frees it
+        gc.collect()
+        for _ in range(3):
+            exe.launch(kit.stream)                             # each launch's allocation is freed after it
+    kit.stream.synchronize()
+    del g
+    gc.collect()
+    with pytest.raises(InvalidValueError, match="replay it with launch"):
+        exe.replay(kit.stream)
+
+
+def test_auto_free_on_launch_relaunches_a_graph_allocation(kit):
+    g, buf = _capture_allocating(kit, 4.0)
+    exe = g.instantiate(flags="AUTO_FREE_ON_LAUNCH")
+    for _ in range(3):
+        exe.launch(kit.stream)
+        np.testing.assert_array_equal(host(buf), np.full(N, 4.0, np.float32))
+    buf.free_async()
+    kit.stream.synchronize()
+
+
+def test_a_buffer_allocated_and_freed_in_the_capture_is_a_free_node(kit):
+    with cuproc.capture(kit.stream) as g:
+        tmp = mem.alloc_async(4 * N, kit.stream)
+        kit.fill.launch(1, N, (tmp, np.int32(N), np.float32(1.0)), stream=kit.stream)
+        kit.vadd.launch(1, N, (tmp, kit.b, kit.c, np.int32(N)), stream=kit.stream)
+        tmp.free_async()
+    assert type(tmp) is DeviceBuffer and tmp.ended == "freed"
+    assert [type(n) for n in g.nodes].count(MemFreeNode) == 1
+    exe = g.instantiate()
+    for _ in range(3):
+        exe.launch(kit.stream)                                 # freed in the graph: relaunches need nothing
+    np.testing.assert_array_equal(host(kit.c), np.full(N, 2.0, np.float32))
+
+
+def test_pool_memory_freed_inside_a_capture_is_refused_and_stays_usable(kit, graphs):
+    pre = mem.alloc_async(4 * N, kit.stream)
+    with pytest.raises(CudaError) as info:
+        with cuproc.capture(kit.stream):
+            pre.free_async()                                   # the driver frees only graph memory in a capture
+    assert any("allocated outside the stream capture" in n for n in getattr(info.value, "__notes__", []))
+    assert pre.ended is None and capture_status(kit.stream) == "none"
+    mem.memset(pre, 1, stream=kit.stream)
+    pre.free_async()                                           # still its pool's, freed once
+    kit.stream.synchronize()
+    assert pre.ended == "freed"
+
+
+def test_kernel_args_set_through_the_nodes_of_the_updated_graph(kit):
+    """After update(g2), g2's nodes address the executable graph's nodes (the driver takes g1's handles)."""
+    g1 = _fill_graph(kit, kit.a)
+    exe = g1.instantiate()
+    g2 = Graph()
+    n2 = g2.add_kernel(kit.fill, 1, N, (kit.c, np.int32(N), np.float32(2.0)))
+    exe.update(g2)
+    exe.set_kernel_args(n2, (kit.c, np.int32(N), np.float32(6.0)))
+    exe.launch(kit.stream)
+    np.testing.assert_array_equal(host(kit.c), np.full(N, 6.0, np.float32))
+    del g1
+    gc.collect()                                               # the driver names nodes by g1's: gone now
+    with pytest.raises(InvalidValueError, match="instantiated from, which is gone"):
+        exe.set_kernel_args(n2, (kit.c, np.int32(N), np.float32(8.0)))
+
+
+def test_an_adopted_graph_never_takes_a_dead_nodes_record_for_a_reused_handle(kit, graphs):
+    """Another library's graph: cuproc adds a kernel node; the owner destroys it and adds a memset node,
+    which the driver gives the same handle.  The adopted graph describes the new node, not the dead one."""
+    drv = kit.ctx.driver
+    raw = ffi.new("CUgraph *")
+    drv.check(drv.cuGraphCreate(raw, 0), "cuGraphCreate")
+    try:
+        g = Graph.from_handle(raw[0])
+        old = g.add_kernel(kit.fill, 1, N, (kit.c, np.int32(N), np.float32(1.0)))
+        drv.check(drv.cuGraphDestroyNode(old.handle), "cuGraphDestroyNode")     # behind cuproc's back
+        node = ffi.new("CUgraphNode *")
+        p = ffi.new("CUDA_MEMSET_NODE_PARAMS_v1 *")
+        p.dst, p.value, p.elementSize, p.width, p.height, p.pitch = kit.c.address, 5, 1, 4 * N, 1, 4 * N
+        drv.check(drv.cuGraphAddMemsetNode(node, raw[0], ffi.NULL, 0, p, kit.ctx.handle), "memset node")
+        assert handle_of(old) == int(ffi.cast("uintptr_t", node[0]))          # the fake reuses handles
+        (now,) = g.nodes
+        assert isinstance(now, MemsetNode) and now != old and now.record.kernel is None
+        assert old.closed                                                    # the dead node refuses
+        exe = g.instantiate()
+        exe.launch(kit.stream)
+        np.testing.assert_array_equal(host(kit.c, 4 * N, np.uint8), np.full(4 * N, 5, np.uint8))
+        del exe, g, now, old
+        gc.collect()
+    finally:
+        drv.check(drv.cuGraphDestroy(raw[0]), "cuGraphDestroy")
+
+
+def test_an_exception_leaving_a_capture_on_another_thread_stays_the_one_raised(kit):
+    cm = cuproc.capture(kit.stream)
+    with _captured_on_another_thread(kit, cm):
+        error = KeyError("the block's own")
+        with pytest.warns(CudaWarning, match="another thread"):
+            assert not cm.__exit__(KeyError, error, None)       # not suppressed: the with statement re-raises it
+        assert any("another thread" in n for n in error.__notes__)
+        assert capture_status(kit.stream) == "active"
+    assert capture_status(kit.stream) == "none"
+
+
+def test_a_launch_waits_for_an_update_from_another_thread(kit, monkeypatch):
+    """update() and launch() share the executable graph's lock: no launch runs while an update is made."""
+    import threading
+    import time
+    drv = kit.ctx.driver
+    updating, overlaps = [False], []
+    real_update, real_launch = drv.cuGraphExecUpdate, drv.cuGraphLaunch
+
+    def slow_update(*args):
+        updating[0] = True
+        time.sleep(0.02)
+        try:
+            return real_update(*args)
+        finally:
+            updating[0] = False
+
+    def watched_launch(*args):
+        overlaps.append(updating[0])
+        return real_launch(*args)
+
+    monkeypatch.setattr(drv, "cuGraphExecUpdate", slow_update)
+    monkeypatch.setattr(drv, "cuGraphLaunch", watched_launch)
+    exe = _fill_graph(kit, kit.c).instantiate()
+    graphs_ = [_fill_graph(kit, kit.c), _fill_graph(kit, kit.a)]
+    stop = threading.Event()
+
+    def launcher():
+        while not stop.is_set():
+            exe.launch(kit.stream)
+
+    t = threading.Thread(target=launcher)
+    t.start()
+    try:
+        for i in range(10):
+            exe.update(graphs_[i % 2])
+    finally:
+        stop.set()
+        t.join()
+    kit.stream.synchronize()
+    assert overlaps and not any(overlaps)
