@@ -229,6 +229,23 @@ class DeviceArrayExports:
         return host
 
 
+class LinearDeviceExports(DeviceArrayExports):
+    """DeviceArrayExports of memory that is one run of bytes on one device, seen as a 1-D uint8 array:
+    memory another process exported (cuproc.ipc) and mapped virtual memory (cuproc.virtual_memory).
+    Needs ``nbytes`` and ``device_ordinal`` (the device in this process's numbering)."""
+
+    __slots__ = ()
+    typestr = "|u1"
+    device_ordinal: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:  # type: ignore[override]  # (DeviceArrayExports declares the attribute)
+        return (self.nbytes,)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (KDL_CUDA, self.device_ordinal)
+
+
 def ffi_stream(handle: Any) -> Any:
     return ffi.cast("CUstream", handle)
 
@@ -478,7 +495,7 @@ def from_dlpack(obj: Any, *, stream: Stream | Any | None = None, driver: Driver 
 
 
 __all__ = ["DLPackArray", "DeviceArrayExports", "HostArrayExports", "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST",
-           "KDL_CUDA_MANAGED", "cai", "consumer_stream", "default_marker", "from_dlpack", "read_cai",
+           "KDL_CUDA_MANAGED", "LinearDeviceExports", "cai", "consumer_stream", "default_marker", "from_dlpack", "read_cai",
            "stream_marker", "typestr_of", "wait_for_cai"]
 
 

@@ -21,9 +21,12 @@ Policy
 * Only cuMemAlloc memory has a legacy IPC handle.  Stream-ordered memory is shared through its pool: one
   made with ``MemoryPool.create(..., handle_type="posix_fd")`` is exported as a file descriptor
   (:func:`export_pool`, cuMemPoolExportToShareableHandle) and imported in the other process
-  (:func:`import_pool`); each allocation then travels as an :class:`IpcPoolPointer`
-  (:func:`export_pointer` / :func:`import_pointer`, cuMemPoolExportPointer / cuMemPoolImportPointer), a
-  value like the handles above.  An imported pool pointer (:class:`PoolBuffer`) holds its imported pool and
+  (:func:`import_pool`); ``handle_type="fabric"`` (where the device reports
+  CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED) exports 64 bytes instead, which travel like the handles
+  above.  Each allocation then travels as an :class:`IpcPoolPointer` (:func:`export_pointer` /
+  :func:`import_pointer`, cuMemPoolExportPointer / cuMemPoolImportPointer), a value like the handles
+  above.  The driver exports pointers only of a pool already exported, so a shareable pool is exported
+  as it is made (:meth:`MemoryPool.share`): pointers and the pool may be sent in either order.  An imported pool pointer (:class:`PoolBuffer`) holds its imported pool and
   is given back by cuMemFree, as the driver documents, before the exporter frees it.  VMM memory is
   shared through :meth:`cuproc.virtual_memory.PhysicalMemory.export_fd`.
 * The exporter must keep its buffer (and event) alive while importers use them: freeing it under an
@@ -44,8 +47,8 @@ from .context import Context
 from .device_memory import DeviceBuffer, DeviceView
 from .driver import Driver
 from .errors import CudaError, InvalidContextError, refusal, result_code
-from .interop import KDL_CUDA, DeviceArrayExports
-from .pools import MemoryPool
+from .interop import LinearDeviceExports
+from .pools import FABRIC_HANDLE_BYTES, HANDLE_TYPES, MemoryPool, shareable_error
 from .stream import Event
 
 TYPE_CHECKING = False
@@ -54,7 +57,6 @@ if TYPE_CHECKING:
 
 _MAGIC = b"cuproc-ipc\x01"
 _MEMORY, _EVENT, _POOL_POINTER = 1, 2, 3
-_POSIX_FD = 1                                  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 _HEADER = struct.Struct("<11sBQqI")            # magic, kind, nbytes, pid, device ordinal
 _DRIVER_BYTES = 64                             # sizeof(CUipcMemHandle) == sizeof(CUipcEventHandle)
 _LAZY_ENABLE_PEER_ACCESS = 1                   # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
@@ -67,6 +69,7 @@ class _IpcHandle:
     __slots__ = ("handle", "nbytes", "pid", "device_ordinal")
     _kind = 0
     _call = ""
+    _ctype = ""
 
     handle: bytes
     nbytes: int
@@ -116,6 +119,10 @@ class _IpcHandle:
     def __hash__(self) -> int:
         return hash(bytes(self))
 
+    def __repr__(self) -> str:
+        size = f" {self.nbytes} bytes" if self.nbytes else ""
+        return f"<cuproc.{type(self).__name__}{size} on device {self.device_ordinal} of pid {self.pid}>"
+
     def _refuse_own_process(self) -> None:
         if self.pid == os.getpid():
             raise refusal(self._call, f"this handle was exported by this process (pid {self.pid}); the driver cannot "
@@ -130,9 +137,7 @@ class IpcMemoryHandle(_IpcHandle):
     __slots__ = ()
     _kind = _MEMORY
     _call = "cuIpcOpenMemHandle"
-
-    def __repr__(self) -> str:
-        return f"<cuproc.IpcMemoryHandle {self.nbytes} bytes on device {self.device_ordinal} of pid {self.pid}>"
+    _ctype = "CUipcMemHandle"
 
 
 class IpcEventHandle(_IpcHandle):
@@ -141,9 +146,7 @@ class IpcEventHandle(_IpcHandle):
     __slots__ = ()
     _kind = _EVENT
     _call = "cuIpcOpenEventHandle"
-
-    def __repr__(self) -> str:
-        return f"<cuproc.IpcEventHandle on device {self.device_ordinal} of pid {self.pid}>"
+    _ctype = "CUipcEventHandle"
 
 
 def export_memory(buffer: DeviceBuffer) -> IpcMemoryHandle:
@@ -164,6 +167,27 @@ def export_memory(buffer: DeviceBuffer) -> IpcMemoryHandle:
     return IpcMemoryHandle(bytes(ffi.buffer(out)), buffer.nbytes, os.getpid(), ctx.device.ordinal)
 
 
+def _open_legacy(handle: Any, kind: type[IpcMemoryHandle | IpcEventHandle], out_type: str, context: Context | None,
+                 driver: Driver | None, *flags: int) -> tuple[Driver, Context, Any]:
+    """What opening either legacy handle takes: its kind checked and this process's own refused (before the
+    driver), then cuIpcOpenMemHandle / cuIpcOpenEventHandle of its 64 bytes, by value, in the target
+    context; (driver, context, what the call gave)."""
+    call, what = kind._call, "memory" if kind is IpcMemoryHandle else "event"
+    if not isinstance(handle, kind):
+        raise invalid(call, f"open_{what} takes an {kind.__name__} ({kind.__name__}.from_bytes(data) reads sent "
+                            f"bytes), not {type(handle).__name__}")
+    handle._refuse_own_process()
+    ctx, run = Context.target(context, call, driver=driver)
+    drv = ctx.driver
+    raw = ffi.new(f"{kind._ctype} *")
+    ffi.memmove(raw, handle.handle, _DRIVER_BYTES)
+    out = ffi.new(out_type)
+    rc = run(getattr(drv, call), out, raw[0], *flags)
+    if rc:
+        raise _opened(drv, rc, call, f"this {what} handle")
+    return drv, ctx, out[0]
+
+
 def _opened(drv: Driver, rc: int, call: str, what: str) -> CudaError:
     """The driver's refusal of an import, with what to check."""
     err = drv.error(rc, call)
@@ -176,40 +200,51 @@ def _opened(drv: Driver, rc: int, call: str, what: str) -> CudaError:
     return err
 
 
-class IpcBuffer(DeviceArrayExports, Allocation):
+class _ImportedBuffer(LinearDeviceExports, Allocation):
+    """What the two kinds of imported memory share: another process's bytes mapped in a context here, a 1-D
+    uint8 array on that context's device (the importer's numbering of it), imported once per object."""
+
+    __slots__ = ("handle", "last_stream")
+    _ended_word = "closed"
+
+    last_stream: Stream | int | None
+
+    @property
+    def device_ordinal(self) -> int:  # type: ignore[override]  # (LinearDeviceExports declares the attribute)
+        """The device of the importing context, in this process's numbering (the exporter's may differ)."""
+        return self.context.device.ordinal
+
+    def _refuse_reuse(self, call: str) -> None:
+        if hasattr(self, "driver"):
+            raise invalid(call, f"{type(self).__name__}.__init__ was called twice; the first import would never be "
+                                f"given back")
+
+    def _imported(self, drv: Driver, ctx: Context, address: int, handle: _IpcHandle) -> None:
+        self.driver, self.ended, self.context = drv, None, ctx
+        self.address, self.nbytes, self.handle = address, handle.nbytes, handle
+        self.last_stream = None
+
+    def view(self, dtype: Any, shape: tuple[int, ...] | int | None = None) -> DeviceView:
+        """A typed, shaped view (it holds this memory)."""
+        return DeviceView(self, dtype, shape)   # type: ignore[arg-type]
+
+
+class IpcBuffer(_ImportedBuffer):
     """Device memory another process exported, opened here (cuIpcOpenMemHandle).
 
     Closed with cuIpcCloseMemHandle (``close()``, a ``with`` block, the finalizer), never freed: the memory is
     the exporter's.  Usable wherever a DeviceBuffer is.  Pickles to its handle (unpickling opens it)."""
 
-    __slots__ = ("handle", "last_stream", "device_ordinal")
+    __slots__ = ()
     _release_call = "cuIpcCloseMemHandle"
-    _ended_word = "closed"
-    typestr = "|u1"
 
     handle: IpcMemoryHandle
-    last_stream: Stream | int | None
 
     def __init__(self, handle: IpcMemoryHandle, *, context: Context | None = None, driver: Driver | None = None) -> None:
-        call = "cuIpcOpenMemHandle"
-        if hasattr(self, "driver"):
-            raise invalid(call, "IpcBuffer.__init__ was called twice; the first open would never be closed")
-        if not isinstance(handle, IpcMemoryHandle):
-            raise invalid(call, f"open_memory takes an IpcMemoryHandle (IpcMemoryHandle.from_bytes(data) reads sent "
-                                f"bytes), not {type(handle).__name__}")
-        handle._refuse_own_process()
-        ctx, run = Context.target(context, call, driver=driver)
-        drv = ctx.driver
-        raw = ffi.new("CUipcMemHandle *")
-        ffi.memmove(raw, handle.handle, _DRIVER_BYTES)
-        out = ffi.new("CUdeviceptr *")
-        rc = run(drv.cuIpcOpenMemHandle, out, raw[0], _LAZY_ENABLE_PEER_ACCESS)
-        if rc:
-            raise _opened(drv, rc, call, "this memory handle")
-        self.driver, self.ended, self.context = drv, None, ctx
-        self.address, self.nbytes, self.handle = int(out[0]), handle.nbytes, handle
-        self.device_ordinal = handle.device_ordinal
-        self.last_stream = None
+        self._refuse_reuse("cuIpcOpenMemHandle")
+        drv, ctx, address = _open_legacy(handle, IpcMemoryHandle, "CUdeviceptr *", context, driver,
+                                         _LAZY_ENABLE_PEER_ACCESS)
+        self._imported(drv, ctx, int(address), handle)
 
     def _release(self) -> int:
         return self.context.call_current(self.driver.cuIpcCloseMemHandle, self.address)
@@ -218,16 +253,6 @@ class IpcBuffer(DeviceArrayExports, Allocation):
         """Refused: imported memory is closed (``close()``), never freed -- the exporter frees it."""
         raise invalid("cuMemFree", f"{self.describe()} is another process's memory: close() it "
                                    f"(cuIpcCloseMemHandle); the exporter frees it")
-
-    @property
-    def shape(self) -> tuple[int, ...]:  # type: ignore[override]  # (DeviceArrayExports declares the attribute)
-        return (self.nbytes,)
-
-    def view(self, dtype: Any, shape: tuple[int, ...] | int | None = None) -> DeviceView:
-        return DeviceView(self, dtype, shape)   # type: ignore[arg-type]
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (KDL_CUDA, self.context.device.ordinal)
 
     def __reduce__(self) -> Any:
         return (open_memory, (self.handle,))
@@ -264,23 +289,11 @@ class IpcEvent(Event):
 
     def __init__(self, handle: IpcEventHandle, *, context: Context | None = None,  # noqa: D107 - see the class
                  driver: Driver | None = None) -> None:
-        call = "cuIpcOpenEventHandle"
-        if not isinstance(handle, IpcEventHandle):
-            raise invalid(call, f"open_event takes an IpcEventHandle (IpcEventHandle.from_bytes(data) reads sent "
-                                f"bytes), not {type(handle).__name__}")
-        handle._refuse_own_process()
-        ctx, run = Context.target(context, call, driver=driver)
-        drv = ctx.driver
-        raw = ffi.new("CUipcEventHandle *")
-        ffi.memmove(raw, handle.handle, _DRIVER_BYTES)
-        out = ffi.new("CUevent *")
-        rc = run(drv.cuIpcOpenEventHandle, out, raw[0])
-        if rc:
-            raise _opened(drv, rc, call, "this event handle")
+        drv, ctx, event = _open_legacy(handle, IpcEventHandle, "CUevent *", context, driver)
         self.driver = drv
         self.flags = drv.CU_EVENT_INTERPROCESS | drv.CU_EVENT_DISABLE_TIMING
         self.context = ctx
-        self.handle = out[0]
+        self.handle = event
         self.ended = None
         self.ipc_handle = handle
 
@@ -300,39 +313,42 @@ def open_event(handle: IpcEventHandle | bytes, *, context: Context | None = None
 
 # ---------------------------------------------------------------------------------------- shareable pools
 
-def export_pool(pool: MemoryPool) -> int:
-    """cuMemPoolExportToShareableHandle of a pool made with ``MemoryPool.create(..., handle_type="posix_fd")``:
-    a POSIX file descriptor the caller owns (send it over a Unix socket -- ``multiprocessing.reduction``'s
-    ``send_handle`` -- or let a child inherit it, then ``os.close`` it)."""
+def export_pool(pool: MemoryPool) -> int | bytes:
+    """cuMemPoolExportToShareableHandle of a pool made with ``MemoryPool.create(..., handle_type=...)``.
+
+    ``"posix_fd"``: a new POSIX file descriptor the caller owns (send it over a Unix socket --
+    ``multiprocessing.reduction``'s ``send_handle`` -- or let a child inherit it, then ``os.close`` it).
+    ``"fabric"``: the 64 bytes of a CUmemFabricHandle, sent through any channel.  Either may come before or
+    after :func:`export_pointer` of the pool's allocations (the pool was exported as it was made)."""
     call = "cuMemPoolExportToShareableHandle"
     if not isinstance(pool, MemoryPool):
         raise invalid(call, f"export_pool takes a cuproc MemoryPool, not {type(pool).__name__}")
-    pool.check(call)
-    if pool.handle_type != "posix_fd" or not pool.owned:
-        raise invalid(call, f"{pool.describe()} was not made shareable: make it with "
-                            f"MemoryPool.create(device, handle_type='posix_fd')")
-    out = ffi.new("int *")
-    pool.driver.check(pool.driver.cuMemPoolExportToShareableHandle(out, pool.handle, _POSIX_FD, 0), call)
-    return int(out[0])
+    return pool.export_handle()
 
 
-def import_pool(fd: int, *, driver: Driver | None = None) -> MemoryPool:
-    """cuMemPoolImportFromShareableHandle of a descriptor another process exported (:func:`export_pool`): an
-    imported pool, owned here (``close()`` destroys this process's import, cuMemPoolDestroy).  Import
-    pointers of it with :func:`import_pointer`.  The caller keeps ``fd``."""
+def import_pool(handle: int | bytes, *, driver: Driver | None = None) -> MemoryPool:
+    """cuMemPoolImportFromShareableHandle of what another process's :func:`export_pool` gave: a descriptor
+    (an int; the caller keeps it) or a fabric handle's 64 bytes.  The pool is owned here (``close()``
+    destroys this process's import, cuMemPoolDestroy); import pointers of it with :func:`import_pointer`."""
     call = "cuMemPoolImportFromShareableHandle"
-    if fd.__class__ is not int or fd < 0:
-        raise invalid(call, f"fd must be a file descriptor (an int >= 0), got {fd!r}")
+    if isinstance(handle, (bytes, bytearray, memoryview)) and len(handle) == FABRIC_HANDLE_BYTES:
+        kind, os_handle = "fabric", ffi.new("CUmemFabricHandle *")
+        ffi.memmove(os_handle, bytes(handle), FABRIC_HANDLE_BYTES)
+    elif handle.__class__ is int and handle >= 0:   # type: ignore[operator]
+        kind, os_handle = "posix_fd", ffi.cast("void *", handle)
+    else:
+        raise invalid(call, f"import_pool takes a file descriptor (an int >= 0) or a fabric handle's "
+                            f"{FABRIC_HANDLE_BYTES} bytes, as export_pool gave them; got {handle!r:.80}")
     drv = get_driver(driver)
     out = ffi.new("CUmemoryPool *")
-    rc = drv.cuMemPoolImportFromShareableHandle(out, ffi.cast("void *", fd), _POSIX_FD, 0)
+    rc = drv.cuMemPoolImportFromShareableHandle(out, os_handle, HANDLE_TYPES[kind], 0)
     if rc:
-        err = drv.error(rc, call)
-        err.add_note("the descriptor must be one that export_pool gave in another, running process (a pool is "
+        err = shareable_error(drv, rc, call, kind)
+        err.add_note("the handle must be one that export_pool gave in another, running process (a pool is "
                      "not imported into the process that made it: use the pool itself there)")
         raise err
     pool = MemoryPool(out[0], driver=drv, owned=True)
-    pool.handle_type = "posix_fd"
+    pool.handle_type, pool.imported = kind, True
     return pool
 
 
@@ -344,45 +360,41 @@ class IpcPoolPointer(_IpcHandle):
     _kind = _POOL_POINTER
     _call = "cuMemPoolImportPointer"
 
-    def __repr__(self) -> str:
-        return f"<cuproc.IpcPoolPointer {self.nbytes} bytes on device {self.device_ordinal} of pid {self.pid}>"
-
 
 def export_pointer(buffer: DeviceBuffer) -> IpcPoolPointer:
     """cuMemPoolExportPointer of a buffer allocated from a shareable pool (``alloc_async(n, stream,
-    pool=pool)``).  The importers must give it back before this process frees it."""
+    pool=pool)``).  The importers must give it back before this process frees it, and must not touch it
+    before the allocation is done on its stream (synchronize it, or send an IPC event recorded after it)."""
     call = "cuMemPoolExportPointer"
     if not isinstance(buffer, DeviceBuffer) or buffer.pool is None:
         raise invalid(call, "export_pointer takes a DeviceBuffer allocated from a shareable pool "
                             "(alloc_async(n, stream, pool=MemoryPool.create(..., handle_type='posix_fd')))")
     buffer.check(call)
-    if buffer.pool.handle_type != "posix_fd":
-        raise invalid(call, f"{buffer.describe()} comes from {buffer.pool.describe()}, which was not made "
-                            f"shareable (handle_type='posix_fd')")
+    pool = buffer.pool
+    if pool.handle_type is None or pool.imported:
+        raise invalid(call, f"{buffer.describe()} comes from {pool.describe()}, which was not made "
+                            f"shareable (handle_type='posix_fd' or 'fabric')")
+    pool.share()                  # the driver exports pointers only of a pool already exported
     out = ffi.new("CUmemPoolPtrExportData *")
     buffer.driver.check(buffer.context.call_current(buffer.driver.cuMemPoolExportPointer, out, buffer.address), call)
     return IpcPoolPointer(bytes(ffi.buffer(out)), buffer.nbytes, os.getpid(), buffer.context.device.ordinal)
 
 
-class PoolBuffer(DeviceArrayExports, Allocation):
+class PoolBuffer(_ImportedBuffer):
     """Memory of another process's shareable pool, imported here (cuMemPoolImportPointer).  Holds the imported
     pool; ``close()`` gives it back with cuMemFree, as the driver documents for imported pool memory (the
     exporter's own free must come after every importer's).  Usable wherever a DeviceBuffer is."""
 
-    __slots__ = ("pool", "handle", "last_stream", "device_ordinal")
+    __slots__ = ("pool",)
     _release_call = "cuMemFree"
-    _ended_word = "closed"
-    typestr = "|u1"
 
     pool: MemoryPool
     handle: IpcPoolPointer
-    last_stream: Stream | int | None
 
     def __init__(self, pool: MemoryPool, handle: IpcPoolPointer, *, context: Context | None = None,
                  driver: Driver | None = None) -> None:
         call = "cuMemPoolImportPointer"
-        if hasattr(self, "driver"):
-            raise invalid(call, "PoolBuffer.__init__ was called twice; the first import would never be given back")
+        self._refuse_reuse(call)
         if not isinstance(pool, MemoryPool) or not isinstance(handle, IpcPoolPointer):
             raise invalid(call, "import_pointer takes the imported MemoryPool (import_pool) and an IpcPoolPointer")
         handle._refuse_own_process()
@@ -395,26 +407,14 @@ class PoolBuffer(DeviceArrayExports, Allocation):
         rc = run(drv.cuMemPoolImportPointer, out, pool.handle, data)
         if rc:
             raise _opened(drv, rc, call, "this pool pointer (on the pool import_pool made of its exporter's pool)")
-        self.driver, self.ended, self.context, self.pool = drv, None, ctx, pool
-        self.address, self.nbytes, self.handle = int(out[0]), handle.nbytes, handle
-        self.device_ordinal = handle.device_ordinal
-        self.last_stream = None
+        self.pool = pool
+        self._imported(drv, ctx, int(out[0]), handle)
 
     def parents(self) -> tuple[Resource, ...]:
         return (self.context, self.pool)
 
     def _release(self) -> int:
         return self.context.call(self.driver.cuMemFree, self.address)
-
-    @property
-    def shape(self) -> tuple[int, ...]:  # type: ignore[override]  # (DeviceArrayExports declares the attribute)
-        return (self.nbytes,)
-
-    def view(self, dtype: Any, shape: tuple[int, ...] | int | None = None) -> DeviceView:
-        return DeviceView(self, dtype, shape)   # type: ignore[arg-type]
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (KDL_CUDA, self.context.device.ordinal)
 
 
 def import_pointer(pool: MemoryPool, handle: IpcPoolPointer | bytes, *, context: Context | None = None) -> PoolBuffer:

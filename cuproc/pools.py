@@ -4,9 +4,18 @@ Policy: a pool made by :meth:`MemoryPool.create` is owned (``close()``/drop
 destroys it; the driver keeps its memory until outstanding allocations are
 freed, and buffers allocated from it hold the pool).  A device's default pool
 (:meth:`MemoryPool.default`) is not owned: ``close()`` leaves it alone.
+
+A *shareable* pool (``handle_type="posix_fd"`` or ``"fabric"``) is exported once as it is made
+(:meth:`MemoryPool.share`, cuMemPoolExportToShareableHandle), and keeps that export until it is
+destroyed: the driver exports pointers only "from an already shared memory pool"
+(cuMemPoolExportPointer's documentation) and answers CUDA_ERROR_INVALID_VALUE before that, so a pointer
+can then be exported first and the pool sent afterwards, in whatever order the caller finds natural.
+The handle types are checked here for pools and for VMM memory alike (:func:`shareable_handle_type`):
+fabric handles only where the device reports CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ._ffi import ffi
@@ -14,6 +23,47 @@ from ._resource import Resource
 from ._support import get_driver, handle_int, invalid
 from .device import Device
 from .driver import Driver
+from .errors import CudaError, InvalidValueError, refusal, result_code
+
+#: CU_MEM_HANDLE_TYPE_* by cuproc's name: what pools and VMM memory (cuproc.virtual_memory) are shared by
+HANDLE_TYPES: dict[str | None, int] = {None: 0, "posix_fd": 1, "fabric": 8}
+FABRIC_ATTRIBUTE = "CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED"
+FABRIC_HANDLE_BYTES = 64                        # sizeof(CUmemFabricHandle)
+_NOT_PERMITTED = result_code("CUDA_ERROR_NOT_PERMITTED")
+
+
+def fabric_supported(device: Device) -> bool:
+    """cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED); a driver too old to know the
+    attribute (CUDA_ERROR_INVALID_VALUE) has no fabric handles either."""
+    try:
+        return bool(device.attribute(FABRIC_ATTRIBUTE))
+    except InvalidValueError:
+        return False
+
+
+def shareable_handle_type(name: str | None, ordinal: int, driver: Driver, call: str) -> int:
+    """The CU_MEM_HANDLE_TYPE_* of ``name`` (None, ``"posix_fd"`` or ``"fabric"``) for memory on device
+    ``ordinal``.
+
+    A fabric handle is refused where the device does not report it: the driver's own answer there
+    (cuMemCreate / cuMemPoolCreate: CUDA_ERROR_NOT_SUPPORTED or INVALID_VALUE) does not say why."""
+    if name not in HANDLE_TYPES:
+        raise invalid(call, f"handle_type is 'posix_fd', 'fabric' or None, not {name!r}")
+    if name == "fabric" and not fabric_supported(Device(ordinal, driver=driver)):
+        raise refusal(call, f"device {ordinal} has no fabric handles ({FABRIC_ATTRIBUTE} is 0: they need an "
+                            f"NVLink fabric with IMEX); share memory between processes of one machine with "
+                            f"handle_type='posix_fd'", code_name="CUDA_ERROR_NOT_SUPPORTED")
+    return HANDLE_TYPES[name]
+
+
+def shareable_error(drv: Driver, rc: int, call: str, handle_type: str | None) -> CudaError:
+    """The driver's error for ``call`` on shareable memory, with what to check for fabric handles (the
+    process needs an IMEX channel: CUDA_ERROR_NOT_PERMITTED otherwise, as cuMemCreate documents)."""
+    err = drv.error(rc, call)
+    if handle_type == "fabric" and rc == _NOT_PERMITTED:
+        err.add_note("fabric handles need an IMEX channel this user may open (/dev/nvidia-caps-imex-channels/"
+                     "channel*), the same one in the exporting and the importing process")
+    return err
 
 
 class MemoryPool(Resource):
@@ -23,8 +73,12 @@ class MemoryPool(Resource):
     _ended_word = "destroyed"
     _U64 = ("RELEASE_THRESHOLD", "RESERVED_MEM_CURRENT", "RESERVED_MEM_HIGH", "USED_MEM_CURRENT", "USED_MEM_HIGH")
 
-    #: "posix_fd" for a pool other processes can import (create's handle_type, or an imported pool)
+    #: "posix_fd" or "fabric" for a pool other processes can import (create's handle_type, or an imported pool)
     handle_type: str | None = None
+    #: the pool's own export (a descriptor it keeps open, or a fabric handle's bytes): see :meth:`share`
+    shared: int | bytes | None = None
+    #: made by cuMemPoolImportFromShareableHandle (cuproc.ipc.import_pool): another process's pool
+    imported: bool = False
 
     def __init__(self, handle: Any, *, driver: Driver, owned: bool) -> None:
         self.handle, self.driver, self.owned, self.ended = handle, driver, owned, None
@@ -32,24 +86,61 @@ class MemoryPool(Resource):
     @classmethod
     def create(cls, device: Device | int = 0, *, release_threshold: int | None = None,
                handle_type: str | None = None, driver: Driver | None = None) -> MemoryPool:
-        """cuMemPoolCreate on ``device``.  ``handle_type="posix_fd"`` makes the pool shareable with other
-        processes (cuproc.ipc.export_pool, export_pointer); None: this process only."""
-        if handle_type not in (None, "posix_fd"):
-            raise invalid("cuMemPoolCreate", f"handle_type is 'posix_fd' or None, not {handle_type!r}")
+        """cuMemPoolCreate on ``device``.  ``handle_type="posix_fd"`` (or ``"fabric"``, where the device
+        reports CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED) makes the pool shareable with other
+        processes (cuproc.ipc.export_pool, export_pointer), and exports it at once (:meth:`share`);
+        None: this process only."""
+        call = "cuMemPoolCreate"
         drv = get_driver(driver)
         ordinal = device.ordinal if isinstance(device, Device) else device
         props = ffi.new("CUmemPoolProps *")
         props.allocType = drv.CU_MEM_ALLOCATION_TYPE_PINNED
-        props.handleTypes = drv.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR if handle_type else 0
+        props.handleTypes = shareable_handle_type(handle_type, ordinal, drv, call)
         props.location.type = drv.CU_MEM_LOCATION_TYPE_DEVICE
         props.location.id = ordinal
         out = ffi.new("CUmemoryPool *")
-        drv.checked.cuMemPoolCreate(out, props)
+        rc = drv.cuMemPoolCreate(out, props)
+        if rc:
+            raise shareable_error(drv, rc, call, handle_type)
         pool = cls(out[0], driver=drv, owned=True)
         pool.handle_type = handle_type
-        if release_threshold is not None:
-            pool.release_threshold = release_threshold
+        try:
+            if handle_type is not None:
+                pool.share()
+            if release_threshold is not None:
+                pool.release_threshold = release_threshold
+        except BaseException:
+            pool.close()
+            raise
         return pool
+
+    def export_handle(self) -> int | bytes:
+        """cuMemPoolExportToShareableHandle in the pool's handle type: a new POSIX file descriptor the caller
+        owns (``"posix_fd"``), or the 64 bytes of a CUmemFabricHandle (``"fabric"``)."""
+        call = "cuMemPoolExportToShareableHandle"
+        self.check(call)
+        kind = HANDLE_TYPES.get(self.handle_type, 0)
+        if not kind or self.imported:
+            raise invalid(call, f"{self.describe()} was not made shareable here: make it with "
+                                f"MemoryPool.create(device, handle_type='posix_fd') (an imported pool is "
+                                f"exported by the process that made it)")
+        out = ffi.new("CUmemFabricHandle *") if self.handle_type == "fabric" else ffi.new("int *")
+        rc = self.driver.cuMemPoolExportToShareableHandle(out, self.handle, kind, 0)
+        if rc:
+            raise shareable_error(self.driver, rc, call, self.handle_type)
+        return bytes(ffi.buffer(out)) if self.handle_type == "fabric" else int(out[0])  # type: ignore[index]
+
+    def share(self) -> None:
+        """Export the pool once and keep that export (:attr:`shared`) while the pool lives; idempotent.
+
+        cuMemPoolExportPointer works only on a pool "already shared", as its documentation says (an H200 with
+        driver 580 answered CUDA_ERROR_INVALID_VALUE to a pointer exported before the pool; the diagnostic in
+        tests/test_gpu_ipc.py records the answer in each order), so :meth:`create` calls this for every
+        shareable pool.  The descriptor is kept open rather than closed
+        at once: the pool stays shared for as long as it lives, whatever the driver does once the last
+        descriptor of a pool is closed."""
+        if self.shared is None:
+            self.shared = self.export_handle()
 
     @classmethod
     def default(cls, device: Device | int = 0, *, driver: Driver | None = None) -> MemoryPool:
@@ -63,7 +154,10 @@ class MemoryPool(Resource):
         return f"memory pool {handle_int(self.handle):#x}"
 
     def _release(self) -> int:
-        return self.driver.cuMemPoolDestroy(self.handle) if self.owned else 0
+        rc = self.driver.cuMemPoolDestroy(self.handle) if self.owned else 0
+        if isinstance(self.shared, int):
+            os.close(self.shared)      # the pool's own export (share): never given to anyone
+        return rc
 
     def close(self) -> None:
         """Destroy an owned pool (idempotent); the default pool is not owned: no-op."""
@@ -111,4 +205,5 @@ class MemoryPool(Resource):
         self.driver.checked.cuMemPoolTrimTo(self.handle, min_bytes_to_keep)
 
 
-__all__ = ["MemoryPool"]
+__all__ = ["FABRIC_ATTRIBUTE", "HANDLE_TYPES", "MemoryPool", "fabric_supported", "shareable_error",
+           "shareable_handle_type"]

@@ -28,6 +28,11 @@ Policy
   address changes) -- unless it was made with ``address="fixed"``, which refuses instead.  A grow that
   fails leaves the buffer exactly as it was: the old mappings, their access and their address are not
   touched until the new ones are complete, and everything the attempt made is given back.
+* **Exportable memory.**  ``handle_type="posix_fd"`` makes physical memory exportable as a file descriptor
+  (:meth:`PhysicalMemory.export_fd`); ``"fabric"`` as the 64 bytes of a CUmemFabricHandle
+  (:meth:`PhysicalMemory.export_fabric`), only where the device reports
+  CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED -- elsewhere it is refused, naming the attribute,
+  before the driver is asked (:func:`cuproc.pools.shareable_handle_type`).
 * Capability, not version: these calls exist from CUDA 10.2 on; the object layer asks
   ``driver.has(...)`` (:func:`supported`), never the version number.
 """
@@ -46,7 +51,8 @@ from .device import Device
 from .device_memory import DeviceView
 from .driver import Driver
 from .errors import CudaError, InvalidValueError, refusal
-from .interop import KDL_CUDA, DeviceArrayExports
+from .interop import LinearDeviceExports
+from .pools import FABRIC_HANDLE_BYTES, HANDLE_TYPES, shareable_error, shareable_handle_type
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -56,7 +62,6 @@ if TYPE_CHECKING:
 
 HandleType = Literal["posix_fd", "fabric"]
 Access = Literal["none", "read", "readwrite"]
-_HANDLE_TYPES = {None: 0, "posix_fd": 1, "fabric": 8}          # CU_MEM_HANDLE_TYPE_*
 _ACCESS = {"none": 0, "read": 1, "readwrite": 3}                # CU_MEM_ACCESS_FLAGS_PROT_*
 _ACCESS_NAMES = {v: k for k, v in _ACCESS.items()}
 _GRANULARITY = {"minimum": 0, "recommended": 1}                 # CU_MEM_ALLOC_GRANULARITY_*
@@ -70,16 +75,16 @@ def supported(driver: Driver | None = None) -> bool:
     return all(drv.has(name) for name in _CALLS)
 
 
-def _handle_type(value: str | None, call: str) -> int:
-    if value not in _HANDLE_TYPES:
-        raise invalid(call, f"handle_type is one of 'posix_fd', 'fabric' or None, not {value!r}")
-    return _HANDLE_TYPES[value]
-
-
 def _ordinal(device: Device | int | None, context: Context) -> int:
     if device is None:
         return context.device.ordinal
     return device.ordinal if isinstance(device, Device) else int(device)
+
+
+def _placed(device: Device | int | None, context: Context, handle_type: str | None, call: str) -> tuple[int, int]:
+    """The device ordinal (default: the context's) and the CU_MEM_HANDLE_TYPE_* checked for it."""
+    ordinal = _ordinal(device, context)
+    return ordinal, shareable_handle_type(handle_type, ordinal, context.driver, call)
 
 
 def _properties(ordinal: int, handle_type: int) -> Any:
@@ -125,7 +130,7 @@ def granularity(device: Device | int | None = None, *, option: Literal["minimum"
     if option not in _GRANULARITY:
         raise invalid(call, f"option is 'minimum' or 'recommended', not {option!r}")
     ctx = _context(context, call, driver)
-    prop = _properties(_ordinal(device, ctx), _handle_type(handle_type, call))
+    prop = _properties(*_placed(device, ctx, handle_type, call))
     out = ffi.new("size_t *")
     drv = ctx.driver
     drv.check(_in(ctx, drv.cuMemGetAllocationGranularity, out, prop, _GRANULARITY[option]), call)
@@ -161,18 +166,19 @@ class PhysicalMemory(Resource):
     def __init__(self, nbytes: int, device: Device | int | None = None, *, handle_type: HandleType | None = None,
                  context: Context | None = None, driver: Driver | None = None) -> None:
         """cuMemCreate of ``nbytes`` (a multiple of :func:`granularity`) on ``device`` (default: the
-        context's); ``handle_type="posix_fd"`` makes it exportable (:meth:`export_fd`)."""
+        context's); ``handle_type="posix_fd"`` makes it exportable (:meth:`export_fd`), ``"fabric"`` (where
+        the device has fabric handles) by :meth:`export_fabric`."""
         call = "cuMemCreate"
         if hasattr(self, "driver"):
             raise invalid(call, "PhysicalMemory.__init__ was called twice; the first allocation would leak")
         _size(nbytes, call, "nbytes")
         ctx = _context(context, call, driver)
         drv = ctx.driver
-        kind = _handle_type(handle_type, call)
-        ordinal = _ordinal(device, ctx)
-        prop = _properties(ordinal, kind)
+        ordinal, kind = _placed(device, ctx, handle_type, call)
         out = ffi.new("CUmemGenericAllocationHandle *")
-        drv.check(_in(ctx, drv.cuMemCreate, out, nbytes, prop, 0), call)
+        rc = _in(ctx, drv.cuMemCreate, out, nbytes, _properties(ordinal, kind), 0)
+        if rc:
+            raise shareable_error(drv, rc, call, handle_type)
         self._start(drv, ctx, int(out[0]), nbytes, ordinal, handle_type, imported=False)
 
     def _start(self, drv: Driver, ctx: Context, handle: int, nbytes: int, ordinal: int, handle_type: str | None,
@@ -188,23 +194,42 @@ class PhysicalMemory(Resource):
         (:meth:`export_fd`, sent over a Unix socket or inherited).  ``nbytes`` is the exporter's size (the
         descriptor does not carry it).  The caller keeps ``fd`` (close it when done); the imported handle is
         this object's, released by ``close()``."""
-        call = "cuMemImportFromShareableHandle"
         if fd.__class__ is not int or fd < 0:
-            raise invalid(call, f"fd must be a file descriptor (an int >= 0), got {fd!r}")
+            raise invalid("cuMemImportFromShareableHandle", f"fd must be a file descriptor (an int >= 0), got {fd!r}")
+        return cls._import(ffi.cast("void *", fd), "posix_fd", nbytes, context, driver)
+
+    @classmethod
+    def import_fabric(cls, data: bytes, nbytes: int, *, context: Context | None = None,
+                      driver: Driver | None = None) -> PhysicalMemory:
+        """cuMemImportFromShareableHandle of a fabric handle another process exported (:meth:`export_fabric`:
+        64 bytes, sent through any channel).  ``nbytes`` is the exporter's size.  Needs an IMEX channel
+        shared with the exporter (else the driver answers CUDA_ERROR_NOT_PERMITTED)."""
+        if not isinstance(data, (bytes, bytearray)) or len(data) != FABRIC_HANDLE_BYTES:
+            raise invalid("cuMemImportFromShareableHandle", f"a fabric handle is {FABRIC_HANDLE_BYTES} bytes (as "
+                                                            f"export_fabric gave them), got {data!r:.80}")
+        raw = ffi.new("CUmemFabricHandle *")
+        ffi.memmove(raw, bytes(data), FABRIC_HANDLE_BYTES)
+        return cls._import(raw, "fabric", nbytes, context, driver)
+
+    @classmethod
+    def _import(cls, os_handle: Any, handle_type: str, nbytes: int, context: Context | None,
+                driver: Driver | None) -> PhysicalMemory:
+        call = "cuMemImportFromShareableHandle"
         _size(nbytes, call, "nbytes")
         ctx = _context(context, call, driver)
         drv = ctx.driver
         out = ffi.new("CUmemGenericAllocationHandle *")
-        rc = _in(ctx, drv.cuMemImportFromShareableHandle, out, ffi.cast("void *", fd), _HANDLE_TYPES["posix_fd"])
+        rc = _in(ctx, drv.cuMemImportFromShareableHandle, out, os_handle, HANDLE_TYPES[handle_type])
         if rc:
-            err = drv.error(rc, call)
-            err.add_note("the descriptor must be one that cuMemExportToShareableHandle gave (PhysicalMemory.export_fd) "
-                         "for memory made with handle_type='posix_fd', still open in this process")
+            err = shareable_error(drv, rc, call, handle_type)
+            method = "export_fd" if handle_type == "posix_fd" else "export_fabric"
+            err.add_note(f"the handle must be one that cuMemExportToShareableHandle gave (PhysicalMemory.{method}) "
+                         f"for memory made with handle_type={handle_type!r}, its memory not yet released")
             raise err
         mem = cls.__new__(cls)
         prop = ffi.new("CUmemAllocationProp *")
         rc = _in(ctx, drv.cuMemGetAllocationPropertiesFromHandle, prop, out[0])
-        mem._start(drv, ctx, int(out[0]), nbytes, prop.location.id if rc == 0 else ctx.device.ordinal, "posix_fd",
+        mem._start(drv, ctx, int(out[0]), nbytes, prop.location.id if rc == 0 else ctx.device.ordinal, handle_type,
                    imported=True)
         return mem
 
@@ -232,15 +257,24 @@ class PhysicalMemory(Resource):
     def export_fd(self) -> int:
         """cuMemExportToShareableHandle as a POSIX file descriptor: a new descriptor the caller owns (send
         it to another process, then ``os.close`` it).  Needs ``handle_type="posix_fd"`` at creation."""
+        return int(self._export("posix_fd", ffi.new("int *"))[0])
+
+    def export_fabric(self) -> bytes:
+        """cuMemExportToShareableHandle as a fabric handle: 64 bytes to send through any channel (to a process
+        on this machine or, over an NVLink fabric, another one).  Needs ``handle_type="fabric"`` at creation."""
+        return bytes(ffi.buffer(self._export("fabric", ffi.new("CUmemFabricHandle *"))))
+
+    def _export(self, handle_type: str, out: Any) -> Any:
         call = "cuMemExportToShareableHandle"
         self.check(call)
-        if self.handle_type != "posix_fd":
-            raise invalid(call, f"{self.describe()} was made without handle_type='posix_fd': it cannot be exported "
-                                f"as a file descriptor (make it with PhysicalMemory(..., handle_type='posix_fd'))")
-        out = ffi.new("int *")
-        self.driver.check(_in(self.context, self.driver.cuMemExportToShareableHandle, out, self.handle,
-                              _HANDLE_TYPES["posix_fd"], 0), call)
-        return int(out[0])
+        if self.handle_type != handle_type:
+            raise invalid(call, f"{self.describe()} was made with handle_type={self.handle_type!r}: it cannot be "
+                                f"exported as {handle_type!r} (make it with PhysicalMemory(..., "
+                                f"handle_type={handle_type!r}))")
+        rc = _in(self.context, self.driver.cuMemExportToShareableHandle, out, self.handle, HANDLE_TYPES[handle_type], 0)
+        if rc:
+            raise shareable_error(self.driver, rc, call, handle_type)
+        return out
 
     def __repr__(self) -> str:
         return f"<cuproc.{self.describe() if self.ended is None else 'PhysicalMemory ' + self.ended}>"
@@ -320,25 +354,16 @@ class Reservation(Resource):
         return f"<cuproc.Reservation {self.nbytes} bytes at {self.ended or hex(self.address)}>"
 
 
-class _VirtualDeviceMemory(DeviceArrayExports, Allocation):
+class _VirtualDeviceMemory(LinearDeviceExports, Allocation):
     """What mapped memory shares with a DeviceBuffer: a 1-D uint8 array for CAI, DLPack, copies, memsets
     and launches; typed views; released whatever became of its context."""
 
     __slots__ = ("last_stream", "device_ordinal")
-    typestr = "|u1"
     last_stream: Stream | int | None
-    device_ordinal: int
-
-    @property
-    def shape(self) -> tuple[int, ...]:  # type: ignore[override]  # (DeviceArrayExports declares the attribute)
-        return (self.nbytes,)
 
     def view(self, dtype: Any, shape: tuple[int, ...] | int | None = None) -> DeviceView:
         """A typed, shaped view (it holds this memory)."""
         return DeviceView(self, dtype, shape)   # type: ignore[arg-type]
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (KDL_CUDA, self.device_ordinal)
 
     def _settle(self) -> None:
         """Wait for the work queued in the context (before an unmap: the GPU would fault on a gone range)."""
@@ -514,7 +539,7 @@ class GrowableBuffer(_VirtualDeviceMemory):
         """``nbytes`` usable now; ``reserve``: the addresses to reserve up front (at least ``nbytes``; rounded up
         to the granularity).  ``address="fixed"``: a grow past the reservation may only extend it where it
         is (else it is refused), never move the buffer.  ``handle_type="posix_fd"`` makes the chunks
-        exportable (:attr:`chunks`).  ``peers``: other devices given read-write access too."""
+        exportable (:attr:`chunks`; ``"fabric"`` where the device has fabric handles).  ``peers``: other devices given read-write access too."""
         call = "GrowableBuffer"
         if hasattr(self, "driver"):
             raise invalid(call, "GrowableBuffer.__init__ was called twice; the first buffer would leak")
@@ -522,7 +547,6 @@ class GrowableBuffer(_VirtualDeviceMemory):
         _size(reserve, call, "reserve", zero=True)
         if address not in ("may_move", "fixed"):
             raise invalid(call, f"address is 'may_move' or 'fixed', not {address!r}")
-        _handle_type(handle_type, call)
         ctx = _context(context, "cuMemAddressReserve", driver)
         ordinal = ctx.device.ordinal
         granule = granularity(ordinal, handle_type=handle_type, context=ctx)

@@ -92,6 +92,12 @@ static CUresult ipc_unpack(const char in[64], const char *magic, struct ipc_payl
   return OK;
 }
 
+/* What every import does first: a current context, then the handle's payload checked (ipc_unpack). */
+static CUresult ipc_import(const char in[64], const char *magic, struct obj **c, struct ipc_payload *p) {
+  TRY(cur_ctx(c));
+  return ipc_unpack(in, magic, p);
+}
+
 /* ------------------------------------------------------------------ memory */
 static CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr) {
   ENTER("cuIpcGetMemHandle");
@@ -109,9 +115,8 @@ static CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
   ENTER("cuIpcOpenMemHandle");
   NEED(pdptr && (flags & ~IPC_LAZY_ENABLE_PEER_ACCESS) == 0);
   struct obj *c;
-  TRY(cur_ctx(&c));
   struct ipc_payload p;
-  TRY(ipc_unpack(handle.reserved, "FAKEIPCM", &p));
+  TRY(ipc_import(handle.reserved, "FAKEIPCM", &c, &p));
   NEED(p.size > 0 && p.size <= DEVICE_TOTAL_MEM);
   for (size_t i = 0; i < nallocs; i++) {   /* opened before in this context: one more reference */
     struct alloc *a = allocs[i];
@@ -186,9 +191,8 @@ static CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle) 
   ENTER("cuIpcOpenEventHandle");
   NEED(phEvent);
   struct obj *c;
-  TRY(cur_ctx(&c));
   struct ipc_payload p;
-  TRY(ipc_unpack(handle.reserved, "FAKEIPCE", &p));
+  TRY(ipc_import(handle.reserved, "FAKEIPCE", &c, &p));
   struct obj *e = new_obj(K_EVENT, c->h, c->dev);
   if (!e) return E_OUT_OF_MEMORY;
   e->flags = EVENT_INTERPROCESS | EVENT_DISABLE_TIMING;
@@ -197,34 +201,36 @@ static CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle) 
 }
 
 /* ------------------------------------------------------------------ shareable pools
- * A pool made with CUmemPoolProps.handleTypes = POSIX_FD (recorded by the wrapper of fakedriver.c's
- * cuMemPoolCreate below, in the pool's unused u.p.reuse[0]) exports a descriptor: a memfd named
- * "fakecuda-pool" holding (magic, pid, device, pool handle).  Importing it in another process makes an
- * imported pool there (POOL_IMPORTED); importing it in the exporting process is CUDA_ERROR_INVALID_VALUE
- * (strict: not measured).  cuMemPoolExportPointer takes the base of a live allocation of a shareable
- * pool; cuMemPoolImportPointer takes an imported pool and data another process exported (the same
+ * A pool made with CUmemPoolProps.handleTypes = POSIX_FD or FABRIC (FABRIC only while fakedriver_vmm.c's
+ * fabric switch is on; recorded by the wrapper of fakedriver.c's cuMemPoolCreate below, in the pool's
+ * unused u.p.reuse[0]) exports (magic, pid, device, pool handle): as a descriptor of a memfd named
+ * "fakecuda-pool" (POSIX_FD), or as the 64 bytes of the CUmemFabricHandle itself (FABRIC).  Importing it
+ * in another process makes an imported pool there (POOL_IMPORTED); importing it in the exporting
+ * process is CUDA_ERROR_INVALID_VALUE (strict: not measured).  cuMemPoolExportPointer takes the base of
+ * a live allocation of a shareable pool that has been exported (cuMemPoolExportToShareableHandle) at
+ * least once: before that it is CUDA_ERROR_INVALID_VALUE, as an H200 with driver 580 answered (the
+ * documentation's "from an already shared memory pool"); cuMemPoolImportPointer takes an imported pool and data another process exported (the same
  * checks as the handles above; the exporter's own data: CUDA_ERROR_INVALID_VALUE) and gives a
  * stream-ordered allocation of the imported pool, zeroed, freed by cuMemFree or cuMemFreeAsync as
  * documented, and freed with its pool. */
 #define POOL_SHAREABLE 1
+#define POOL_FABRIC 2                /* shareable by fabric handle (else by descriptor) */
+#define POOL_EXPORTED 4              /* cuMemPoolExportToShareableHandle has been called */
 #define POOL_IMPORTED 0x100
 struct pool_payload { char magic[8]; int pid, dev; unsigned long long pool; };
 
 static CUresult vmm_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
   CUresult rc = cuMemPoolCreate(pool, props);
   if (rc != OK) return rc;
-  if (props->handleTypes & ~VMM_POSIX_FD) {   /* (checked after: the original refuses bad props first) */
-    pthread_mutex_lock(&mu);
-    struct obj *p = pool_of((handle_t)*pool);
-    if (p) kill_obj(p);
-    pthread_mutex_unlock(&mu);
-    return props->handleTypes & VMM_FABRIC ? E_NOT_SUPPORTED : E_INVALID_VALUE;
-  }
+  int types = props->handleTypes;     /* (checked after: the original refuses bad props first) */
+  int one = types == 0 || types == VMM_POSIX_FD || types == VMM_FABRIC;   /* one type a pool, as cuproc asks */
   pthread_mutex_lock(&mu);
   struct obj *p = pool_of((handle_t)*pool);
-  if (p) p->u.p.reuse[0] = props->handleTypes & VMM_POSIX_FD ? POOL_SHAREABLE : 0;
+  rc = !one ? E_INVALID_VALUE : types == VMM_FABRIC ? check_fabric() : OK;
+  if (p && rc != OK) kill_obj(p);
+  if (p && rc == OK) p->u.p.reuse[0] = types == VMM_FABRIC ? POOL_SHAREABLE | POOL_FABRIC : types ? POOL_SHAREABLE : 0;
   pthread_mutex_unlock(&mu);
-  return OK;
+  return rc;
 }
 _Static_assert(__builtin_types_compatible_p(__typeof__(&vmm_cuMemPoolCreate), __typeof__(&cuMemPoolCreate)),
                "the wrapper has cuMemPoolCreate's type");
@@ -236,34 +242,53 @@ static CUresult cuMemPoolExportToShareableHandle(void *handle_out, CUmemoryPool 
   CUresult rc;
   struct obj *p = get(pool, K_POOL, &rc);
   if (!p) return rc;
-  NEED(type == VMM_POSIX_FD && (p->u.p.reuse[0] & POOL_SHAREABLE) && !(p->u.p.reuse[0] & POOL_IMPORTED));
-  int fd = memfd_create("fakecuda-pool", MFD_CLOEXEC);
-  if (fd < 0) return E_OUT_OF_MEMORY;
+  int how = p->u.p.reuse[0], fabric = (how & POOL_FABRIC) != 0;
+  NEED((how & POOL_SHAREABLE) && !(how & POOL_IMPORTED) && type == (fabric ? VMM_FABRIC : VMM_POSIX_FD));
   struct pool_payload d = {{'F', 'A', 'K', 'E', 'P', 'O', 'O', 'L'}, (int)getpid(), p->dev, (unsigned long long)p->h};
-  if (pwrite(fd, &d, sizeof d, 0) != (ssize_t)sizeof d) { close(fd); return E_OUT_OF_MEMORY; }
-  *(int *)handle_out = fd;
+  if (fabric) {
+    memset(handle_out, 0, 64);
+    memcpy(handle_out, &d, sizeof d);
+  } else {
+    int fd = memfd_create("fakecuda-pool", MFD_CLOEXEC);
+    if (fd < 0) return E_OUT_OF_MEMORY;
+    if (pwrite(fd, &d, sizeof d, 0) != (ssize_t)sizeof d) { close(fd); return E_OUT_OF_MEMORY; }
+    *(int *)handle_out = fd;
+  }
+  p->u.p.reuse[0] |= POOL_EXPORTED;
   return OK;
 }
 
-static CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void *handle, int type,
-                                                   unsigned long long flags) {
-  ENTER("cuMemPoolImportFromShareableHandle");
-  NEED(pool_out && flags == 0 && type == VMM_POSIX_FD);
+/* The payload a pool's export names: read from the memfd a descriptor is, or from a fabric handle's bytes. */
+static CUresult pool_payload_of(void *handle, int type, struct pool_payload *d) {
+  if (type == VMM_FABRIC) {
+    TRY(check_fabric());
+    NEED(handle);
+    memcpy(d, handle, sizeof *d);
+    return OK;
+  }
+  NEED(type == VMM_POSIX_FD);
   int fd = (int)(intptr_t)handle;
   char link[64], target[256];
   snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
   ssize_t n = fd >= 0 ? readlink(link, target, sizeof target - 1) : -1;
   if (n <= 0) return E_INVALID_VALUE;
   target[n] = '\0';
-  struct pool_payload d;
-  if (strncmp(target, "/memfd:fakecuda-pool", 20) != 0 || pread(fd, &d, sizeof d, 0) != (ssize_t)sizeof d ||
-      memcmp(d.magic, "FAKEPOOL", 8) != 0)
+  if (strncmp(target, "/memfd:fakecuda-pool", 20) != 0 || pread(fd, d, sizeof *d, 0) != (ssize_t)sizeof *d)
     return E_INVALID_VALUE;
-  if (d.pid == (int)getpid()) return E_INVALID_VALUE;
+  return OK;
+}
+
+static CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void *handle, int type,
+                                                   unsigned long long flags) {
+  ENTER("cuMemPoolImportFromShareableHandle");
+  NEED(pool_out && flags == 0);
+  struct pool_payload d;
+  TRY(pool_payload_of(handle, type, &d));
+  if (memcmp(d.magic, "FAKEPOOL", 8) != 0 || d.pid == (int)getpid()) return E_INVALID_VALUE;
   TRY(check_dev(d.dev));
   struct obj *p = new_obj(K_POOL, 0, d.dev);
   if (!p) return E_OUT_OF_MEMORY;
-  p->u.p.reuse[0] = POOL_SHAREABLE | POOL_IMPORTED;
+  p->u.p.reuse[0] = POOL_SHAREABLE | POOL_IMPORTED | (type == VMM_FABRIC ? POOL_FABRIC : 0);
   *pool_out = (CUmemoryPool)p->h;
   return OK;
 }
@@ -277,6 +302,7 @@ static CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *data, CUdeviceptr
   if (!a) return stale(E_INVALID_VALUE);
   struct obj *p = a->kind == A_ASYNC ? pool_of(a->pool) : NULL;
   NEED(a->base == ptr && p && (p->u.p.reuse[0] & POOL_SHAREABLE) && !(p->u.p.reuse[0] & POOL_IMPORTED));
+  NEED(p->u.p.reuse[0] & POOL_EXPORTED);   /* a pool "already shared": exported before its pointers */
   ipc_pack((char *)data->reserved, "FAKEPPTR", a->dev, a->base, a->size, a->id);
   return OK;
 }
@@ -284,15 +310,15 @@ static CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *data, CUdeviceptr
 static CUresult cuMemPoolImportPointer(CUdeviceptr *ptr_out, CUmemoryPool pool, CUmemPoolPtrExportData *data) {
   ENTER("cuMemPoolImportPointer");
   NEED(ptr_out && data);
-  struct obj *c;
-  TRY(cur_ctx(&c));
   CUresult rc;
   struct obj *p = get(pool, K_POOL, &rc);
   if (!p) return rc;
   NEED(p->u.p.reuse[0] & POOL_IMPORTED);
+  struct obj *c;
   struct ipc_payload d;
-  rc = ipc_unpack((const char *)data->reserved, "FAKEPPTR", &d);
-  if (rc != OK) return E_INVALID_VALUE;   /* the exporter's own data included (strict: not measured) */
+  rc = ipc_import((const char *)data->reserved, "FAKEPPTR", &c, &d);
+  if (rc == E_INVALID_CONTEXT) return E_INVALID_VALUE;   /* the exporter's own data (strict: not measured) */
+  if (rc != OK) return rc;
   NEED(d.size > 0 && d.size <= DEVICE_TOTAL_MEM);
   struct alloc *a = new_alloc(A_ASYNC, d.size, p->dev, c->h, p->h, &rc);
   if (!a) return rc;

@@ -32,10 +32,16 @@
  *     usable by copies, memsets and kernels only where it is mapped and its device was given access
  *     (cuMemSetAccess): elsewhere it is no allocation at all, a stale use.
  *   - VMM calls need no current context (they name their device).
- *   - Handle types: POSIX file descriptor only (FABRIC is CUDA_ERROR_NOT_SUPPORTED, the Windows ones
- *     CUDA_ERROR_INVALID_VALUE).  An allocation made without the POSIX type cannot be exported.  An
- *     import takes a descriptor of one of these memfds (this process's or another's); anything else
- *     (a closed descriptor, a regular file) is CUDA_ERROR_INVALID_VALUE.
+ *   - Handle types: POSIX file descriptor, and FABRIC only once a test turned fabric on
+ *     (fake_vmm_set_fabric; off after fake_vmm_reset): off, the device reports
+ *     CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED as 0 and FABRIC is CUDA_ERROR_NOT_SUPPORTED, as on
+ *     a machine without an NVLink fabric; on, it reports 1.  The Windows types are CUDA_ERROR_INVALID_VALUE.
+ *     An allocation made without a type cannot be exported as that type.  A POSIX import takes a
+ *     descriptor of one of these memfds (this process's or another's); anything else (a closed
+ *     descriptor, a regular file) is CUDA_ERROR_INVALID_VALUE.  A fabric handle (64 bytes) names the
+ *     exporting process, its memfd's descriptor there and the memfd's inode; the import opens it through
+ *     /proc, so it works while the exporter lives and holds the allocation, and is
+ *     CUDA_ERROR_INVALID_VALUE after.
  */
 
 #include <fcntl.h>
@@ -59,6 +65,7 @@ _Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc_v1");
 #define VMM_GRANULARITY (2ULL << 20)
 #define VMM_POSIX_FD 1
 #define VMM_FABRIC 8
+#define ATTR_HANDLE_TYPE_FABRIC_SUPPORTED 128
 #define VMM_HANDLE_BASE 0x7a000000ULL   /* physical handles are VMM_HANDLE_BASE + 16 * slot */
 #define VMM_MAX_PHYS 4096
 #define VMM_MAX_RES 1024
@@ -85,6 +92,10 @@ static struct mapping vmaps[VMM_MAX_MAPS];
 static struct { CUdeviceptr base; size_t size; } vfreed[VMM_MAX_RES];  /* freed reservations' ranges */
 static int nvfreed;
 static char *vmm_shadow;               /* host memory standing for the device window, at the same offsets */
+static int vmm_fabric;                 /* fabric handles on (fake_vmm_set_fabric) */
+
+/* FABRIC where it is off: the driver's answer on a machine without an NVLink fabric. */
+static CUresult check_fabric(void) { return vmm_fabric ? OK : E_NOT_SUPPORTED; }
 
 static char *shadow_of(CUdeviceptr p) { return vmm_shadow + (p - dev_base); }
 
@@ -119,6 +130,17 @@ static int new_phys_slot(void) {
   return n;
 }
 
+/* A new physical allocation on fd (this process's from now on), holding one handle reference; its handle,
+ * or 0 with fd closed when no slot is left.  Imported memory's bytes are counted where they were made. */
+static CUmemGenericAllocationHandle phys_new(int fd, int dev, int handle_types, size_t size, int imported) {
+  int n = new_phys_slot();
+  if (n < 0) { close(fd); return 0; }
+  vphys[n] = (struct phys){.alive = 1, .refs = 1, .dev = dev, .handle_types = handle_types, .imported = imported,
+                           .fd = fd, .size = size};
+  if (!imported) dev_bytes[dev] += size;
+  return handle_of(n);
+}
+
 /* The allocation goes once nothing holds it: no mapping, no handle reference. */
 static void phys_maybe_free(int n) {
   struct phys *p = &vphys[n];
@@ -134,8 +156,8 @@ static CUresult check_prop(const CUmemAllocationProp *prop) {
   NEED(prop);
   NEED(prop->type == 1 && prop->location.type == 1);   /* PINNED, on a DEVICE */
   TRY(check_dev(prop->location.id));
-  if (prop->requestedHandleTypes & VMM_FABRIC) return E_NOT_SUPPORTED;
-  NEED((prop->requestedHandleTypes & ~VMM_POSIX_FD) == 0);
+  if (prop->requestedHandleTypes & VMM_FABRIC) TRY(check_fabric());
+  NEED((prop->requestedHandleTypes & ~(VMM_POSIX_FD | VMM_FABRIC)) == 0);
   return OK;
 }
 
@@ -208,17 +230,9 @@ static CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
   int fd = memfd_create("fakecuda-vmm", MFD_CLOEXEC);
   if (fd < 0) return E_OUT_OF_MEMORY;
   if (ftruncate(fd, (off_t)size) != 0) { close(fd); return E_OUT_OF_MEMORY; }
-  int n = new_phys_slot();
-  if (n < 0) { close(fd); return E_OUT_OF_MEMORY; }
-  struct phys *p = &vphys[n];
-  p->alive = 1;
-  p->refs = 1;
-  p->dev = dev;
-  p->handle_types = prop->requestedHandleTypes;
-  p->fd = fd;
-  p->size = size;
-  dev_bytes[dev] += size;
-  *handle = handle_of(n);
+  CUmemGenericAllocationHandle h = phys_new(fd, dev, prop->requestedHandleTypes, size, 0);
+  if (!h) return E_OUT_OF_MEMORY;
+  *handle = h;
   return OK;
 }
 
@@ -262,13 +276,26 @@ static CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop
   return OK;
 }
 
+/* A fabric handle's 64 bytes: the exporting process and its memfd's descriptor there. */
+struct fabric_payload { char magic[8]; int pid, fd; unsigned long long inode; };
+_Static_assert(sizeof(struct fabric_payload) <= 64, "a CUmemFabricHandle is 64 bytes");
+
 static CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle handle, int type,
                                              unsigned long long flags) {
   ENTER("cuMemExportToShareableHandle");
   NEED(shareable && flags == 0);
   struct phys *p = phys_of(handle, NULL);
   if (!p) return stale(E_INVALID_VALUE);
-  if (type == VMM_FABRIC) return E_NOT_SUPPORTED;
+  if (type == VMM_FABRIC) {
+    TRY(check_fabric());
+    NEED(p->handle_types & VMM_FABRIC);
+    struct stat st;
+    if (fstat(p->fd, &st) != 0) return E_OUT_OF_MEMORY;
+    struct fabric_payload d = {{'F', 'A', 'K', 'E', 'F', 'A', 'B', 'R'}, (int)getpid(), p->fd, (unsigned long long)st.st_ino};
+    memset(shareable, 0, 64);
+    memcpy(shareable, &d, sizeof d);
+    return OK;
+  }
   NEED(type == VMM_POSIX_FD && (p->handle_types & VMM_POSIX_FD));
   int fd = fcntl(p->fd, F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return E_OUT_OF_MEMORY;
@@ -290,35 +317,41 @@ static int is_vmm_memfd(int fd, size_t *size) {
   return 1;
 }
 
+/* The descriptor a fabric handle names, opened here (the exporter's memfd, through /proc); -1 if gone (its
+ * number now another file's: another inode). */
+static int open_fabric(const void *os_handle) {
+  struct fabric_payload d;
+  memcpy(&d, os_handle, sizeof d);
+  if (memcmp(d.magic, "FAKEFABR", 8) != 0 || d.pid <= 0 || d.fd < 0) return -1;
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", d.pid, d.fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  struct stat st;
+  if (fd >= 0 && (fstat(fd, &st) != 0 || (unsigned long long)st.st_ino != d.inode)) { close(fd); fd = -1; }
+  return fd;
+}
+
 static CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *os_handle, int type) {
   ENTER("cuMemImportFromShareableHandle");
   NEED(handle);
-  if (type == VMM_FABRIC) return E_NOT_SUPPORTED;
-  NEED(type == VMM_POSIX_FD);
-  int fd = (int)(intptr_t)os_handle;
+  if (type == VMM_FABRIC) TRY(check_fabric());
+  NEED(type == VMM_POSIX_FD || (type == VMM_FABRIC && os_handle));
+  /* this process's own descriptor of the memfd: a duplicate (the caller keeps and closes its descriptor) */
+  int own = type == VMM_FABRIC ? open_fabric(os_handle) : fcntl((int)(intptr_t)os_handle, F_DUPFD_CLOEXEC, 0);
   size_t size;
-  if (fd < 0 || !is_vmm_memfd(fd, &size)) return E_INVALID_VALUE;
+  if (own < 0) return E_INVALID_VALUE;
+  if (!is_vmm_memfd(own, &size)) { close(own); return E_INVALID_VALUE; }
   struct stat st;
-  fstat(fd, &st);
+  fstat(own, &st);
   int dev = 0;   /* the device of an allocation of this process with the same memfd; else device 0 */
   for (int i = 0; i < nvphys; i++) {
     struct stat mine;
     if (vphys[i].alive && !vphys[i].imported && fstat(vphys[i].fd, &mine) == 0 && mine.st_ino == st.st_ino &&
         mine.st_dev == st.st_dev) dev = vphys[i].dev;
   }
-  int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);   /* the caller keeps (and closes) its descriptor */
-  if (own < 0) return E_OUT_OF_MEMORY;
-  int n = new_phys_slot();
-  if (n < 0) { close(own); return E_OUT_OF_MEMORY; }
-  struct phys *p = &vphys[n];
-  p->alive = 1;
-  p->refs = 1;
-  p->dev = dev;
-  p->handle_types = VMM_POSIX_FD;
-  p->imported = 1;   /* its bytes are counted where they were made */
-  p->fd = own;
-  p->size = size;
-  *handle = handle_of(n);
+  CUmemGenericAllocationHandle h = phys_new(own, dev, type, size, 1);
+  if (!h) return E_OUT_OF_MEMORY;
+  *handle = h;
   return OK;
 }
 
@@ -507,9 +540,18 @@ EXPORT void fake_vmm_reset(void) {
     vphys[i].alive = 0;
   }
   nvphys = nvphys_free = 0;
+  vmm_fabric = 0;
   memset(vres, 0, sizeof vres);
   nvfreed = 0;
   drop_runs();
+  pthread_mutex_unlock(&mu);
+}
+
+/* Fabric handles on (1) or off (0, as after a reset): CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, and
+ * whether pools and VMM memory take CU_MEM_HANDLE_TYPE_FABRIC. */
+EXPORT void fake_vmm_set_fabric(int on) {
+  pthread_mutex_lock(&mu);
+  vmm_fabric = on != 0;
   pthread_mutex_unlock(&mu);
 }
 
@@ -533,3 +575,15 @@ EXPORT long fake_vmm_live(const char *kind) {
   pthread_mutex_unlock(&mu);
   return n;
 }
+
+/* cuDeviceGetAttribute with HANDLE_TYPE_FABRIC_SUPPORTED answered by the switch above (the table and the
+ * files included after this one take the wrapper; it calls the one fakedriver_arrays.c put in front). */
+static CUresult vmm_cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev) {
+  CUresult rc = cuDeviceGetAttribute(pi, attrib, dev);
+  if (rc == OK && attrib == ATTR_HANDLE_TYPE_FABRIC_SUPPORTED) *pi = vmm_fabric;
+  return rc;
+}
+_Static_assert(__builtin_types_compatible_p(__typeof__(&vmm_cuDeviceGetAttribute), __typeof__(&cuDeviceGetAttribute)),
+               "the wrapper has cuDeviceGetAttribute's type");
+#undef cuDeviceGetAttribute
+#define cuDeviceGetAttribute vmm_cuDeviceGetAttribute

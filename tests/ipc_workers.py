@@ -1,5 +1,6 @@
 """The two processes of tests/test_gpu_ipc.py's producer/consumer test, importable by ``multiprocessing``'s
-spawn (a module without pytest: a spawned child imports it by name).
+spawn (a module without pytest: a spawned child imports it by name); and :func:`run_child`, which the IPC and
+VMM tests (fake and GPU) use to hand an exported descriptor to another process.
 
 The protocol, made observable:
 
@@ -19,6 +20,9 @@ The protocol, made observable:
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 
 KERNELS = r"""
 extern "C" __global__ void fill(unsigned* data, unsigned n) {
@@ -46,6 +50,19 @@ extern "C" __global__ void check_and_write_back(unsigned* data, unsigned n, unsi
 N = 16 << 20                 # 64 MiB of uint32: large enough to see in cuMemGetInfo
 BLOCK = 256
 TIMEOUT = 120                # seconds any step waits for the other process
+
+
+def run_child(script: str, fd: int | None = None, *, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a new interpreter that inherits descriptor ``fd`` (as a Unix socket would send it),
+    then close ``fd`` here whatever happened; asserts that the child exited 0 after printing "child ok"."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", script], pass_fds=() if fd is None else (fd,),
+                              capture_output=True, text=True, timeout=timeout)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    assert proc.returncode == 0 and "child ok" in proc.stdout, proc.stderr[-3000:]
+    return proc
 
 
 def _word(buffer) -> int:

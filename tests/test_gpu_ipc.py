@@ -6,8 +6,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from cuproc import memory as mem
 from cuproc.errors import CudaError, InvalidContextError
 
 import ipc_workers
+from ipc_workers import run_child
 from subproc import run_python
 
 pytestmark = pytest.mark.gpu
@@ -120,18 +119,16 @@ def test_forged_and_truncated_handles_are_errors_not_crashes():
     print(proc.stdout)
 
 
-@pytest.mark.xfail(strict=True, raises=cuproc.errors.InvalidValueError,
-                   reason="measured on an H200, driver 580, 2026-11-29: cuMemPoolExportPointer of an allocation from "
-                          "a posix_fd pool answers CUDA_ERROR_INVALID_VALUE; not yet understood (issue 38)")
-def test_a_shareable_pool_and_a_pointer_in_another_process(primary):
-    """The parent's pool allocation, filled, is read and written by a child through the imported pool."""
+def _child_reads_and_writes_pool_memory(shared: cuproc.MemoryPool) -> None:
+    """The parent's allocation of ``shared``, filled, is read and written by a child through the imported
+    pool.  The pointer is exported before the pool is (the order that failed with CUDA_ERROR_INVALID_VALUE
+    while MemoryPool.create did not export the pool itself: see the diagnostic test below)."""
     stream = cuproc.Stream()
-    shared = cuproc.MemoryPool.create(0, handle_type="posix_fd")
     buf = cuproc.alloc_async(1 << 20, stream, pool=shared)
     mem.copy(buf, np.arange(1 << 18, dtype=np.uint32), stream=stream)
     stream.synchronize()                              # the allocation and the copy are done before the child reads
     pointer = bytes(ipc.export_pointer(buf)).hex()
-    fd = ipc.export_pool(shared)
+    handle = ipc.export_pool(shared)                  # a descriptor, or a fabric handle's bytes
     script = textwrap.dedent(f"""
         import sys
         sys.path[:0] = [{str(ROOT)!r}]
@@ -139,7 +136,7 @@ def test_a_shareable_pool_and_a_pointer_in_another_process(primary):
         import cuproc
         from cuproc import ipc, memory as mem
         pc = cuproc.use_device(0)
-        pool = ipc.import_pool({fd})
+        pool = ipc.import_pool({handle!r})
         imported = ipc.import_pointer(pool, bytes.fromhex({pointer!r}))
         got = np.empty(1 << 18, np.uint32)
         mem.copy(got, imported)
@@ -149,12 +146,7 @@ def test_a_shareable_pool_and_a_pointer_in_another_process(primary):
         pool.close()
         print("child ok")
     """)
-    try:
-        proc = subprocess.run([sys.executable, "-c", script], pass_fds=(fd,), capture_output=True, text=True,
-                              timeout=120)
-    finally:
-        os.close(fd)
-    assert proc.returncode == 0 and "child ok" in proc.stdout, proc.stderr[-3000:]
+    run_child(script, handle if isinstance(handle, int) else None)
     out = np.empty(4, np.uint32)
     mem.copy(out, buf, 16)
     assert out.tolist() == [0xBEEF] * 4
@@ -162,3 +154,76 @@ def test_a_shareable_pool_and_a_pointer_in_another_process(primary):
     stream.synchronize()
     stream.close()
     shared.close()
+
+
+def test_a_shareable_pool_and_a_pointer_in_another_process(primary):
+    _child_reads_and_writes_pool_memory(cuproc.MemoryPool.create(0, handle_type="posix_fd"))
+
+
+def _pool_pointer_answers(drv) -> dict[str, str]:
+    """cuMemPoolExportPointer's answers around the first export of a POSIX-shareable pool, through the
+    drop-in layer (no cuproc object exports anything by itself here)."""
+    name = lambda rc: cuproc.errors.result_name(rc) if rc else "CUDA_SUCCESS"   # noqa: E731
+    props = cuproc.ffi.new("CUmemPoolProps *")
+    props.allocType = drv.CU_MEM_ALLOCATION_TYPE_PINNED
+    props.handleTypes = drv.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    props.location.type = drv.CU_MEM_LOCATION_TYPE_DEVICE
+    pool, stream = cuproc.ffi.new("CUmemoryPool *"), cuproc.ffi.new("CUstream *")
+    drv.checked.cuMemPoolCreate(pool, props)
+    drv.checked.cuStreamCreate(stream, 0)
+    ptrs = [cuproc.ffi.new("CUdeviceptr *") for _ in range(3)]
+    data, fd = cuproc.ffi.new("CUmemPoolPtrExportData *"), cuproc.ffi.new("int *")
+    answers = {}
+    drv.checked.cuMemAllocFromPoolAsync(ptrs[0], 1 << 20, pool[0], stream[0])
+    drv.checked.cuStreamSynchronize(stream[0])                      # the allocation is complete
+    answers["complete allocation, pool never exported"] = name(drv.cuMemPoolExportPointer(data, ptrs[0][0]))
+    drv.checked.cuMemPoolExportToShareableHandle(fd, pool[0], drv.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
+    answers["the same allocation, pool exported"] = name(drv.cuMemPoolExportPointer(data, ptrs[0][0]))
+    drv.checked.cuMemAllocFromPoolAsync(ptrs[1], 1 << 20, pool[0], stream[0])
+    answers["an allocation still queued, pool exported"] = name(drv.cuMemPoolExportPointer(data, ptrs[1][0]))
+    os.close(fd[0])
+    drv.checked.cuMemAllocFromPoolAsync(ptrs[2], 1 << 20, pool[0], stream[0])
+    drv.checked.cuStreamSynchronize(stream[0])
+    answers["a new allocation, the pool's only descriptor closed"] = name(drv.cuMemPoolExportPointer(data, ptrs[2][0]))
+    for ptr in ptrs:
+        drv.checked.cuMemFreeAsync(ptr[0], stream[0])
+    drv.checked.cuStreamSynchronize(stream[0])
+    drv.checked.cuStreamDestroy(stream[0])
+    drv.checked.cuMemPoolDestroy(pool[0])
+    return answers
+
+
+def test_diagnose_which_order_cuMemPoolExportPointer_needs(primary):
+    """Diagnostic (issue 38): which hypothesis explains the CUDA_ERROR_INVALID_VALUE measured on an H200 with
+    driver 580.  cuproc now exports a shareable pool as it is made (MemoryPool.share), on the reading that
+    cuMemPoolExportPointer needs "an already shared memory pool"; this prints what the driver answers in
+    each order, and holds the one fact the fix relies on: once exported, the pool's pointers export."""
+    answers = _pool_pointer_answers(cuproc.default_driver())
+    for case, answer in answers.items():
+        print(f"cuMemPoolExportPointer, {case}: {answer}")
+    first = answers["complete allocation, pool never exported"]
+    print("hypothesis 'the pool must be exported first':", "confirmed" if first != "CUDA_SUCCESS" else
+          "refuted (the never-exported pool's pointer exported: the old failure had another cause)")
+    assert first in ("CUDA_SUCCESS", "CUDA_ERROR_INVALID_VALUE")
+    assert answers["the same allocation, pool exported"] == "CUDA_SUCCESS"
+
+
+def test_fabric_pools_where_the_device_has_them(primary):
+    """Fabric handles: refused with the attribute named where the device has none (an H200 without an IMEX
+    channel set up, most likely); where it has them, a child imports the pool from its 64 bytes and reads
+    and writes a pointer of it."""
+    from cuproc.pools import fabric_supported
+    if not fabric_supported(cuproc.Device(0)):
+        with pytest.raises(CudaError) as info:
+            cuproc.MemoryPool.create(0, handle_type="fabric")
+        assert info.value.refused and info.value.name == "CUDA_ERROR_NOT_SUPPORTED"
+        assert "CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED" in str(info.value)
+        print("no fabric handles on this device: refused as expected")
+        return
+    try:
+        shared = cuproc.MemoryPool.create(0, handle_type="fabric")
+    except CudaError as exc:
+        if exc.name != "CUDA_ERROR_NOT_PERMITTED":
+            raise
+        pytest.skip(f"the device has fabric handles but this user has no IMEX channel: {exc}")
+    _child_reads_and_writes_pool_memory(shared)

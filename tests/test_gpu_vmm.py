@@ -4,9 +4,6 @@ after close, a failed grow leaving the buffer as it was), the extend and move pa
 reservation, kernels on the grown memory, and an exported POSIX descriptor mapped by another process."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -15,8 +12,10 @@ import pytest
 
 import cuproc
 from cuproc import memory as mem
-from cuproc.errors import InvalidValueError
+from cuproc.errors import CudaError, InvalidValueError
 from cuproc.virtual_memory import GrowableBuffer, PhysicalMemory, Reservation, granularity, supported
+
+from ipc_workers import run_child
 
 pytestmark = pytest.mark.gpu
 if not cuproc.is_driver_available():
@@ -167,12 +166,7 @@ def test_exported_descriptor_is_mapped_by_another_process(primary, iota):
         res.close(); phys.close()
         print("child ok")
     """)
-    try:
-        proc = subprocess.run([sys.executable, "-c", script], pass_fds=(fd,), capture_output=True, text=True,
-                              timeout=120)
-    finally:
-        os.close(fd)
-    assert proc.returncode == 0 and "child ok" in proc.stdout, proc.stderr[-3000:]
+    run_child(script, fd)
     assert words(buf, 0, 4).tolist() == [0xC0FFEE] * 4
     buf.close()
 
@@ -188,6 +182,49 @@ def test_physical_memory_outlives_its_handle_while_mapped(primary, iota):
     res.close()                                                       # unmaps, then frees the range
     assert mapping.ended == "unmapped"
     assert mem.mem_info()[0] >= free0 - SLACK
+
+
+def test_fabric_memory_where_the_device_has_it(primary, iota):
+    """Fabric handles: refused with the attribute named where the device has none; where it has them, a
+    child imports a chunk from its 64 bytes, maps it and reads the parent's words."""
+    from cuproc.pools import fabric_supported
+    if not fabric_supported(cuproc.Device(0)):
+        for make in (lambda: PhysicalMemory(granularity(), handle_type="fabric"),
+                     lambda: GrowableBuffer(granularity(), handle_type="fabric")):
+            with pytest.raises(CudaError) as info:
+                make()
+            assert info.value.refused and info.value.name == "CUDA_ERROR_NOT_SUPPORTED"
+            assert "CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED" in str(info.value)
+        print("no fabric handles on this device: refused as expected")
+        return
+    try:
+        g = granularity(handle_type="fabric")
+        buf = GrowableBuffer(g, handle_type="fabric")
+    except CudaError as exc:
+        if exc.name != "CUDA_ERROR_NOT_PERMITTED":
+            raise
+        pytest.skip(f"the device has fabric handles but this user has no IMEX channel: {exc}")
+    iota(buf, 0, g // 4, 200)
+    handle = buf.chunks[0].export_fabric()
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(ROOT)!r}]
+        import numpy as np
+        import cuproc
+        from cuproc import memory as mem
+        from cuproc.virtual_memory import PhysicalMemory, Reservation
+        pc = cuproc.use_device(0)
+        phys = PhysicalMemory.import_fabric(bytes.fromhex({handle.hex()!r}), {g})
+        res = Reservation({g})
+        mapping = res.map(phys)
+        got = np.empty(16, np.uint32)
+        mem.copy(got, mapping, got.nbytes)
+        assert got.tolist() == list(range(200, 216)), got
+        res.close(); phys.close()
+        print("child ok")
+    """)
+    run_child(script)
+    buf.close()
 
 
 @pytest.mark.multi_gpu

@@ -25,10 +25,11 @@ from cuproc.errors import ClosedResourceError, CudaError, InvalidContextError, I
 from cuproc.virtual_memory import GrowableBuffer
 
 from fakedriver import child_preamble
+from ipc_workers import run_child
 from subproc import run_python
 
 ffi = cuproc.ffi
-INVALID_VALUE, INVALID_CONTEXT = 1, 201
+INVALID_VALUE, INVALID_CONTEXT, NOT_SUPPORTED = 1, 201, 801
 
 
 @pytest.fixture()
@@ -311,12 +312,7 @@ def test_a_shared_pool_and_its_pointers_in_another_process(opened, fake):
         assert fake.stale_count() == 0, fake.stale_calls()
         print("child ok")
     """)
-    try:
-        proc = subprocess.run([sys.executable, "-c", script], pass_fds=(fd,), capture_output=True, text=True,
-                              timeout=120)
-    finally:
-        os.close(fd)
-    assert proc.returncode == 0 and "child ok" in proc.stdout, proc.stderr[-3000:]
+    run_child(script, fd)
     buf.free_async()
     stream.synchronize()
     stream.close()
@@ -348,3 +344,115 @@ def test_a_handle_pinned_to_11_8_passes_the_64_byte_handle_by_value(fake, fk):
     finally:
         exporter.communicate("done\n", timeout=60)
     assert exporter.returncode == 0
+
+
+# ----------------------------------------------------------------------------- the pool is shared before its pointers
+
+def _raw_shareable_pool(drv):
+    """A POSIX-shareable pool made through the drop-in layer, never exported, and one allocation of it."""
+    props = ffi.new("CUmemPoolProps *")
+    props.allocType = drv.CU_MEM_ALLOCATION_TYPE_PINNED
+    props.handleTypes = drv.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    props.location.type = drv.CU_MEM_LOCATION_TYPE_DEVICE
+    pool, ptr = ffi.new("CUmemoryPool *"), ffi.new("CUdeviceptr *")
+    drv.checked.cuMemPoolCreate(pool, props)
+    drv.checked.cuMemAllocFromPoolAsync(ptr, 4096, pool[0], ffi.NULL)
+    drv.checked.cuStreamSynchronize(ffi.NULL)
+    return pool[0], ptr[0]
+
+
+def test_the_driver_exports_pointers_only_of_a_pool_already_exported(opened):
+    """The rule an H200 (driver 580) showed, which the fake keeps: cuMemPoolExportPointer answers
+    CUDA_ERROR_INVALID_VALUE until the pool was exported once (cuMemPoolExportToShareableHandle)."""
+    drv = cuproc.default_driver()
+    pool, ptr = _raw_shareable_pool(drv)
+    data, fd = ffi.new("CUmemPoolPtrExportData *"), ffi.new("int *")
+    assert drv.cuMemPoolExportPointer(data, ptr) == INVALID_VALUE
+    drv.checked.cuMemPoolExportToShareableHandle(fd, pool, drv.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
+    os.close(fd[0])
+    assert drv.cuMemPoolExportPointer(data, ptr) == 0
+    drv.checked.cuMemFreeAsync(ptr, ffi.NULL)
+    drv.checked.cuStreamSynchronize(ffi.NULL)
+    drv.checked.cuMemPoolDestroy(pool)
+
+
+def test_a_shareable_pool_is_exported_as_it_is_made_and_keeps_that_export(opened):
+    """So export_pointer works before export_pool (the order the GPU test uses); a pool cuproc did not make
+    is shared by export_pointer itself; the kept descriptor goes with the pool."""
+    stream = cuproc.Stream()
+    shared = cuproc.MemoryPool.create(0, handle_type="posix_fd")
+    kept = shared.shared
+    assert isinstance(kept, int) and os.readlink(f"/proc/self/fd/{kept}").startswith("/memfd:")
+    buf = cuproc.alloc_async(256, stream, pool=shared)
+    assert ipc.export_pointer(buf).nbytes == 256
+    drv = cuproc.default_driver()
+    raw, ptr = _raw_shareable_pool(drv)
+    adopted = cuproc.MemoryPool(raw, driver=drv, owned=True)
+    adopted.handle_type = "posix_fd"
+    wrapped = cuproc.alloc_async(256, stream, pool=adopted)
+    assert ipc.export_pointer(wrapped).nbytes == 256 and adopted.shared is not None
+    for b in (buf, wrapped):
+        b.free_async()
+    stream.synchronize()
+    drv.checked.cuMemFreeAsync(ptr, ffi.NULL)
+    drv.checked.cuStreamSynchronize(ffi.NULL)
+    for thing in (stream, shared, adopted):
+        thing.close()
+    with pytest.raises(OSError):
+        os.fstat(kept)                             # closed with its pool
+
+
+def test_import_pool_refuses_what_export_pool_cannot_have_given(opened):
+    for bad in (-1, b"\0" * 63, "3", 2.0):
+        with pytest.raises(InvalidValueError) as info:
+            ipc.import_pool(bad)                   # type: ignore[arg-type]
+        assert info.value.refused
+
+
+# ----------------------------------------------------------------------------- fabric handles
+
+def test_fabric_pools_are_refused_where_the_device_has_none(opened):
+    opened.clear_calls()
+    with pytest.raises(CudaError) as info:
+        cuproc.MemoryPool.create(0, handle_type="fabric")
+    assert info.value.refused and info.value.code == NOT_SUPPORTED
+    assert "CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED" in str(info.value)
+    assert "cuMemPoolCreate" not in opened.calls()
+
+
+def test_a_fabric_pool_and_its_pointers_in_another_process(opened, fake):
+    """Where the device has fabric handles (the fake's switch on): the pool exports 64 bytes, which travel
+    like any value; the other process imports the pool from them, then a pointer."""
+    opened.lib.fake_vmm_set_fabric(1)
+    stream = cuproc.Stream()
+    pool = cuproc.MemoryPool.create(0, handle_type="fabric")
+    assert isinstance(pool.shared, bytes) and len(pool.shared) == 64
+    buf = cuproc.alloc_async(4096, stream, pool=pool)
+    pointer = bytes(ipc.export_pointer(buf)).hex()
+    handle = ipc.export_pool(pool)
+    assert isinstance(handle, bytes) and len(handle) == 64
+    script = child_preamble(fake.path) + textwrap.dedent(f"""
+        from cuproc import ipc, memory as mem
+        from cuproc.errors import InvalidValueError
+        fake.lib.fake_vmm_set_fabric(1)
+        pc = cuproc.use_device(0)
+        pool = ipc.import_pool(bytes.fromhex({handle.hex()!r}))
+        assert pool.handle_type == "fabric" and pool.imported
+        try:
+            ipc.export_pool(pool)
+        except InvalidValueError:
+            pass
+        else:
+            raise AssertionError("an imported pool was exported again")
+        imported = ipc.import_pointer(pool, bytes.fromhex({pointer!r}))
+        mem.memset(imported, 5)
+        imported.close()
+        pool.close()
+        assert fake.stale_count() == 0, fake.stale_calls()
+        print("child ok")
+    """)
+    run_child(script)
+    buf.free_async()
+    stream.synchronize()
+    stream.close()
+    pool.close()

@@ -14,8 +14,6 @@ import gc
 import os
 import pickle
 import struct
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -28,6 +26,7 @@ from cuproc.errors import ClosedResourceError, CudaError, InvalidValueError, Out
 from cuproc.virtual_memory import GrowableBuffer, Mapping, PhysicalMemory, Reservation, granularity, supported
 
 from fakedriver import child_preamble, fake_image
+from ipc_workers import run_child
 from subproc import run_python
 
 ffi = cuproc.ffi
@@ -86,9 +85,11 @@ def test_supported_and_granularity(vmm):
         granularity(option="smallest")
     with pytest.raises(InvalidValueError):
         granularity(handle_type="win32")
+    vmm.fake.clear_calls()
     with pytest.raises(CudaError) as info:
-        granularity(handle_type="fabric")           # the driver's answer: not on this machine
-    assert info.value.code == NOT_SUPPORTED and not info.value.refused
+        granularity(handle_type="fabric")           # no fabric on this device: refused, naming the attribute
+    assert info.value.code == NOT_SUPPORTED and info.value.refused
+    assert "cuMemGetAllocationGranularity" not in vmm.fake.calls()
 
 
 # ----------------------------------------------------------------------------- the issue's growable-buffer tests
@@ -440,18 +441,29 @@ def test_importing_a_forged_or_closed_descriptor_is_a_clear_error(vmm, tmp_path)
         PhysicalMemory.import_fd(-1, 2 * MiB)
 
 
-def test_exported_fd_shares_memory_with_another_process(vmm, fake):
-    """The descriptor crosses the process boundary (inherited here, as a Unix socket would send it); the
-    child maps the memory, reads the parent's bytes and writes its own back."""
-    buf = GrowableBuffer(2 * MiB, handle_type="posix_fd")
+@pytest.mark.parametrize("handle_type", ["posix_fd", "fabric"])
+def test_an_exported_chunk_shares_memory_with_another_process(vmm, fake, handle_type):
+    """A descriptor crosses the process boundary (inherited here, as a Unix socket would send it); a fabric
+    handle (where the device has them: the fake's switch on) is 64 bytes sent as any value.  The child
+    imports and maps the memory, reads the parent's bytes and writes its own back."""
+    fabric = handle_type == "fabric"
+    vmm.lib.fake_vmm_set_fabric(int(fabric))
+    buf = GrowableBuffer(2 * MiB, handle_type=handle_type)
     mem.copy(buf, np.arange(64, dtype=np.uint32))
-    fd = buf.chunks[0].export_fd()
+    chunk = buf.chunks[0]
+    with pytest.raises(InvalidValueError):
+        chunk.export_fd() if fabric else chunk.export_fabric()     # only the type it was made for
+    fd = None if fabric else chunk.export_fd()
+    imported = (f"PhysicalMemory.import_fabric(bytes.fromhex({chunk.export_fabric().hex()!r}), {2 * MiB})" if fabric
+                else f"PhysicalMemory.import_fd({fd}, {2 * MiB})")
     script = child_preamble(fake.path) + textwrap.dedent(f"""
         import numpy as np
         from cuproc import memory as mem
         from cuproc.virtual_memory import PhysicalMemory, Reservation
+        fake.lib.fake_vmm_set_fabric({int(fabric)})
         pc = cuproc.use_device(0)
-        phys = PhysicalMemory.import_fd({fd}, {2 * MiB})
+        phys = {imported}
+        assert phys.imported and phys.handle_type == {handle_type!r}
         res = Reservation({2 * MiB})
         mapping = res.map(phys)
         got = np.zeros(64, np.uint32)
@@ -462,14 +474,22 @@ def test_exported_fd_shares_memory_with_another_process(vmm, fake):
         assert fake.stale_count() == 0, fake.stale_calls()
         print("child ok")
     """)
-    try:
-        proc = subprocess.run([sys.executable, "-c", script], pass_fds=(fd,), capture_output=True, text=True,
-                              timeout=120)
-    finally:
-        os.close(fd)
-    assert proc.returncode == 0 and "child ok" in proc.stdout, proc.stderr[-3000:]
+    run_child(script, fd)
     assert host(buf, 4).tolist() == [0xC0FFEE] * 4
     buf.close()
+
+
+def test_a_fabric_handle_of_released_memory_is_the_drivers_error(vmm):
+    vmm.lib.fake_vmm_set_fabric(1)
+    assert cuproc.Device(0).attribute("HANDLE_TYPE_FABRIC_SUPPORTED") == 1
+    phys = PhysicalMemory(G, handle_type="fabric")
+    handle = phys.export_fabric()
+    with pytest.raises(InvalidValueError):
+        PhysicalMemory.import_fabric(handle[:-1], G)          # truncated: refused before the driver
+    phys.close()
+    with pytest.raises(CudaError) as info:
+        PhysicalMemory.import_fabric(handle, G)               # its memory was released: the driver's answer
+    assert info.value.code == INVALID_VALUE and "export_fabric" in " ".join(info.value.__notes__)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
@@ -517,3 +537,15 @@ def test_peers_get_access_and_fixed_buffers_still_extend_in_place(vmm):
     assert buf.address == address and len(buf.reservations) == 2
     assert [(m.access(0), m.access(1)) for m in buf.mappings] == [("readwrite", "readwrite")] * 2
     buf.close()
+
+
+# ----------------------------------------------------------------------------- fabric handles
+
+def test_fabric_memory_is_refused_where_the_device_has_none(vmm):
+    vmm.fake.clear_calls()
+    for make in (lambda: PhysicalMemory(G, handle_type="fabric"), lambda: GrowableBuffer(G, handle_type="fabric")):
+        with pytest.raises(CudaError) as info:
+            make()
+        assert info.value.refused and info.value.code == NOT_SUPPORTED
+        assert "CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED" in str(info.value)
+    assert "cuMemCreate" not in vmm.fake.calls()
