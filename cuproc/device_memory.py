@@ -343,6 +343,9 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
             _free_failed(ctx, rc, address, h, self, rebind=False)
 
 
+DeviceBuffer.copy_class = DeviceBuffer          # DLPack copies (interop.DeviceArrayExports), subclasses too
+
+
 def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: MemoryPool | None = None,
                 context: Context | None = None, driver: Driver | None = None) -> DeviceBuffer:
     """Stream-ordered allocation (cuMemAllocAsync / cuMemAllocFromPoolAsync) on ``stream``.

@@ -172,6 +172,10 @@ class DeviceArrayExports:
     shape: tuple[int, ...]
     typestr: str
     nbytes: int
+    #: What a copy (``__dlpack__(copy=True)``) is made in: ``copy_class(nbytes, context=...)``, set by the module
+    #: that defines the allocation (DeviceBuffer for all of them: an imported or mapped allocation's constructor
+    #: takes a handle or a reservation, not a size; this module sits below cuproc.device_memory).
+    copy_class: Any = None
 
     @property
     def allocation(self) -> Any:
@@ -213,7 +217,11 @@ class DeviceArrayExports:
         """A new buffer with these bytes, copied on the stream of the pending work (cuMemcpyDtoDAsync)."""
         alloc = self.allocation
         h = self._producer_handle()
-        new = type(alloc)(max(self.nbytes, 1), context=alloc.context)
+        make = alloc.copy_class
+        if make is None:
+            raise BufferError(f"{alloc.describe()} cannot be copied by its exporter: copy it into a DeviceBuffer "
+                              "(cuproc.memory.copy) and export that")
+        new = make(max(self.nbytes, 1), context=alloc.context)
         alloc.context.run("cuMemcpyDtoDAsync", new.ptr, self.ptr, self.nbytes, ffi_stream(h))
         new.last_stream = alloc.last_stream
         return new.view(self.typestr, self.shape)

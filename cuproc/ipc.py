@@ -229,6 +229,9 @@ class _ImportedBuffer(LinearDeviceExports, Allocation):
         return DeviceView(self, dtype, shape)   # type: ignore[arg-type]
 
 
+_ImportedBuffer.copy_class = DeviceBuffer       # DLPack copies (interop.DeviceArrayExports)
+
+
 class IpcBuffer(_ImportedBuffer):
     """Device memory another process exported, opened here (cuIpcOpenMemHandle).
 

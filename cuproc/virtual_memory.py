@@ -48,7 +48,7 @@ from ._support import get_driver, invalid
 from .allocation import Allocation
 from .context import Context, synchronize_context
 from .device import Device
-from .device_memory import DeviceView
+from .device_memory import DeviceBuffer, DeviceView
 from .driver import Driver
 from .errors import CudaError, InvalidValueError, refusal
 from .interop import LinearDeviceExports
@@ -398,6 +398,9 @@ class _VirtualDeviceMemory(LinearDeviceExports, Allocation):
         if FORKED[0] or self._gone_with_parent():
             return 0
         return self._release()
+
+
+_VirtualDeviceMemory.copy_class = DeviceBuffer       # DLPack copies (interop.DeviceArrayExports)
 
 
 class Mapping(_VirtualDeviceMemory):

@@ -549,3 +549,22 @@ def test_fabric_memory_is_refused_where_the_device_has_none(vmm):
         assert info.value.refused and info.value.code == NOT_SUPPORTED
         assert "CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED" in str(info.value)
     assert "cuMemCreate" not in vmm.fake.calls()
+
+
+def test_a_dlpack_copy_of_virtual_memory_is_a_device_buffer_with_its_bytes(vmm):
+    """__dlpack__(copy=True) needs new memory of the same bytes: a DeviceBuffer (a GrowableBuffer's or a
+    Mapping's constructor takes a size policy or a reservation, not the copy's byte count)."""
+    from cuproc import _dlpack
+    res, phys = Reservation(4 * MiB), PhysicalMemory(2 * MiB)
+    mapping = res.map(phys)
+    for buf in (GrowableBuffer(3 * MiB), mapping):
+        mem.copy(buf, np.arange(64, dtype=np.uint32))
+        copied = _dlpack.consume(buf.__dlpack__(copy=True, max_version=(1, 0)))
+        assert copied.ptr != buf.ptr and not res.address <= copied.ptr < res.address + res.nbytes
+        assert host(copied.ptr, 64).tolist() == list(range(64))
+        assert mem.pointer_attributes(copied.ptr)["memory_type"] == "device"
+        copied.release()
+        gc.collect()
+        buf.close()
+    phys.release()
+    res.close()
