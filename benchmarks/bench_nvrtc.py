@@ -14,16 +14,17 @@ compile is reported next to cuda.core's.
 """
 from __future__ import annotations
 
-import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import OUT_HELP, ROOT, results_dir, Goals, machine, plot_bars, round_order, write_results  # noqa: E402
+from harness import ROOT, Goals, bench_args, bench_parser, machine, plot_bars, round_order, write_results  # noqa: E402
 
 KERNEL = r"""
 // 50 lines: a templated fused update with device helpers and an extern "C" entry point.
@@ -75,30 +76,45 @@ extern "C" __global__ void fused_f32(const float* x, const float* y, float* out,
 template __global__ void fused<float>(const float*, const float*, float*, float, float, int);
 template __global__ void fused<double>(const double*, const double*, double*, double, double, int);
 """
-EXPRESSION = "fused<float>"
+EXPRESSION = "fused<float>"   # the templated kernel, by a name expression
+EXTERN_C = "fused_f32"        # the extern "C" kernel, by its name
 
-# Each child: imports and context first (not timed), then the source string to a loadable kernel, then
-# one line "<hit or ? or -> <ms>".
-CUPROC = """
-import os, sys, time
+# Each child: imports and context first (not timed), then the source string to a loadable kernel, then one
+# JSON line: whether it hit its cache ("?" where the library does not say), the milliseconds, and the NVRTC it
+# used (version, and the library file this process mapped; the version is asked after the clock).
+# BENCH_NAME is the kernel: the name expression EXPRESSION, or the extern "C" EXTERN_C (no name expressions).
+NVRTC_MAPPED = """
+def nvrtc_mapped():
+    with open("/proc/self/maps") as f:
+        paths = sorted({{line.split()[-1] for line in f if "libnvrtc" in line and "builtins" not in line}})
+    return ", ".join(paths) or "none mapped"
+"""   # a template, as the children are: braces doubled
+CUPROC = NVRTC_MAPPED + """
+import os, sys, time, json
 sys.path.insert(0, {root!r})
 import cuproc, cuproc.program, cuproc.compiled_module, cuproc.nvrtc
 src = open(os.environ["BENCH_SOURCE"]).read()
 smoke = os.environ.get("BENCH_SMOKE") == "1"
+name = os.environ["BENCH_NAME"]
+expressions = [name] if name == {expr!r} else []
+cache = False if os.environ.get("BENCH_NO_CACHE") == "1" else os.environ["BENCH_CACHE"]
 if not smoke:
     pc = cuproc.use_device(0)
 if os.environ.get("BENCH_PREOPEN") == "1":
     cuproc.nvrtc.open_nvrtc()   # the library's 10-15 ms dlopen out of the clock, as a peer's import may do
 t0 = time.perf_counter()
-code = cuproc.Program(src, name="bench.cu").compile(name_expressions=[{expr!r}], cache=os.environ["BENCH_CACHE"],
+code = cuproc.Program(src, name="bench.cu").compile(name_expressions=expressions, cache=cache,
                                                     arch="sm_90" if smoke else None)
 if not smoke:
-    fn = code.load().get_function({expr!r})
+    fn = code.load().get_function(name)
 t1 = time.perf_counter()
-print(code.from_cache, (t1 - t0) * 1e3)
+located = cuproc.nvrtc.locate()
+mapped = nvrtc_mapped()
+where = mapped if mapped != "none mapped" else f"not opened; keyed on {{located.path if located else '?'}}"
+print(json.dumps({{"hit": str(code.from_cache), "ms": (t1 - t0) * 1e3, "nvrtc": f"{{code.nvrtc_version}} ({{where}})"}}))
 """
-CORE = """
-import os, time
+CORE = NVRTC_MAPPED + """
+import os, time, json
 try:
     from cuda.core import Device, Program, ProgramOptions
 except ImportError:
@@ -107,18 +123,26 @@ src = open(os.environ["BENCH_SOURCE"]).read()
 dev = Device(0)
 dev.set_current()
 arch = "sm_" + "".join(str(v) for v in dev.compute_capability)
-extra, name = {{"name_expressions": ({expr!r},)}}, {expr!r}
-if os.environ.get("BENCH_CORE_CACHE") == "1":   # cuda.core 1.2's cache= takes no name expressions
+name = os.environ["BENCH_NAME"]
+extra = {{"name_expressions": (name,)}} if name == {expr!r} else {{}}
+if os.environ.get("BENCH_CORE_CACHE") == "1":   # a cuda.core that refuses name expressions with cache= fails the row
     from cuda.core.utils import FileStreamProgramCache
-    extra, name = {{"cache": FileStreamProgramCache(os.environ["BENCH_CACHE"])}}, "fused_f32"
+    extra["cache"] = FileStreamProgramCache(os.environ["BENCH_CACHE"])
 t0 = time.perf_counter()
 obj = Program(src, "c++", options=ProgramOptions(arch=arch)).compile("cubin", **extra)
 kernel = obj.get_kernel(name)
 t1 = time.perf_counter()
-print("?", (t1 - t0) * 1e3)
+from cuda.bindings import nvrtc
+_, major, minor = nvrtc.nvrtcVersion()
+print(json.dumps({{"hit": "?", "ms": (t1 - t0) * 1e3, "nvrtc": f"{{major}}.{{minor}} ({{nvrtc_mapped()}})"}}))
 """
-CUPY_MODULE = """
-import os, time
+CUPY_VERSION = """
+from cupy.cuda import nvrtc
+major, minor = nvrtc.getVersion()
+print(json.dumps({"hit": "?", "ms": (t1 - t0) * 1e3, "nvrtc": f"{major}.{minor} ({nvrtc_mapped()})"}))
+"""
+CUPY_MODULE = NVRTC_MAPPED + """
+import os, time, json
 import cupy
 cupy.cuda.Device(0).use()
 cupy.empty(1)
@@ -126,109 +150,152 @@ src = open(os.environ["BENCH_SOURCE"]).read()
 t0 = time.perf_counter()
 fn = cupy.RawModule(code=src, name_expressions=[{expr!r}]).get_function({expr!r})
 t1 = time.perf_counter()
-print("?", (t1 - t0) * 1e3)
-"""
-CUPY_KERNEL = """
-import os, time
+""" + CUPY_VERSION.replace("{", "{{").replace("}", "}}")
+CUPY_KERNEL = NVRTC_MAPPED + """
+import os, time, json
 import cupy
 cupy.cuda.Device(0).use()
 cupy.empty(1)
 src = open(os.environ["BENCH_SOURCE"]).read()
 t0 = time.perf_counter()
-k = cupy.RawKernel(src, "fused_f32")
+k = cupy.RawKernel(src, {extern!r})
 k.compile() if hasattr(k, "compile") else k.kernel
 t1 = time.perf_counter()
-print("?", (t1 - t0) * 1e3)
-"""
-# row -> (child code, cache kind: "cold" | "hit", extra environment)
+""" + CUPY_VERSION.replace("{", "{{").replace("}", "}}")
+NAMED, EXTERN = {"BENCH_NAME": EXPRESSION}, {"BENCH_NAME": EXTERN_C}
+NO_CACHE = {"BENCH_NO_CACHE": "1"}
+# row -> (child code, cache kind: "cold" | "hit", extra environment).  Both kernel styles for cuproc and
+# cuda.core, so that each hit is compared with the same kind of lookup; cold rows of cuproc with and without
+# storing the result (cuda.core's cold row stores nothing; CuPy always stores).
 ROWS: dict[str, tuple[str, str, dict[str, str]]] = {
-    "cuproc Program, cold": (CUPROC, "cold", {}),
-    "cuproc Program, cold, NVRTC opened before the clock": (CUPROC, "cold", {"BENCH_PREOPEN": "1"}),
-    "cuproc Program, cache hit": (CUPROC, "hit", {}),
-    "cuda.core Program, cold (no cache)": (CORE, "cold", {}),
-    "cuda.core Program + FileStreamProgramCache (extern \"C\"), hit": (CORE, "hit", {"BENCH_CORE_CACHE": "1"}),
-    "CuPy RawModule (name expression), cold": (CUPY_MODULE, "cold", {}),
-    "CuPy RawModule (name expression), cache hit": (CUPY_MODULE, "hit", {}),
-    "CuPy RawKernel (extern \"C\"), cold": (CUPY_KERNEL, "cold", {}),
-    "CuPy RawKernel (extern \"C\"), cache hit": (CUPY_KERNEL, "hit", {}),
+    "cuproc Program (name expression), cold, no cache": (CUPROC, "cold", {**NAMED, **NO_CACHE}),
+    "cuproc Program (name expression), cold, no cache, NVRTC opened before the clock":
+        (CUPROC, "cold", {**NAMED, **NO_CACHE, "BENCH_PREOPEN": "1"}),
+    "cuproc Program (name expression), cold, storing in its cache": (CUPROC, "cold", NAMED),
+    "cuproc Program (name expression), cache hit": (CUPROC, "hit", NAMED),
+    "cuproc Program (extern \"C\"), cache hit": (CUPROC, "hit", EXTERN),
+    "cuda.core Program (name expression), cold, no cache": (CORE, "cold", NAMED),
+    "cuda.core Program + FileStreamProgramCache (name expression), hit": (CORE, "hit", {**NAMED, "BENCH_CORE_CACHE": "1"}),
+    "cuda.core Program + FileStreamProgramCache (extern \"C\"), hit": (CORE, "hit", {**EXTERN, "BENCH_CORE_CACHE": "1"}),
+    "CuPy RawModule (name expression), cold, storing in its cache": (CUPY_MODULE, "cold", NAMED),
+    "CuPy RawModule (name expression), cache hit": (CUPY_MODULE, "hit", NAMED),
+    "CuPy RawKernel (extern \"C\"), cold, storing in its cache": (CUPY_KERNEL, "cold", EXTERN),
+    "CuPy RawKernel (extern \"C\"), cache hit": (CUPY_KERNEL, "hit", EXTERN),
 }
-HIT, COLD = "cuproc Program, cache hit", "cuproc Program, cold"
-CORE_COLD = "cuda.core Program, cold (no cache)"
+HIT = "cuproc Program (name expression), cache hit"
+COLD = "cuproc Program (name expression), cold, no cache"
+COLD_STORING = "cuproc Program (name expression), cold, storing in its cache"
+CORE_COLD = "cuda.core Program (name expression), cold, no cache"
+CUPROC_ROWS = [name for name in ROWS if name.startswith("cuproc")]
 
 
-def run_child(code: str, env: dict[str, str]) -> tuple[str, float]:
+def run_child(code: str, env: dict[str, str]) -> dict[str, Any]:
+    """Run one row's child; its last line of output, as JSON: hit, ms, nvrtc."""
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    flag, ms = out.stdout.strip().splitlines()[-1].split()
-    return flag, float(ms)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", type=Path, default=None, help=OUT_HELP)
-    p.add_argument("--smoke", action="store_true", help="cuproc on CPU only (compile and cache, no loading)")
-    p.add_argument("--rounds", type=int, default=7)
-    args = p.parse_args(argv)
-    args.out = results_dir(args.out)
-    rounds = 2 if args.smoke else args.rounds
-    errors: dict[str, str] = {}
-    times: dict[str, list[float]] = {}
-    flags: dict[str, list[str]] = {}
+def child_code(code: str) -> str:
+    return code.format(root=str(ROOT), expr=EXPRESSION, extern=EXTERN_C)
+
+
+class Runs:
+    """What the rows gave: milliseconds, hit flags and the NVRTC each used, and the rows that failed."""
+
+    def __init__(self, rows: list[str]) -> None:
+        self.times: dict[str, list[float]] = {name: [] for name in rows}
+        self.flags: dict[str, list[str]] = {name: [] for name in rows}
+        self.nvrtc: dict[str, set[str]] = {name: set() for name in rows}
+        self.errors: dict[str, str] = {}
+
+    def add(self, name: str, out: dict[str, Any]) -> None:
+        self.times[name].append(float(out["ms"]))
+        self.flags[name].append(str(out["hit"]))
+        self.nvrtc[name].add(str(out["nvrtc"]))
+
+    def fail(self, name: str, exc: subprocess.CalledProcessError) -> None:
+        self.errors[name] = ((exc.stderr or "").strip().splitlines() or [str(exc)])[-1][:160]
+        for table in (self.times, self.flags, self.nvrtc):
+            del table[name]
+
+    def cuproc_flags_right(self) -> bool:
+        """Every cuproc hit row hit and every cuproc cold row compiled."""
+        return all(all(f == ("True" if ROWS[name][1] == "hit" else "False") for f in self.flags[name])
+                   for name in self.flags if name in CUPROC_ROWS)
+
+
+def measure(rows: dict[str, tuple[str, str, dict[str, str]]], rounds: int, smoke: bool) -> Runs:
+    """Each row once to fill its cache (a failing peer is reported, not timed), then ``rounds`` rounds."""
+    runs = Runs(list(rows))
     with tempfile.TemporaryDirectory(prefix="cuproc-bench-nvrtc-") as tmp:
         source = Path(tmp, "kernel.cu")
         source.write_text(KERNEL)
-        base = {**os.environ, "BENCH_SOURCE": str(source), "BENCH_SMOKE": "1" if args.smoke else "0"}
-        rows = {k: v for k, v in ROWS.items() if not args.smoke or k.startswith("cuproc")}
-        warm: dict[str, str] = {}
-        for name, (code, kind, extra) in list(rows.items()):   # once each: a failing peer is reported, not timed
-            cache = Path(tmp, "warm-" + str(len(warm)))
-            warm[name] = str(cache)
-            env = {**base, **extra, "BENCH_CACHE": str(cache), "CUPY_CACHE_DIR": str(cache)}
+        base = {**os.environ, "BENCH_SOURCE": str(source), "BENCH_SMOKE": "1" if smoke else "0"}
+        warm = {name: str(Path(tmp, f"warm-{i}")) for i, name in enumerate(rows)}
+        for name, (code, _, extra) in rows.items():
+            env = {**base, **extra, "BENCH_CACHE": warm[name], "CUPY_CACHE_DIR": warm[name]}
             try:
-                run_child(code.format(root=str(ROOT), expr=EXPRESSION), env)   # fills the hit rows' cache
+                run_child(child_code(code), env)   # fills the hit rows' cache
             except subprocess.CalledProcessError as exc:
-                errors[name] = ((exc.stderr or "").strip().splitlines() or [str(exc)])[-1][:160]
-                del rows[name]
-        times = {name: [] for name in rows}
-        flags = {name: [] for name in rows}
+                runs.fail(name, exc)
         for rnd in range(rounds):
-            for name in round_order(list(rows), rnd):
+            for name in round_order(list(runs.times), rnd):
                 code, kind, extra = rows[name]
                 cache = warm[name] if kind == "hit" else tempfile.mkdtemp(dir=tmp, prefix="cold-")
-                env = {**base, **extra, "BENCH_CACHE": cache, "CUPY_CACHE_DIR": cache}
-                flag, ms = run_child(code.format(root=str(ROOT), expr=EXPRESSION), env)
-                times[name].append(ms)
-                flags[name].append(flag)
-    ms = {name: statistics.median(v) for name, v in times.items() if v}
+                runs.add(name, run_child(child_code(code), {**base, **extra, "BENCH_CACHE": cache,
+                                                            "CUPY_CACHE_DIR": cache}))
+    return runs
+
+
+def nvrtc_line(runs: Runs) -> str:
+    """Which NVRTC each library used (version and file), as its rows reported it."""
+    by_library: dict[str, set[str]] = {}
+    for name, used in runs.nvrtc.items():
+        by_library.setdefault(name.split(" Program")[0].split(" Raw")[0], set()).update(used)
+    return "; ".join(f"{lib}: {' | '.join(sorted(used))}" for lib, used in by_library.items())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = bench_parser("Kernels from source, cold and cached, cuproc against cuda.core and "
+                     "CuPy (GPU machine); --smoke runs cuproc's rows on CPU",
+                     smoke_help="cuproc on CPU only (compile and cache, no loading)")
+    p.add_argument("--rounds", type=int, default=7)
+    args = bench_args(p, argv)
+    rounds = 2 if args.smoke else args.rounds
+    rows = {k: v for k, v in ROWS.items() if not args.smoke or k in CUPROC_ROWS}
+    runs = measure(rows, rounds, args.smoke)
+    ms = {name: statistics.median(v) for name, v in runs.times.items() if v}
     goals = Goals()
-    hit_ok = all(f == "True" for f in flags.get(HIT, [])) and all(f == "False" for f in flags.get(COLD, []))
     goals.check("cuproc cache hit in a fresh process, source string to loaded module (50-line kernel), median",
                 ms.get(HIT), 2.0, unit=" ms",
                 why_not="smoke run: no module is loaded" if args.smoke else
-                (None if hit_ok else "a hit row did not hit, or a cold row did"))
-    data = {"machine": machine(), "smoke": args.smoke, "median_ms": ms, "runs_ms": times, "from_cache": flags,
-            "errors": errors, "kernel_lines": KERNEL.strip().count("\n") + 1}
-    try:
-        from cuproc.nvrtc import open_nvrtc
-        data["nvrtc"] = f"{open_nvrtc().version} ({open_nvrtc().path})"
-    except Exception as exc:  # noqa: BLE001 - reported, not fatal
-        data["nvrtc"] = f"not opened: {exc}"
-    table = [[name, f"{v:.2f}", f"{min(times[name]):.2f} - {max(times[name]):.2f}",
-              f"{v / ms[CORE_COLD]:.2f}" if CORE_COLD in ms else ""] for name, v in ms.items()]
-    table += [[name, "missing", why[:80], ""] for name, why in errors.items()]
+                (None if runs.cuproc_flags_right() else "a cuproc hit row did not hit, or a cold row did not compile"))
+    used = nvrtc_line(runs)
+    print(f"NVRTC used: {used}")
+    data = {"machine": machine(), "smoke": args.smoke, "median_ms": ms, "runs_ms": runs.times,
+            "from_cache": runs.flags, "nvrtc_by_row": {k: sorted(v) for k, v in runs.nvrtc.items()},
+            "nvrtc": used, "errors": runs.errors, "kernel_lines": KERNEL.strip().count("\n") + 1}
+    table = [[name, f"{v:.2f}", f"{min(runs.times[name]):.2f} - {max(runs.times[name]):.2f}",
+              f"{v / ms[CORE_COLD]:.2f}" if CORE_COLD in ms else "", " | ".join(sorted(runs.nvrtc[name]))]
+             for name, v in ms.items()]
+    table += [[name, "missing", why[:80], "", ""] for name, why in runs.errors.items()]
     notes = [f"{rounds} rounds, each row in a fresh process per round, rows in a new order each round; medians",
              "clock: from the source string to a kernel ready to launch (cuproc: Program.compile + load + "
              "get_function; cuda.core: Program.compile + ObjectCode.get_kernel; CuPy: RawModule.get_function, "
              "RawKernel.compile), after the library's import and device 0's context (not timed)",
-             f"cuproc's NVRTC: {data['nvrtc']}; CuPy and cuda.core use the NVRTC they find themselves",
-             f"cold compile, cuproc vs cuda.core: {ms[COLD]:.1f} ms vs {ms[CORE_COLD]:.1f} ms"
+             f"kernels: {EXPRESSION} by a name expression, {EXTERN_C} (extern \"C\") by its name, in one source; "
+             "each hit is compared with the same kind of lookup",
+             f"NVRTC used (version, and the file the process mapped; a cuproc hit maps none): {used}",
+             f"cold compile without a cache, cuproc vs cuda.core: {ms[COLD]:.1f} ms vs {ms[CORE_COLD]:.1f} ms"
              if COLD in ms and CORE_COLD in ms else "cold compile vs cuda.core: not measured in this run",
+             f"cold compile storing in the cache, cuproc: {ms[COLD_STORING]:.1f} ms" if COLD_STORING in ms else "",
              f"cache hit vs cold, cuproc: {ms[HIT]:.2f} ms vs {ms[COLD]:.1f} ms" if HIT in ms and COLD in ms else ""]
     args.out.mkdir(parents=True, exist_ok=True)
     plot = plot_bars(args.out / "bench_nvrtc.png", f"Source string to loaded kernel, fresh process, "
                      f"{data['machine'].get('gpu')}, {data['machine']['date']}", "ms (median)",
                      list(ms.items()), None)
     path = write_results(args.out, "bench_nvrtc", data, table,
-                         ["row", "ms (median)", "range (ms)", "vs cuda.core cold"], notes, goals, [plot])
+                         ["row", "ms (median)", "range (ms)", "vs cuda.core cold", "NVRTC"], notes, goals, [plot])
     print(path.read_text())
     return 0
 

@@ -7,8 +7,10 @@ Policy
   reach in visit order -- the including file, the include as written, the file it resolved to and that
   file's SHA-256 (:mod:`cuproc._includes`; a system header by its path and identity, not its contents) --
   the options in order, the architecture, the output
-  kind, the name expressions (a set: order and repeats do not matter) and the NVRTC version.  So a
-  changed header misses and nothing else does.  (CuPy keys on every header at once, #9664, and never
+  kind, the name expressions (a set: order and repeats do not matter) and the NVRTC build: the
+  :attr:`~cuproc.nvrtc.Location.identity` of the library file (resolved path, size, modification time),
+  finer than ``nvrtcVersion``, which says 13.0 for both 13.0.48 and 13.0.88.  So a changed header misses,
+  and so does another NVRTC build or a library replaced in place, and nothing else does.  (CuPy keys on every header at once, #9664, and never
   hits for name expressions, #10173.)
 * **Where.**  ``CUPROC_NVRTC_CACHE_DIR``, else the user's cache directory as platformdirs' ``user_cache_dir``
   has it (``$XDG_CACHE_HOME`` when set to an absolute path, else ``~/.cache``, on Linux; ``~/Library/Caches``
@@ -22,7 +24,7 @@ Policy
   under; one that fails either check (a torn disk write, a truncated copy) is a miss, is deleted and is
   written again by the compilation that follows.
 * **Only the user's own directories are trusted.**  The cache holds code that will run, so a cache
-  directory, its ``entries`` and ``nvrtc-libraries`` folders and each shard folder must belong to this
+  directory, its ``entries`` folder and each shard folder must belong to this
   user (``st_uid == os.geteuid()``) and not be writable by group or others, checked on first use in a
   process (on Windows, which has neither, this is left to the ACLs).  One that is not warns once
   (RuntimeWarning) and the compile goes on without the cache.  A folder not made yet passes: cuproc makes
@@ -34,9 +36,9 @@ Policy
   write that takes the total above it, the least recently used entries go (a hit refreshes the entry's
   modification time) until the total is below 90 % of it.  Temporary files abandoned by killed
   processes go after an hour.
-* **NVRTC's version without NVRTC.**  Opening the 140 MB library costs 10-15 ms, more than a hit may.
-  The version of each NVRTC file seen (by path, inode, size and modification time) is remembered in the
-  cache directory, so a hit in a fresh process reads the key's NVRTC version without opening NVRTC.
+* **A hit opens no NVRTC.**  Opening the 140 MB library costs 10-15 ms, more than a hit may.  The key
+  holds the identity of the NVRTC file that would be opened (a ``stat``, no reading), and the entry the
+  NVRTC version that made it, so a hit in a fresh process neither opens nor reads the library.
 """
 from __future__ import annotations
 
@@ -48,20 +50,17 @@ import sys
 import time
 
 from ._env import OFF, ON
-from .version import CudaVersion
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
     from typing import Any
 
-    from .nvrtc import Location
-
 ENV_DIR = "CUPROC_NVRTC_CACHE_DIR"
 ENV_SWITCH = "CUPROC_NVRTC_CACHE"
 ENV_SIZE = "CUPROC_NVRTC_CACHE_SIZE"
 DEFAULT_MAX_BYTES = 1 << 30
-KEY_FORMAT = b"cuproc-nvrtc-key-2"   # bump when what goes into a key changes
+KEY_FORMAT = b"cuproc-nvrtc-key-3"   # bump when what goes into a key changes
 _MAGIC = b"CUPROC-NVRTC-ENTRY-1\n"
 _DIGEST_SIZE = 32
 _STALE_TEMP_SECONDS = 3600
@@ -187,19 +186,21 @@ def _hash_parts(parts: Iterable[bytes]) -> str:
 
 def cache_key(*, source: bytes, name: str, headers: Mapping[str, bytes],
               included: Iterable[tuple[str, str, str, str]], options: Iterable[str], arch: str, kind: str,
-              name_expressions: Iterable[str], nvrtc_version: CudaVersion) -> str:
+              name_expressions: Iterable[str], nvrtc_identity: str) -> str:
     """The key of one compilation (see the module's policy).  ``included``: every include in visit order
     as (including file, include as written, the file it resolved to, that file's digest), as
     :attr:`cuproc._includes.Closure.edges` lists them: which name resolved to which contents counts, not
-    only which contents were read."""
+    only which contents were read.  ``nvrtc_identity``: the compiling NVRTC's build
+    (:attr:`cuproc.nvrtc.NvrtcLibrary.identity`, or :attr:`cuproc.nvrtc.Location.identity` of the file
+    that would be opened)."""
     parts: list[bytes] = [b"source", source, b"name", name.encode()]
     for header in sorted(headers):
         parts += [b"header", header.encode(), headers[header]]
     for edge in included:
-        parts += [b"included", *(p.encode(errors="surrogateescape") for p in edge)]
+        parts += [b"included", *map(os.fsencode, edge)]
     parts += [b"options", *(o.encode() for o in options), b"arch", arch.encode(), b"kind", kind.encode()]
     parts += [b"names", *sorted({n.encode() for n in name_expressions})]
-    parts += [b"nvrtc", str(nvrtc_version).encode()]
+    parts += [b"nvrtc", os.fsencode(nvrtc_identity)]   # a path; not .encode(errors=...): its first look-up is slow
     return _hash_parts(parts)
 
 
@@ -252,10 +253,10 @@ class CompileCache:
                 os.makedirs(where, mode=0o700, exist_ok=True)
 
     def distrust(self, key: str | None = None) -> str | None:
-        """Why this cache must not be used -- a folder of it (the directory, ``entries``,
-        ``nvrtc-libraries``, and ``key``'s shard) is another user's or writable by group or others -- or
-        None (see the module's policy).  Warns once per directory when there is a reason."""
-        dirs = [self.directory, self.entries_dir, os.path.join(self.directory, "nvrtc-libraries")]
+        """Why this cache must not be used -- a folder of it (the directory, ``entries`` and ``key``'s
+        shard) is another user's or writable by group or others -- or None (see the module's policy).
+        Warns once per directory when there is a reason."""
+        dirs = [self.directory, self.entries_dir]
         if key is not None:
             dirs.append(os.path.dirname(self.path_of(key)))
         for path in dirs:
@@ -357,34 +358,9 @@ class CompileCache:
             total -= size   # gone either way: removed here, or by another process that evicts too
 
     def clear(self) -> None:
-        """Delete every entry (the remembered NVRTC versions stay)."""
+        """Delete every entry."""
         for path, _, _ in self.entries():
             _remove(path)
-
-    # ---------------------------------------------------------------- NVRTC versions by file
-    def _version_path(self, location: Location) -> str:
-        name = hashlib.sha256(location.identity.encode()).hexdigest()[:32]
-        return os.path.join(self.directory, "nvrtc-libraries", name)
-
-    def nvrtc_version(self, location: Location) -> CudaVersion | None:
-        """The version remembered for the NVRTC file at ``location`` (None if never seen or replaced since,
-        or in a cache that is not trusted)."""
-        if self.distrust() is not None:
-            return None
-        try:
-            with open(self._version_path(location), "rb") as f:   # binary: no codec machinery on a hit
-                identity, _, version = f.read().decode(errors="replace").rpartition("\n")
-        except OSError:
-            return None
-        if identity != location.identity:
-            return None
-        try:
-            return CudaVersion.parse(version)
-        except (TypeError, ValueError):
-            return None
-
-    def remember_nvrtc_version(self, location: Location, version: CudaVersion) -> None:
-        self._write_atomically(self._version_path(location), f"{location.identity}\n{version}".encode())
 
     def _write_atomically(self, path: str, data: bytes) -> None:
         """``data`` at ``path`` (under the cache directory): written to a temporary file beside it, then
@@ -418,8 +394,8 @@ def _decode(data: bytes, key: str) -> CacheEntry | None:
         return None
     size = int.from_bytes(body[:8], "little")
     try:
-        meta = json.loads(bytes(body[8:8 + size]))
-    except ValueError:
+        meta = json.loads(bytes(body[8:8 + size]).decode())   # str: json.loads(bytes) first guesses the codec
+    except ValueError:   # UnicodeDecodeError included
         return None
     if not isinstance(meta, dict) or meta.pop("key", None) != key:
         return None

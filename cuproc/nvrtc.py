@@ -15,8 +15,9 @@ Policy
   driver's CUDA major (``prefer_major``, as :mod:`cuproc.program` passes it), every NVRTC of that major
   goes first, keeping that order among them: a cubin of a newer major may not load on the driver, and
   PTX of a newer major's ISA certainly does not.  :func:`locate` names the
-  file without opening it: the compile cache keys on the NVRTC version, and a cache hit should not pay
-  the 10-15 ms that opening the 140 MB library costs.
+  file without opening it: the compile cache keys on the file's identity (its build: resolved path, size
+  and modification time; :class:`Location`), and a cache hit should not pay the 10-15 ms that opening the
+  140 MB library costs.
 * **Declarations** are those of ``headers/nvrtc.h``, trimmed from ``nvrtc.h`` of every pinned NVRTC by
   ``tools/gen_nvrtc_header.py`` and compiled into ``cuproc/_nvrtc_cffi.py`` (no parsing at run time).
   A function the opened NVRTC lacks raises :class:`NvrtcFunctionMissingError` when asked for, naming
@@ -199,25 +200,38 @@ def candidate_paths(prefer_major: int | None = None) -> list[str]:
 
 
 class Location:
-    """An NVRTC library file found without opening it: its path and the file's identity (device, inode,
-    size, modification time), which changes whenever the file is replaced."""
+    """An NVRTC library file found without opening it: its path, size and modification time (of the file a
+    symlink names: a toolkit's ``libnvrtc.so.13`` links to ``libnvrtc.so.13.0.88``).
 
-    __slots__ = ("path", "identity")
+    :attr:`identity` names the build: two NVRTC builds of one minor (13.0.48 and 13.0.88) report the same
+    ``nvrtcVersion`` and may emit different code, and a build installed in place of another changes the
+    size or the modification time.  The compile cache keys on it, so a hit opens no NVRTC."""
 
-    def __init__(self, path: str, identity: str) -> None:
-        self.path, self.identity = path, identity
+    __slots__ = ("path", "size", "mtime_ns")
+
+    def __init__(self, path: str, size: int, mtime_ns: int) -> None:
+        self.path, self.size, self.mtime_ns = path, size, mtime_ns
+
+    @property
+    def identity(self) -> str:
+        """``absolute path|size|mtime_ns``.  The path is not resolved through symlinks: the size and time
+        are the target's already, and resolving costs a system call per directory on a cache hit."""
+        return f"{os.path.abspath(self.path)}|{self.size}|{self.mtime_ns}"
 
     def __repr__(self) -> str:
         return f"<NVRTC at {self.path}>"
 
 
 def location_of(path: str) -> Location | None:
-    """The :class:`Location` of the file at ``path``; None when it is not a file (a bare library name)."""
+    """The :class:`Location` of the file at ``path``; None when it is not a file, or is a bare library name
+    (``libnvrtc.so.13``): the dynamic linker searches its own directories for that, not the current one."""
+    if os.sep not in path and not (os.altsep and os.altsep in path):
+        return None
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return Location(path, f"{os.path.abspath(path)}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}")
+    return Location(path, st.st_size, st.st_mtime_ns)
 
 
 def locate_preferring(driver_major: Callable[[], int | None]) -> Location | None:
@@ -226,12 +240,12 @@ def locate_preferring(driver_major: Callable[[], int | None]) -> Location | None
     libcuda, which a cache hit with ``arch=`` given does not need.  None when no candidate is a file."""
     if os.environ.get(ENV_LIBRARY):
         return locate()
-    files = [found for path in _candidates() if (found := location_of(path)) is not None]
-    if len({major_of(f.path) for f in files}) > 1:
+    paths = [path for path in _candidates() if os.sep in path]   # listed in a directory: files, to be stat'ed
+    if len({major_of(path) for path in paths}) > 1:
         prefer = driver_major()
         if prefer is not None:
-            files.sort(key=lambda f: major_of(f.path) != prefer)   # stable: the order within stays
-    return files[0] if files else None
+            paths.sort(key=lambda path: major_of(path) != prefer)   # stable: the order within stays
+    return next((found for path in paths if (found := location_of(path)) is not None), None)
 
 
 def locate(prefer_major: int | None = None) -> Location | None:
@@ -246,22 +260,53 @@ def locate(prefer_major: int | None = None) -> Location | None:
 
 # --------------------------------------------------------------------------- the library
 
+def _mapped_file(ffi: Any, function: Any) -> str | None:
+    """The file the dynamic linker mapped ``function`` (a cffi function pointer) from, as ``/proc/self/maps``
+    names it (Linux); None elsewhere or when no mapping holds it."""
+    try:
+        address = int(ffi.cast("uintptr_t", function))
+        with open("/proc/self/maps", "rb") as f:   # binary: no codec machinery, and paths stay as they are
+            lines = f.read().splitlines()
+    except (OSError, TypeError, ValueError):
+        return None
+    for line in lines:
+        fields = line.split(None, 5)
+        if len(fields) == 6 and fields[5].startswith(b"/"):
+            start, _, end = fields[0].partition(b"-")
+            if int(start, 16) <= address < int(end, 16):
+                return os.fsdecode(fields[5])
+    return None
+
+
+def _identity_of(path: str, function: Any, ffi: Any, version: CudaVersion) -> str:
+    """The :attr:`Location.identity` of the NVRTC opened from ``path``: of that file, or for a bare name (the
+    dynamic linker's search) of the file ``function`` was mapped from; failing both, the name and version."""
+    found = location_of(path)
+    if found is None:
+        mapped = _mapped_file(ffi, function)
+        found = location_of(mapped) if mapped is not None else None
+    return found.identity if found is not None else f"{path}|NVRTC {version}"
+
+
 class NvrtcLibrary:
-    """An opened NVRTC: its C functions by name (cffi, declarations of ``headers/nvrtc.h``) and version."""
+    """An opened NVRTC: its C functions by name (cffi, declarations of ``headers/nvrtc.h``), its version and
+    its :attr:`identity` -- the build of the file it was opened from, taken when it opened (see
+    :class:`Location`), which the compile cache keys on."""
 
     def __init__(self, path: str, lib: Any, ffi: Any) -> None:
         self.path, self._lib, self.ffi = path, lib, ffi
         self._functions: dict[str, Any] = {}
         try:
-            version = lib.nvrtcVersion
+            get_version = lib.nvrtcVersion
         except (AttributeError, ffi.error):
             raise NvrtcError(f"{path} opened, but it does not export nvrtcVersion: it is not NVRTC",
                              call="nvrtcVersion") from None
         major, minor = ffi.new("int *"), ffi.new("int *")
-        rc = version(major, minor)
+        rc = get_version(major, minor)
         if rc:
             raise NvrtcError(f"nvrtcVersion failed ({rc}) in {path}", call="nvrtcVersion", code=rc)
         self.version = CudaVersion(major[0], minor[0])
+        self.identity = _identity_of(path, get_version, ffi, self.version)
 
     def has(self, name: str) -> bool:
         """True when this NVRTC exports ``name`` (a function of ``headers/nvrtc.h``)."""

@@ -182,6 +182,14 @@ def _driver_version(driver: Driver | None, context: Context | None) -> CudaVersi
         return None
 
 
+def _located(path: str | os.PathLike[str] | None, prefer_major: Callable[[], int | None]) -> str | None:
+    """The build identity of the NVRTC a compile would open -- the file at ``path``, else the one
+    :func:`~cuproc.nvrtc.locate_preferring` finds -- by a ``stat``, without opening it; None when it is
+    known by a bare name only (the dynamic linker's search), which only opening it resolves."""
+    location = _nvrtc.locate_preferring(prefer_major) if path is None else _nvrtc.location_of(os.fspath(path))
+    return location.identity if location is not None else None
+
+
 # --------------------------------------------------------------------------- planning
 
 class _Plan:
@@ -404,28 +412,33 @@ class Program:
                 asked.append(_major(loads_on) if loads_on is not None else None)
             return asked[0]
 
-        def key_for(version: CudaVersion) -> str:
+        def key_for(identity: str) -> str:
             return compile_cache.cache_key(source=self.source, name=self.name, headers=self.headers,
                                            included=included, options=request.options, arch=request.arch,
                                            kind=target or "auto", name_expressions=request.expressions,
-                                           nvrtc_version=version)
-        key = None
+                                           nvrtc_identity=identity)
+
+        def loads_on() -> CudaVersion | None:
+            return _driver_version(driver, context)
+        key: str | None = None
+        identity: str | None = None   # the NVRTC build the key holds
         if store is not None:
-            version, lib = self._nvrtc_version(store, lib, nvrtc_path, prefer)
-            key = key_for(version)
-            hit = self._from_cache(store, key, request, lambda: _driver_version(driver, context))
-            if hit is not None:
-                return hit
+            identity = lib.identity if lib is not None else _located(nvrtc_path, prefer)
+            if identity is not None:   # a hit opens no NVRTC
+                key = key_for(identity)
+                hit = self._from_cache(store, key, request, loads_on)
+                if hit is not None:
+                    return hit
         if lib is None:
             lib = _nvrtc.open_nvrtc(nvrtc_path, prefer_major=prefer() if nvrtc_path is None else None)
-        if store is not None and key is not None and lib.version != version:
-            # the version remembered for the file is not the one that opened (replaced meanwhile, or another
-            # candidate opened): store under the version that compiles, never under the remembered one
-            key = key_for(lib.version)
-            hit = self._from_cache(store, key, request, lambda: _driver_version(driver, context))
+        if store is not None and lib.identity != identity:
+            # found by a bare name only, or the file opened is not the one located (replaced meanwhile, or
+            # another candidate opened): the key is the build that compiles, never the one located
+            key = key_for(lib.identity)
+            hit = self._from_cache(store, key, request, loads_on)
             if hit is not None:
                 return hit
-        code = self._compile_now(lib, request, _driver_version(driver, context))
+        code = self._compile_now(lib, request, loads_on())
         code.cache_key, code.cache_note = key, note
         if store is not None and key is not None:
             try:
@@ -476,28 +489,6 @@ class Program:
                                     hint="-dlto makes LTO IR only: use target='ltoir', or drop -dlto")
         return ObjectCode(raw.code, plan.kind, plan.arch, name=self.name, log=raw.log, lowered_names=raw.lowered,
                           nvrtc_version=lib.version, options=tuple(request.options), reason=plan.reason)
-
-    @staticmethod
-    def _nvrtc_version(store: compile_cache.CompileCache, lib: _nvrtc.NvrtcLibrary | None,
-                       path: str | os.PathLike[str] | None,
-                       prefer_major: Callable[[], int | None]) -> tuple[CudaVersion, _nvrtc.NvrtcLibrary | None]:
-        """The NVRTC version for the key: the library's, or remembered for its file (no opening), else
-        opened now and remembered.  A remembered version is checked against the library if it is opened
-        later (:meth:`compile`)."""
-        if lib is not None:
-            return lib.version, lib
-        location = _nvrtc.locate_preferring(prefer_major) if path is None else _nvrtc.location_of(os.fspath(path))
-        if location is not None:
-            known = store.nvrtc_version(location)
-            if known is not None:
-                return known, None
-        lib = _nvrtc.open_nvrtc(path, prefer_major=prefer_major() if path is None else None)
-        if location is not None and lib.path == location.path:
-            try:
-                store.remember_nvrtc_version(location, lib.version)
-            except OSError:
-                pass   # an unwritable cache only costs the next process the opening
-        return lib.version, lib
 
 
 def compile_kernel(source: str | bytes, name: str, *options: str | Iterable[str],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,20 +108,82 @@ def test_the_drivers_major_is_preferred_when_several_are_installed(monkeypatch, 
     assert loc is not None and Path(loc.path).name == "libnvrtc.so.12"
 
 
-def test_a_compile_is_stored_under_the_version_that_compiled_it(tmp_path):
-    """L4: a remembered NVRTC version that is wrong must not become the key of what another version made."""
+def test_a_compile_is_stored_under_the_build_that_compiled_it(tmp_path, monkeypatch):
+    """L4: the file located before opening (its identity keys the first look-up) is not always the one that
+    opens (replaced meanwhile): what was compiled goes under the opened library's build, never the located one."""
     from cuproc.compile_cache import CompileCache
     stub = build_stub(tmp_path)
     cache = CompileCache(tmp_path / "cache")
-    location = nv.location_of(str(stub))
-    assert location is not None
-    cache.remember_nvrtc_version(location, V(13, 5))                 # a lie: the stub is 11.8
+    real = nv.location_of(str(stub))
+    assert real is not None
+    located = nv.Location(real.path, real.size + 1, real.mtime_ns)   # a lie: another build at that path
+    monkeypatch.setattr(nv, "location_of", lambda path: located)
     prog = Program("__global__ void k() {}")
     first = prog.compile(arch=ARCH, target="ptx", cache=cache, nvrtc=stub)
     assert first.nvrtc_version == V(11, 8) and not first.from_cache
-    cache.remember_nvrtc_version(location, V(11, 8))                 # the truth: now the key is 11.8's
+    assert len(cache.entries()) == 1
+    monkeypatch.undo()                                                # the truth: the key is the opened build's
     again = prog.compile(arch=ARCH, target="ptx", cache=cache, nvrtc=stub)
     assert again.from_cache and again.cache_key == first.cache_key
+
+
+def test_a_bare_library_name_is_not_looked_for_in_the_current_directory(tmp_path, monkeypatch):
+    """The dynamic linker resolves ``libnvrtc.so.13`` by its own search, never from the current directory:
+    a file of that name there is not the NVRTC that opens, and must not name the build a key holds."""
+    (tmp_path / "libnvrtc.so.13").write_bytes(b"not this one")
+    monkeypatch.chdir(tmp_path)
+    assert nv.location_of("libnvrtc.so.13") is None
+    assert nv.location_of("./libnvrtc.so.13") is not None   # a path, as CUPROC_LIBNVRTC may give one
+
+
+def test_an_nvrtc_opened_by_a_bare_name_has_the_identity_of_its_file(tmp_path):
+    """The library the dynamic linker found by name is named by the file it mapped (/proc/self/maps), so
+    that the key of what it compiles is its build, as for a library opened by path."""
+    if not Path("/proc/self/maps").exists():
+        pytest.skip("no /proc/self/maps: a library opened by a bare name is keyed by its name and version")
+    stub = build_stub(tmp_path)
+    script = f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from cuproc import nvrtc as nv
+        lib = nv.open_nvrtc({stub.name!r})
+        print(lib.identity == nv.location_of({os.path.realpath(stub)!r}).identity, lib.identity)
+    """
+    env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path)}
+    out = run_python(script, env=env).stdout.split()
+    assert out[0] == "True" and out[1].startswith(os.path.realpath(stub) + "|")
+
+
+def _stub_build(tag: str) -> str:
+    """The stand-in NVRTC's source as another build of the same version would be: its output says ``tag``."""
+    from nvrtc_testing import STUB_SOURCE
+    old = '".version 7.8\\n.target sm_80\\n"'
+    assert old in STUB_SOURCE
+    return STUB_SOURCE.replace(old, f'".version 7.8\\n.target sm_80\\n// {tag}\\n"')
+
+
+def test_another_build_of_the_same_nvrtc_version_misses_and_the_same_build_hits(tmp_path):
+    """Issue 37: two builds of one NVRTC minor (13.0.48, 13.0.88) report the same nvrtcVersion and may emit
+    different code.  A build installed in place of another misses, in a fresh process, and compiles with
+    the new build; the same build hits, without opening NVRTC."""
+    lib_dir = tmp_path / "lib"
+    lib_dir.mkdir()
+    script = f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import cuproc
+        code = cuproc.Program("__global__ void k() {{}}").compile(arch={ARCH!r}, target="ptx",
+                                                                 cache={str(tmp_path / "cache")!r})
+        print(code.from_cache, "libnvrtc" in open("/proc/self/maps").read(), code.code.decode().split("// ")[-1])
+    """
+    env = {**os.environ, "CUPROC_LIBNVRTC": str(lib_dir / "libnvrtc.so.11.2")}
+    build_stub(lib_dir, _stub_build("build-one"))
+    assert run_python(script, env=env).stdout.split() == ["False", "True", "build-one"]
+    assert run_python(script, env=env).stdout.split() == ["True", "False", "build-one"]
+    time.sleep(0.01)   # a new modification time even where the file system's clock is coarse
+    build_stub(lib_dir, _stub_build("build-two"))                     # same version (11.8), another build
+    assert run_python(script, env=env).stdout.split() == ["False", "True", "build-two"]
+    assert run_python(script, env=env).stdout.split() == ["True", "False", "build-two"]
 
 
 def test_a_missing_function_is_not_an_attribute_error():
