@@ -41,6 +41,22 @@ def fabric_supported(device: Device) -> bool:
         return False
 
 
+#: Where the IMEX channels that fabric handles need appear (nvidia-imex makes them); tests point it elsewhere.
+IMEX_CHANNELS = "/dev/nvidia-caps-imex-channels"
+
+
+def imex_channel_available() -> bool:
+    """Whether this process may open an IMEX channel (an entry of :data:`IMEX_CHANNELS` it can read and
+    write): fabric handles need one.  Checked before the driver is asked, because driver 580 on an H200
+    without a channel made a fabric pool, refused its export (CUDA_ERROR_NOT_PERMITTED), then corrupted its
+    heap in cuMemPoolDestroy (the process aborted: "double free or corruption"; 2026-11-29)."""
+    try:
+        names = os.listdir(IMEX_CHANNELS)
+    except OSError:
+        return False
+    return any(os.access(os.path.join(IMEX_CHANNELS, n), os.R_OK | os.W_OK) for n in names)
+
+
 def shareable_handle_type(name: str | None, ordinal: int, driver: Driver, call: str) -> int:
     """The CU_MEM_HANDLE_TYPE_* of ``name`` (None, ``"posix_fd"`` or ``"fabric"``) for memory on device
     ``ordinal``.
@@ -53,6 +69,11 @@ def shareable_handle_type(name: str | None, ordinal: int, driver: Driver, call: 
         raise refusal(call, f"device {ordinal} has no fabric handles ({FABRIC_ATTRIBUTE} is 0: they need an "
                             f"NVLink fabric with IMEX); share memory between processes of one machine with "
                             f"handle_type='posix_fd'", code_name="CUDA_ERROR_NOT_SUPPORTED")
+    if name == "fabric" and not imex_channel_available():
+        raise refusal(call, f"this process may open no IMEX channel ({IMEX_CHANNELS}/channel*), which fabric "
+                            f"handles need (set up nvidia-imex and its channels, the same one in every process "
+                            f"that shares); share memory between processes of one machine with "
+                            f"handle_type='posix_fd'", code_name="CUDA_ERROR_NOT_PERMITTED")
     return HANDLE_TYPES[name]
 
 
@@ -205,5 +226,5 @@ class MemoryPool(Resource):
         self.driver.checked.cuMemPoolTrimTo(self.handle, min_bytes_to_keep)
 
 
-__all__ = ["FABRIC_ATTRIBUTE", "HANDLE_TYPES", "MemoryPool", "fabric_supported", "shareable_error",
-           "shareable_handle_type"]
+__all__ = ["FABRIC_ATTRIBUTE", "HANDLE_TYPES", "IMEX_CHANNELS", "MemoryPool", "fabric_supported",
+           "imex_channel_available", "shareable_error", "shareable_handle_type"]

@@ -117,6 +117,7 @@ def producer(to_consumer, from_consumer, results) -> None:
     results.put({"role": "producer", "message": message, "write_back": write_back, "timeouts": gave_up,
                  "taken": taken, "free0": free0, "free1": mem.mem_info()[0]})
     pc.release()
+    to_consumer.put("released")                   # the consumer's last reading comes after this context's end
 
 
 def consumer(from_producer, to_producer, results) -> None:
@@ -157,6 +158,10 @@ def consumer(from_producer, to_producer, results) -> None:
     del check
     gc.collect()
     to_producer.put("closed")
+    # cuMemGetInfo is the device's: the producer's first launches (its modules, loaded lazily, and their local
+    # memory: some 490 MiB on an H200) came after free_before, so the reading that checks this process's close
+    # waits for the producer's context to end (an H200 run, 2026-11-29, read it before and saw 486 MiB less)
+    assert from_producer.get(timeout=TIMEOUT) == "released"
     results.put({"role": "consumer", "bad": counted, "sizes": sizes, "free_before": free_before,
                  "free_after": mem.mem_info()[0]})
     pc.release()

@@ -435,7 +435,9 @@ def test_out_of_memory_then_everything_back(primary):
         b.free()
     held.clear()
     free1, _ = mem.mem_info()
-    assert abs(free1 - free0) <= 4 << 20, (free0, free1)
+    # everything back: at least what was free before (cuMemGetInfo is the device's: memory another test or
+    # process gave back meanwhile makes it more -- 32 MiB more on an H200 run, 2026-11-29)
+    assert free1 >= free0 - (4 << 20), (free0, free1)
 
 
 # ----------------------------------------------------------------------------- two GPUs

@@ -245,6 +245,18 @@ def test_multiprocessing_spawn_carries_handles(opened, fake, tmp_path):
     buf.free()
 
 
+@pytest.fixture(autouse=True)
+def imex_channel(tmp_path, monkeypatch):
+    """An IMEX channel this process may open (fabric handles need one: cuproc.pools.imex_channel_available);
+    a test that wants none empties the folder."""
+    from cuproc import pools
+    folder = tmp_path / "imex-channels"
+    folder.mkdir()
+    (folder / "channel0").write_bytes(b"")
+    monkeypatch.setattr(pools, "IMEX_CHANNELS", str(folder))
+    return folder
+
+
 # ----------------------------------------------------------------------------- shareable pools
 
 def test_pool_sharing_is_refused_where_it_cannot_work(opened):
@@ -418,6 +430,18 @@ def test_fabric_pools_are_refused_where_the_device_has_none(opened):
     assert info.value.refused and info.value.code == NOT_SUPPORTED
     assert "CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED" in str(info.value)
     assert "cuMemPoolCreate" not in opened.calls()
+
+
+def test_fabric_pools_are_refused_before_the_driver_without_an_imex_channel(opened, imex_channel):
+    """Driver 580 made a fabric pool without a channel, refused its export, then aborted the process in
+    cuMemPoolDestroy: no channel, no call."""
+    opened.lib.fake_vmm_set_fabric(1)
+    (imex_channel / "channel0").unlink()
+    opened.clear_calls()
+    with pytest.raises(CudaError) as info:
+        cuproc.MemoryPool.create(0, handle_type="fabric")
+    assert info.value.refused and info.value.name == "CUDA_ERROR_NOT_PERMITTED"
+    assert "IMEX channel" in str(info.value) and "cuMemPoolCreate" not in opened.calls()
 
 
 def test_a_fabric_pool_and_its_pointers_in_another_process(opened, fake):

@@ -70,6 +70,18 @@ def host(buf, n, dtype=np.uint32):
     return out
 
 
+@pytest.fixture(autouse=True)
+def imex_channel(tmp_path, monkeypatch):
+    """An IMEX channel this process may open (fabric handles need one: cuproc.pools.imex_channel_available);
+    a test that wants none empties the folder."""
+    from cuproc import pools
+    folder = tmp_path / "imex-channels"
+    folder.mkdir()
+    (folder / "channel0").write_bytes(b"")
+    monkeypatch.setattr(pools, "IMEX_CHANNELS", str(folder))
+    return folder
+
+
 # ----------------------------------------------------------------------------- the ABI the fake and cuproc share
 
 def test_struct_sizes_are_the_fakes():
