@@ -136,3 +136,15 @@ def primary():
     yield pc
     cuproc.driver.default_driver().cuCtxSetCurrent(cuproc.ffi.NULL)
     pc.release()
+
+
+@pytest.fixture()
+def imex_channel(tmp_path, monkeypatch):
+    """An IMEX channel this process may open (fabric handles need one: cuproc.pools.imex_channel_available),
+    in a folder of the test's; a test that wants none empties the folder."""
+    from cuproc import pools
+    folder = tmp_path / "imex-channels"
+    folder.mkdir()
+    (folder / "channel0").write_bytes(b"")
+    monkeypatch.setattr(pools, "IMEX_CHANNELS", str(folder))
+    return folder

@@ -246,15 +246,9 @@ def test_multiprocessing_spawn_carries_handles(opened, fake, tmp_path):
 
 
 @pytest.fixture(autouse=True)
-def imex_channel(tmp_path, monkeypatch):
-    """An IMEX channel this process may open (fabric handles need one: cuproc.pools.imex_channel_available);
-    a test that wants none empties the folder."""
-    from cuproc import pools
-    folder = tmp_path / "imex-channels"
-    folder.mkdir()
-    (folder / "channel0").write_bytes(b"")
-    monkeypatch.setattr(pools, "IMEX_CHANNELS", str(folder))
-    return folder
+def imex(imex_channel):
+    """Every test here may make fabric handles (the fake's switch decides whether the device has them)."""
+    return imex_channel
 
 
 # ----------------------------------------------------------------------------- shareable pools

@@ -71,15 +71,9 @@ def host(buf, n, dtype=np.uint32):
 
 
 @pytest.fixture(autouse=True)
-def imex_channel(tmp_path, monkeypatch):
-    """An IMEX channel this process may open (fabric handles need one: cuproc.pools.imex_channel_available);
-    a test that wants none empties the folder."""
-    from cuproc import pools
-    folder = tmp_path / "imex-channels"
-    folder.mkdir()
-    (folder / "channel0").write_bytes(b"")
-    monkeypatch.setattr(pools, "IMEX_CHANNELS", str(folder))
-    return folder
+def imex(imex_channel):
+    """Every test here may make fabric handles (the fake's switch decides whether the device has them)."""
+    return imex_channel
 
 
 # ----------------------------------------------------------------------------- the ABI the fake and cuproc share
