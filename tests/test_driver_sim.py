@@ -28,7 +28,6 @@ from rules import expected_resolution, typedefs_by_symbol
 from subproc import run_python
 from threads import run_threads
 
-pytestmark = pytest.mark.slow   # the whole compatibility matrix on simulated drivers (20 s): CI runs it
 
 REAL_FUNCTIONS = {"cuInit", "cuDriverGetVersion", "cuGetErrorName", "cuGetErrorString", "cuGetProcAddress"}
 VERSIONS = [11030, 11080, 12000, 12040, 12090, 13000, 13050]
@@ -55,6 +54,7 @@ def typedefs():
     return typedefs_by_symbol()
 
 
+@pytest.mark.slow   # the whole compatibility matrix on simulated drivers (most of this file's time): CI runs it
 @pytest.mark.parametrize("per_thread", [False, True], ids=["legacy", "ptds"])
 @pytest.mark.parametrize("driver_version", VERSIONS)
 def test_compatibility_matrix(sims, typedefs, driver_version, per_thread):
@@ -369,6 +369,7 @@ def _refusal(unavailable: driver_module.Unavailable) -> tuple[type, str]:
     return type(info.value), str(info.value)
 
 
+@pytest.mark.slow   # a matrix too: CI runs it
 @pytest.mark.parametrize("per_thread", [False, True], ids=["legacy", "ptds"])
 @pytest.mark.parametrize(("requested", "driver_version"), [
     ("6.5", 13000), ("11.8", 13000), ("12.4", 13000), ("13.0", 13000), ("13.5", 13000), (None, 12040),

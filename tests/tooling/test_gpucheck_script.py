@@ -10,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-pytestmark = pytest.mark.slow   # the GPU check's tooling, not the library; CI runs it
+pytestmark = pytest.mark.tooling   # the GPU check's tooling, not the library: CI runs it (-m tooling)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 SCRIPT = ROOT / "tools" / "gpu_check.sh"
 
 

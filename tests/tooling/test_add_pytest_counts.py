@@ -7,11 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 from add_pytest_counts import add
 
-pytestmark = pytest.mark.slow   # the GPU check's tooling, not the library; CI runs it
+pytestmark = pytest.mark.tooling   # the GPU check's tooling, not the library: CI runs it (-m tooling)
 
 
 def test_two_halves_add_up_every_count_and_the_seconds():

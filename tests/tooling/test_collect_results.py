@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 from collect_results import RESULTS, collect, current_rows, main, read_sections, section_data
 
-pytestmark = pytest.mark.slow   # the results tooling, not the library; CI runs it
+pytestmark = pytest.mark.tooling   # the results tooling, not the library: CI runs it (-m tooling)
 
 H200 = "NVIDIA H200, 580.159.04, 143771 MiB"
 PURE = "pure Python (cffi ABI mode), forced by CUPROC_PURE_PYTHON"

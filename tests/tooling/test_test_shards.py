@@ -11,11 +11,11 @@ import pytest
 
 from conftest import shard_of
 
-pytestmark = pytest.mark.slow   # the GPU check's tooling, not the library; CI runs it
+pytestmark = pytest.mark.tooling   # the GPU check's tooling, not the library: CI runs it (-m tooling)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 # a small file of this suite with parametrized tests: what the shards of a real run look like
-SAMPLE = "tests/test_add_pytest_counts.py"
+SAMPLE = "tests/tooling/test_add_pytest_counts.py"
 
 
 def _collected(shard: str | None) -> subprocess.CompletedProcess[str]:
