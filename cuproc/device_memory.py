@@ -452,11 +452,15 @@ def _kept_if_captured(buffer: DeviceBuffer, stream: Any, err: CudaError) -> None
     driver frees only graph allocations (the free becomes a free node): this pool memory was not freed, so
     its claim goes back (the buffer stays live, for a free after the capture) and ``err`` says so."""
     status = ffi.new("CUstreamCaptureStatus *")
-    rc = buffer.context.call_on(stream, buffer.driver.cuStreamIsCapturing, stream, status)
+    try:
+        rc = buffer.context.call_on(stream, buffer.driver.cuStreamIsCapturing, stream, status)
+    except CudaError:            # the question failed (the context could not be pushed): ``err`` stays the error
+        return
     if not (rc == _CAPTURE_INVALIDATED or (rc == 0 and status[0] != 0)):
         return
-    buffer.context.stream_ordered[buffer.claim_key] = (buffer.address, buffer.stream)
-    buffer.ended = None
+    if buffer.claim_key is not None:             # pool memory: its entry in the context's table goes back
+        buffer.context.stream_ordered[buffer.claim_key] = (buffer.address, buffer.stream)
+    buffer.ended = None                          # (cuMemAlloc memory: the claim was the mark alone)
     note = (f"{buffer.describe()} was allocated outside the stream capture running on its stream: during a "
             "capture cuMemFreeAsync frees only memory allocated in the capture (a graph's); it was not freed and "
             "stays usable: free it after the capture (after the graph's last launch that uses it)")

@@ -203,7 +203,7 @@ class GraphExec(Resource):
         exe._auto_free = bool(flags & INSTANTIATE_FLAGS["CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH"])
         #: held by launch, upload, update and set_kernel_args: a launch sees the executable graph and what it
         #: keeps either before or after an update from another thread, never half of each
-        exe._lock = _fork.lock()
+        exe._lock = _fork.rlock()   # re-entrant: packing runs user code (__index__, __dlpack__) under it
         exe._take(order)
         exe.ended = None
         return exe

@@ -47,6 +47,7 @@ from ._immortal import keep_forever
 from ._namedtuple import NamedTuple
 from ._resource import Resource
 from ._support import arity, handle_int, invalid
+from .allocation import EXPORTS
 from .context import Context
 from .device_memory import DeviceBuffer, DeviceView, GlobalView, after_last_work
 from .errors import CudaWarning, SymbolNotFoundError
@@ -749,6 +750,9 @@ class GraphAllocation(DeviceBuffer):
             raise invalid(call, f"{self.describe()} was never allocated: its graph has not been launched (the "
                                 "driver refuses to free it); launch the executable graph first, free it after")
         self.check(call)
+        if id(self) in EXPORTS and self.has_views():
+            raise BufferError(f"{call} was not called: {self.describe()} still has views (a DLPack export); drop "
+                              "them first")
         target = self.stream if stream is None else stream
         h = stream_handle(target, self.driver, call)
         after_last_work(self, self.context, h, target if isinstance(target, Stream) else None)

@@ -16,14 +16,16 @@ fabric handles only where the device reports CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FAB
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
+from . import _fork
 from ._ffi import ffi
 from ._resource import Resource
 from ._support import get_driver, handle_int, invalid
 from .device import Device
 from .driver import Driver
-from .errors import CudaError, InvalidValueError, refusal, result_code
+from .errors import CudaError, CudaWarning, InvalidValueError, refusal, result_code
 
 #: CU_MEM_HANDLE_TYPE_* by cuproc's name: what pools and VMM memory (cuproc.virtual_memory) are shared by
 HANDLE_TYPES: dict[str | None, int] = {None: 0, "posix_fd": 1, "fabric": 8}
@@ -40,6 +42,8 @@ def fabric_supported(device: Device) -> bool:
     except InvalidValueError:
         return False
 
+
+_SHARING = _fork.lock()     # one export per pool (share) when threads race to make it
 
 #: Where the IMEX channels that fabric handles need appear (nvidia-imex makes them); tests point it elsewhere.
 IMEX_CHANNELS = "/dev/nvidia-caps-imex-channels"
@@ -131,7 +135,14 @@ class MemoryPool(Resource):
             if release_threshold is not None:
                 pool.release_threshold = release_threshold
         except BaseException:
-            pool.close()
+            if handle_type == "fabric" and pool.shared is None:
+                # Driver 580 corrupted its heap destroying a fabric pool whose export it had refused (the
+                # process aborted): such a pool is left to the process's end, never destroyed.
+                pool._claim("left undestroyed: its fabric export failed")
+                warnings.warn(f"{pool.describe()} was left undestroyed: its fabric export failed, and destroying "
+                              "such a pool aborted the process on driver 580", CudaWarning, stacklevel=2)
+            else:
+                pool.close()
             raise
         return pool
 
@@ -160,8 +171,12 @@ class MemoryPool(Resource):
         shareable pool.  The descriptor is kept open rather than closed
         at once: the pool stays shared for as long as it lives, whatever the driver does once the last
         descriptor of a pool is closed."""
-        if self.shared is None:
-            self.shared = self.export_handle()
+        with _SHARING:
+            if self.shared is None:
+                shared = self.export_handle()
+                if isinstance(shared, int):
+                    os.set_inheritable(shared, False)   # kept by this process only: no child inherits it
+                self.shared = shared
 
     @classmethod
     def default(cls, device: Device | int = 0, *, driver: Driver | None = None) -> MemoryPool:

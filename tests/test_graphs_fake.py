@@ -1649,6 +1649,60 @@ def test_pool_memory_freed_inside_a_capture_is_refused_and_stays_usable(kit, gra
     assert pre.ended == "freed"
 
 
+def test_synchronous_memory_freed_inside_a_capture_is_refused_and_stays_usable(kit, graphs):
+    """cuMemAlloc memory (no stream-ordered entry): the refusal keeps the driver's error and the buffer."""
+    pre = DeviceBuffer(4 * N)
+    with pytest.raises(CudaError) as info:
+        with cuproc.capture(kit.stream):
+            pre.free_async(kit.stream)
+    assert not isinstance(info.value, TypeError) and pre.ended is None
+    assert None not in kit.stream.context.stream_ordered and capture_status(kit.stream) == "none"
+    mem.memset(pre, 1, stream=kit.stream)
+    pre.free()
+    assert pre.ended is not None
+
+
+def test_a_graph_allocation_with_a_dlpack_export_is_not_freed(kit):
+    from cuproc import _dlpack
+    g, buf = _capture_allocating(kit)
+    exe = g.instantiate()
+    exe.launch(kit.stream)
+    exported = _dlpack.consume(buf.__dlpack__(max_version=(1, 0)))
+    with pytest.raises(BufferError):
+        buf.free_async()                                       # a consumer still reads it
+    assert buf.allocated
+    exported.release()
+    gc.collect()
+    buf.free_async()
+    kit.stream.synchronize()
+    assert not buf.allocated
+
+
+def test_a_value_packed_under_the_executables_lock_may_launch_it(kit):
+    """set_kernel_args packs under the executable graph's lock, and packing runs the values' own Python: a
+    value that launches the same executable graph (here its __cuda_array_interface__) must not hang its thread."""
+    import threading
+    g = Graph()
+    node = g.add_kernel(kit.fill, 1, N, (kit.a, np.int32(N), np.float32(1.0)))
+    exe = g.instantiate()
+
+    class Launching:
+        @property
+        def __cuda_array_interface__(self) -> dict:
+            exe.launch(kit.stream)
+            return kit.a.__cuda_array_interface__
+    done = []
+    worker = threading.Thread(target=lambda: done.append(
+        exe.set_kernel_args(node, (Launching(), np.int32(N), np.float32(3.0)))), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert done == [None], "set_kernel_args hung on its own lock"
+    exe.launch(kit.stream)
+    np.testing.assert_array_equal(host(kit.a), np.full(N, 3.0, np.float32))
+    exe.destroy()
+    g.destroy()
+
+
 def test_kernel_args_set_through_the_nodes_of_the_updated_graph(kit):
     """After update(g2), g2's nodes address the executable graph's nodes (the driver takes g1's handles)."""
     g1 = _fill_graph(kit, kit.a)

@@ -389,6 +389,7 @@ def test_a_shareable_pool_is_exported_as_it_is_made_and_keeps_that_export(opened
     shared = cuproc.MemoryPool.create(0, handle_type="posix_fd")
     kept = shared.shared
     assert isinstance(kept, int) and os.readlink(f"/proc/self/fd/{kept}").startswith("/memfd:")
+    assert not os.get_inheritable(kept)                        # no child process inherits the pool's own export
     buf = cuproc.alloc_async(256, stream, pool=shared)
     assert ipc.export_pointer(buf).nbytes == 256
     drv = cuproc.default_driver()
