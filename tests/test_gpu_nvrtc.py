@@ -229,3 +229,14 @@ def test_the_lazy_loading_error_names_the_image_its_ptx_version_and_the_limit():
         if late:   # says why, as true of the code: a library JITs at its first lookup, a module under lazy loading
             assert ("first lookup" in line) if line.startswith("failed: Library ") else ("under lazy loading" in line)
     assert not [line for line in lines if line.startswith("loaded")], lines
+
+
+def test_the_readmes_first_program_runs(tmp_path):
+    """The README's first program, as a user pastes it (its own process, a cache folder of its own): its
+    closing assert compares with NumPy."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text.split("## A first program", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "compile_kernel" in code and "assert np.allclose" in code
+    env = {**os.environ, "CUPROC_NVRTC_CACHE_DIR": str(tmp_path)}
+    run_python(code + "\nprint('first program ok')\n", env=env, timeout=120)
