@@ -74,13 +74,13 @@ def _word(buffer) -> int:
     return int(out[0])
 
 
-def producer(to_consumer, from_consumer, results) -> None:
+def producer(to_consumer, from_consumer, results, device: int = 0) -> None:
     import numpy as np
 
     import cuproc
     from cuproc import DeviceBuffer, Event, Stream, ipc
     from cuproc import memory as mem
-    pc = cuproc.use_device(0)
+    pc = cuproc.use_device(device)
     grid = (N + BLOCK - 1) // BLOCK
     fill = cuproc.compile_kernel(KERNELS, "fill")
     wait_then_add = cuproc.compile_kernel(KERNELS, "wait_then_add")
@@ -120,13 +120,13 @@ def producer(to_consumer, from_consumer, results) -> None:
     to_consumer.put("released")                   # the consumer's last reading comes after this context's end
 
 
-def consumer(from_producer, to_producer, results) -> None:
+def consumer(from_producer, to_producer, results, device: int = 0) -> None:
     import numpy as np
 
     import cuproc
     from cuproc import DeviceBuffer, Stream, ipc
     from cuproc import memory as mem
-    pc = cuproc.use_device(0)
+    pc = cuproc.use_device(device)
     grid = (N + BLOCK - 1) // BLOCK
     check = cuproc.compile_kernel(KERNELS, "check_and_write_back")
     bad = DeviceBuffer(4)

@@ -35,12 +35,20 @@ def _needs_nvrtc() -> None:
         pytest.skip("no NVRTC on this machine (pip install 'cuproc[nvrtc]')")
 
 
-def test_spawned_producer_and_consumer_share_memory_and_an_event():
+@pytest.mark.parametrize("devices", [
+    pytest.param((0, 0), id="one-gpu"),
+    pytest.param((0, 1), id="gpu0-to-gpu1", marks=[
+        pytest.mark.multi_gpu,
+        pytest.mark.skipif(cuproc.is_driver_available() and cuproc.Device.count() < 2, reason="needs two GPUs")])])
+def test_spawned_producer_and_consumer_share_memory_and_an_event(devices):
+    """A producer process and a consumer process (on the producer's GPU, or one process per GPU: the
+    consumer's kernel then reads and writes the producer's memory through peer access, which
+    cuIpcOpenMemHandle's CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS gives it, and waits on its event)."""
     _needs_nvrtc()
     ctx = multiprocessing.get_context("spawn")
     to_consumer, to_producer, results = ctx.Queue(), ctx.Queue(), ctx.Queue()
-    producer = ctx.Process(target=ipc_workers.producer, args=(to_consumer, to_producer, results))
-    consumer = ctx.Process(target=ipc_workers.consumer, args=(to_consumer, to_producer, results))
+    producer = ctx.Process(target=ipc_workers.producer, args=(to_consumer, to_producer, results, devices[0]))
+    consumer = ctx.Process(target=ipc_workers.consumer, args=(to_consumer, to_producer, results, devices[1]))
     producer.start()
     consumer.start()
     reports = {}

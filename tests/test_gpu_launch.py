@@ -267,6 +267,46 @@ def test_one_library_two_gpus():
     lib.unload()
 
 
+@pytest.mark.multi_gpu
+@pytest.mark.skipif(Device.count() < 2, reason="needs two GPUs")
+def test_a_thread_per_gpu_launches_and_copies_on_its_own_device():
+    """One thread per device, each with its device's primary context, module, buffers and stream, their
+    rounds interleaved: before each launch the current context is the thread's device's, every buffer it
+    launches on lives on that device (cuPointerGetAttribute), and every result is right (NumPy)."""
+    rounds, n = 40, 4096
+    barrier, errors = threading.Barrier(2), []
+
+    def work(ordinal: int) -> None:
+        try:
+            with PrimaryContext(ordinal):
+                module = Module.load(K / "kernels.fatbin")
+                add = module.get_function("VecAdd_kernel")
+                stream = cuproc.Stream()
+                with DeviceBuffer(4 * n) as a, DeviceBuffer(4 * n) as c:
+                    for i in range(rounds):
+                        barrier.wait(30)                              # both threads in each round
+                        host = np.arange(n, dtype=np.float32) + 1000 * ordinal + i
+                        mem.copy(a, host)
+                        assert Context.current().device.ordinal == ordinal
+                        assert {mem.pointer_attributes(b)["device_ordinal"] for b in (a, c)} == {ordinal}
+                        add.launch(n // 256, 256, (a, a, c, np.int32(n)), stream=stream)
+                        stream.synchronize()
+                        out = np.empty_like(host)
+                        mem.copy(out, c)
+                        np.testing.assert_array_equal(out, 2 * host)
+                stream.close()
+                module.unload()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+            errors.append((ordinal, exc))
+            barrier.abort()
+    threads = [threading.Thread(target=work, args=(d,)) for d in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads) and errors == [], errors
+
+
 def test_cached_one_shot_and_numpy_integer_launches_carry_every_value(module):
     """Issue 9's fast paths on the real driver: repeated one-shot launches (one cached entry, new values
     each time), NumPy integers stored straight into a prepared launch, and a signature-keyed entry."""

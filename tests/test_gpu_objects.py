@@ -458,15 +458,22 @@ def test_peer_access_and_copies():
         b = DeviceBuffer(host.nbytes)
     for current in (p0, p1):                              # a context of each device current in turn
         with current:
-            mem.memset(b, 0)
-            mem.copy(b, a)                                # peer copy 0 -> 1
-            back = np.zeros_like(host)
-            mem.copy(back, b)
-            np.testing.assert_array_equal(back, host)
-            mem.memset(a, 0)
-            mem.copy(a, b)                                # and back 1 -> 0
-            mem.copy(back, a)
-            np.testing.assert_array_equal(back, host)
+            stream = cuproc.Stream()                      # the current device's
+            for on in (None, stream):                     # synchronous, then on the stream
+                mem.memset(b, 0)
+                mem.copy(b, a, stream=on)                 # peer copy 0 -> 1
+                if on is not None:
+                    on.synchronize()
+                back = np.zeros_like(host)
+                mem.copy(back, b)
+                np.testing.assert_array_equal(back, host)
+                mem.memset(a, 0)
+                mem.copy(a, b, stream=on)                 # and back 1 -> 0
+                if on is not None:
+                    on.synchronize()
+                mem.copy(back, a)
+                np.testing.assert_array_equal(back, host)
+            stream.close()
     a.close()
     b.close()
     assert p0.context.disable_peer_access(p1) and p1.context.disable_peer_access(p0)

@@ -29,6 +29,10 @@ extern "C" __global__ void iota(unsigned* p, unsigned long long n, unsigned offs
     unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
     if (i < n) p[i] = (unsigned)i + offset;
 }
+extern "C" __global__ void copy_words(unsigned* src, unsigned* dst, unsigned long long n) {
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = src[i];
+}
 """
 
 
@@ -229,24 +233,34 @@ def test_fabric_memory_where_the_device_has_it(primary, iota):
 
 @pytest.mark.multi_gpu
 def test_a_peer_device_reads_a_grown_buffer(primary, iota):
-    """Peer access to a VMM buffer (cuMemSetAccess for device 1): the multi-GPU issue's part, run here when
-    the machine has two GPUs."""
+    """Peer access to a VMM buffer (cuMemSetAccess for device 1, checked with cuMemGetAccess): a kernel on
+    device 1 reads all of it, before and after it grows (issue 40; run where the machine has two GPUs)."""
     if cuproc.Device.count() < 2:
         pytest.skip("needs two GPUs")
     g = granularity()
     buf = GrowableBuffer(g, peers=[1])
     iota(buf, 0, g // 4, 21)
-    buf.grow(2 * g)
-    assert [m.access(1) for m in buf.mappings] == ["readwrite"] * len(buf.mappings)
     other = cuproc.PrimaryContext(1).retain()
     try:
-        with other.context:
-            there = cuproc.DeviceBuffer(g)
-            mem.copy(there, buf, g)                                    # device 1 reads device 0's VMM memory
-            got = np.empty(g // 4, np.uint32)
-            mem.copy(got, there)
-            there.free()
-        assert (got == np.arange(g // 4, dtype=np.uint32) + 21).all()
+        with other.context:                                           # compiled and loaded for device 1
+            copy = cuproc.compile_kernel(KERNEL, "copy_words")
+        for size in (g, 2 * g):                                       # before the grow, and after it
+            if size > buf.nbytes:
+                buf.grow(size)
+                iota(buf, g // 4, g // 4, g // 4 + 21)                 # the new chunk, by device 0
+            assert [m.access(1) for m in buf.mappings] == ["readwrite"] * len(buf.mappings)
+            n = size // 4
+            with other.context:
+                there = cuproc.DeviceBuffer(size)
+                mem.copy(there, buf, g)                                # device 1 copies device 0's VMM memory...
+                copy.launch((n + 255) // 256, 256, (buf.ptr, there.ptr, n),   # ...and its kernel reads it all
+                            signature=["unsigned*", "unsigned*", "unsigned long long"])
+                other.context.synchronize()
+                got = np.empty(n, np.uint32)
+                mem.copy(got, there)
+                there.free()
+            np.testing.assert_array_equal(got, np.arange(n, dtype=np.uint32) + 21)
+        del copy
     finally:
         other.release()
     buf.close()
