@@ -1103,7 +1103,16 @@ class Function(Resource):
 
     def param_info(self) -> list[tuple[int, int]] | None:
         """[(offset, size)] of each parameter as the driver reports it (cuFuncGetParamInfo /
-        cuKernelGetParamInfo), or None where the driver cannot say."""
+        cuKernelGetParamInfo), or None where the driver cannot say.  Asked once per function (the answer
+        cannot change while its handle lives): launch_ex, cooperative launches and graph kernel nodes ask on
+        every call."""
+        memo = self.__dict__.get("_param_info")
+        if memo is None:
+            self.check("cuFuncGetParamInfo")
+            memo = self.__dict__["_param_info"] = (self._ask_param_info(),)
+        return memo[0]
+
+    def _ask_param_info(self) -> list[tuple[int, int]] | None:
         if self.kernel is not None and self.driver.has("cuKernelGetParamInfo"):
             call, target = "cuKernelGetParamInfo", self.kernel
         elif self.driver.has("cuFuncGetParamInfo"):

@@ -181,3 +181,15 @@ def test_without_param_info_the_params_convention_lets_the_driver_place_each_val
         plain.prepare(PLAIN_SIGNATURE, 1, 1, convention="buffer")(7, out, 3)
         _assert_at(fk.last_launch()[1], plain_info, [(7).to_bytes(4, "little"), out.ptr.to_bytes(8, "little"),
                                                      (3).to_bytes(4, "little")])
+
+
+def test_the_driver_is_asked_for_a_functions_parameters_once(kernels, fk):
+    """launch_ex, cooperative launches and graph nodes pack on every call; the parameter info they place by
+    is the function's, asked once."""
+    fn = kernels.get_function("tma")
+    with DeviceBuffer(64) as out:
+        launch_ex(fn, 1, 1, (7, MAP, out, 3), signature=TMA_SIGNATURE)
+        fk.clear_calls()
+        launch_ex(fn, 1, 1, (7, MAP, out, 3), signature=TMA_SIGNATURE)
+        launch(fn, 1, 1, (7, MAP, out, 3), signature=TMA_SIGNATURE, cooperative=True)
+        assert not any("ParamInfo" in name for name in fk.calls()), fk.calls()
