@@ -8,7 +8,7 @@ Policy
   file's SHA-256 (:mod:`cuproc._includes`; a system header by its path and identity, not its contents) --
   the options in order, the architecture, the output
   kind, the name expressions (a set: order and repeats do not matter) and the NVRTC build: the
-  :attr:`~cuproc.nvrtc.Location.identity` of the library file (resolved path, size, modification time),
+  :attr:`~cuproc.nvrtc.Location.identity` of the library file (path, size, modification time, device, inode),
   finer than ``nvrtcVersion``, which says 13.0 for both 13.0.48 and 13.0.88.  So a changed header misses,
   and so does another NVRTC build or a library replaced in place, and nothing else does.  (CuPy keys on every header at once, #9664, and never
   hits for name expressions, #10173.)

@@ -40,7 +40,7 @@ from ._resource import EPOCH, Resource, report
 from ._support import arity, handle_int, invalid
 from .errors import ClosedResourceError, result_code
 from .graph_errors import GraphInstantiateError, GraphUpdateError, flag_value, with_details
-from .graph_nodes import KernelNode, NodeRecord, kernel_parts, kernel_struct, runtime_objects
+from .graph_nodes import PENDING_FREE, KernelNode, NodeRecord, PendingFree, kernel_parts, kernel_struct, runtime_objects
 from .graph_structure import GraphStructure
 from .stream import Stream, stream_handle
 
@@ -177,6 +177,8 @@ class GraphExec(Resource):
     _graph_launch: Callable[..., int]
     _origin: dict[tuple[int, ...], weakref.ref[NodeRecord]]
     _allocations: tuple[tuple[int, weakref.ref[Any]], ...]
+    _frees: tuple[PendingFree, ...]
+    _tracks_memory: bool
     _auto_free: bool
     _lock: Any
 
@@ -200,6 +202,8 @@ class GraphExec(Resource):
         #: names a node by the graph the executable graph was instantiated from, also after an update)
         exe._origin = {path: weakref.ref(record) for path, record in order}
         exe._allocations = graph._allocations
+        exe._frees = graph.pending_frees     # graph allocations its free nodes free (captured there): held
+        exe._tracks_memory = bool(exe._allocations or exe._frees)
         exe._auto_free = bool(flags & INSTANTIATE_FLAGS["CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH"])
         #: held by launch, upload, update and set_kernel_args: a launch sees the executable graph and what it
         #: keeps either before or after an update from another thread, never half of each
@@ -285,7 +289,7 @@ class GraphExec(Resource):
         with self._lock:
             epoch = EPOCH[0]
             if stream.__class__ is Stream and self._checked_at == epoch and stream.ended is None \
-                    and getattr(stream, "_checked_at", None) == epoch and not self._allocations:
+                    and getattr(stream, "_checked_at", None) == epoch and not self._tracks_memory:
                 for leaf in self._leaves:
                     if leaf.ended is not None:
                         break
@@ -300,9 +304,13 @@ class GraphExec(Resource):
             self._verify("cuGraphLaunch")
             h = stream_handle(stream, self.driver, "cuGraphLaunch")
             self._allocations_freed()
+            for pending in self._frees:
+                pending.check_allocated("cuGraphLaunch", self.describe())
             rc = self.context.call_on(h, self._graph_launch, self.handle, h)
             if rc:
                 raise self.driver.error(rc, "cuGraphLaunch")
+            for pending in self._frees:
+                pending.launched()
             if self._allocations:
                 self._allocated(stream if isinstance(stream, Stream) else h, h)
             if self._flight:
@@ -320,6 +328,10 @@ class GraphExec(Resource):
                                                "allocated, is not freed: the driver launches the graph again only "
                                                "once it is (buf.free_async(stream) after its last use), or "
                                                "instantiate with flags='AUTO_FREE_ON_LAUNCH'")
+            if buf is not None and buf.ended == PENDING_FREE:
+                raise invalid("cuGraphLaunch", f"{buf.describe()}, which the last launch of {self.describe()} "
+                                               "allocated, is freed by a node of a captured graph not launched "
+                                               "yet: launch that graph first (the memory exists until it runs)")
 
     def _allocated(self, stream: Any, h: Any) -> None:
         """After a launch on ``stream`` (``h``, its CUstream): the graph's allocations exist; those whose buffer
@@ -372,9 +384,9 @@ class GraphExec(Resource):
         if self._flight:
             raise invalid(call, f"{self.describe()} has host nodes or host memory, which each launch keeps until it "
                                 "ran: replay it with launch()")
-        if self._allocations:
-            raise invalid(call, f"{self.describe()} allocates memory (alloc_async in its capture), which each launch "
-                                "allocates and must find freed: replay it with launch()")
+        if self._tracks_memory:
+            raise invalid(call, f"{self.describe()} allocates or frees graph memory (alloc_async, free_async in a "
+                                "capture), which launches track: replay it with launch()")
         exe, launch, h, s = self, self.driver.checked.cuGraphLaunch, self.handle, stream.handle
         seen = EPOCH[0]          # the epoch at which exe and stream were last found alive
 

@@ -50,7 +50,7 @@ from ._support import arity, handle_int, invalid
 from .allocation import EXPORTS
 from .context import Context
 from .device_memory import DeviceBuffer, DeviceView, GlobalView, after_last_work
-from .errors import CudaWarning, SymbolNotFoundError
+from .errors import CudaError, CudaWarning, SymbolNotFoundError
 from .fill_args import check_element_bits, fill_count
 from .graph_errors import add_note, require_at_requested_version
 from .stream import Stream, stream_handle
@@ -404,16 +404,13 @@ class KernelNode(GraphNode):
 
     @property
     def params(self) -> KernelNodeParams:
-        ctx = self._use("cuGraphKernelNodeGetParams")
-        drv = self.driver
-        p = ffi.new(ffi.getctype(param_struct(drv, "cuGraphKernelNodeGetParams", 1), "*"))
-        drv.check(ctx.call_current(drv.cuGraphKernelNodeGetParams, self.handle, p), "cuGraphKernelNodeGetParams")
+        p = kernel_node_params(self.driver, self._use("cuGraphKernelNodeGetParams"), self.handle)
         kernel = self.record.kernel
         function: Any = p.func
         arg_bytes = b""
         if kernel is not None:
             fn, packed = kernel[0], kernel[1]
-            if handle_int(fn.handle) == handle_int(p.func):
+            if launches_recorded(self.record, p):
                 function = fn
             if p.kernelParams != ffi.NULL:   # one pointer per parameter, in the packed layout
                 block = bytearray(packed.size)
@@ -442,6 +439,22 @@ class KernelNode(GraphNode):
         p = kernel_struct(self.driver, call, 1, new)
         self.driver.check(ctx.call_current(self.driver.cuGraphKernelNodeSetParams, self.handle, p), call)
         apply_kernel(self.record, new)
+
+
+def kernel_node_params(driver: Driver, context: Context, handle: Any) -> Any:
+    """cuGraphKernelNodeGetParams of the kernel node ``handle`` (``context`` made current), in the struct of
+    the ABI this driver's entry point selected (v1, or v2 with ``kern`` and ``ctx``)."""
+    call = "cuGraphKernelNodeGetParams"
+    p = ffi.new(ffi.getctype(param_struct(driver, call, 1), "*"))
+    driver.check(context.call_current(driver.cuGraphKernelNodeGetParams, handle, p), call)
+    return p
+
+
+def launches_recorded(record: NodeRecord, params: Any) -> bool:
+    """True when the kernel node whose driver parameters are ``params`` (:func:`kernel_node_params`) launches
+    the function ``record`` holds -- in an adopted graph a node handle the driver gave again to another
+    kernel node launches another function, whose arguments the record's signature must not pack."""
+    return record.kernel is not None and handle_int(params.func) == handle_int(record.kernel[0].handle)
 
 
 def kernel_parts(graph: GraphStructure, function: Any, call: str, args: Sequence[Any], signature: Sequence[Any] | None,
@@ -696,6 +709,54 @@ class MemAllocNode(GraphNode):
 NOT_ALLOCATED = ("not allocated yet: it is a graph allocation (alloc_async during a stream capture) and the graph's "
                  "memory exists only from a launch of its executable graph until it is freed; launch it first")
 FREED_UNTIL_LAUNCH = "freed (a graph allocation: the next launch of its executable graph allocates it again)"
+PENDING_FREE = ("freed by a free node of a stream capture: the memory exists until a launch of that capture's "
+                "graph frees it (should that capture fail, or its graph and executable graphs go unlaunched, it "
+                "is allocated again and usable)")
+#: the cuproc capture running on a stream: ``(driver, context, CUstream) -> StreamCapture | None``, set by
+#: cuproc.stream_capture when imported (it sits above this module); None: cuproc runs no capture
+CAPTURE_ON: list[Callable[[Driver, Context, Any], Any] | None] = [None]
+
+
+def stream_capturing(driver: Driver, context: Context, h: Any) -> int:
+    """cuStreamIsCapturing of stream ``h`` in ``context``: its CUstreamCaptureStatus (0: not capturing)."""
+    call = "cuStreamIsCapturing"
+    out = ffi.new("CUstreamCaptureStatus *")
+    driver.check(context.call_on(h, driver.cuStreamIsCapturing, h, out), call)
+    return int(out[0])
+
+
+class PendingFree:
+    """A :class:`GraphAllocation` freed by ``free_async`` into a stream capture cuproc runs: the free is a
+    node of that capture's graph, so the memory stays allocated until a launch of that graph frees it.
+    Held by the capture, then by its graph and every executable graph made from it; a launch of one
+    commits the free (:meth:`launched`).  When the capture fails (:meth:`undo`), or the last holder goes
+    without a launch (the finalizer), the free never happens: the allocation is allocated and usable again
+    -- its own finalizer frees it then, where it was dropped too (nothing leaks, nothing frees twice)."""
+
+    __slots__ = ("allocation",)
+
+    def __init__(self, allocation: GraphAllocation) -> None:
+        self.allocation = allocation
+
+    def check_allocated(self, call: str, graph: str) -> None:
+        """Refuse a launch of ``graph`` that would free the memory while it is not allocated (freed already,
+        or its graph not launched since): the driver would free it twice."""
+        a = self.allocation
+        if a.ended is not None and a.ended != PENDING_FREE:
+            raise invalid(call, f"{graph} frees {a.describe()}, which is not allocated now ({a.ended}): launch "
+                                "its own executable graph first")
+
+    def launched(self) -> None:
+        """A launch holding the free node was made: the memory is freed, until its graph's next launch."""
+        self.allocation.ended = FREED_UNTIL_LAUNCH
+
+    def undo(self) -> None:
+        """The free will not happen (its capture failed, or no launch will make it): allocated again."""
+        if self.allocation.ended == PENDING_FREE:
+            self.allocation.ended = None
+
+    def __del__(self) -> None:
+        self.undo()
 
 
 class GraphAllocation(DeviceBuffer):
@@ -733,18 +794,31 @@ class GraphAllocation(DeviceBuffer):
 
     def _release(self) -> int:
         """close() and the finalizer of allocated memory: cuMemFreeAsync on the stream of the launch that
-        allocated it while that stream is usable, else cuMemFree (the driver frees graph memory both ways)."""
+        allocated it while that stream is usable and not being captured, else cuMemFree (the driver frees
+        graph memory both ways).  Never a free into a capture: there it would be a node of another graph,
+        and the memory would stay allocated (cuStreamIsCapturing asks first)."""
         drv, stream = self.driver, self.stream
         if isinstance(stream, Stream) and stream.ended_owner() is None:
-            return self.context.call_on(stream.handle, drv.cuMemFreeAsync, self.address, stream.handle)
+            try:
+                capturing = stream_capturing(drv, self.context, stream.handle)
+            except CudaError:
+                capturing = -1   # not known: the synchronous free cannot end up in a capture
+            if not capturing:
+                return self.context.call_on(stream.handle, drv.cuMemFreeAsync, self.address, stream.handle)
         return self.context.call(drv.cuMemFree, self.address)
 
     def free_async(self, stream: Stream | Any | None = None) -> None:  # type: ignore[override]
         """cuMemFreeAsync of the allocated memory on ``stream`` (default: the stream of the launch that
         allocated it), ordered after that launch; the next launch allocates it again.  Idempotent once
-        freed; refused (before the driver) while the graph never allocated it."""
+        freed; refused (before the driver) while the graph never allocated it.
+
+        On a stream being captured (cuStreamIsCapturing) the driver makes a free node in that capture's
+        graph instead, which frees nothing until that graph is launched: the free is pending (see
+        :class:`PendingFree`) -- the object refuses use as freed, and the memory is freed by the first
+        launch of an executable graph made from the captured graph.  Refused in a capture cuproc does not
+        run: whether its graph ever runs is not known here."""
         call = "cuMemFreeAsync"
-        if self.ended == FREED_UNTIL_LAUNCH:
+        if self.ended in (FREED_UNTIL_LAUNCH, PENDING_FREE):
             return
         if self.ended == NOT_ALLOCATED:
             raise invalid(call, f"{self.describe()} was never allocated: its graph has not been launched (the "
@@ -755,9 +829,29 @@ class GraphAllocation(DeviceBuffer):
                               "them first")
         target = self.stream if stream is None else stream
         h = stream_handle(target, self.driver, call)
-        after_last_work(self, self.context, h, target if isinstance(target, Stream) else None)
+        capture = self._capture_on(h, call)
+        if capture is None:   # (a free node runs when its graph is launched: the launches' order orders it)
+            after_last_work(self, self.context, h, target if isinstance(target, Stream) else None)
         self.driver.check(self.context.call_on(h, self.driver.cuMemFreeAsync, self.address, h), call)
-        self.ended = FREED_UNTIL_LAUNCH
+        if capture is None:
+            self.ended = FREED_UNTIL_LAUNCH
+            return
+        self.ended = PENDING_FREE
+        capture.free_pending(PendingFree(self))
+
+    def _capture_on(self, h: Any, call: str) -> Any:
+        """The cuproc capture running on stream ``h`` (None when it is not being captured); refused for a
+        capture cuproc does not run."""
+        if not stream_capturing(self.driver, self.context, h):
+            return None
+        find = CAPTURE_ON[0]
+        capture = find(self.driver, self.context, h) if find is not None else None
+        if capture is None:
+            raise invalid(call, f"{self.describe()} would be freed by a node of a stream capture cuproc does not run "
+                                "(another library's): whether that graph ever runs, and so whether the memory is "
+                                "freed, is not known here; free it on a stream not being captured, or capture "
+                                "with cuproc.capture")
+        return capture
 
     def launched(self, stream: Stream | Any) -> None:
         """A launch on ``stream`` allocated this memory (called by ``GraphExec.launch``): usable again, to be

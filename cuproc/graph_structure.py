@@ -29,7 +29,8 @@ from ._ffi import ffi
 from ._resource import EPOCH, FORKED, Resource
 from ._support import arity, handle_int, invalid
 from .errors import ClosedResourceError
-from .graph_nodes import GraphNode, NodeRecord, node_array, node_class, runtime_objects
+from .graph_nodes import (GraphNode, NodeRecord, kernel_node_params, launches_recorded, node_array, node_class,
+                          runtime_objects)
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
     from .context import Context
     from .driver import Driver
+    from .graph_nodes import PendingFree
 
 
 def dependencies_of(graph: GraphStructure, depends_on: Any, call: str) -> list[GraphNode]:
@@ -82,6 +84,8 @@ class GraphStructure(Resource):
         #: a captured graph's allocations (alloc_async in the capture, not freed there): (address, the
         #: GraphAllocation weakly), what its executable graphs track at each launch
         self._allocations: tuple[tuple[int, weakref.ref[Any]], ...] = ()
+        #: graph allocations a free node of this (captured) graph frees: its executable graphs' launches do
+        self.pending_frees: tuple[PendingFree, ...] = ()
         self.ended = None
 
     @classmethod
@@ -133,6 +137,7 @@ class GraphStructure(Resource):
             raise invalid("cuGraphDestroy", f"{self.describe()} belongs to its node (or to a capture): destroy "
                                             "the node, or end the capture")
         self._give_back()
+        self.pending_frees = ()   # its launches are over: frees none made are undone (PendingFree)
 
     destroy = close
 
@@ -149,6 +154,11 @@ class GraphStructure(Resource):
         if self.handle is None:
             raise invalid(call, "the graph is still being captured: use it after the with block ends")
         return self.context
+
+    def free_on_launch(self, frees: Iterable[PendingFree]) -> None:
+        """``frees``: the graph allocations this captured graph's free nodes free -- kept (and so pending) while
+        this graph or an executable graph made from it may launch (see graph_nodes.PendingFree)."""
+        self.pending_frees = tuple(frees)
 
     # ---------------------------------------------------------------- nodes
     def _forget(self, node: GraphNode) -> None:
@@ -174,19 +184,27 @@ class GraphStructure(Resource):
     def _record_of(self, key: int) -> NodeRecord | None:
         """The record filed under node handle ``key``.  In another library's graph (Graph.from_handle, and the
         graphs inside it) the owner may destroy a node behind cuproc's back and the driver hand its handle to
-        a new node: a record whose node object was of another kind than the driver's node now belongs to the
-        dead node -- it is dropped (its node object ends) and None returned, so nothing it kept or knew is
-        taken for the new node's."""
+        a new node: a record whose node object was of another kind than the driver's node, or a kernel node's
+        record whose function is not the one the driver's node launches (cuGraphKernelNodeGetParams), now
+        belongs to the dead node -- it is dropped (its node object ends) and None returned, so nothing it
+        kept or knew (a signature to pack new arguments by) is taken for the new node's."""
         record = self._records.get(key)
         if record is None or record.node_class is None or not any(g.adopted for g in self._lineage()):
             return record
-        if self._node_type(ffi.cast("CUgraphNode", key)) is record.node_class:
+        if self._still_describes(record, ffi.cast("CUgraphNode", key)):
             return record
         del self._records[key]
         dead = record.wrapper() if record.wrapper is not None else None
         if dead is not None and dead.ended is None:
             dead.ended = "destroyed (by its graph's owner: the driver gave its handle to another node)"
         return None
+
+    def _still_describes(self, record: NodeRecord, handle: Any) -> bool:
+        """True when the driver's node ``handle`` is still the node ``record`` was made for: of its kind, and
+        for a kernel node one launching its function."""
+        if self._node_type(handle) is not record.node_class:
+            return False
+        return record.kernel is None or launches_recorded(record, kernel_node_params(self.driver, self.context, handle))
 
     def find_node(self, handle: Any) -> GraphNode | None:
         """The node object of ``handle`` wherever it is: a node of this graph, or of a child graph or a

@@ -15,9 +15,10 @@ Policy
   driver's CUDA major (``prefer_major``, as :mod:`cuproc.program` passes it), every NVRTC of that major
   goes first, keeping that order among them: a cubin of a newer major may not load on the driver, and
   PTX of a newer major's ISA certainly does not.  :func:`locate` names the
-  file without opening it: the compile cache keys on the file's identity (its build: resolved path, size
-  and modification time; :class:`Location`), and a cache hit should not pay the 10-15 ms that opening the
-  140 MB library costs.
+  file without opening it: the compile cache keys on the file's identity (its build: path, size,
+  modification time, device and inode; :class:`Location`), and a cache hit should not pay the 10-15 ms that
+  opening the 140 MB library costs.  An opened library whose build is unknown (no file, no mapping) has no
+  identity, and its compiles are not cached: a miss, never another build's hit.
 * **Declarations** are those of ``headers/nvrtc.h``, trimmed from ``nvrtc.h`` of every pinned NVRTC by
   ``tools/gen_nvrtc_header.py`` and compiled into ``cuproc/_nvrtc_cffi.py`` (no parsing at run time).
   A function the opened NVRTC lacks raises :class:`NvrtcFunctionMissingError` when asked for, naming
@@ -200,69 +201,95 @@ def candidate_paths(prefer_major: int | None = None) -> list[str]:
 
 
 class Location:
-    """An NVRTC library file found without opening it: its path, size and modification time (of the file a
-    symlink names: a toolkit's ``libnvrtc.so.13`` links to ``libnvrtc.so.13.0.88``).
+    """An NVRTC library file found without opening it: its path, size, modification time, device and inode (of
+    the file a symlink names: a toolkit's ``libnvrtc.so.13`` links to ``libnvrtc.so.13.0.88``).
 
     :attr:`identity` names the build: two NVRTC builds of one minor (13.0.48 and 13.0.88) report the same
     ``nvrtcVersion`` and may emit different code, and a build installed in place of another changes the
-    size or the modification time.  The compile cache keys on it, so a hit opens no NVRTC."""
+    size or the modification time -- or, where an installer keeps both (a copy with its times preserved), the
+    inode.  The compile cache keys on it, so a hit opens no NVRTC."""
 
-    __slots__ = ("path", "size", "mtime_ns")
+    __slots__ = ("path", "size", "mtime_ns", "device", "inode")
 
-    def __init__(self, path: str, size: int, mtime_ns: int) -> None:
-        self.path, self.size, self.mtime_ns = path, size, mtime_ns
+    def __init__(self, path: str, size: int, mtime_ns: int, device: int, inode: int) -> None:
+        self.path, self.size, self.mtime_ns, self.device, self.inode = path, size, mtime_ns, device, inode
+
+    @classmethod
+    def of_stat(cls, path: str, st: os.stat_result) -> Location:
+        """The location of ``path`` as ``st`` (its ``os.stat``) describes the file."""
+        return cls(path, st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
 
     @property
     def identity(self) -> str:
-        """``absolute path|size|mtime_ns``.  The path is not resolved through symlinks: the size and time
-        are the target's already, and resolving costs a system call per directory on a cache hit."""
-        return f"{os.path.abspath(self.path)}|{self.size}|{self.mtime_ns}"
+        """``absolute path|size|mtime_ns|device|inode``, all of one ``stat``.  The path is not resolved through
+        symlinks: the rest is the target's already, and resolving costs a system call per directory on a
+        cache hit."""
+        return f"{os.path.abspath(self.path)}|{self.size}|{self.mtime_ns}|{self.device}|{self.inode}"
 
     def __repr__(self) -> str:
         return f"<NVRTC at {self.path}>"
 
 
+def _is_bare(path: str) -> bool:
+    """True for a library name the dynamic linker searches for (``libnvrtc.so.13``), not a path."""
+    return os.sep not in path and not (os.altsep and os.altsep in path)
+
+
 def location_of(path: str) -> Location | None:
     """The :class:`Location` of the file at ``path``; None when it is not a file, or is a bare library name
     (``libnvrtc.so.13``): the dynamic linker searches its own directories for that, not the current one."""
-    if os.sep not in path and not (os.altsep and os.altsep in path):
+    if _is_bare(path):
         return None
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return Location(path, st.st_size, st.st_mtime_ns)
+    return Location.of_stat(path, st)
 
 
-def locate_preferring(driver_major: Callable[[], int | None]) -> Location | None:
-    """:func:`locate`, preferring the CUDA major ``driver_major()`` gives -- asked only when the preference
-    can change the answer (library files of more than one major installed): the driver's version opens
-    libcuda, which a cache hit with ``arch=`` given does not need.  None when no candidate is a file."""
-    if os.environ.get(ENV_LIBRARY):
-        return locate()
-    paths = [path for path in _candidates() if os.sep in path]   # listed in a directory: files, to be stat'ed
-    if len({major_of(path) for path in paths}) > 1:
-        prefer = driver_major()
-        if prefer is not None:
-            paths.sort(key=lambda path: major_of(path) != prefer)   # stable: the order within stays
-    return next((found for path in paths if (found := location_of(path)) is not None), None)
-
-
-def locate(prefer_major: int | None = None) -> Location | None:
-    """The library :func:`open_nvrtc` would open first, when that is a file (not a bare name the
-    dynamic linker resolves): None when no candidate is a file."""
-    for path in _candidates(prefer_major):
+def _first_file(candidates: Iterable[str]) -> Location | None:
+    """The first of ``candidates`` (in :func:`open_nvrtc`'s order) that is a file; None when a bare name comes
+    first: which file the dynamic linker's search opens is known only by opening it, and a file ranked after
+    that name is not the one that opens whenever the search finds it."""
+    for path in candidates:
+        if _is_bare(path):
+            return None
         found = location_of(path)
         if found is not None:
             return found
     return None
 
 
+def locate_preferring(driver_major: Callable[[], int | None]) -> Location | None:
+    """:func:`locate`, preferring the CUDA major ``driver_major()`` gives -- asked only when the preference
+    can change which file ranks first (library files of more than one major installed): the driver's version
+    opens libcuda, which a cache hit with ``arch=`` given does not need.  None when no candidate is a file,
+    or a bare name ranks before the first file (see :func:`locate`)."""
+    if os.environ.get(ENV_LIBRARY):
+        return locate()
+    candidates = list(_candidates())
+    if len({major_of(path) for path in candidates if not _is_bare(path)}) > 1:
+        prefer = driver_major()
+        if prefer is not None:
+            candidates.sort(key=lambda path: major_of(path) != prefer)   # stable: as _candidates sorts them
+    return _first_file(candidates)
+
+
+def locate(prefer_major: int | None = None) -> Location | None:
+    """The library :func:`open_nvrtc` would open first, when that is a file: None when no candidate is a
+    file, or a bare name (the dynamic linker's search, which only opening resolves) ranks before the first
+    file -- the driver's major puts its ``libnvrtc.so.12`` before a CUDA 13 wheel's file."""
+    return _first_file(_candidates(prefer_major))
+
+
 # --------------------------------------------------------------------------- the library
 
-def _mapped_file(ffi: Any, function: Any) -> str | None:
-    """The file the dynamic linker mapped ``function`` (a cffi function pointer) from, as ``/proc/self/maps``
-    names it (Linux); None elsewhere or when no mapping holds it."""
+_DELETED = b" (deleted)"   # what /proc/self/maps appends to a file removed or replaced since it was mapped
+
+
+def _mapping_of(ffi: Any, function: Any) -> tuple[bytes, bytes] | None:
+    """(``start-end``, path) of the ``/proc/self/maps`` line whose file mapping holds ``function`` (a cffi
+    function pointer; Linux); None elsewhere or when no mapping holds it."""
     try:
         address = int(ffi.cast("uintptr_t", function))
         with open("/proc/self/maps", "rb") as f:   # binary: no codec machinery, and paths stay as they are
@@ -274,24 +301,43 @@ def _mapped_file(ffi: Any, function: Any) -> str | None:
         if len(fields) == 6 and fields[5].startswith(b"/"):
             start, _, end = fields[0].partition(b"-")
             if int(start, 16) <= address < int(end, 16):
-                return os.fsdecode(fields[5])
+                return fields[0], fields[5]
     return None
 
 
-def _identity_of(path: str, function: Any, ffi: Any, version: CudaVersion) -> str:
+def _mapped_location(ffi: Any, function: Any) -> Location | None:
+    """The :class:`Location` of the file the dynamic linker mapped ``function`` from.  A file replaced since
+    (maps names it ``path (deleted)``) is stat'ed through ``/proc/self/map_files/<start>-<end>``, the mapped
+    file itself: the path now names another build.  None when neither answers."""
+    mapping = _mapping_of(ffi, function)
+    if mapping is None:
+        return None
+    span, raw = mapping
+    if not raw.endswith(_DELETED):
+        return location_of(os.fsdecode(raw))
+    try:
+        st = os.stat(b"/proc/self/map_files/" + span)
+    except OSError:   # no map_files (an old kernel without the capability, not Linux)
+        return None
+    return Location.of_stat(os.fsdecode(raw[:-len(_DELETED)]), st)
+
+
+def _identity_of(path: str, function: Any, ffi: Any) -> str | None:
     """The :attr:`Location.identity` of the NVRTC opened from ``path``: of that file, or for a bare name (the
-    dynamic linker's search) of the file ``function`` was mapped from; failing both, the name and version."""
+    dynamic linker's search) of the file ``function`` was mapped from.  None when neither is known: the
+    compile cache is then not used with this library (a name and version would be shared by every build of
+    that version: a stale hit, where no identity is only a miss)."""
     found = location_of(path)
     if found is None:
-        mapped = _mapped_file(ffi, function)
-        found = location_of(mapped) if mapped is not None else None
-    return found.identity if found is not None else f"{path}|NVRTC {version}"
+        found = _mapped_location(ffi, function)
+    return found.identity if found is not None else None
 
 
 class NvrtcLibrary:
     """An opened NVRTC: its C functions by name (cffi, declarations of ``headers/nvrtc.h``), its version and
     its :attr:`identity` -- the build of the file it was opened from, taken when it opened (see
-    :class:`Location`), which the compile cache keys on."""
+    :class:`Location`), which the compile cache keys on; None when that file is unknown (then nothing it
+    compiles is cached)."""
 
     def __init__(self, path: str, lib: Any, ffi: Any) -> None:
         self.path, self._lib, self.ffi = path, lib, ffi
@@ -306,7 +352,7 @@ class NvrtcLibrary:
         if rc:
             raise NvrtcError(f"nvrtcVersion failed ({rc}) in {path}", call="nvrtcVersion", code=rc)
         self.version = CudaVersion(major[0], minor[0])
-        self.identity = _identity_of(path, get_version, ffi, self.version)
+        self.identity = _identity_of(path, get_version, ffi)
 
     def has(self, name: str) -> bool:
         """True when this NVRTC exports ``name`` (a function of ``headers/nvrtc.h``)."""

@@ -185,7 +185,9 @@ def _driver_version(driver: Driver | None, context: Context | None) -> CudaVersi
 def _located(path: str | os.PathLike[str] | None, prefer_major: Callable[[], int | None]) -> str | None:
     """The build identity of the NVRTC a compile would open -- the file at ``path``, else the one
     :func:`~cuproc.nvrtc.locate_preferring` finds -- by a ``stat``, without opening it; None when it is
-    known by a bare name only (the dynamic linker's search), which only opening it resolves."""
+    known by a bare name only (the dynamic linker's search), which only opening it resolves -- also when a
+    bare name ranks before the first file: the file is then not the one that opens wherever the search
+    finds that name."""
     location = _nvrtc.locate_preferring(prefer_major) if path is None else _nvrtc.location_of(os.fspath(path))
     return location.identity if location is not None else None
 
@@ -433,12 +435,15 @@ class Program:
             lib = _nvrtc.open_nvrtc(nvrtc_path, prefer_major=prefer() if nvrtc_path is None else None)
         if store is not None and lib.identity != identity:
             # found by a bare name only, or the file opened is not the one located (replaced meanwhile, or
-            # another candidate opened): the key is the build that compiles, never the one located
-            key = key_for(lib.identity)
-            hit = self._from_cache(store, key, request, loads_on)
+            # another candidate opened): the key is the build that compiles, never the one located; a
+            # build not known (lib.identity None) is not cached at all
+            key = key_for(lib.identity) if lib.identity is not None else None
+            hit = self._from_cache(store, key, request, loads_on) if key is not None else None
             if hit is not None:
                 return hit
         code = self._compile_now(lib, request, loads_on())
+        if store is not None and key is None:
+            note = f"not cached: the file of {lib.path} is not known (its build names the key)"
         code.cache_key, code.cache_note = key, note
         if store is not None and key is not None:
             try:

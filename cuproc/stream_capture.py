@@ -74,7 +74,7 @@ from .driver import Driver
 from .errors import CudaError, refusal, result_code
 from .graph import Graph
 from .graph_errors import add_note
-from .graph_nodes import adopt_graph_allocation
+from .graph_nodes import CAPTURE_ON, adopt_graph_allocation, stream_capturing
 from .stream import (
     CU_STREAM_PER_THREAD,
     Stream,
@@ -91,7 +91,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .device_memory import DeviceBuffer
-    from .graph_nodes import GraphNode
+    from .graph_nodes import GraphNode, PendingFree
 
 MODES = {"global": 0, "thread_local": 1, "relaxed": 2}          # CUstreamCaptureMode
 _STATUS = {0: "none", 1: "active", 2: "invalidated"}             # CUstreamCaptureStatus
@@ -247,6 +247,7 @@ class StreamCapture:
         self._id = 0                   # the driver's capture id, asked for when first needed (see id)
         self.thread = 0
         self._key: tuple[int, int, int, int] | None = None
+        self._frees: list[PendingFree] = []   # graph allocations freed by free nodes of this capture
 
     def describe(self) -> str:
         if self.stream is not None:
@@ -306,11 +307,20 @@ class StreamCapture:
                 continue
         return list(found.values())
 
+    def free_pending(self, pending: PendingFree) -> None:
+        """A graph allocation was freed by a free node of this capture (GraphAllocation.free_async): the
+        free is made by launches of its graph, once the capture ends well; undone if it fails."""
+        self._frees.append(pending)
+
     def _fail(self, how: str, members: list[Stream] | None) -> None:
         """The capture failed: discard the graph, forget the host functions and end the stream-ordered
-        buffers it made (their addresses were a graph's that never existed; no driver call)."""
+        buffers it made (their addresses were a graph's that never existed; no driver call); graph
+        allocations it freed are allocated again (their free nodes went with the graph)."""
         assert self.graph is not None
         self.graph._discard(how)
+        frees, self._frees = self._frees, []
+        for pending in frees:
+            pending.undo()
         streams = members if members is not None else ([self.stream] if self.stream is not None else [])
         take_host_functions(self._first_token, streams)
         for buffer in self._allocated_here(streams):
@@ -396,6 +406,8 @@ class StreamCapture:
                                   "nothing was captured; the stream is usable again")
                 raise err
             graph._captured(out[0], [adopt_graph_allocation(b) for b in self._allocated_here(members)])
+            frees, self._frees = self._frees, []
+            graph.free_on_launch(frees)
             return
         # The block raised: no graph, whatever the driver made of it.
         if rc == 0 and out[0] != ffi.NULL:
@@ -434,6 +446,21 @@ def _capture_id(driver: Driver, context: Context, handle: Any) -> int:
     return int(cid[0]) if status[0] else 0
 
 
+def _running_on(driver: Driver, context: Context, handle: Any) -> StreamCapture | None:
+    """The capture cuproc runs on stream ``handle`` -- the captured stream, or one that joined it (matched by
+    the driver's capture id) -- or None (graph_nodes.CAPTURE_ON: a free into a capture is pending there)."""
+    with _lock:
+        found = _running.get(_key(driver, context, handle, _thread.get_ident()))
+        running = [c for c in _running.values() if c.driver is driver]
+    if found is not None:
+        return found
+    cid = _capture_id(driver, context, handle)
+    return next((c for c in running if cid and c.id == cid), None)
+
+
+CAPTURE_ON[0] = _running_on
+
+
 def capture(stream: Any = None, mode: str | int = "global", *, context: Context | None = None,
             driver: Driver | None = None) -> StreamCapture:
     """``with capture(stream) as graph:``: see the module docstring.  A function of this module, not a method
@@ -448,10 +475,8 @@ def capture_status(stream: Any = None, *, context: Context | None = None, driver
     """"none", "active" or "invalidated" (cuStreamIsCapturing)."""
     call = "cuStreamIsCapturing"
     _stream, h, ctx = _target(stream, context, driver, call)
-    drv = ctx.driver
-    out = ffi.new("CUstreamCaptureStatus *")
-    drv.check(ctx.call_on(h, drv.cuStreamIsCapturing, h, out), call)
-    return _STATUS.get(out[0], str(out[0]))
+    status = stream_capturing(ctx.driver, ctx, h)
+    return _STATUS.get(status, str(status))
 
 
 def capture_info(stream: Any = None, *, context: Context | None = None, driver: Driver | None = None) -> CaptureInfo:

@@ -1622,6 +1622,81 @@ def test_auto_free_on_launch_relaunches_a_graph_allocation(kit):
     kit.stream.synchronize()
 
 
+def _launched_allocation(kit):
+    """A captured allocating graph, instantiated and launched once: its buffer allocated (filled with 7)."""
+    g, buf = _capture_allocating(kit)
+    exe = g.instantiate()
+    exe.launch(kit.stream)
+    kit.stream.synchronize()
+    return g, exe, buf
+
+
+def test_a_graph_allocation_freed_in_a_failed_capture_stays_allocated(kit):
+    """free_async into a capture only adds a free node to that capture's graph: when the capture fails, the
+    memory was never freed -- the buffer is usable, frees for real, and its graph launches again."""
+    g, exe, buf = _launched_allocation(kit)
+    other = Stream()
+    with pytest.raises(KeyError):
+        with cuproc.capture(other):
+            buf.free_async(other)
+            assert not buf.allocated                           # pending: the caller freed it
+            raise KeyError("the block fails")
+    assert buf.allocated
+    np.testing.assert_array_equal(host(buf), np.full(N, 7.0, np.float32))
+    buf.free_async()
+    exe.launch(kit.stream)                                     # the driver found it freed
+    kit.stream.synchronize()
+    assert buf.allocated
+    buf.free_async()
+
+
+def test_a_graph_allocation_freed_in_a_capture_is_freed_by_its_graphs_launch_only(kit):
+    """A capture that ends well leaves the free pending until a launch of its graph: before it, the allocating
+    graph may not launch again (the memory still exists); a launch frees it; the freeing graph gone unlaunched,
+    the memory is the buffer's again (nothing leaks)."""
+    g, exe, buf = _launched_allocation(kit)
+    other = Stream()
+    with cuproc.capture(other) as frees:
+        buf.free_async(other)
+    assert [type(n) for n in frees.nodes] == [MemFreeNode] and not buf.allocated
+    with pytest.raises(InvalidValueError, match="not launched yet"):
+        exe.launch(kit.stream)                                 # the driver would refuse it: still allocated
+    freeing = frees.instantiate()
+    freeing.launch(other)
+    other.synchronize()
+    exe.launch(kit.stream)                                     # freed by that launch: allocated again
+    kit.stream.synchronize()
+    assert buf.allocated
+    np.testing.assert_array_equal(host(buf), np.full(N, 7.0, np.float32))
+    freeing.launch(other)                                      # frees this launch's allocation too
+    other.synchronize()
+    assert not buf.allocated
+    with pytest.raises(InvalidValueError, match="not allocated now"):
+        freeing.launch(other)                                  # a second free of freed memory is refused
+    exe.launch(kit.stream)
+    kit.stream.synchronize()
+    with cuproc.capture(other) as unlaunched:
+        buf.free_async(other)
+    assert not buf.allocated
+    del unlaunched
+    gc.collect()
+    assert buf.allocated                                       # no launch will free it: the buffer's again
+    buf.free_async()
+    kit.stream.synchronize()
+
+
+def test_closing_a_graph_allocation_never_frees_into_a_capture_of_its_stream(kit):
+    """close() frees on the launch's stream -- but not while that stream is being captured: the free would be
+    a node of that capture's graph, and the memory would stay allocated.  The synchronous free is used."""
+    g, exe, buf = _launched_allocation(kit)
+    with cuproc.capture(kit.stream, mode="relaxed") as unrelated:
+        buf.close()
+    assert not buf.allocated and unrelated.nodes == []
+    exe.launch(kit.stream)                                     # the memory was freed: the driver agrees
+    kit.stream.synchronize()
+    buf.free_async()
+
+
 def test_a_buffer_allocated_and_freed_in_the_capture_is_a_free_node(kit):
     with cuproc.capture(kit.stream) as g:
         tmp = mem.alloc_async(4 * N, kit.stream)
@@ -1719,9 +1794,10 @@ def test_kernel_args_set_through_the_nodes_of_the_updated_graph(kit):
         exe.set_kernel_args(n2, (kit.c, np.int32(N), np.float32(8.0)))
 
 
-def test_an_adopted_graph_never_takes_a_dead_nodes_record_for_a_reused_handle(kit, graphs):
-    """Another library's graph: cuproc adds a kernel node; the owner destroys it and adds a memset node,
-    which the driver gives the same handle.  The adopted graph describes the new node, not the dead one."""
+@contextlib.contextmanager
+def _adopted_graph_with_a_dead_kernel_node(kit):
+    """(driver, the raw CUgraph, its adopted Graph, a fill_value node cuproc added that the owner then destroyed
+    behind cuproc's back); the raw graph is destroyed afterwards."""
     drv = kit.ctx.driver
     raw = ffi.new("CUgraph *")
     drv.check(drv.cuGraphCreate(raw, 0), "cuGraphCreate")
@@ -1729,6 +1805,15 @@ def test_an_adopted_graph_never_takes_a_dead_nodes_record_for_a_reused_handle(ki
         g = Graph.from_handle(raw[0])
         old = g.add_kernel(kit.fill, 1, N, (kit.c, np.int32(N), np.float32(1.0)))
         drv.check(drv.cuGraphDestroyNode(old.handle), "cuGraphDestroyNode")     # behind cuproc's back
+        yield drv, raw, g, old
+    finally:
+        drv.check(drv.cuGraphDestroy(raw[0]), "cuGraphDestroy")
+
+
+def test_an_adopted_graph_never_takes_a_dead_nodes_record_for_a_reused_handle(kit, graphs):
+    """Another library's graph: cuproc adds a kernel node; the owner destroys it and adds a memset node,
+    which the driver gives the same handle.  The adopted graph describes the new node, not the dead one."""
+    with _adopted_graph_with_a_dead_kernel_node(kit) as (drv, raw, g, old):
         node = ffi.new("CUgraphNode *")
         p = ffi.new("CUDA_MEMSET_NODE_PARAMS_v1 *")
         p.dst, p.value, p.elementSize, p.width, p.height, p.pitch = kit.c.address, 5, 1, 4 * N, 1, 4 * N
@@ -1742,8 +1827,33 @@ def test_an_adopted_graph_never_takes_a_dead_nodes_record_for_a_reused_handle(ki
         np.testing.assert_array_equal(host(kit.c, 4 * N, np.uint8), np.full(4 * N, 5, np.uint8))
         del exe, g, now, old
         gc.collect()
-    finally:
-        drv.check(drv.cuGraphDestroy(raw[0]), "cuGraphDestroy")
+
+
+def test_an_adopted_graph_never_packs_a_dead_kernel_nodes_signature_for_another_kernel(kit, graphs):
+    """Another library's graph: cuproc adds a fill_value node; the owner destroys it and adds a VecAdd_kernel
+    node, which the driver gives the same handle.  Both are kernel nodes: the record of the dead one (its
+    function, signature and arguments) is not taken for the new one (cuGraphKernelNodeGetParams names
+    another function), so new arguments are never packed by fill_value's signature for VecAdd_kernel."""
+    from cuproc.graph_nodes import param_struct
+    with _adopted_graph_with_a_dead_kernel_node(kit) as (drv, raw, g, old):
+        values = [ffi.new("CUdeviceptr *", b.address) for b in (kit.a, kit.b, kit.c)] + [ffi.new("int *", N)]
+        p = ffi.new(ffi.getctype(param_struct(drv, "cuGraphAddKernelNode", 4), "*"))
+        p.func, p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ = kit.vadd.handle, 1, 1, 1, N, 1, 1
+        p.kernelParams = params = ffi.new("void *[]", [ffi.cast("void *", v) for v in values])
+        node = ffi.new("CUgraphNode *")
+        drv.check(drv.cuGraphAddKernelNode(node, raw[0], ffi.NULL, 0, p), "kernel node")
+        assert handle_of(old) == int(ffi.cast("uintptr_t", node[0]))          # the fake reuses handles
+        (now,) = g.nodes
+        assert isinstance(now, KernelNode) and now != old and now.record.kernel is None
+        assert old.closed                                                    # the dead node refuses
+        assert int(ffi.cast("uintptr_t", now.params.function)) == handle_of(kit.vadd)   # the raw CUfunction
+        exe = g.instantiate()
+        with pytest.raises(InvalidValueError, match="not made by cuproc"):
+            exe.set_kernel_args(now, (kit.c, np.int32(N), np.float32(7.0)))
+        exe.launch(kit.stream)
+        np.testing.assert_array_equal(host(kit.c), np.arange(N, dtype=np.float32) + 1)
+        del exe, g, now, old, params
+        gc.collect()
 
 
 def test_an_exception_leaving_a_capture_on_another_thread_stays_the_one_raised(kit):

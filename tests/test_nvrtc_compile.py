@@ -89,15 +89,22 @@ def test_candidates_prefer_the_variable_then_the_wheel(monkeypatch, tmp_path):
     assert loc is not None and loc.path == wheel[0]
 
 
-def test_the_drivers_major_is_preferred_when_several_are_installed(monkeypatch, tmp_path):
-    """L3: NVRTC 12 for a CUDA 12 driver even where the 13 wheel is installed too; the order holds otherwise."""
+def _wheel_site(monkeypatch, tmp_path, older: str) -> Path:
+    """A sys.path of one site with the CUDA 13 NVRTC wheel's file and an older one (``older``, in
+    nvidia/cuda_nvrtc/lib), no toolkit named and no CUPROC_LIBNVRTC; the site."""
     site = tmp_path / "site"
-    for sub, name in (("cu13/lib", "libnvrtc.so.13"), ("cuda_nvrtc/lib", "libnvrtc.so.12")):
+    for sub, name in (("cu13/lib", "libnvrtc.so.13"), ("cuda_nvrtc/lib", older)):
         (site / "nvidia" / sub).mkdir(parents=True, exist_ok=True)
         (site / "nvidia" / sub / name).write_bytes(b"")
     monkeypatch.setattr(sys, "path", [str(site)])
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-toolkit"))
     monkeypatch.delenv("CUPROC_LIBNVRTC", raising=False)
+    return site
+
+
+def test_the_drivers_major_is_preferred_when_several_are_installed(monkeypatch, tmp_path):
+    """L3: NVRTC 12 for a CUDA 12 driver even where the 13 wheel is installed too; the order holds otherwise."""
+    site = _wheel_site(monkeypatch, tmp_path, "libnvrtc.so.12")
     assert Path(nv.candidate_paths()[0]).name == "libnvrtc.so.13"
     assert Path(nv.candidate_paths(prefer_major=13)[0]).name == "libnvrtc.so.13"
     paths = nv.candidate_paths(prefer_major=12)
@@ -116,7 +123,7 @@ def test_a_compile_is_stored_under_the_build_that_compiled_it(tmp_path, monkeypa
     cache = CompileCache(tmp_path / "cache")
     real = nv.location_of(str(stub))
     assert real is not None
-    located = nv.Location(real.path, real.size + 1, real.mtime_ns)   # a lie: another build at that path
+    located = nv.Location(real.path, real.size + 1, real.mtime_ns, real.device, real.inode)   # a lie: another build
     monkeypatch.setattr(nv, "location_of", lambda path: located)
     prog = Program("__global__ void k() {}")
     first = prog.compile(arch=ARCH, target="ptx", cache=cache, nvrtc=stub)
@@ -152,6 +159,78 @@ def test_an_nvrtc_opened_by_a_bare_name_has_the_identity_of_its_file(tmp_path):
     env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path)}
     out = run_python(script, env=env).stdout.split()
     assert out[0] == "True" and out[1].startswith(os.path.realpath(stub) + "|")
+
+
+def test_a_replacement_keeping_size_and_time_is_another_build(tmp_path):
+    """A build copied over another with its size and modification time kept (``cp -p`` of a rebuilt file,
+    an installer restoring times) is another file: the identity holds the device and inode too."""
+    lib = build_stub(tmp_path)
+    before = nv.location_of(str(lib))
+    assert before is not None
+    other = tmp_path / "other.so"
+    other.write_bytes(lib.read_bytes())
+    os.utime(other, ns=(before.mtime_ns, before.mtime_ns))
+    os.replace(other, lib)                                   # same path, size and time; a new inode
+    after = nv.location_of(str(lib))
+    assert after is not None and (after.size, after.mtime_ns) == (before.size, before.mtime_ns)
+    assert after.identity != before.identity
+
+
+def test_an_nvrtc_replaced_after_loading_keeps_the_identity_of_the_file_it_was_loaded_from(tmp_path):
+    """A library replaced on disk after the dynamic linker mapped it shows in /proc/self/maps as
+    ``path (deleted)``: its identity is the mapped file's (through /proc/self/map_files), or none at all
+    (no cache for its compiles), never a name and version every build of that version shares, nor the
+    identity of the new file at that path."""
+    if not Path("/proc/self/maps").exists():
+        pytest.skip("no /proc/self/maps: a library opened by a bare name is keyed by its file only there")
+    stub = build_stub(tmp_path)
+    (tmp_path / "two").mkdir()
+    other = build_stub(tmp_path / "two", _stub_build("build-two"))
+    script = f"""
+        import os, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import cffi
+        from cuproc import nvrtc as nv
+        ffi = cffi.FFI()
+        ffi.cdef("int nvrtcVersion(int *major, int *minor);")
+        before = nv.location_of({str(stub)!r}).identity
+        lib = ffi.dlopen({str(stub)!r})
+        os.replace({str(other)!r}, {str(stub)!r})          # another build of the same version installed
+        opened = nv.NvrtcLibrary({stub.name!r}, lib, ffi)  # as opened by the dynamic linker's search
+        readable = os.access("/proc/self/map_files", os.R_OK)
+        print(opened.identity == before, opened.identity is None, readable,
+              opened.identity != nv.location_of({str(stub)!r}).identity)
+    """
+    same, none, readable, not_new = run_python(script).stdout.split()
+    assert not_new == "True"
+    assert (same, none) == (("True", "False") if readable == "True" else ("False", "True"))
+
+
+def test_a_library_without_identity_is_not_cached(tmp_path):
+    """An NVRTC whose build is unknown compiles every time and stores nothing: a miss, never a hit of
+    another build's output."""
+    from cuproc.compile_cache import CompileCache
+    lib = nv.open_nvrtc(build_stub(tmp_path))
+    lib.identity, known = None, lib.identity
+    cache = CompileCache(tmp_path / "cache")
+    try:
+        code = Program("__global__ void k() {}").compile(arch=ARCH, target="ptx", cache=cache, nvrtc=lib)
+    finally:
+        lib.identity = known
+    assert not code.from_cache and code.cache_key is None and "not cached" in code.cache_note
+    assert cache.entries() == []
+
+
+def test_a_bare_name_ranked_first_locates_no_file(monkeypatch, tmp_path):
+    """Where the driver's major has no library file but has a name for the dynamic linker's search, that
+    name ranks first and the open tries it first: the file of another major is not what a compile opens,
+    so nothing is located (the compile opens NVRTC and keys on what opened)."""
+    _wheel_site(monkeypatch, tmp_path, "libnvrtc.so.11.2")
+    assert nv.candidate_paths(prefer_major=12)[0] == "libnvrtc.so.12"
+    assert nv.locate(12) is None
+    assert nv.locate_preferring(lambda: 12) is None
+    found = nv.locate_preferring(lambda: 11)                 # a file of the driver's major ranks first
+    assert found is not None and Path(found.path).name == "libnvrtc.so.11.2"
 
 
 def _stub_build(tag: str) -> str:
