@@ -33,7 +33,8 @@ def env_flag(name: str, on: str, off: str) -> bool:
 def notice(reason: object) -> None:
     """One line on stderr.  For an exception: its type and the last line of its message (a compiler
     error's message ends with the command's exit status; the lines before it are the command).
-    pip shows it only with -v: users find out through ``cuproc.fastpath.status()`` (README)."""
+    pip shows it only with -v: users find out through ``cuproc.fastpath.status()``, the one line that
+    docs/guide/getting-started.rst ("Install") and docs/guide/speed.rst ("Which path runs, and why") give."""
     if isinstance(reason, BaseException):
         lines = [line.strip() for line in str(reason).splitlines() if line.strip()]
         text = f"{type(reason).__name__}: {lines[-1]}" if lines else type(reason).__name__

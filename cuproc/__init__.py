@@ -64,6 +64,7 @@ if TYPE_CHECKING:
         EmptyNode,
         EventRecordNode,
         EventWaitNode,
+        GraphAllocation,
         GraphNode,
         HostNode,
         KernelNode,
@@ -74,6 +75,11 @@ if TYPE_CHECKING:
         MemsetNode,
     )
     from .stream_capture import CaptureInfo, StreamCapture, capture, capture_info, capture_status
+    from .virtual_memory import GrowableBuffer, PhysicalMemory, Reservation
+    from .green_context import GreenContext, SmResource
+    from .arrays import CudaArray, MipmappedArray
+    from .textures import SurfaceObject, TextureObject
+    from .tensor_map import TensorMap
     from .program import (
         CompileCache,
         CompileError,
@@ -99,6 +105,12 @@ __version__ = "0.1.0"   # the one place: pyproject.toml reads it ([tool.setuptoo
 # program last: it (and NVRTC's declarations, never NVRTC itself) loads only for its own names.
 _LAZY_MODULES = ("context", "device", "stream", "device_memory", "memory", "module", "graph", "graph_nodes",
                  "stream_capture", "program")
+# Single names of modules whose other names stay behind the module (cuproc.virtual_memory.granularity, ...;
+# cuproc.ipc's functions read best as ipc.export_memory): name -> module.
+_LAZY_NAMES = {"GrowableBuffer": "virtual_memory", "PhysicalMemory": "virtual_memory", "Reservation": "virtual_memory",
+               "GreenContext": "green_context", "SmResource": "green_context", "CudaArray": "arrays",
+               "MipmappedArray": "arrays", "SurfaceObject": "textures", "TextureObject": "textures",
+               "TensorMap": "tensor_map"}
 
 __all__ = [
     "ClosedResourceError", "CudaWarning", "CudaError", "CudaVersion", "Driver", "DriverNotFoundError", "DriverTooOldError", "ForkedProcessError",
@@ -114,8 +126,11 @@ __all__ = [
     # CUDA graphs (lazy)
     "Graph", "GraphExec", "GraphInstantiateError", "GraphUpdateError", "ChildGraphNode", "ConditionalHandle",
     "ConditionalNode", "EmptyNode", "EventRecordNode", "EventWaitNode", "GraphNode", "HostNode", "KernelNode",
-    "KernelNodeParams", "MemAllocNode", "MemFreeNode", "MemcpyNode", "MemsetNode", "CaptureInfo", "StreamCapture",
-    "capture", "capture_info", "capture_status",
+    "KernelNodeParams", "MemAllocNode", "MemFreeNode", "MemcpyNode", "MemsetNode", "GraphAllocation", "CaptureInfo",
+    "StreamCapture", "capture", "capture_info", "capture_status",
+    # virtual memory, green contexts, arrays, textures and tensor maps (lazy; IPC is cuproc.ipc)
+    "GrowableBuffer", "PhysicalMemory", "Reservation", "GreenContext", "SmResource", "CudaArray", "MipmappedArray",
+    "SurfaceObject", "TextureObject", "TensorMap",
     # kernels from source (lazy; NVRTC itself opens at the first compile)
     "CompileCache", "CompileError", "NvrtcError", "NvrtcNotFoundError", "ObjectCode", "Program", "compile_kernel",
 ]
@@ -127,6 +142,12 @@ def _lazy(name: str) -> object:
     import sys
     if name not in __all__:   # a submodule (``from . import nvrtc``) or a typo: importing the layer finds nothing
         raise AttributeError(f"module 'cuproc' has no attribute {name!r}")
+    if name in _LAZY_NAMES:
+        qualified = f"{__name__}.{_LAZY_NAMES[name]}"
+        __import__(qualified)
+        value = getattr(sys.modules[qualified], name)
+        globals()[name] = value
+        return value
     # the modules imported already first (``cuproc.Program`` after ``import cuproc.program`` loads no graphs)
     loaded = [m for m in _LAZY_MODULES if f"{__name__}.{m}" in sys.modules]
     for module in loaded + [m for m in _LAZY_MODULES if m not in loaded]:

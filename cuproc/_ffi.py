@@ -44,8 +44,9 @@ def _abi_ffi() -> Any:
 
 _REBUILD = "rebuild it: pip install -e . or python tools/build_fastpath.py"
 #: The status of an install without the compiled module (setup.py builds it only where it can).
-NOT_BUILT = ("off: not built: no C compiler at install (or CUPROC_NO_FASTPATH); to build it, run "
-             "python tools/build_fastpath.py in a checkout, or reinstall cuproc where a C compiler is found")
+NOT_BUILT = ("off: not built at install (no C compiler or Python headers, or CUPROC_NO_FASTPATH): to build it, "
+             "install a C compiler and the Python headers (python3-dev), then reinstall with "
+             "pip install --no-cache-dir --force-reinstall cuproc, or run python tools/build_fastpath.py in a checkout")
 
 
 def _load() -> tuple[Any, Any, str]:

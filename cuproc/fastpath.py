@@ -55,7 +55,9 @@ def active() -> bool:
 
 
 def status() -> str:
-    """Why it is on or off, in one line ("on: ...", "off: CUPROC_PURE_PYTHON is set", ...)."""
+    """Why it is on or off, in one line: "on: ..." and the module, or "off: " with the reason and its fix
+    (not built at install, ``CUPROC_PURE_PYTHON`` set, built from other sources than these, not loadable).
+    Decided once, at ``import cuproc``."""
     return _ffi.STATUS
 
 

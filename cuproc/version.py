@@ -17,6 +17,15 @@ if TYPE_CHECKING:
 
 _DRIVER_INT_MIN = 1000  # ints below this are not driver-encoded versions (CUDA 1.0 is 1000)
 
+#: A PEP 440 version's public form as ``packaging.version.Version`` reads it (no epoch): an optional
+#: ``v``, the release numbers, then pre-, post- and dev-release and local labels ("12.4rc1",
+#: "12.6.2.post1", "v13.0", "12.8.93+local").  Only the release's first two numbers matter here.
+_PEP440_RELEASE = (r"v?(\d+)(?:\.(\d+))?(?:\.\d+)*"
+                   r"(?:[-_.]?(?:alpha|beta|preview|pre|rc|a|b|c)[-_.]?\d*)?"
+                   r"(?:-\d+|[-_.]?(?:post|rev|r)[-_.]?\d*)?"
+                   r"(?:[-_.]?dev[-_.]?\d*)?"
+                   r"(?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?")
+
 
 class CudaVersion:
     """A CUDA version, ``major.minor``; the patch level never changes an ABI and is dropped.
@@ -72,8 +81,9 @@ class CudaVersion:
 
     @classmethod
     def parse(cls, value: VersionLike) -> CudaVersion:
-        """Accept ``"12.4"``, ``"12.4.1"``, ``"12040"``, ``12040``, ``(12, 4)``, a
-        :class:`packaging.version.Version`, or a ``CudaVersion``."""
+        """Accept ``"12.4"``, ``"12.4.1"``, ``"12040"``, ``12040``, ``(12, 4)``, a PEP 440 string such as
+        ``"12.4rc1"`` or ``"12.6.2.post1"`` (a package's version), a :class:`packaging.version.Version`
+        (by its ``release``; cuproc does not depend on packaging), or a ``CudaVersion``."""
         if isinstance(value, CudaVersion):
             return value
         if isinstance(value, bool):
@@ -92,15 +102,14 @@ class CudaVersion:
             if text.isdigit() and int(text) >= _DRIVER_INT_MIN:  # "12040"; "13" means 13.0
                 return cls.from_int(int(text))
             parts = text.split(".")
-            if 1 <= len(parts) <= 3 and all(p.isdigit() for p in parts):  # the common case, no packaging
+            if 1 <= len(parts) <= 3 and all(p.isdigit() for p in parts):  # the common case, no regular expression
                 return cls(int(parts[0]), int(parts[1]) if len(parts) > 1 else 0)
-            from packaging.version import InvalidVersion, Version  # deferred: keeps import cheap
-            try:
-                release = Version(text).release
-            except InvalidVersion:
-                raise ValueError(f"not a CUDA version: {value!r} (expected e.g. \"12.4\" or 12040)") from None
-            return cls.parse(tuple(release[:2]))
-        release = getattr(value, "release", None)  # packaging.version.Version
+            import re   # deferred: not loaded by ``import cuproc``, and rarely needed (startup, issue 9)
+            match = re.fullmatch(_PEP440_RELEASE, text, flags=re.IGNORECASE)
+            if match is None:
+                raise ValueError(f"not a CUDA version: {value!r} (expected e.g. \"12.4\" or 12040)")
+            return cls(int(match[1]), int(match[2] or 0))
+        release = getattr(value, "release", None)  # a packaging.version.Version, read without importing packaging
         if isinstance(release, tuple):
             return cls.parse(tuple(release[:2]))
         raise TypeError(f"not a CUDA version: {value!r}")

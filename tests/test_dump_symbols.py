@@ -182,6 +182,26 @@ def test_newer_only_without_a_match_exits_1_like_an_unmatched_pattern(capsys):
     assert code == 0 and [r["name"] for r in json.loads(out)] == ["cuLibraryLoadData"]
 
 
+@pytest.mark.parametrize("args", [["cuNoSuchThing*"], ["--diff", "11.8", "12.0", "cuNoSuchThing*"],
+                                  ["--newer-only", "--cuda-version", "13.0", "cuInit"]])
+def test_json_with_nothing_to_list_prints_an_empty_list_and_exits_1(capsys, args):
+    """A consumer parses stdout: nothing to list under --json is the document ``[]``, never empty output
+    (which no JSON parser accepts); the exit status stays 1 and the reason goes to stderr."""
+    with pytest.raises(SystemExit) as exc:
+        main(["--no-driver", "--json", *args])
+    out = capsys.readouterr()
+    assert exc.value.code == 1 and out.err.strip()
+    assert json.loads(out.out) == []
+
+
+def test_json_with_nothing_to_list_in_a_process_of_its_own():
+    """The same in a process of its own, where stdout is a real pipe flushed at exit."""
+    proc = subprocess.run([sys.executable, "-m", "cuproc.tools.dump_symbols", "--no-driver", "--json", "cuNoSuchThing*"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1 and "cuNoSuchThing" in proc.stderr
+    assert json.loads(proc.stdout) == []
+
+
 @pytest.mark.parametrize("args", [["--cuda-version", "99.0"], ["-c", "99.0"]])
 def test_a_version_above_the_registrys_newest_is_refused(capsys, args):
     from cuproc.registry import default_registry

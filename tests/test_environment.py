@@ -1,13 +1,21 @@
 """CUPROC_* variables: the library and cuproc-dump-symbols read them the same way, with or without a
-driver, and a bad value is an error that names the variable."""
+driver, a bad value is an error that names the variable, and docs/guide/environment.rst lists them all."""
 from __future__ import annotations
 
+import ast
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 import cuproc
 from cuproc.tools.dump_symbols import main
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = Path(cuproc.__file__).resolve().parent      # the checkout's, or the installed wheel's (CI's sdist run)
+ENVIRONMENT_PAGE = ROOT / "docs" / "guide" / "environment.rst"
+VARIABLE = re.compile(r"CUPROC_[A-Z0-9_]*[A-Z0-9]")
 
 BAD_VALUES = [("CUPROC_CUDA_VERSION", "bogus"), ("CUPROC_CUDA_VERSION", "12045"),
               ("CUPROC_PER_THREAD_DEFAULT_STREAM", "maybe"), ("CUPROC_PER_THREAD_DEFAULT_STREAM", "2")]
@@ -105,3 +113,48 @@ def test_cli_and_library_read_the_same_configuration(capsys, monkeypatch, reques
 def test_per_thread_spellings(monkeypatch, value, expected):
     monkeypatch.setenv("CUPROC_PER_THREAD_DEFAULT_STREAM", value)
     assert cuproc.Driver().per_thread_default_stream is expected
+
+
+def variable_literals(path: Path) -> set[str]:
+    """The string literals in ``path`` that are a whole CUPROC_* name: how cuproc names what it reads
+    (``ENV_VERSION = "CUPROC_CUDA_VERSION"``, ``env_flag("CUPROC_NO_FASTPATH", ...)``).  Docstrings and
+    messages only mention names, and the pieces of an f-string (``f"CUPROC_K_{kind}"``: the fast path's C
+    constants) are not names."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    pieces = {id(value) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for value in node.values}
+    return {node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in pieces
+            and VARIABLE.fullmatch(node.value)}
+
+
+def read_by_the_product() -> set[str]:
+    """Every CUPROC_* variable the package or its setup.py reads (not the tests', tools' or benchmarks')."""
+    found = set().union(*(variable_literals(path) for path in PACKAGE.rglob("*.py")))
+    return found | variable_literals(ROOT / "setup.py")
+
+
+def test_the_literal_finder_sees_names_and_skips_mentions_and_fstring_pieces(tmp_path):
+    source = tmp_path / "sample.py"
+    source.write_text('A = "CUPROC_ONE"\n"""CUPROC_TWO is mentioned."""\nB = f"CUPROC_K_{A}"\nC = "CUPROC_*"\n')
+    assert variable_literals(source) == {"CUPROC_ONE"}
+
+
+def test_every_variable_the_package_and_setup_read_is_on_the_environment_page():
+    """A variable read by cuproc or setup.py has its row in docs/guide/environment.rst.  Those that only
+    the tests, tools and benchmarks read (CUPROC_TEST_SHARD, CUPROC_GPU_SEQUENCES, ...) are not counted."""
+    read = read_by_the_product()
+    from cuproc.driver import ENV_PER_THREAD, ENV_VERSION   # the finder must see what the library reads
+    from cuproc.loader import ENV_LIBRARY
+    assert {ENV_VERSION, ENV_PER_THREAD, ENV_LIBRARY, "CUPROC_NO_FASTPATH"} <= read, read
+    documented = set(VARIABLE.findall(ENVIRONMENT_PAGE.read_text()))
+    missing = sorted(read - documented)
+    assert not missing, f"read by cuproc or setup.py but not in {ENVIRONMENT_PAGE.relative_to(ROOT)}: {missing}"
+
+
+def test_the_pages_library_and_install_rows_name_variables_that_are_read():
+    """The other way: no row of the library's or the install's table is for a variable nothing reads."""
+    product_part = ENVIRONMENT_PAGE.read_text().split("\nDevelopment and the GPU machine\n")[0]
+    rows = set(re.findall(r"^ *\* - ``(CUPROC_\w+)``$", product_part, flags=re.MULTILINE))
+    assert len(rows) >= 9, rows
+    stale = sorted(rows - read_by_the_product())
+    assert not stale, f"rows for variables neither cuproc nor setup.py reads: {stale}"

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,17 @@ def test_platforms_and_python(dist):
     assert set(meta.get_all("Platform") or []) == {"Linux x86_64", "Linux aarch64"}
     assert meta["Requires-Python"] == ">=3.10"
     assert "Typing :: Typed" in meta.get_all("Classifier")
+
+
+def test_cffi_is_the_one_dependency():
+    """What the README promises: one small dependency (CudaVersion.parse reads PEP 440 strings itself,
+    tests/test_version_without_packaging.py).  Read from pyproject.toml, not from the installed metadata,
+    which an editable install leaves stale until it is reinstalled."""
+    toml = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        required = toml.load(f)["project"]["dependencies"]
+    assert [re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0] for r in required] == ["cffi"], required
+    assert "one small dependency (cffi)" in " ".join((ROOT / "README.md").read_text().split())   # (lines rewrapped)
 
 
 def test_typing_marker_and_stub_are_installed():

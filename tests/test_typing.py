@@ -106,6 +106,9 @@ def test_lazy_exports_are_visible_to_type_checkers():
     served: set[str] = set()
     for module in cuproc._LAZY_MODULES:
         served |= set(importlib.import_module(f"cuproc.{module}").__all__)
+    for name, module in cuproc._LAZY_NAMES.items():
+        assert name in importlib.import_module(f"cuproc.{module}").__all__
+        served.add(name)
     assert imported - {"import"} == served
     assert served <= set(cuproc.__all__)
     for name in cuproc.__all__:

@@ -12,9 +12,9 @@ naming the variable.  A reader that closes the pipe early (``| head``) ends
 the output quietly with exit status 0.
 
 Exit status: 0 with at least one symbol listed; 1 when nothing is left to list (no symbol matches a
-pattern, or none of those matching is a newer-driver feature under ``--newer-only``); 2 for a usage
-error.  ``-V`` is ``--version``, as in most tools; the requested CUDA version is ``--cuda-version``
-(short form ``-c``).
+pattern, or none of those matching is a newer-driver feature under ``--newer-only``; with ``--json``
+stdout is then ``[]``, still a JSON document); 2 for a usage error.  ``-V`` is ``--version``, as in
+most tools; the requested CUDA version is ``--cuda-version`` (short form ``-c``).
 """
 from __future__ import annotations
 
@@ -215,7 +215,7 @@ def _run(argv: list[str] | None) -> int:
     registry = default_registry()
     _configure(parser, args, registry)
     if args.patterns and not registry.filter(args.patterns):
-        parser.exit(1, f"cuproc-dump-symbols: no symbol matches {' '.join(args.patterns)!r}\n")
+        _nothing_to_list(parser, args, f"no symbol matches {' '.join(args.patterns)!r}")
     if args.diff:
         return _print_diff(registry, args)
 
@@ -226,8 +226,8 @@ def _run(argv: list[str] | None) -> int:
     if args.newer_only:
         selections = [s for s in selections if s.newer_driver_feature]
         if not selections:   # as an unmatched pattern: nothing to list is exit status 1
-            parser.exit(1, f"cuproc-dump-symbols: no {'matching ' if args.patterns else ''}symbol is a newer-driver "
-                           f"feature at CUDA {requested}\n")
+            _nothing_to_list(parser, args, f"no {'matching ' if args.patterns else ''}symbol is a newer-driver "
+                                           f"feature at CUDA {requested}")
     records = [symbol_record(sel, driver, registry) for sel in selections]
 
     if args.json:
@@ -241,6 +241,15 @@ def _run(argv: list[str] | None) -> int:
              r["typedef"] or "-", r["status"] + _notes(r)] for r in records]
     print(_table(rows, ["symbol", "since", "entry point", "typedef", "status"]))
     return 0
+
+
+def _nothing_to_list(parser: argparse.ArgumentParser, args: argparse.Namespace, why: str) -> None:
+    """Exit status 1 with ``why`` on stderr.  Under ``--json`` stdout still gets ``[]``: a consumer that
+    parses stdout gets a valid, empty document instead of a JSON decoding error on empty input."""
+    if args.json:
+        print("[]")
+        sys.stdout.flush()   # before parser.exit: a closed pipe here is main's BrokenPipeError, status 0
+    parser.exit(1, f"cuproc-dump-symbols: {why}\n")
 
 
 def _notes(record: dict[str, Any]) -> str:
