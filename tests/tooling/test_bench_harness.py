@@ -60,6 +60,15 @@ def test_benchmarks_run_end_to_end_in_smoke_mode(bench, tmp_path, monkeypatch):
         graphs = json.loads((tmp_path / "bench_launch.json").read_text())["graphs"]
         assert {g.CUPROC, g.REPLAY} <= set(graphs["replay"]) and g.CAPTURE in graphs["capture"]
         assert "## CUDA graphs" in text and sum("graph replay" in line for line in lines) == 4
+    if bench == "bench_peer.py":     # the fake's two devices: peer copies, without and with peer access
+        import json
+        monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+        import bench_peer as p
+        data = json.loads((tmp_path / "bench_peer.json").read_text())
+        assert data["peer_access"][p.PEER_ON] == p.ENABLED and set(data["GBps"]) == {p.PEER_OFF, p.PEER_ON}
+        assert all(calls == p.CUPROC_CALLS[True][p.OURS_ASYNC if "stream-ordered" in where else p.OURS_SYNC]
+                   for where, calls in data["copy_calls"].items()) and len(data["copy_calls"]) == 8
+        assert len(lines) == 4 and all("(smoke run)" in line for line in lines)
 
 
 def test_bench_driver_times_a_real_cffi_pointer_as_bare_cffi(fk, monkeypatch):
@@ -549,3 +558,55 @@ def test_trivial_call_rows_warm_up_before_pinning_and_take_a_new_order_each_roun
     assert len(timed) == 9 * 3                   # three rounds of three rows, each timed best of three
     assert timed[::3] == [n for r in range(3) for n in bench_driver.round_order(["p", "q", "r"], r)]
     assert all(timed[i:i + 3] == [timed[i]] * 3 for i in range(0, len(timed), 3))
+
+
+def test_bench_peer_with_one_device_copies_on_device_0_and_reads_no_goal(fk, tmp_path, monkeypatch):
+    """Fewer than two devices: both buffers on device 0 (cuMemcpyDtoD, not cuMemcpyPeer), every row still
+    run, the notes say it, and no goal is read -- because of the one GPU, not only because of --smoke."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_peer as p
+    fk.set_device_count(1)
+    monkeypatch.setattr(p, "smoke_driver", lambda: fk)
+    assert p.main(["--smoke", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "bench_peer.json").read_text())
+    assert data["peer_access"] == {p.SAME_DEVICE: p.ONE_GPU_NOTE} and list(data["GBps"]) == [p.SAME_DEVICE]
+    assert {w.split(", ")[-1]: c for w, c in data["copy_calls"].items()} == {
+        "synchronous": p.CUPROC_CALLS[False][p.OURS_SYNC], "stream-ordered": p.CUPROC_CALLS[False][p.OURS_ASYNC]}
+    assert all(set(rows) == {p.OURS_SYNC, p.OURS_ASYNC} for rows in data["GBps"][p.SAME_DEVICE]["1 MiB"].values())
+    assert [g["status"] for g in data["goals"]] == [f"not evaluated ({p.ONE_GPU_NOTE})"] * 4
+    assert p.ONE_GPU_NOTE in (tmp_path / "bench_peer.md").read_text().split("## Results", 1)[1]
+
+
+def test_bench_peer_drops_a_failing_row_and_keeps_the_others(monkeypatch):
+    """A row that fails in its warm-up or in a round is dropped, its error noted, and the other rows keep
+    every round; cuproc's own failure is a missed goal, never an unread one (and ends a smoke run)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_peer as p
+    monkeypatch.setattr(p, "one_cpu", contextlib.nullcontext)
+    calls = {"n": 0}
+
+    def fails_in_round_two() -> float:
+        calls["n"] += 1
+        if calls["n"] == 3:          # warm-up, round 1, then round 2
+            raise RuntimeError("lost the device")
+        return 2.0
+
+    def never_runs() -> float:
+        raise ImportError("no cuda.bindings")
+    rows = {p.C_SYNC: lambda: 1.0, p.OURS_SYNC: fails_in_round_two, p.BIND_SYNC: never_runs}
+    errors: dict[str, str] = {}
+    times, _ = p.take_turns(rows, 4, errors, "here", strict=False)
+    assert times == {p.C_SYNC: [1.0] * 4}
+    assert set(errors) == {f"{p.OURS_SYNC} (here, round 2)", f"{p.BIND_SYNC} (here, warm-up)"}
+    rounds = {p.PEER_ON: {"64 MiB": {"0->1": {**times, p.C_ASYNC: [1.0] * 4, p.OURS_ASYNC: [1.25] * 4},
+                                     "1->0": {p.OURS_SYNC: [1.0] * 4, p.OURS_ASYNC: [1.0] * 4}}}}
+    goals = p.evaluate(rounds, {p.PEER_ON: p.ENABLED}, False, {p.C_SYNC: "no C compiler"}, ["64 MiB"])
+    by_goal = {g["goal"].split(" >=")[0]: g for g in goals.rows}
+    assert by_goal["memory.copy synchronous peer copy 64 MiB 0->1"]["status"] == "MISSED"
+    assert by_goal["memory.copy stream-ordered peer copy 64 MiB 0->1"]["value"] == pytest.approx(0.8)
+    assert by_goal["memory.copy stream-ordered peer copy 64 MiB 0->1"]["status"] == "MISSED"
+    assert by_goal["memory.copy synchronous peer copy 64 MiB 1->0"]["status"] == \
+        "not evaluated (the C floor did not run: no C compiler)"       # no floor row: nothing to read against
+    calls["n"] = 2
+    with pytest.raises(RuntimeError, match="lost the device"):
+        p.take_turns(rows, 4, {}, "here", strict=True)
