@@ -106,7 +106,7 @@ __version__ = "0.1.0"   # the one place: pyproject.toml reads it ([tool.setuptoo
 _LAZY_MODULES = ("context", "device", "stream", "device_memory", "memory", "module", "graph", "graph_nodes",
                  "stream_capture", "program")
 # Single names of modules whose other names stay behind the module (cuproc.virtual_memory.granularity, ...;
-# cuproc.ipc's functions read best as ipc.export_memory): name -> module.
+# IPC's functions read best behind theirs: ``from cuproc import ipc``, then ipc.export_memory): name -> module.
 _LAZY_NAMES = {"GrowableBuffer": "virtual_memory", "PhysicalMemory": "virtual_memory", "Reservation": "virtual_memory",
                "GreenContext": "green_context", "SmResource": "green_context", "CudaArray": "arrays",
                "MipmappedArray": "arrays", "SurfaceObject": "textures", "TextureObject": "textures",
@@ -128,7 +128,7 @@ __all__ = [
     "ConditionalNode", "EmptyNode", "EventRecordNode", "EventWaitNode", "GraphNode", "HostNode", "KernelNode",
     "KernelNodeParams", "MemAllocNode", "MemFreeNode", "MemcpyNode", "MemsetNode", "GraphAllocation", "CaptureInfo",
     "StreamCapture", "capture", "capture_info", "capture_status",
-    # virtual memory, green contexts, arrays, textures and tensor maps (lazy; IPC is cuproc.ipc)
+    # virtual memory, green contexts, arrays, textures and tensor maps (lazy; IPC: from cuproc import ipc)
     "GrowableBuffer", "PhysicalMemory", "Reservation", "GreenContext", "SmResource", "CudaArray", "MipmappedArray",
     "SurfaceObject", "TextureObject", "TensorMap",
     # kernels from source (lazy; NVRTC itself opens at the first compile)

@@ -1106,9 +1106,9 @@ class Function(Resource):
         cuKernelGetParamInfo), or None where the driver cannot say.  Asked once per function (the answer
         cannot change while its handle lives): launch_ex, cooperative launches and graph kernel nodes ask on
         every call."""
+        self.check("cuFuncGetParamInfo")
         memo = self.__dict__.get("_param_info")
         if memo is None:
-            self.check("cuFuncGetParamInfo")
             memo = self.__dict__["_param_info"] = (self._ask_param_info(),)
         return memo[0]
 

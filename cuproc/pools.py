@@ -16,7 +16,6 @@ fabric handles only where the device reports CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FAB
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any
 
 from . import _fork
@@ -25,7 +24,7 @@ from ._resource import Resource
 from ._support import get_driver, handle_int, invalid
 from .device import Device
 from .driver import Driver
-from .errors import CudaError, CudaWarning, InvalidValueError, refusal, result_code
+from .errors import CudaError, InvalidValueError, refusal, result_code
 
 #: CU_MEM_HANDLE_TYPE_* by cuproc's name: what pools and VMM memory (cuproc.virtual_memory) are shared by
 HANDLE_TYPES: dict[str | None, int] = {None: 0, "posix_fd": 1, "fabric": 8}
@@ -134,13 +133,16 @@ class MemoryPool(Resource):
                 pool.share()
             if release_threshold is not None:
                 pool.release_threshold = release_threshold
-        except BaseException:
+        except BaseException as exc:
             if handle_type == "fabric" and pool.shared is None:
                 # Driver 580 corrupted its heap destroying a fabric pool whose export it had refused (the
-                # process aborted): such a pool is left to the process's end, never destroyed.
+                # process aborted): such a pool is left to the process's end, never destroyed.  Said as a
+                # note on the error (a warning here could replace it, under -W error).
                 pool._claim("left undestroyed: its fabric export failed")
-                warnings.warn(f"{pool.describe()} was left undestroyed: its fabric export failed, and destroying "
-                              "such a pool aborted the process on driver 580", CudaWarning, stacklevel=2)
+                note = (f"{pool.describe()} was left undestroyed: its fabric export failed, and destroying such a "
+                        "pool aborted the process on driver 580")
+                if hasattr(exc, "add_note"):
+                    exc.add_note(note)
             else:
                 pool.close()
             raise
@@ -175,7 +177,11 @@ class MemoryPool(Resource):
             if self.shared is None:
                 shared = self.export_handle()
                 if isinstance(shared, int):
-                    os.set_inheritable(shared, False)   # kept by this process only: no child inherits it
+                    try:
+                        os.set_inheritable(shared, False)   # kept by this process only: no child inherits it
+                    except BaseException:
+                        os.close(shared)
+                        raise
                 self.shared = shared
 
     @classmethod

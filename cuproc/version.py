@@ -20,10 +20,10 @@ _DRIVER_INT_MIN = 1000  # ints below this are not driver-encoded versions (CUDA 
 #: A PEP 440 version's public form as ``packaging.version.Version`` reads it (no epoch): an optional
 #: ``v``, the release numbers, then pre-, post- and dev-release and local labels ("12.4rc1",
 #: "12.6.2.post1", "v13.0", "12.8.93+local").  Only the release's first two numbers matter here.
-_PEP440_RELEASE = (r"v?(\d+)(?:\.(\d+))?(?:\.\d+)*"
-                   r"(?:[-_.]?(?:alpha|beta|preview|pre|rc|a|b|c)[-_.]?\d*)?"
-                   r"(?:-\d+|[-_.]?(?:post|rev|r)[-_.]?\d*)?"
-                   r"(?:[-_.]?dev[-_.]?\d*)?"
+_PEP440_RELEASE = (r"v?([0-9]+)(?:\.([0-9]+))?(?:\.[0-9]+)*"
+                   r"(?:[-_.]?(?:alpha|beta|preview|pre|rc|a|b|c)[-_.]?[0-9]*)?"
+                   r"(?:-[0-9]+|[-_.]?(?:post|rev|r)[-_.]?[0-9]*)?"
+                   r"(?:[-_.]?dev[-_.]?[0-9]*)?"
                    r"(?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?")
 
 
@@ -99,6 +99,8 @@ class CudaVersion:
             return cls(value[0], value[1] if len(value) > 1 else 0)
         if isinstance(value, str):
             text = value.strip()
+            if not text.isascii():       # str.isdigit and \d take other scripts' digits ("١٢", "²")
+                raise ValueError(f"not a CUDA version: {value!r} (expected e.g. \"12.4\" or 12040)")
             if text.isdigit() and int(text) >= _DRIVER_INT_MIN:  # "12040"; "13" means 13.0
                 return cls.from_int(int(text))
             parts = text.split(".")

@@ -29,7 +29,7 @@ from ipc_workers import run_child
 from subproc import run_python
 
 ffi = cuproc.ffi
-INVALID_VALUE, INVALID_CONTEXT, NOT_SUPPORTED = 1, 201, 801
+INVALID_VALUE, INVALID_CONTEXT, NOT_SUPPORTED, NOT_PERMITTED = 1, 201, 801, 800
 
 
 @pytest.fixture()
@@ -437,6 +437,44 @@ def test_fabric_pools_are_refused_before_the_driver_without_an_imex_channel(open
         cuproc.MemoryPool.create(0, handle_type="fabric")
     assert info.value.refused and info.value.name == "CUDA_ERROR_NOT_PERMITTED"
     assert "IMEX channel" in str(info.value) and "cuMemPoolCreate" not in opened.calls()
+
+
+def test_a_fabric_pool_whose_export_fails_is_left_undestroyed_and_the_error_says_so(opened, fake):
+    """Driver 580 aborted the process destroying such a pool: the export's error is raised, with a note, and
+    cuMemPoolDestroy is never called for it."""
+    opened.lib.fake_vmm_set_fabric(1)
+    fake.fail("cuMemPoolExportToShareableHandle", NOT_PERMITTED)
+    opened.clear_calls()
+    with pytest.raises(CudaError) as info:
+        cuproc.MemoryPool.create(0, handle_type="fabric")
+    assert info.value.code == NOT_PERMITTED and not info.value.refused
+    assert any("left undestroyed" in n for n in info.value.__notes__)
+    assert "cuMemPoolCreate" in opened.calls() and "cuMemPoolDestroy" not in opened.calls()
+
+
+def test_a_shareable_pools_export_is_made_once_by_racing_threads(opened):
+    import threading
+    made = []
+    original = cuproc.MemoryPool.export_handle
+
+    def slow_export(self):
+        made.append(1)
+        threading.Event().wait(0.05)
+        return original(self)
+    pool = cuproc.MemoryPool.create(0, handle_type="posix_fd")
+    os.close(pool.shared)
+    pool.shared = None                       # shareable, its export not made yet: two threads race to make it
+    try:
+        type(pool).export_handle = slow_export
+        threads = [threading.Thread(target=pool.share) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+    finally:
+        type(pool).export_handle = original
+    assert len(made) == 1 and isinstance(pool.shared, int)
+    pool.close()
 
 
 def test_a_fabric_pool_and_its_pointers_in_another_process(opened, fake):

@@ -13,7 +13,8 @@ from subproc import run_python
 PEP440_FORMS = ["12.4rc1", "12.4.0rc2", "v12.4", "V13.0.1", "12.8.93.1", "12.6.2.post1", "12.6.2-1",
                 "12.4.dev3", "12.4.1a1.post2.dev3", "13.0+cu130", "12.9.1+local.build-7", "11.8.0-beta.2",
                 "12.1.105.post20240315", "12.0.0preview1", "12.2_rc_3"]
-NOT_VERSIONS = ["12.x", "12.4.", ".12.4", "12..4", "12.4 rc1", "12.4+", "1!12.4", "12.4-", "cuda12.4", "12.4rc1x"]
+NOT_VERSIONS = ["\u0661\u0662.\u0664rc1", "\u00b2", "12.\u0664",   # digits of other scripts
+                "12.x", "12.4.", ".12.4", "12..4", "12.4 rc1", "12.4+", "1!12.4", "12.4-", "cuda12.4", "12.4rc1x"]
 
 
 @pytest.mark.parametrize("text", PEP440_FORMS)
