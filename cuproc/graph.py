@@ -198,13 +198,19 @@ class Graph(GraphStructure, GraphPicture):
 
     def add_child_graph(self, child: Graph, *, depends_on: Any = None) -> ChildGraphNode:
         """A node running a copy of ``child`` (cuGraphAddChildGraphNode); the node keeps what ``child``'s
-        nodes refer to.  Later changes to ``child`` do not reach the node (change ``node.child_graph``)."""
+        nodes refer to.  Later changes to ``child`` do not reach the node (change ``node.child_graph``).  A
+        captured graph that allocates or frees graph memory is refused before the driver, which refuses to
+        clone memory nodes (its frees are made by its own executable graph's launches only)."""
         call = "cuGraphAddChildGraphNode"
         self._ready(call)
         if not isinstance(child, Graph):
             raise invalid(call, f"a child graph node takes a cuproc Graph, not {type(child).__name__}")
         child._ready(call)
         child._check_held(call)
+        if child.pending_frees or child._allocations:
+            raise invalid(call, f"{child.describe()} allocates or frees graph memory (alloc_async, free_async in its "
+                                "capture): the driver clones a child graph and refuses one with memory alloc or free "
+                                "nodes (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE); instantiate and launch it on its own")
         keep, held = child._everything()
         record = NodeRecord(0, keep=keep, held=held, bodies=({},))
         record.runtime = child._runtime_objects()

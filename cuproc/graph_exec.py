@@ -202,8 +202,7 @@ class GraphExec(Resource):
         #: names a node by the graph the executable graph was instantiated from, also after an update)
         exe._origin = {path: weakref.ref(record) for path, record in order}
         exe._allocations = graph._allocations
-        exe._frees = graph.pending_frees     # graph allocations its free nodes free (captured there): held
-        exe._tracks_memory = bool(exe._allocations or exe._frees)
+        exe._hold_frees(graph.pending_frees)   # graph allocations its free nodes free (captured there)
         exe._auto_free = bool(flags & INSTANTIATE_FLAGS["CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH"])
         #: held by launch, upload, update and set_kernel_args: a launch sees the executable graph and what it
         #: keeps either before or after an update from another thread, never half of each
@@ -250,7 +249,25 @@ class GraphExec(Resource):
     def _release(self) -> int:
         return self.context.call(self.driver.cuGraphExecDestroy, self.handle)
 
-    destroy = Resource.close
+    def close(self) -> None:
+        """cuGraphExecDestroy (idempotent).  The pending frees it held are let go whatever the driver answered
+        (no launch of it will make them): each is undone once no graph or other executable graph holds it
+        either (:class:`~cuproc.graph_nodes.PendingFree`), not when this object is collected."""
+        with self._lock:
+            try:
+                super().close()
+            finally:
+                self._hold_frees(())
+
+    destroy = close
+
+    def _hold_frees(self, frees: tuple[PendingFree, ...]) -> None:
+        """Hold ``frees``, the pending frees of the graph whose nodes this executable graph has now (the one it
+        was instantiated from, or its last update's): its launches commit them.  Those held before are let go
+        (undone once nothing else holds them).  Whether launches track memory is decided here, once, so that
+        :meth:`launch`'s fast path tests one flag."""
+        self._frees = frees
+        self._tracks_memory = bool(self._allocations or frees)
 
     @property
     def graph(self) -> GraphStructure | None:
@@ -418,7 +435,11 @@ class GraphExec(Resource):
         ``graph``: a child graph, a conditional body), and nothing changed.  Afterwards the nodes of
         ``graph`` address this executable graph's nodes (the driver pairs them by place), as those of the
         graph it was instantiated from still do: :meth:`set_kernel_args` takes either.  A launch from
-        another thread waits for the update (see :meth:`launch`)."""
+        another thread waits for the update (see :meth:`launch`).
+
+        The free nodes come with the nodes: ``graph``'s pending frees (``free_async`` in its capture, see
+        :class:`~cuproc.graph_nodes.PendingFree`) are committed by this executable graph's launches from now
+        on, and those of the graph it took its nodes from before are let go."""
         call = "cuGraphExecUpdate"
         if not isinstance(graph, GraphStructure):
             raise invalid(call, f"update takes a cuproc Graph, not {type(graph).__name__}")
@@ -429,6 +450,7 @@ class GraphExec(Resource):
             self._apply_update(call, graph)
             order = graph._record_order(call)
             self._take(order)
+            self._hold_frees(graph.pending_frees)   # its free nodes are this executable graph's now
             origin = {id(r()): (r, path) for path, r in self._origin.items() if r() is not None}
             self._places = {**origin, **{id(record): (weakref.ref(record), path) for path, record in order}}
 

@@ -50,7 +50,7 @@ from ._support import arity, handle_int, invalid
 from .allocation import EXPORTS
 from .context import Context
 from .device_memory import DeviceBuffer, DeviceView, GlobalView, after_last_work
-from .errors import CudaError, CudaWarning, SymbolNotFoundError
+from .errors import CudaError, CudaWarning, SymbolNotFoundError, refusal
 from .fill_args import check_element_bits, fill_count
 from .graph_errors import add_note, require_at_requested_version
 from .stream import Stream, stream_handle
@@ -715,6 +715,9 @@ PENDING_FREE = ("freed by a free node of a stream capture: the memory exists unt
 #: the cuproc capture running on a stream: ``(driver, context, CUstream) -> StreamCapture | None``, set by
 #: cuproc.stream_capture when imported (it sits above this module); None: cuproc runs no capture
 CAPTURE_ON: list[Callable[[Driver, Context, Any], Any] | None] = [None]
+#: the cuproc capture that prohibits this thread's "potentially unsafe" calls (cuMemFree...) now: ``() ->
+#: StreamCapture | None``, set by cuproc.stream_capture when imported; None: cuproc runs no capture
+PROHIBITING: list[Callable[[], Any] | None] = [None]
 
 
 def stream_capturing(driver: Driver, context: Context, h: Any) -> int:
@@ -728,10 +731,13 @@ def stream_capturing(driver: Driver, context: Context, h: Any) -> int:
 class PendingFree:
     """A :class:`GraphAllocation` freed by ``free_async`` into a stream capture cuproc runs: the free is a
     node of that capture's graph, so the memory stays allocated until a launch of that graph frees it.
-    Held by the capture, then by its graph and every executable graph made from it; a launch of one
-    commits the free (:meth:`launched`).  When the capture fails (:meth:`undo`), or the last holder goes
-    without a launch (the finalizer), the free never happens: the allocation is allocated and usable again
-    -- its own finalizer frees it then, where it was dropped too (nothing leaks, nothing frees twice)."""
+    Held by the capture, then by its graph and every executable graph made from it or updated with it
+    (``GraphExec.update``: the free node is the executable graph's then); a launch of one commits the free
+    (:meth:`launched`).  A destroyed executable graph lets go of it at once.  When the capture fails
+    (:meth:`undo`), or the last holder goes without a launch (the finalizer), the free never happens: the
+    allocation is allocated and usable again -- its own finalizer frees it then, where it was dropped too
+    (nothing leaks, nothing frees twice).  Such a graph is never a child graph: the driver clones a child
+    graph and refuses one with memory nodes (``Graph.add_child_graph`` says so first)."""
 
     __slots__ = ("allocation",)
 
@@ -797,15 +803,46 @@ class GraphAllocation(DeviceBuffer):
         allocated it while that stream is usable and not being captured, else cuMemFree (the driver frees
         graph memory both ways).  Never a free into a capture: there it would be a node of another graph,
         and the memory would stay allocated (cuStreamIsCapturing asks first)."""
-        drv, stream = self.driver, self.stream
-        if isinstance(stream, Stream) and stream.ended_owner() is None:
-            try:
-                capturing = stream_capturing(drv, self.context, stream.handle)
-            except CudaError:
-                capturing = -1   # not known: the synchronous free cannot end up in a capture
-            if not capturing:
-                return self.context.call_on(stream.handle, drv.cuMemFreeAsync, self.address, stream.handle)
-        return self.context.call(drv.cuMemFree, self.address)
+        h = self._free_stream()
+        if h is not None:
+            return self.context.call_on(h, self.driver.cuMemFreeAsync, self.address, h)
+        return self.context.call(self.driver.cuMemFree, self.address)
+
+    def _free_stream(self) -> Any:
+        """The CUstream :meth:`_release` frees on: the launch's stream while it is usable and not being
+        captured (cuStreamIsCapturing); None where it takes cuMemFree."""
+        stream = self.stream
+        if not isinstance(stream, Stream) or stream.ended_owner() is not None:
+            return None
+        try:
+            capturing = stream_capturing(self.driver, self.context, stream.handle)
+        except CudaError:
+            return None   # not known: the synchronous free cannot end up in a capture
+        return None if capturing else stream.handle
+
+    def close(self) -> None:
+        """Free the allocated memory now (cuMemFreeAsync on the launch's stream, or cuMemFree: see
+        :meth:`_release`); idempotent.  Refused before the driver, the buffer left allocated, where that is
+        cuMemFree while a stream capture cuproc runs prohibits this thread's "potentially unsafe" calls (mode
+        "global", or "thread_local" begun on this thread): the driver would refuse cuMemFree and invalidate
+        that capture.  Close it after the capture (as pool memory freed in a capture is refused and stays
+        usable); a dropped one is freed when the capture ends (the finalizers' rule)."""
+        if self.ended is None:
+            self._refuse_synchronous_free_during_capture()
+        super().close()
+
+    def _refuse_synchronous_free_during_capture(self) -> None:
+        """Raise (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, cuMemFree refused by cuproc) when :meth:`close`
+        would take cuMemFree while a cuproc capture prohibits it in this thread."""
+        find = PROHIBITING[0]
+        capture = find() if find is not None else None
+        if capture is None or self._free_stream() is not None:
+            return
+        raise refusal("cuMemFree", f"{self.describe()} was not freed and stays allocated: close() frees it with "
+                                   "cuMemFree here (its stream is gone or being captured), which the stream capture "
+                                   f"on {capture.describe()} prohibits (the driver would refuse it and invalidate "
+                                   "that capture); close it after that capture ends, or free_async(stream) on a "
+                                   "stream that is not being captured", code_name="CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED")
 
     def free_async(self, stream: Stream | Any | None = None) -> None:  # type: ignore[override]
         """cuMemFreeAsync of the allocated memory on ``stream`` (default: the stream of the launch that

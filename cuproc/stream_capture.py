@@ -50,7 +50,9 @@ Policy
   ``"thread_local"``: its own) would release its handle with such a call
   (cuMemFree, cuModuleUnload, cuGraphExecDestroy), which the driver refuses,
   invalidating the capture.  cuproc keeps it instead and releases it when the
-  last such capture ended.
+  last such capture ended.  An explicit ``close()`` that would be such a call
+  (a graph allocation's cuMemFree) is refused there, before the driver, and
+  leaves the object usable: close it after the capture.
 * **Queries**: :func:`capture_status` (cuStreamIsCapturing) and
   :func:`capture_info` (cuStreamGetCaptureInfo at the handle's ABI: the status,
   the capture's id, and from 11.3 the graph being captured and the nodes the
@@ -74,7 +76,7 @@ from .driver import Driver
 from .errors import CudaError, refusal, result_code
 from .graph import Graph
 from .graph_errors import add_note
-from .graph_nodes import CAPTURE_ON, adopt_graph_allocation, stream_capturing
+from .graph_nodes import CAPTURE_ON, PROHIBITING, adopt_graph_allocation, stream_capturing
 from .stream import (
     CU_STREAM_PER_THREAD,
     Stream,
@@ -459,6 +461,19 @@ def _running_on(driver: Driver, context: Context, handle: Any) -> StreamCapture 
 
 
 CAPTURE_ON[0] = _running_on
+
+
+def _prohibiting() -> StreamCapture | None:
+    """A capture cuproc runs that prohibits this thread's "potentially unsafe" calls now: one in mode "global"
+    (any thread's), or one in mode "thread_local" begun on this thread; None when none does
+    (graph_nodes.PROHIBITING: a graph allocation's close() refuses cuMemFree then)."""
+    me = _thread.get_ident()
+    with _lock:
+        return next((c for c in _running.values()
+                     if c.mode == MODES["global"] or (c.mode == MODES["thread_local"] and c.thread == me)), None)
+
+
+PROHIBITING[0] = _prohibiting
 
 
 def capture(stream: Any = None, mode: str | int = "global", *, context: Context | None = None,

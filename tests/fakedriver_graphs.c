@@ -14,7 +14,8 @@
  *     Their data lives in a side table indexed by the handle's slot.
  *   - Nodes: kernel (the argument bytes are copied at add/set time through launch_pack, as a launch
  *     reads them), memcpy (CUDA_MEMCPY3D), memset, host, event record/wait, child graph (a deep copy
- *     of the child, as cuGraphAddChildGraphNode clones it), empty, memory alloc (its address is fixed
+ *     of the child, as cuGraphAddChildGraphNode clones it; a child with memory alloc or free nodes is
+ *     CUDA_ERROR_INVALID_VALUE, as the driver refuses to clone them), empty, memory alloc (its address is fixed
  *     when the node is made and stays valid while some graph or executable graph has the node; its
  *     bytes are real) and free, and conditional nodes (cuGraphAddNode_v2 with CU_GRAPH_NODE_TYPE_
  *     CONDITIONAL: IF with one or two bodies, WHILE, SWITCH; as on a GPU, the call points phGraph_out at
@@ -910,13 +911,25 @@ static CUresult clone_graph(handle_t src, handle_t parent, handle_t *out) {
   return rc;
 }
 
+/* Does graph h (or a child graph in it) have a memory alloc or free node?  cuGraphAddChildGraphNode clones
+ * its child (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE) and refuses such a child, as cuda.h documents. */
+static int has_memory_nodes(handle_t h) {
+  struct gdata *g = side_of(h, TAG_GRAPH);
+  for (size_t i = 0; g && i < g->n; i++) {
+    struct gnode *n = side_of(g->nodes[i], TAG_NODE);
+    if (n && (n->type == N_MEM_ALLOC || n->type == N_MEM_FREE)) return 1;
+    if (n && n->type == N_GRAPH && has_memory_nodes(n->child)) return 1;
+  }
+  return 0;
+}
+
 static CUresult cuGraphAddChildGraphNode(CUgraphNode *ph, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
                                          CUgraph child) {
   ENTER("cuGraphAddChildGraphNode");
   NEED(ph);
   CUresult rc;
   if (!graph_of(child, &rc)) return rc;
-  NEED(child != graph);
+  NEED(child != graph && !has_memory_nodes((handle_t)child));
   struct gnode *n;
   handle_t h;
   TRY(new_node(graph, N_GRAPH, deps, ndeps, &n, &h));

@@ -1697,6 +1697,102 @@ def test_closing_a_graph_allocation_never_frees_into_a_capture_of_its_stream(kit
     buf.free_async()
 
 
+def _pending_free(kit):
+    """``_launched_allocation`` and then a capture on another stream that frees the buffer: (the allocating
+    graph, its executable graph, the buffer, the other stream, the freeing graph); the free is pending."""
+    g, exe, buf = _launched_allocation(kit)
+    other = Stream()
+    with cuproc.capture(other) as frees:
+        buf.free_async(other)
+    assert not buf.allocated
+    return g, exe, buf, other, frees
+
+
+def test_a_graph_that_frees_or_allocates_graph_memory_is_never_a_child_graph(kit):
+    """The driver clones a child graph and refuses one with memory alloc or free nodes (cuda.h,
+    CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE): cuproc refuses a captured one before it, so a pending free is
+    made by its own graph's launches only -- no parent's launch frees the memory behind the buffer's back."""
+    g, exe, buf, other, frees = _pending_free(kit)
+    parent = Graph()
+    for child in (frees, g):
+        with pytest.raises(InvalidValueError, match="memory") as info:
+            parent.add_child_graph(child)
+        assert info.value.refused
+    assert parent.nodes == [] and not buf.allocated
+    drv = kit.ctx.driver
+    node = ffi.new("CUgraphNode *")
+    assert drv.cuGraphAddChildGraphNode(node, parent.handle, ffi.NULL, 0, frees.handle) != 0   # the fake agrees
+    freeing = frees.instantiate()
+    freeing.launch(other)
+    other.synchronize()
+    exe.launch(kit.stream)                                     # freed by that launch only: allocated again
+    kit.stream.synchronize()
+    assert buf.allocated
+    buf.free_async()
+    kit.stream.synchronize()
+
+
+def test_an_update_with_a_captured_graph_takes_its_pending_frees(kit):
+    """An executable graph updated with a captured graph's nodes frees what that graph's free nodes free:
+    its launch commits the pending free (the buffer reads freed, and stays so when the captured graph goes),
+    so the allocating graph launches again and nothing frees the memory a second time."""
+    g, exe, buf, other, frees = _pending_free(kit)
+    by_hand = Graph()
+    by_hand.add_free(buf.address)                              # the same shape: one free node, same address
+    updated = by_hand.instantiate()
+    updated.update(frees)
+    updated.launch(other)
+    other.synchronize()
+    assert not buf.allocated
+    del frees
+    gc.collect()
+    assert not buf.allocated                                   # committed: never undone into "allocated"
+    exe.launch(kit.stream)                                     # the memory was freed: the driver agrees
+    kit.stream.synchronize()
+    assert buf.allocated
+    buf.free_async()
+    kit.stream.synchronize()
+
+
+def test_a_destroyed_executable_graph_lets_go_of_its_pending_frees(kit):
+    """Destroying the only holder of a pending free that no launch made undoes it at once (not when the object
+    is collected): the buffer is allocated and usable again, and frees for real."""
+    g, exe, buf, other, frees = _pending_free(kit)
+    freeing = frees.instantiate()
+    del frees
+    gc.collect()
+    assert not buf.allocated                                   # the executable graph still holds the free
+    freeing.destroy()
+    assert buf.allocated
+    np.testing.assert_array_equal(host(buf), np.full(N, 7.0, np.float32))
+    buf.free_async()
+    exe.launch(kit.stream)
+    kit.stream.synchronize()
+    buf.free_async()
+    kit.stream.synchronize()
+
+
+def test_closing_a_graph_allocation_during_a_global_capture_of_its_stream_is_refused(kit):
+    """close() while its stream is captured in mode "global" would take cuMemFree, which that capture prohibits
+    (the driver refuses it and invalidates the capture): cuproc refuses it first, the buffer stays allocated
+    and the capture ends well; closed afterwards, it is freed."""
+    g, exe, buf = _launched_allocation(kit)
+    with cuproc.capture(kit.stream) as unrelated:
+        with pytest.raises(CudaError) as info:
+            buf.close()
+        assert info.value.refused and info.value.name == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+        assert buf.allocated
+    assert unrelated.nodes == [] and capture_status(kit.stream) == "none"
+    other = Stream()
+    with cuproc.capture(other):                                # another stream's capture: cuMemFreeAsync on its own
+        buf.close()
+    assert not buf.allocated
+    exe.launch(kit.stream)                                     # the memory was freed: the driver agrees
+    kit.stream.synchronize()
+    buf.close()
+    kit.stream.synchronize()
+
+
 def test_a_buffer_allocated_and_freed_in_the_capture_is_a_free_node(kit):
     with cuproc.capture(kit.stream) as g:
         tmp = mem.alloc_async(4 * N, kit.stream)

@@ -1,0 +1,104 @@
+"""Pending frees of graph allocations (issue 36) on a real GPU: what tests/test_graphs_fake.py assumes of the
+driver -- cuGraphAddChildGraphNode refuses a child with memory nodes, cuGraphExecUpdate takes a free node of the
+same address, cuMemFree is refused during a global capture -- and cuproc's answers on top of it."""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import cuproc
+from cuproc import Graph, Stream
+from cuproc import memory as mem
+from cuproc.errors import CudaError, InvalidValueError
+from cuproc.stream_capture import capture, capture_status
+
+pytestmark = pytest.mark.gpu
+if not cuproc.is_driver_available():
+    pytest.skip("no CUDA driver on this machine", allow_module_level=True)
+
+from test_gpu_graphs import BLOCK, GRID, N, host, kit  # noqa: E402, F401  (kit: the fixture)
+
+ffi = cuproc.ffi
+
+
+def _pending_free(kit):
+    """(allocating graph, its executable graph launched once, the buffer, another stream, a captured graph
+    freeing the buffer on it): the free is pending."""
+    with capture(kit.stream) as g:
+        buf = mem.alloc_async(4 * N, kit.stream)
+        kit.fill.launch(GRID, BLOCK, (buf, np.int32(N), np.float32(7.0)), stream=kit.stream)
+    exe = g.instantiate()
+    exe.launch(kit.stream)
+    kit.stream.synchronize()
+    other = Stream()
+    with capture(other) as frees:
+        buf.free_async(other)
+    assert not buf.allocated
+    return g, exe, buf, other, frees
+
+
+def _relaunched_and_freed(kit, exe, buf):
+    """The allocating graph launched again (the driver does so only once the memory was freed): the buffer is
+    allocated, filled again; then freed."""
+    exe.launch(kit.stream)
+    kit.stream.synchronize()
+    assert buf.allocated
+    np.testing.assert_array_equal(host(buf), np.full(N, 7.0, np.float32))
+    buf.free_async()
+    kit.stream.synchronize()
+
+
+def test_the_driver_refuses_a_child_graph_with_memory_nodes(kit):
+    """cuda.h: cuGraphAddChildGraphNode returns an error for a child with allocation or free nodes (the fake
+    does the same); cuproc refuses first, and the pending free stays its own graph's."""
+    g, exe, buf, other, frees = _pending_free(kit)
+    parent = Graph()
+    drv = kit.stream.context.driver
+    node = ffi.new("CUgraphNode *")
+    for child in (frees, g):
+        assert drv.cuGraphAddChildGraphNode(node, parent.handle, ffi.NULL, 0, child.handle) != 0
+        with pytest.raises(InvalidValueError) as info:
+            parent.add_child_graph(child)
+        assert info.value.refused
+    assert parent.nodes == []
+    freeing = frees.instantiate()
+    freeing.launch(other)
+    other.synchronize()
+    _relaunched_and_freed(kit, exe, buf)
+
+
+def test_an_update_with_a_captured_graph_takes_its_pending_frees(kit):
+    """cuGraphExecUpdate of an executable graph of one free node with a captured graph's free node of the same
+    address (the fake accepts it): its launch frees the memory and commits the pending free."""
+    g, exe, buf, other, frees = _pending_free(kit)
+    by_hand = Graph()
+    by_hand.add_free(buf.address)
+    updated = by_hand.instantiate()
+    updated.update(frees)
+    updated.launch(other)
+    other.synchronize()
+    del frees
+    gc.collect()
+    assert not buf.allocated
+    _relaunched_and_freed(kit, exe, buf)
+
+
+def test_closing_a_graph_allocation_during_a_global_capture_of_its_stream_is_refused(kit):
+    """cuproc refuses the cuMemFree a global capture prohibits: the capture is not invalidated (its end hands
+    out a graph), the buffer stays allocated, and closes afterwards."""
+    g, exe, buf, other, frees = _pending_free(kit)
+    freeing = frees.instantiate()
+    freeing.launch(other)
+    other.synchronize()
+    exe.launch(kit.stream)
+    kit.stream.synchronize()
+    with capture(kit.stream) as unrelated:
+        with pytest.raises(CudaError) as info:
+            buf.close()
+        assert info.value.refused and buf.allocated
+    assert unrelated.nodes == [] and capture_status(kit.stream) == "none"
+    buf.close()
+    assert not buf.allocated
+    _relaunched_and_freed(kit, exe, buf)
