@@ -34,6 +34,7 @@ from __future__ import annotations
 import weakref
 
 from . import _fork
+from .allocation import EXPORTS
 from ._ffi import ffi
 from ._immortal import keep_forever
 from ._resource import EPOCH, Resource, report
@@ -337,6 +338,12 @@ class GraphExec(Resource):
         """Refuse a launch while memory the last launch allocated is not freed (cuGraphLaunch answers
         CUDA_ERROR_INVALID_VALUE then), unless each launch frees it (AUTO_FREE_ON_LAUNCH)."""
         if self._auto_free:
+            for _address, ref in self._allocations:   # each launch frees it: never under a consumer's export
+                buf = ref()
+                if buf is not None and buf.ended is None and id(buf) in EXPORTS and buf.has_views():
+                    raise BufferError(f"cuGraphLaunch was not called: {buf.describe()}, which this launch of "
+                                      f"{self.describe()} would free (AUTO_FREE_ON_LAUNCH), still has views (a DLPack "
+                                      "export); drop them first")
             return
         for _address, ref in self._allocations:
             buf = ref()

@@ -855,7 +855,14 @@ class GraphAllocation(DeviceBuffer):
         launch of an executable graph made from the captured graph.  Refused in a capture cuproc does not
         run: whether its graph ever runs is not known here."""
         call = "cuMemFreeAsync"
-        if self.ended in (FREED_UNTIL_LAUNCH, PENDING_FREE):
+        if self.ended == PENDING_FREE:
+            target = self.stream if stream is None else stream
+            if stream_capturing(self.driver, self.context, stream_handle(target, self.driver, call)):
+                raise invalid(call, f"{self.describe()} has a free pending in another capture's graph (it frees the "
+                                    "memory when that graph is launched): a second free node would free it twice; "
+                                    "launch that graph first, or drop it unlaunched")
+            return
+        if self.ended == FREED_UNTIL_LAUNCH:
             return
         if self.ended == NOT_ALLOCATED:
             raise invalid(call, f"{self.describe()} was never allocated: its graph has not been launched (the "

@@ -1622,6 +1622,23 @@ def test_auto_free_on_launch_relaunches_a_graph_allocation(kit):
     kit.stream.synchronize()
 
 
+def test_auto_free_on_launch_never_frees_under_a_dlpack_export(kit):
+    from cuproc import _dlpack
+    g, buf = _capture_allocating(kit, 4.0)
+    exe = g.instantiate(flags="AUTO_FREE_ON_LAUNCH")
+    exe.launch(kit.stream)
+    exported = _dlpack.consume(buf.__dlpack__(max_version=(1, 0)))
+    with pytest.raises(BufferError):
+        exe.launch(kit.stream)                                 # it would free what the consumer reads
+    assert buf.allocated
+    exported.release()
+    gc.collect()
+    exe.launch(kit.stream)
+    np.testing.assert_array_equal(host(buf), np.full(N, 4.0, np.float32))
+    buf.free_async()
+    kit.stream.synchronize()
+
+
 def _launched_allocation(kit):
     """A captured allocating graph, instantiated and launched once: its buffer allocated (filled with 7)."""
     g, buf = _capture_allocating(kit)
@@ -1681,6 +1698,27 @@ def test_a_graph_allocation_freed_in_a_capture_is_freed_by_its_graphs_launch_onl
     del unlaunched
     gc.collect()
     assert buf.allocated                                       # no launch will free it: the buffer's again
+    buf.free_async()
+    kit.stream.synchronize()
+
+
+def test_a_second_free_into_another_capture_while_one_is_pending_is_refused(kit):
+    """Two free nodes for one allocation would free it twice: the second capture's free is refused (its
+    capture fails), and the first, pending one still frees the memory when its graph is launched."""
+    g, exe, buf = _launched_allocation(kit)
+    first, second = Stream(), Stream()
+    with cuproc.capture(first) as frees:
+        buf.free_async(first)
+    with pytest.raises(InvalidValueError, match="free pending"):
+        with cuproc.capture(second):
+            buf.free_async(second)
+    buf.free_async()                                           # outside a capture: the pending free stands
+    freeing = frees.instantiate()
+    freeing.launch(first)
+    first.synchronize()
+    assert not buf.allocated
+    exe.launch(kit.stream)                                     # allocated again, and freed once more below
+    kit.stream.synchronize()
     buf.free_async()
     kit.stream.synchronize()
 
