@@ -111,6 +111,7 @@ def instantiate(graph: GraphStructure, flags: int | Iterable[str] = 0, upload: A
 # token -> what one launch keeps alive; the host function queued after the launch pops it.
 _in_flight: dict[int, tuple] = {}
 _in_flight_lock = _fork.lock()
+_GRAPH_MEMORY = _fork.rlock()     # launches of executable graphs that allocate or free graph memory (launch)
 _next_flight = [0]
 _flight_trampoline: list[Any] = []
 
@@ -319,20 +320,31 @@ class GraphExec(Resource):
                     if self._flight:
                         hold_until_run(self.context, h, self._flight)
                     return
-            self._verify("cuGraphLaunch")
-            h = stream_handle(stream, self.driver, "cuGraphLaunch")
-            self._allocations_freed()
-            for pending in self._frees:
-                pending.check_allocated("cuGraphLaunch", self.describe())
-            rc = self.context.call_on(h, self._graph_launch, self.handle, h)
-            if rc:
-                raise self.driver.error(rc, "cuGraphLaunch")
-            for pending in self._frees:
-                pending.launched()
-            if self._allocations:
-                self._allocated(stream if isinstance(stream, Stream) else h, h)
-            if self._flight:
-                hold_until_run(self.context, h, self._flight)
+            if self._tracks_memory:
+                # The graph allocations and pending frees it checks are shared with other executable graphs
+                # (of the same captured graph, or the one that frees what this one allocates): check, launch and
+                # commit as one step, or two threads could both find memory allocated and free it twice.
+                with _GRAPH_MEMORY:
+                    self._launch_checked(stream)
+            else:
+                self._launch_checked(stream)
+
+    def _launch_checked(self, stream: Any) -> None:
+        """launch() with every check: liveness, the stream, graph memory; the driver call; what it commits."""
+        self._verify("cuGraphLaunch")
+        h = stream_handle(stream, self.driver, "cuGraphLaunch")
+        self._allocations_freed()
+        for pending in self._frees:
+            pending.check_allocated("cuGraphLaunch", self.describe())
+        rc = self.context.call_on(h, self._graph_launch, self.handle, h)
+        if rc:
+            raise self.driver.error(rc, "cuGraphLaunch")
+        for pending in self._frees:
+            pending.launched()
+        if self._allocations:
+            self._allocated(stream if isinstance(stream, Stream) else h, h)
+        if self._flight:
+            hold_until_run(self.context, h, self._flight)
 
     def _allocations_freed(self) -> None:
         """Refuse a launch while memory the last launch allocated is not freed (cuGraphLaunch answers

@@ -1723,6 +1723,45 @@ def test_a_second_free_into_another_capture_while_one_is_pending_is_refused(kit)
     kit.stream.synchronize()
 
 
+def test_two_executable_graphs_freeing_one_allocation_from_two_threads_free_it_once(kit):
+    """Both executable graphs of one captured free check that the memory is allocated, launch, then commit:
+    from two threads at once, one frees it and the other is refused before the driver (never a second
+    free the driver must answer)."""
+    import threading
+    g, exe, buf = _launched_allocation(kit)
+    other = Stream()
+    with cuproc.capture(other) as frees:
+        buf.free_async(other)
+    first, second = frees.instantiate(), frees.instantiate()
+    started, outcomes = threading.Barrier(2), []
+
+    def slowly(graph_launch):
+        def launch(*args):
+            threading.Event().wait(0.05)           # between the check and the commit: the window
+            return graph_launch(*args)
+        return launch
+    for e in (first, second):
+        e._graph_launch = slowly(e._graph_launch)
+
+    def run(e):
+        started.wait(10)
+        try:
+            e.launch(other)
+            outcomes.append("launched")
+        except CudaError as exc:
+            outcomes.append("refused" if exc.refused else f"driver: {exc.name}")
+    threads = [threading.Thread(target=run, args=(e,)) for e in (first, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    other.synchronize()
+    assert sorted(outcomes) == ["launched", "refused"], outcomes
+    assert not buf.allocated
+    for e in (first, second):
+        e.destroy()
+
+
 def test_closing_a_graph_allocation_never_frees_into_a_capture_of_its_stream(kit):
     """close() frees on the launch's stream -- but not while that stream is being captured: the free would be
     a node of that capture's graph, and the memory would stay allocated.  The synchronous free is used."""
