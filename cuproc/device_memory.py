@@ -46,7 +46,7 @@ from .context import (Context, is_default_stream, pushing_failed, register_strea
 from .driver import DEFAULT_HANDLE, Driver
 from .errors import CudaError, result_code
 from .interop import KDL_CUDA, DeviceArrayExports, cai, default_marker, typestr_of
-from .stream import Stream, as_stream, default_stream, foreign_context, stream_handle
+from .stream import Stream, as_stream, default_stream, foreign_context, stream_capturing, stream_handle
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
@@ -451,12 +451,11 @@ def _kept_if_captured(buffer: DeviceBuffer, stream: Any, err: CudaError) -> None
     """cuMemFreeAsync of ``buffer`` on ``stream`` was refused.  While the stream is being captured the
     driver frees only graph allocations (the free becomes a free node): this pool memory was not freed, so
     its claim goes back (the buffer stays live, for a free after the capture) and ``err`` says so."""
-    status = ffi.new("CUstreamCaptureStatus *")
     try:
-        rc = buffer.context.call_on(stream, buffer.driver.cuStreamIsCapturing, stream, status)
-    except CudaError:            # the question failed (the context could not be pushed): ``err`` stays the error
-        return
-    if not (rc == _CAPTURE_INVALIDATED or (rc == 0 and status[0] != 0)):
+        capturing = stream_capturing(buffer.driver, buffer.context, stream) != 0
+    except CudaError as exc:     # the question failed (as a push may): ``err`` stays the error
+        capturing = exc.code == _CAPTURE_INVALIDATED
+    if not capturing:
         return
     if buffer.claim_key is not None:             # pool memory: its entry in the context's table goes back
         buffer.context.stream_ordered[buffer.claim_key] = (buffer.address, buffer.stream)

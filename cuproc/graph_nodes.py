@@ -53,7 +53,7 @@ from .device_memory import DeviceBuffer, DeviceView, GlobalView, after_last_work
 from .errors import CudaError, CudaWarning, SymbolNotFoundError, refusal
 from .fill_args import check_element_bits, fill_count
 from .graph_errors import add_note, require_at_requested_version
-from .stream import Stream, stream_handle
+from .stream import Stream, stream_capturing, stream_handle
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
@@ -718,14 +718,6 @@ CAPTURE_ON: list[Callable[[Driver, Context, Any], Any] | None] = [None]
 #: the cuproc capture that prohibits this thread's "potentially unsafe" calls (cuMemFree...) now: ``() ->
 #: StreamCapture | None``, set by cuproc.stream_capture when imported; None: cuproc runs no capture
 PROHIBITING: list[Callable[[], Any] | None] = [None]
-
-
-def stream_capturing(driver: Driver, context: Context, h: Any) -> int:
-    """cuStreamIsCapturing of stream ``h`` in ``context``: its CUstreamCaptureStatus (0: not capturing)."""
-    call = "cuStreamIsCapturing"
-    out = ffi.new("CUstreamCaptureStatus *")
-    driver.check(context.call_on(h, driver.cuStreamIsCapturing, h, out), call)
-    return int(out[0])
 
 
 class PendingFree:

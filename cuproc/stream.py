@@ -471,7 +471,15 @@ class Event(Resource):
         return out[0]
 
 
-# as_stream, foreign_context, foreign_stream_handle and order_after are the interop layer's helpers:
-# importable from here, not part of the public API.
+def stream_capturing(driver: Driver, context: Context, h: Any) -> int:
+    """cuStreamIsCapturing of stream ``h`` in ``context``: its CUstreamCaptureStatus (0: not capturing)."""
+    call = "cuStreamIsCapturing"
+    out = ffi.new("CUstreamCaptureStatus *")
+    driver.check(context.call_on(h, driver.cuStreamIsCapturing, h, out), call)
+    return int(out[0])
+
+
+# as_stream, foreign_context, foreign_stream_handle and order_after are the interop layer's helpers, and
+# stream_capturing the memory and graph layers': importable from here, not part of the public API.
 __all__ = ["Event", "HostCallbackError", "Stream", "default_stream", "launch_host_func", "stream_context",
            "stream_handle"]

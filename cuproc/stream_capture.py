@@ -76,7 +76,7 @@ from .driver import Driver
 from .errors import CudaError, refusal, result_code
 from .graph import Graph
 from .graph_errors import add_note
-from .graph_nodes import CAPTURE_ON, PROHIBITING, adopt_graph_allocation, stream_capturing
+from .graph_nodes import CAPTURE_ON, PROHIBITING, adopt_graph_allocation
 from .stream import (
     CU_STREAM_PER_THREAD,
     Stream,
@@ -85,6 +85,7 @@ from .stream import (
     foreign_context,
     host_function_mark,
     host_function_streams,
+    stream_capturing,
     take_host_functions,
 )
 
