@@ -93,6 +93,18 @@ def measure(number: int, repeat: int = 5) -> dict[str, float]:
     loop("alloc_async(256, stream).free_async()", lambda: memory.alloc_async(256, stream).free_async())
     loop("bare cffi cuMemcpyHtoD 4 KiB pinned", lambda: htod(dev4k.address, hp, 4096))
     loop("memory.copy 4 KiB pinned -> device", lambda: memory.copy(dev4k, pinned))
+    # Graph replay: one captured launch, launched through the bare pointer, the replay closure and
+    # GraphExec.launch (what issue 36's host-time goal compares)
+    with cuproc.capture(stream) as graph:
+        fn.launch(1, 32, (buf, a, b), stream=stream)
+    exe = graph.instantiate()
+    graph_launch, he = drv.cuGraphLaunch, exe.handle
+    replay = exe.replay(stream)
+    loop("bare cffi cuGraphLaunch (local pointer)", lambda: graph_launch(he, hs))
+    loop("GraphExec.replay(stream)() (prepared)", replay)
+    loop("GraphExec.launch(stream)", lambda: exe.launch(stream))
+    exe.close()
+    graph.close()
     preload_ms = []
     for _ in range(5):
         d = cuproc.Driver(library=str(fake.path))

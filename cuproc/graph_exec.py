@@ -181,6 +181,7 @@ class GraphExec(Resource):
     _allocations: tuple[tuple[int, weakref.ref[Any]], ...]
     _frees: tuple[PendingFree, ...]
     _tracks_memory: bool
+    _fast_at: int                   # the epoch launch()'s fast path compares (-1: take every check)
     _auto_free: bool
     _lock: Any
 
@@ -239,7 +240,7 @@ class GraphExec(Resource):
         self._leaves = tuple(r for r in self._held if r._leaf)   # they end without moving EPOCH
         flight = tuple(k for kept in self._flight_by_node.values() for k in kept)
         self._flight = (flight, self._held) if flight else ()
-        self._checked_at = -1          # (no epoch): the next launch checks them all
+        self._checked_at = self._fast_at = -1          # (no epoch): the next launch checks them all
 
     # ---------------------------------------------------------------- resource
     def parents(self) -> tuple[Resource, ...]:
@@ -270,6 +271,7 @@ class GraphExec(Resource):
         :meth:`launch`'s fast path tests one flag."""
         self._frees = frees
         self._tracks_memory = bool(self._allocations or frees)
+        self._fast_at = -1
 
     @property
     def graph(self) -> GraphStructure | None:
@@ -278,14 +280,18 @@ class GraphExec(Resource):
 
     def _verify(self, call: str) -> None:
         """Check this executable graph and everything its nodes refer to, for ``call``.  The epoch it is
-        left checked at (what lets :meth:`launch` skip the checks) is set only when all of them passed."""
-        self._checked_at = -1
+        left checked at (what lets :meth:`launch` skip the checks) is set only when all of them passed;
+        ``_fast_at``, the epoch :meth:`launch`'s fast path compares, only where launches track no graph memory
+        (those take every check, every time)."""
+        self._checked_at = self._fast_at = -1
         self.check(call)
         for resource in self._held:
             gone = resource.ended_owner()
             if gone is not None:
                 self._checked_at = -1
                 raise ClosedResourceError(call, self.describe(), gone.describe(), gone.ended or "closed")
+        if not self._tracks_memory:
+            self._fast_at = self._checked_at
 
     # ---------------------------------------------------------------- launch
     def launch(self, stream: Any = None) -> None:
@@ -299,17 +305,23 @@ class GraphExec(Resource):
 
         Threads: a launch waits for an :meth:`update` or :meth:`set_kernel_args` another thread is making
         (one lock per executable graph), so it launches the graph as it was before or after that change.
-        The driver orders launches of one executable graph itself.
+        The driver orders launches of one executable graph itself.  The lock is taken by ``acquire`` and
+        ``release`` rather than ``with``: on the machines measured the ``with`` statement's method lookups cost
+        about 200 ns more per launch (benchmarks/overhead_fake.py), a tenth of a 256-kernel graph's launch.
 
         A captured graph's allocations (:class:`~cuproc.graph_nodes.GraphAllocation`) are allocated by
         each launch: the launch is refused while one from the last launch is not freed (the driver would
         refuse it) unless the graph was instantiated with ``AUTO_FREE_ON_LAUNCH``; one whose buffer was
         dropped is freed right after each launch, on its stream."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             epoch = EPOCH[0]
-            if stream.__class__ is Stream and self._checked_at == epoch and stream.ended is None \
-                    and getattr(stream, "_checked_at", None) == epoch and not self._tracks_memory:
-                for leaf in self._leaves:
+            # _fast_at: this executable graph and all it holds were checked at this epoch, and its launches
+            # track no graph memory; a Stream's _checked_at: it was checked at this epoch (-1 from creation)
+            if self._fast_at == epoch and stream.__class__ is Stream and stream._checked_at == epoch \
+                    and stream.ended is None:
+                for leaf in self._leaves:                # buffers end without moving the epoch
                     if leaf.ended is not None:
                         break
                 else:
@@ -328,6 +340,8 @@ class GraphExec(Resource):
                     self._launch_checked(stream)
             else:
                 self._launch_checked(stream)
+        finally:
+            lock.release()
 
     def _launch_checked(self, stream: Any) -> None:
         """launch() with every check: liveness, the stream, graph memory; the driver call; what it commits."""
@@ -390,9 +404,12 @@ class GraphExec(Resource):
             raise self.driver.error(rc, "cuGraphLaunch")
 
     def replay(self, stream: Stream) -> Callable[[], None]:
-        """A callable that launches this executable graph on ``stream`` (``drv.checked.cuGraphLaunch`` on the
-        two handles), for a hot loop: everything is checked here, and each call compares one number, the
-        resource epoch, before the driver call.
+        """A callable that launches this executable graph on ``stream`` (the raw ``drv.cuGraphLaunch`` on the
+        two handles, its result tested as :meth:`launch` tests it), for a hot loop: everything is checked here,
+        and each call compares one number, the resource epoch, before the driver call.  A fork moves the
+        epoch too (a child's call then raises ForkedProcessError from the checks), which is why the raw call
+        needs no fork test of its own: ``drv.checked.cuGraphLaunch``, which has one, cost about 125 ns more
+        per call (benchmarks/overhead_fake.py), the whole difference from the Python floor.
 
         The callable holds this executable graph and ``stream`` (its ``graph_exec`` and ``stream``
         attributes): dropping them does not end them.  Once either of them, or their context, ended (or the
@@ -423,7 +440,7 @@ class GraphExec(Resource):
         if self._tracks_memory:
             raise invalid(call, f"{self.describe()} allocates or frees graph memory (alloc_async, free_async in a "
                                 "capture), which launches track: replay it with launch()")
-        exe, launch, h, s = self, self.driver.checked.cuGraphLaunch, self.handle, stream.handle
+        exe, launch, h, s = self, self._graph_launch, self.handle, stream.handle
         seen = EPOCH[0]          # the epoch at which exe and stream were last found alive
 
         def replay(_epoch: list[int] = EPOCH) -> None:
@@ -433,7 +450,9 @@ class GraphExec(Resource):
                 exe._verify(call)
                 stream.check(call)
                 seen = epoch
-            launch(h, s)
+            rc = launch(h, s)
+            if rc:
+                exe._launch_failed(rc, s)
 
         replay.graph_exec = exe                  # type: ignore[attr-defined]
         replay.stream = stream                   # type: ignore[attr-defined]

@@ -39,6 +39,7 @@ Policy
 """
 from __future__ import annotations
 
+import itertools
 import weakref
 
 from . import _fork
@@ -712,6 +713,9 @@ FREED_UNTIL_LAUNCH = "freed (a graph allocation: the next launch of its executab
 PENDING_FREE = ("freed by a free node of a stream capture: the memory exists until a launch of that capture's "
                 "graph frees it (should that capture fail, or its graph and executable graphs go unlaunched, it "
                 "is allocated again and usable)")
+#: id(allocation) -> the serial number of its newest PendingFree (see PendingFree)
+_NEWEST_FREE: dict[int, int] = {}
+_FREE_SERIALS = itertools.count(1)
 #: the cuproc capture running on a stream: ``(driver, context, CUstream) -> StreamCapture | None``, set by
 #: cuproc.stream_capture when imported (it sits above this module); None: cuproc runs no capture
 CAPTURE_ON: list[Callable[[Driver, Context, Any], Any] | None] = [None]
@@ -729,12 +733,21 @@ class PendingFree:
     (:meth:`undo`), or the last holder goes without a launch (the finalizer), the free never happens: the
     allocation is allocated and usable again -- its own finalizer frees it then, where it was dropped too
     (nothing leaks, nothing frees twice).  Such a graph is never a child graph: the driver clones a child
-    graph and refuses one with memory nodes (``Graph.add_child_graph`` says so first)."""
+    graph and refuses one with memory nodes (``Graph.add_child_graph`` says so first).
 
-    __slots__ = ("allocation",)
+    Several can exist for one allocation: one capture's free launched (the memory freed), its own graph
+    launched again (allocated again), then freed into another capture.  Only the newest may undo the
+    pending state, since that state is the newest's: an older one let go later (its graph dropped) would
+    otherwise make memory another capture's graph is about to free usable again.  The newest is known by a
+    serial number filed under the allocation's ``id`` (the allocation lives while any of its pending frees
+    does, so the id is not reused meanwhile; the entry goes with the newest)."""
+
+    __slots__ = ("allocation", "serial")
 
     def __init__(self, allocation: GraphAllocation) -> None:
         self.allocation = allocation
+        self.serial = next(_FREE_SERIALS)
+        _NEWEST_FREE[id(allocation)] = self.serial
 
     def check_allocated(self, call: str, graph: str) -> None:
         """Refuse a launch of ``graph`` that would free the memory while it is not allocated (freed already,
@@ -749,9 +762,14 @@ class PendingFree:
         self.allocation.ended = FREED_UNTIL_LAUNCH
 
     def undo(self) -> None:
-        """The free will not happen (its capture failed, or no launch will make it): allocated again."""
-        if self.allocation.ended == PENDING_FREE:
-            self.allocation.ended = None
+        """The free will not happen (its capture failed, or no launch will make it): allocated again, when this
+        is the allocation's newest pending free (an older one's state was replaced by a newer free's)."""
+        a = self.allocation
+        if _NEWEST_FREE.get(id(a)) != self.serial:
+            return
+        del _NEWEST_FREE[id(a)]
+        if a.ended == PENDING_FREE:
+            a.ended = None
 
     def __del__(self) -> None:
         self.undo()

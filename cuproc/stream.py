@@ -279,6 +279,7 @@ class Stream(Resource):
         #: made without CU_STREAM_NON_BLOCKING: its work and the legacy default stream's are ordered both
         #: ways by the driver (False where not known: another library's stream)
         self.blocking = not flags & drv.CU_STREAM_NON_BLOCKING
+        self._checked_at = -1       # not checked yet: hot paths (GraphExec.launch) compare it without getattr
         self.ended = None           # last: a half-built object has nothing to release
 
     @classmethod
@@ -312,6 +313,7 @@ class Stream(Resource):
         stream.owned, stream.owner = False, owner
         stream._callback_errors = []
         stream.blocking = False     # not known without asking the driver: treated as non-blocking
+        stream._checked_at = -1
         stream.ended = None
         return stream
 

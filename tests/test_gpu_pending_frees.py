@@ -102,3 +102,31 @@ def test_closing_a_graph_allocation_during_a_global_capture_of_its_stream_is_ref
     buf.close()
     assert not buf.allocated
     _relaunched_and_freed(kit, exe, buf)
+
+
+def test_an_older_freeing_graph_let_go_leaves_a_newer_pending_free_pending(kit):
+    """The first capture's free launched, the memory allocated again by the allocating graph, then freed into a
+    second capture: dropping the first freeing graph leaves the buffer unusable (the second graph still frees
+    the memory; the driver refuses the allocating graph's launch until it ran), and that launch frees it."""
+    from cuproc.errors import ClosedResourceError
+    g, exe, buf, other, frees = _pending_free(kit)
+    freeing = frees.instantiate()
+    freeing.launch(other)
+    other.synchronize()
+    exe.launch(kit.stream)
+    kit.stream.synchronize()
+    third = Stream()
+    with capture(third) as second:
+        buf.free_async(third)
+    del frees, freeing
+    gc.collect()
+    assert not buf.allocated
+    with pytest.raises(ClosedResourceError):
+        host(buf)
+    drv = kit.stream.context.driver
+    assert drv.cuGraphLaunch(exe.handle, kit.stream.handle) != 0     # the driver: the memory is still allocated
+    second_exe = second.instantiate()
+    second_exe.launch(third)
+    third.synchronize()
+    assert not buf.allocated
+    _relaunched_and_freed(kit, exe, buf)

@@ -1287,6 +1287,90 @@ def test_a_prepared_replay_is_the_checked_driver_call(kit, fk, graphs):
     other.destroy()
 
 
+def test_a_failed_launch_raises_the_drivers_error_on_every_path(kit, fk, graphs):
+    """cuGraphLaunch answering an error: the fast path of launch() (a checked Stream, nothing ended since),
+    its full checks (a stream never checked) and a replay each raise CudaError naming cuGraphLaunch with the
+    driver's code (replay tests the raw call's result itself since it no longer calls drv.checked)."""
+    g = Graph()
+    g.add_kernel(kit.fill, 1, N, (kit.c, np.int32(N), np.float32(3.0)))
+    exe = g.instantiate()
+    exe.launch(kit.stream)                           # checks both: the next launch is the fast path
+    replay = exe.replay(kit.stream)
+    code = cuproc.driver.CUDA_ERROR_LAUNCH_FAILED
+    for launch in (lambda: exe.launch(kit.stream), replay, lambda: exe.launch(Stream())):
+        before = graphs.launches()
+        fk.fail("cuGraphLaunch", code, count=-1)
+        try:
+            with pytest.raises(CudaError) as info:
+                launch()
+        finally:
+            fk.fail("cuGraphLaunch", 0, count=0)
+        assert info.value.code == code and "cuGraphLaunch" in str(info.value)
+        assert graphs.launches() == before
+    replay()                                         # and each works again once the driver does
+    exe.launch(kit.stream)
+    assert graphs.launches() == before + 2
+
+
+def test_a_stream_is_checked_before_its_first_fast_launch(kit, fk, graphs):
+    """A Stream starts unchecked (its _checked_at is no epoch), so launch() takes the full checks the first
+    time it sees one, also one made by Stream.from_handle; a stream whose context ended is refused there."""
+    g = Graph()
+    g.add_kernel(kit.fill, 1, N, (kit.c, np.int32(N), np.float32(3.0)))
+    exe = g.instantiate()
+    exe.launch(kit.stream)
+    ctx = Context.create(0)
+    try:
+        foreign = Stream()
+    finally:
+        Context.pop()
+    wrapped = Stream.from_handle(handle_of(foreign), context=ctx)
+    ctx.destroy()
+    before = graphs.launches()
+    for s in (foreign, wrapped):
+        with pytest.raises(ClosedResourceError, match="context"):
+            exe.launch(s)
+    assert graphs.launches() == before
+    fresh = Stream()
+    exe.launch(fresh)
+    fresh.synchronize()
+    assert graphs.launches() == before + 1
+
+
+@pytest.mark.skipif(not hasattr(cuproc._fork.os, "fork"), reason="needs fork")
+def test_a_replay_and_a_launch_refuse_in_a_forked_child(fk):
+    """A replay made before fork() refuses in the child (ForkedProcessError from its checks, which the fork's
+    move of the epoch sends it to) without calling the driver; so does launch()'s fast path."""
+    code = child_preamble(fk.path) + textwrap.dedent("""
+        import numpy as np
+        from fakedriver import fake_image
+        pc = cuproc.use_device(0)
+        module = cuproc.Module.load(fake_image({"fill_value": [8, 4, 4]}))
+        buf = cuproc.DeviceBuffer(64)
+        s = cuproc.Stream()
+        g = cuproc.Graph()
+        g.add_kernel(module.get_function("fill_value"), 1, 16, (buf, np.int32(16), np.float32(1.0)))
+        exe = g.instantiate()
+        exe.launch(s)
+        replay = exe.replay(s)
+        replay()
+        s.synchronize()
+        pid = os.fork()
+        if pid == 0:
+            refused = 0
+            for call in (replay, lambda: exe.launch(s)):
+                try:
+                    call()
+                except cuproc.ForkedProcessError:
+                    refused += 1
+            os._exit(0 if refused == 2 else 3)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status), fake.fork_violations())
+        """)
+    proc = run_python(code)
+    assert proc.stdout.strip() == "0 0", proc.stdout + proc.stderr
+
+
 def test_a_replay_holds_its_executable_graph_and_stream_and_refuses_once_they_ended(kit, fk, graphs):
     """A replay keeps what it launches alive, and once its stream, its executable graph or their context
     ended it refuses (ClosedResourceError) before a handle the driver hands out again reaches it."""
@@ -1719,6 +1803,35 @@ def test_a_second_free_into_another_capture_while_one_is_pending_is_refused(kit)
     assert not buf.allocated
     exe.launch(kit.stream)                                     # allocated again, and freed once more below
     kit.stream.synchronize()
+    buf.free_async()
+    kit.stream.synchronize()
+
+
+def test_an_older_freeing_graph_let_go_leaves_a_newer_pending_free_pending(kit):
+    """One capture's free launched, the memory allocated again, then freed into a second capture: the first
+    freeing graph, dropped now, must not make the buffer usable (the state is the second free's, and that
+    graph's launch still frees the memory); the second, dropped unlaunched, does."""
+    g, exe, buf, other, frees = _pending_free(kit)
+    freeing = frees.instantiate()
+    freeing.launch(other)                                      # the first free made
+    other.synchronize()
+    exe.launch(kit.stream)                                     # allocated again
+    kit.stream.synchronize()
+    third = Stream()
+    with cuproc.capture(third) as second:
+        buf.free_async(third)
+    assert not buf.allocated
+    del frees, freeing
+    gc.collect()                                               # the first pending free goes
+    assert not buf.allocated                                   # still the second's
+    with pytest.raises(ClosedResourceError):
+        host(buf)
+    with pytest.raises(InvalidValueError, match="not launched yet"):
+        exe.launch(kit.stream)
+    del second
+    gc.collect()                                               # the newest goes unlaunched: the buffer's again
+    assert buf.allocated
+    np.testing.assert_array_equal(host(buf), np.full(N, 7.0, np.float32))
     buf.free_async()
     kit.stream.synchronize()
 
