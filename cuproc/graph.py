@@ -58,6 +58,7 @@ from .graph_nodes import (
     EmptyNode,
     EventRecordNode,
     EventWaitNode,
+    GraphAllocation,
     GraphNode,
     HostCall,
     HostNode,
@@ -85,7 +86,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
     from typing import Any
 
-    from .graph_nodes import GraphAllocation
     from .stream_capture import CaptureInfo, StreamCapture
 
 _NODE_TYPE = ffi.typeof("CUgraphNodeType").relements
@@ -227,17 +227,39 @@ class Graph(GraphStructure, GraphPicture):
         p = alloc_params(self, nbytes)
         return self._add(call, MemAllocNode, depends_on, (p,), NodeRecord(0))  # type: ignore[return-value]
 
-    def add_free(self, memory: MemAllocNode | int, *, depends_on: Any = None) -> MemFreeNode:
-        """Free graph-owned memory (cuGraphAddMemFreeNode): a MemAllocNode's, or its address."""
+    def add_free(self, memory: MemAllocNode | GraphAllocation | int, *, depends_on: Any = None) -> MemFreeNode:
+        """Free graph-owned memory (cuGraphAddMemFreeNode): a MemAllocNode's, a captured graph allocation's
+        (:class:`~cuproc.graph_nodes.GraphAllocation`), or an address.
+
+        A graph allocation's free is tracked as a captured ``free_async`` is: pending from now (the buffer
+        refuses use), made by this graph's launches, undone if none is made (the graph dropped unlaunched, or
+        the node destroyed).  A bare address is the driver's business alone: cuproc cannot tell that a buffer's
+        memory was freed by it, so pass the buffer where you have one."""
         call = "cuGraphAddMemFreeNode"
         self._ready(call)
+        pending = None
         if isinstance(memory, MemAllocNode):
             address = memory.address
+        elif isinstance(memory, GraphAllocation):
+            if self.owner is not None:
+                raise invalid(call, f"{self.describe()} is a node's body: free a graph allocation in a graph of "
+                                    "its own (its launches are what free it)")
+            address = memory.address
+            pending = memory.free_by_node(call, self.describe())
         elif isinstance(memory, int) and not isinstance(memory, bool):
             address = memory
         else:
-            raise invalid(call, f"a free node takes a MemAllocNode or an address, not {type(memory).__name__}")
-        return self._add(call, MemFreeNode, depends_on, (address,), NodeRecord(0))  # type: ignore[return-value]
+            raise invalid(call, f"a free node takes a MemAllocNode, a GraphAllocation or an address, not "
+                                f"{type(memory).__name__}")
+        try:
+            node = self._add(call, MemFreeNode, depends_on, (address,), NodeRecord(0))
+        except BaseException:
+            if pending is not None:
+                pending.undo()
+            raise
+        if pending is not None:
+            self.free_on_launch((*self.pending_frees, pending))
+        return node  # type: ignore[return-value]
 
     # ---------------------------------------------------------------- conditional nodes
     def conditional_handle(self, default: int | None = None) -> ConditionalHandle:

@@ -893,6 +893,25 @@ class GraphAllocation(DeviceBuffer):
         self.ended = PENDING_FREE
         capture.free_pending(PendingFree(self))
 
+    def free_by_node(self, call: str, graph: str) -> PendingFree:
+        """A free node of this allocation is being added by hand (``Graph.add_free(buffer)``) to ``graph``:
+        the free is pending from now, as a captured free is (:class:`PendingFree`, which the caller gives its
+        graph).  Refused while the memory is not allocated now, or another graph's free of it is pending (two
+        free nodes would free it twice), or a DLPack export of it is alive."""
+        if self.ended == PENDING_FREE:
+            raise invalid(call, f"{self.describe()} has a free pending in another graph (it frees the memory when "
+                                "that graph is launched): a second free node would free it twice; launch that "
+                                "graph first, or drop it unlaunched")
+        if self.ended in (FREED_UNTIL_LAUNCH, NOT_ALLOCATED):
+            raise invalid(call, f"{graph} cannot free {self.describe()} from here: it is not allocated now "
+                                f"({self.ended}); add the free node after a launch of its executable graph")
+        self.check(call)
+        if id(self) in EXPORTS and self.has_views():
+            raise BufferError(f"{call} was not called: {self.describe()} still has views (a DLPack export); drop "
+                              "them first")
+        self.ended = PENDING_FREE
+        return PendingFree(self)
+
     def _capture_on(self, h: Any, call: str) -> Any:
         """The cuproc capture running on stream ``h`` (None when it is not being captured); refused for a
         capture cuproc does not run."""
@@ -925,9 +944,20 @@ def adopt_graph_allocation(buffer: DeviceBuffer) -> GraphAllocation:
 
 
 class MemFreeNode(GraphNode):
-    """Frees graph-owned memory (cuGraphAddMemFreeNode)."""
+    """Frees graph-owned memory (cuGraphAddMemFreeNode).  Destroyed, it takes with it the pending free of
+    the graph allocation it frees (``free_async`` in a capture, ``Graph.add_free(buffer)``): launches of
+    executable graphs made from the graph afterwards free nothing there (those made before still do)."""
 
     type = "mem_free"
+
+    def _release(self) -> int:
+        out = ffi.new("CUdeviceptr *")
+        ctx = self.graph.context
+        known = not ctx.call_current(self.driver.cuGraphMemFreeNodeGetParams, self.handle, out)
+        rc = super()._release()
+        if not rc and known:
+            self.graph.forget_frees_at(int(out[0]))
+        return rc
 
     @property
     def address(self) -> int:

@@ -156,9 +156,15 @@ class GraphStructure(Resource):
         return self.context
 
     def free_on_launch(self, frees: Iterable[PendingFree]) -> None:
-        """``frees``: the graph allocations this captured graph's free nodes free -- kept (and so pending) while
-        this graph or an executable graph made from it may launch (see graph_nodes.PendingFree)."""
+        """``frees``: the graph allocations this graph's free nodes free (captured, or added by hand) -- kept
+        (and so pending) while this graph or an executable graph made from it may launch (see
+        graph_nodes.PendingFree)."""
         self.pending_frees = tuple(frees)
+
+    def forget_frees_at(self, address: int) -> None:
+        """The free node of ``address`` left this graph (cuGraphDestroyNode): its pending free is no longer this
+        graph's (undone once no executable graph holds it either)."""
+        self.pending_frees = tuple(p for p in self.pending_frees if p.allocation.address != address)
 
     # ---------------------------------------------------------------- nodes
     def _forget(self, node: GraphNode) -> None:

@@ -130,3 +130,42 @@ def test_an_older_freeing_graph_let_go_leaves_a_newer_pending_free_pending(kit):
     third.synchronize()
     assert not buf.allocated
     _relaunched_and_freed(kit, exe, buf)
+
+
+def test_a_free_node_added_by_hand_frees_a_graph_allocation(kit):
+    """Graph.add_free(buffer): the hand-built graph's launch frees the memory (the driver then launches the
+    allocating graph again, which it refuses while the memory is allocated)."""
+    g, exe, buf, other, frees = _pending_free(kit)
+    frees.instantiate().launch(other)                          # the captured free, made
+    other.synchronize()
+    exe.launch(kit.stream)                                     # allocated again
+    kit.stream.synchronize()
+    assert buf.allocated
+    by_hand = Graph()
+    by_hand.add_free(buf)
+    assert not buf.allocated
+    drv = kit.stream.context.driver
+    assert drv.cuGraphLaunch(exe.handle, kit.stream.handle) != 0     # the driver: still allocated
+    by_hand.instantiate().launch(kit.stream)
+    kit.stream.synchronize()
+    _relaunched_and_freed(kit, exe, buf)
+
+
+def test_a_destroyed_free_node_frees_nothing(kit):
+    """A captured graph's free node destroyed: an executable graph made afterwards frees nothing (the driver
+    still refuses the allocating graph's launch after it ran), and the buffer is usable again."""
+    g, exe, buf, other, frees = _pending_free(kit)
+    [node] = frees.nodes
+    node.destroy()
+    after = frees.instantiate()
+    after.launch(other)
+    other.synchronize()
+    drv = kit.stream.context.driver
+    assert drv.cuGraphLaunch(exe.handle, kit.stream.handle) != 0     # the driver: the memory was not freed
+    del frees, after
+    gc.collect()
+    assert buf.allocated
+    np.testing.assert_array_equal(host(buf), np.full(N, 7.0, np.float32))
+    buf.free_async()
+    kit.stream.synchronize()
+    _relaunched_and_freed(kit, exe, buf)

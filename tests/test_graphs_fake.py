@@ -1836,6 +1836,69 @@ def test_an_older_freeing_graph_let_go_leaves_a_newer_pending_free_pending(kit):
     kit.stream.synchronize()
 
 
+def test_a_free_node_added_by_hand_for_a_graph_allocation_is_a_pending_free(kit):
+    """Graph.add_free(buffer) of a graph allocation: pending from then (the buffer refuses use, the allocating
+    graph may not launch again), made by the hand-built graph's launch (the allocating graph then launches
+    again), undone when that graph goes unlaunched; refused while it is not allocated, or pending elsewhere."""
+    g, exe, buf = _launched_allocation(kit)
+    by_hand = Graph()
+    node = by_hand.add_free(buf)
+    assert isinstance(node, MemFreeNode) and node.address == buf.address and not buf.allocated
+    with pytest.raises(InvalidValueError, match="free pending"):
+        Graph().add_free(buf)                                  # a second free node would free it twice
+    with pytest.raises(InvalidValueError, match="not launched yet"):
+        exe.launch(kit.stream)
+    with pytest.raises(InvalidValueError, match="memory"):
+        Graph().add_child_graph(by_hand)                       # the driver clones children: refused first
+    freeing = by_hand.instantiate()
+    freeing.launch(kit.stream)
+    kit.stream.synchronize()
+    assert not buf.allocated
+    with pytest.raises(InvalidValueError, match="not allocated now"):
+        Graph().add_free(buf)                                  # freed: nothing to free until the next launch
+    exe.launch(kit.stream)                                     # the driver found it freed
+    kit.stream.synchronize()
+    assert buf.allocated
+    unlaunched = Graph()
+    unlaunched.add_free(buf)
+    assert not buf.allocated
+    del unlaunched
+    gc.collect()
+    assert buf.allocated                                       # nothing will free it: the buffer's again
+    np.testing.assert_array_equal(host(buf), np.full(N, 7.0, np.float32))
+    buf.free_async()
+    kit.stream.synchronize()
+
+
+def test_destroying_a_free_node_takes_its_pending_free_along(kit):
+    """A captured graph's free node destroyed: executable graphs made from the graph afterwards free nothing
+    (their launch leaves the buffer allocated, the driver agrees), and once no one holds the free the buffer is
+    usable again; one made before still frees it."""
+    g, exe, buf, other, frees = _pending_free(kit)
+    before = frees.instantiate()                               # has the free node
+    [node] = frees.nodes
+    node.destroy()
+    assert frees.pending_frees == () and not buf.allocated     # ``before`` still holds the free
+    after = frees.instantiate()
+    after.launch(other)                                        # an empty graph: frees nothing
+    other.synchronize()
+    assert not buf.allocated
+    before.launch(other)                                       # made before the destroy: frees it
+    other.synchronize()
+    assert not buf.allocated
+    exe.launch(kit.stream)
+    kit.stream.synchronize()
+    assert buf.allocated
+    with cuproc.capture(other) as again:
+        buf.free_async(other)
+    [node] = again.nodes
+    node.destroy()
+    gc.collect()
+    assert buf.allocated                                       # no graph frees it any more
+    buf.free_async()
+    kit.stream.synchronize()
+
+
 def test_two_executable_graphs_freeing_one_allocation_from_two_threads_free_it_once(kit):
     """Both executable graphs of one captured free check that the memory is allocated, launch, then commit:
     from two threads at once, one frees it and the other is refused before the driver (never a second
