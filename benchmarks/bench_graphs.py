@@ -358,8 +358,9 @@ def run_section(smoke: bool, tmp: Path) -> Section:
         "graphs, capture: one capture + instantiate per round (the graph and its executable graph destroyed after "
         "the timing), median over rounds; paired against the C floor and against cuda.core's GraphBuilder",
         "graphs, GraphExec.replay: a closure holding the executable graph and the stream: one comparison of the "
-        "resource epoch (the full checks again only when something ended), then drv.checked.cuGraphLaunch on both "
-        "handles (see its docstring)",
+        "executable graph's fast-path epoch with the resource epoch (the full checks again only when something "
+        "ended or the executable graph changed), then the raw drv.cuGraphLaunch on both handles, its result "
+        "tested (see its docstring)",
         "graphs, Python floor: the raw C name called from a closure, its result not even read -- what any Python "
         "caller pays over the C loop (the interpreter between two driver calls); the replay's own cost is the "
         "difference between its row and this one"]

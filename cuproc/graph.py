@@ -241,9 +241,10 @@ class Graph(GraphStructure, GraphPicture):
         if isinstance(memory, MemAllocNode):
             address = memory.address
         elif isinstance(memory, GraphAllocation):
-            if self.owner is not None:
-                raise invalid(call, f"{self.describe()} is a node's body: free a graph allocation in a graph of "
-                                    "its own (its launches are what free it)")
+            if self.owner is not None or self.adopted:
+                raise invalid(call, f"{self.describe()} is {'a node body' if self.owner is not None else 'another library'}"
+                                    "'s: free a graph allocation in a cuproc graph of its own (its launches, which "
+                                    "cuproc makes, are what free it)")
             address = memory.address
             pending = memory.free_by_node(call, self.describe())
         elif isinstance(memory, int) and not isinstance(memory, bool):

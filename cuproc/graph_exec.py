@@ -39,7 +39,7 @@ from ._ffi import ffi
 from ._immortal import keep_forever
 from ._resource import EPOCH, Resource, report
 from ._support import arity, handle_int, invalid
-from .errors import ClosedResourceError, result_code
+from .errors import ClosedResourceError, CudaError, result_code
 from .graph_errors import GraphInstantiateError, GraphUpdateError, flag_value, with_details
 from .graph_nodes import PENDING_FREE, KernelNode, NodeRecord, PendingFree, kernel_parts, kernel_struct, runtime_objects
 from .graph_structure import GraphStructure
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from .context import Context
 
 _UPDATE_FAILURE = result_code("CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE")
+_NOT_SUPPORTED = result_code("CUDA_ERROR_NOT_SUPPORTED")
 INSTANTIATE_FLAGS = ffi.typeof("CUgraphInstantiate_flags").relements
 _INSTANTIATE_RESULTS = ffi.typeof("CUgraphInstantiateResult").elements
 _UPDATE_RESULTS = ffi.typeof("CUgraphExecUpdateResult").elements
@@ -62,6 +63,23 @@ _LOG_SIZE = 4096                # cuGraphInstantiate's (11.x ABI) log buffer
 def instantiate_flags(flags: int | Iterable[str]) -> int:
     """``CUgraphInstantiate_flags`` as an int (names with or without ``CUDA_GRAPH_INSTANTIATE_FLAG_``)."""
     return flag_value(flags, INSTANTIATE_FLAGS, "CUDA_GRAPH_INSTANTIATE_FLAG_", "cuGraphInstantiate")
+
+
+def one_executable_graph_note(graph: GraphStructure, rc: int) -> str:
+    """Why the driver answered CUDA_ERROR_NOT_SUPPORTED to an instantiation of ``graph``, or to an update with it,
+    where the graph has memory alloc or free nodes (cuda.h: such a graph has at most one executable graph at a
+    time; driver 580 counts one updated with the graph as its executable graph too); "" otherwise.  The driver
+    is the one that knows which executable graph that is (cuproc does not refuse first: dropped ones live until
+    collected, and the driver's bookkeeping decides)."""
+    if rc != _NOT_SUPPORTED:
+        return ""
+    try:
+        memory = graph.has_memory_nodes()
+    except CudaError:
+        return ""
+    return ("the graph has memory alloc or free nodes, and such a graph has one executable graph at a time (the one "
+            "instantiated from it, or updated with it): destroy that one first (exe.destroy()), or update it "
+            "instead") if memory else ""
 
 
 def instantiate(graph: GraphStructure, flags: int | Iterable[str] = 0, upload: Any = None) -> GraphExec:
@@ -101,7 +119,7 @@ def instantiate(graph: GraphStructure, flags: int | Iterable[str] = 0, upload: A
                    f"at {node.describe()}" if node is not None else "",
                    f"at node {handle_int(error_node):#x} (not found in the graph)"
                    if node is None and error_node != ffi.NULL else "",
-                   f"log: {log}" if log else ""]
+                   f"log: {log}" if log else "", one_executable_graph_note(graph, rc)]
         raise with_details(GraphInstantiateError, drv.error(rc, call), ", ".join(filter(None, details)),
                            result=result, node=node, log=log)
     return GraphExec._made(graph, out[0], ctx, value)
@@ -283,6 +301,7 @@ class GraphExec(Resource):
         left checked at (what lets :meth:`launch` skip the checks) is set only when all of them passed;
         ``_fast_at``, the epoch :meth:`launch`'s fast path compares, only where launches track no graph memory
         (those take every check, every time)."""
+        epoch = EPOCH[0]           # taken first: whatever ends during the walk moves it, and the next launch checks
         self._checked_at = self._fast_at = -1
         self.check(call)
         for resource in self._held:
@@ -290,8 +309,8 @@ class GraphExec(Resource):
             if gone is not None:
                 self._checked_at = -1
                 raise ClosedResourceError(call, self.describe(), gone.describe(), gone.ended or "closed")
-        if not self._tracks_memory:
-            self._fast_at = self._checked_at
+        if self._checked_at == epoch and not self._tracks_memory:
+            self._fast_at = epoch
 
     # ---------------------------------------------------------------- launch
     def launch(self, stream: Any = None) -> None:
@@ -305,17 +324,15 @@ class GraphExec(Resource):
 
         Threads: a launch waits for an :meth:`update` or :meth:`set_kernel_args` another thread is making
         (one lock per executable graph), so it launches the graph as it was before or after that change.
-        The driver orders launches of one executable graph itself.  The lock is taken by ``acquire`` and
-        ``release`` rather than ``with``: on the machines measured the ``with`` statement's method lookups cost
-        about 200 ns more per launch (benchmarks/overhead_fake.py), a tenth of a 256-kernel graph's launch.
+        The driver orders launches of one executable graph itself.  The lock is taken by a ``with`` statement,
+        not ``acquire()`` and ``try``: an interrupt (KeyboardInterrupt) arriving between those two would leave it
+        held for good, which ``with`` rules out; it costs about 100-150 ns more per launch on the GPU machine.
 
         A captured graph's allocations (:class:`~cuproc.graph_nodes.GraphAllocation`) are allocated by
         each launch: the launch is refused while one from the last launch is not freed (the driver would
         refuse it) unless the graph was instantiated with ``AUTO_FREE_ON_LAUNCH``; one whose buffer was
         dropped is freed right after each launch, on its stream."""
-        lock = self._lock
-        lock.acquire()
-        try:
+        with self._lock:
             epoch = EPOCH[0]
             # _fast_at: this executable graph and all it holds were checked at this epoch, and its launches
             # track no graph memory; a Stream's _checked_at: it was checked at this epoch (-1 from creation)
@@ -340,8 +357,6 @@ class GraphExec(Resource):
                     self._launch_checked(stream)
             else:
                 self._launch_checked(stream)
-        finally:
-            lock.release()
 
     def _launch_checked(self, stream: Any) -> None:
         """launch() with every check: liveness, the stream, graph memory; the driver call; what it commits."""
@@ -419,9 +434,12 @@ class GraphExec(Resource):
         :meth:`launch` where buffers may end.  A graph with host nodes or host memory is refused here: each of
         its launches must keep them until it ran (use :meth:`launch`).
 
-        It does not take the executable graph's lock (:meth:`launch`, :meth:`update` and
-        :meth:`set_kernel_args` do): a replay racing an update or an argument change from another thread is
-        the caller's to order, as for the driver's own executable graphs.
+        Its call compares the executable graph's own fast-path epoch (what :meth:`launch` compares), which an
+        :meth:`update` or :meth:`set_kernel_args` resets: after one, the next call checks again, under the
+        executable graph's lock, and refuses once the graph has host nodes, host memory or graph memory (an
+        update may bring them).  The driver call itself does not take the lock (:meth:`launch` does): a replay
+        racing an update or an argument change from another thread is the caller's to order, as for the
+        driver's own executable graphs.
 
         It is a closure, not an instance of a class: calling an instance runs its ``__call__`` through the
         interpreter's slower slot (about 160 ns more per call than a function, CPython 3.11), which is the
@@ -441,15 +459,10 @@ class GraphExec(Resource):
             raise invalid(call, f"{self.describe()} allocates or frees graph memory (alloc_async, free_async in a "
                                 "capture), which launches track: replay it with launch()")
         exe, launch, h, s = self, self._graph_launch, self.handle, stream.handle
-        seen = EPOCH[0]          # the epoch at which exe and stream were last found alive
 
         def replay(_epoch: list[int] = EPOCH) -> None:
-            nonlocal seen
-            if _epoch[0] != seen:                # something ended somewhere (or fork): check ours again
-                epoch = _epoch[0]
-                exe._verify(call)
-                stream.check(call)
-                seen = epoch
+            if exe._fast_at != _epoch[0]:        # something ended somewhere (or fork), or exe changed: check
+                exe._replay_checks(call, stream)
             rc = launch(h, s)
             if rc:
                 exe._launch_failed(rc, s)
@@ -457,6 +470,17 @@ class GraphExec(Resource):
         replay.graph_exec = exe                  # type: ignore[attr-defined]
         replay.stream = stream                   # type: ignore[attr-defined]
         return replay
+
+    def _replay_checks(self, call: str, stream: Stream) -> None:
+        """A replay's checks, once something ended (or the process forked) or this executable graph changed:
+        under the lock, this executable graph, all it holds and ``stream``; then refuse what a replay cannot
+        launch (an update may have brought host nodes, host memory or graph memory)."""
+        with self._lock:
+            self._verify(call)
+            stream.check(call)
+            if self._flight or self._tracks_memory:
+                raise invalid(call, f"{self.describe()} has host nodes, host memory or graph memory now (an update "
+                                    "brought them), which each launch must track: launch it with launch()")
 
     def upload(self, stream: Any = None) -> None:
         """cuGraphUpload: make the launch's resources ready on ``stream`` ahead of the first launch."""
@@ -508,7 +532,9 @@ class GraphExec(Resource):
             failed = rc == _UPDATE_FAILURE
             error_node = graph.find_node(node) if failed and node != ffi.NULL else None
             from_node = graph.find_node(other) if failed and other != ffi.NULL else None
-            details = f"the driver's reason: {reason}" + (f" at {error_node.describe()}" if error_node else "")
+            details = "; ".join(filter(None, [
+                f"the driver's reason: {reason}" + (f" at {error_node.describe()}" if error_node else ""),
+                one_executable_graph_note(graph, rc)]))
             raise with_details(GraphUpdateError, drv.error(rc, call), details, reason=reason, node=error_node,
                                from_node=from_node)
 

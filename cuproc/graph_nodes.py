@@ -46,7 +46,7 @@ from . import _fork
 from ._ffi import ffi
 from ._immortal import keep_forever
 from ._namedtuple import NamedTuple
-from ._resource import Resource
+from ._resource import DEFER_DROP, Resource
 from ._support import arity, handle_int, invalid
 from .allocation import EXPORTS
 from .context import Context
@@ -324,9 +324,12 @@ class GraphNode(Resource):
         return rc
 
     def destroy(self) -> None:
-        """cuGraphDestroyNode: remove this node (and its edges) from the graph.  Idempotent."""
+        """cuGraphDestroyNode: remove this node (and its edges) from the graph.  Idempotent.  Refused before the
+        driver, the node left as it was, in a graph with memory alloc or free nodes: cuda.h allows no node of
+        such a graph to be destroyed (the driver answers CUDA_ERROR_NOT_SUPPORTED)."""
         if self.ended is None:
             self.check("cuGraphDestroyNode")
+            self.graph.refuse_removal_in_memory_graph("cuGraphDestroyNode", self.describe())
         self.close()
 
     def _use(self, call: str) -> Context:
@@ -713,9 +716,16 @@ FREED_UNTIL_LAUNCH = "freed (a graph allocation: the next launch of its executab
 PENDING_FREE = ("freed by a free node of a stream capture: the memory exists until a launch of that capture's "
                 "graph frees it (should that capture fail, or its graph and executable graphs go unlaunched, it "
                 "is allocated again and usable)")
+#: How a graph allocation reads once it was collected while a free node of it was pending (a reference cycle
+#: through the freeing graph): its memory is freed when that free is undone (PendingFree.undo).
+DROPPED_PENDING = "dropped while a free of it was pending (freed once that free is undone)"
 #: id(allocation) -> the serial number of its newest PendingFree (see PendingFree)
 _NEWEST_FREE: dict[int, int] = {}
 _FREE_SERIALS = itertools.count(1)
+#: held while a graph allocation's pending state is tested and changed (a free into a capture or a free node
+#: added by hand, an undo, a commit): a finalizer in another thread (the collector runs anywhere) never undoes
+#: a free between another thread's test and its change.  Re-entrant: a finalizer may run while it is held.
+_PENDING_LOCK = _fork.rlock()
 #: the cuproc capture running on a stream: ``(driver, context, CUstream) -> StreamCapture | None``, set by
 #: cuproc.stream_capture when imported (it sits above this module); None: cuproc runs no capture
 CAPTURE_ON: list[Callable[[Driver, Context, Any], Any] | None] = [None]
@@ -745,6 +755,7 @@ class PendingFree:
     __slots__ = ("allocation", "serial")
 
     def __init__(self, allocation: GraphAllocation) -> None:
+        """Made with _PENDING_LOCK held, right after ``allocation`` was set pending."""
         self.allocation = allocation
         self.serial = next(_FREE_SERIALS)
         _NEWEST_FREE[id(allocation)] = self.serial
@@ -759,20 +770,30 @@ class PendingFree:
 
     def launched(self) -> None:
         """A launch holding the free node was made: the memory is freed, until its graph's next launch."""
-        self.allocation.ended = FREED_UNTIL_LAUNCH
+        with _PENDING_LOCK:
+            self.allocation.ended = FREED_UNTIL_LAUNCH
 
     def undo(self) -> None:
         """The free will not happen (its capture failed, or no launch will make it): allocated again, when this
-        is the allocation's newest pending free (an older one's state was replaced by a newer free's)."""
+        is the allocation's newest pending free (an older one's state was replaced by a newer free's).  Where
+        the allocation was collected meanwhile (both in one reference cycle, its finalizer first), its memory
+        is freed now: nothing else would."""
         a = self.allocation
-        if _NEWEST_FREE.get(id(a)) != self.serial:
-            return
-        del _NEWEST_FREE[id(a)]
-        if a.ended == PENDING_FREE:
-            a.ended = None
+        with _PENDING_LOCK:
+            if _NEWEST_FREE.get(id(a)) != self.serial:
+                return
+            del _NEWEST_FREE[id(a)]
+            if a.ended == PENDING_FREE:
+                a.ended = None
+            dropped = a.ended == DROPPED_PENDING
+        if dropped:
+            a.free_after_drop()
 
     def __del__(self) -> None:
-        self.undo()
+        try:
+            self.undo()
+        except Exception:  # noqa: BLE001 - a finalizer never raises (interpreter exit may have taken the lock)
+            pass
 
 
 class GraphAllocation(DeviceBuffer):
@@ -802,6 +823,26 @@ class GraphAllocation(DeviceBuffer):
 
     def describe(self) -> str:
         return f"graph allocation of {self.nbytes} bytes at {self.address:#x}"
+
+    def __del__(self) -> None:
+        """Collected while a free node of it is pending (only possible in one reference cycle with that free's
+        graph: the free holds it): nothing to free yet -- the memory is freed when the free is undone, which
+        the pending free's own finalizer does (:meth:`PendingFree.undo`).  Otherwise as any DeviceBuffer."""
+        if self.ended == PENDING_FREE:
+            with _PENDING_LOCK:
+                if self.ended == PENDING_FREE:
+                    self.ended = DROPPED_PENDING
+                    return
+        DeviceBuffer.__del__(self)
+
+    def free_after_drop(self) -> None:
+        """Free the memory of a graph allocation collected while a free of it was pending, once that free was
+        undone: what its finalizer would have done (put off while a stream capture prohibits the free)."""
+        self.ended = None
+        defer = DEFER_DROP[0]
+        if defer is not None and defer(self):
+            return
+        self._end_drop(self._drop)
 
     @property
     def allocated(self) -> bool:
@@ -890,27 +931,34 @@ class GraphAllocation(DeviceBuffer):
         if capture is None:
             self.ended = FREED_UNTIL_LAUNCH
             return
-        self.ended = PENDING_FREE
-        capture.free_pending(PendingFree(self))
+        with _PENDING_LOCK:       # the test above and this change, as one step against a finalizer's undo
+            if self.ended is not None:
+                raise invalid(call, f"{self.describe()} was freed by another thread while this free was made: the "
+                                    "capture now frees it twice; end it with an exception (its graph is discarded)")
+            self.ended = PENDING_FREE
+            pending = PendingFree(self)
+        capture.free_pending(pending)
 
     def free_by_node(self, call: str, graph: str) -> PendingFree:
         """A free node of this allocation is being added by hand (``Graph.add_free(buffer)``) to ``graph``:
         the free is pending from now, as a captured free is (:class:`PendingFree`, which the caller gives its
         graph).  Refused while the memory is not allocated now, or another graph's free of it is pending (two
-        free nodes would free it twice), or a DLPack export of it is alive."""
-        if self.ended == PENDING_FREE:
-            raise invalid(call, f"{self.describe()} has a free pending in another graph (it frees the memory when "
-                                "that graph is launched): a second free node would free it twice; launch that "
-                                "graph first, or drop it unlaunched")
-        if self.ended in (FREED_UNTIL_LAUNCH, NOT_ALLOCATED):
-            raise invalid(call, f"{graph} cannot free {self.describe()} from here: it is not allocated now "
-                                f"({self.ended}); add the free node after a launch of its executable graph")
-        self.check(call)
-        if id(self) in EXPORTS and self.has_views():
-            raise BufferError(f"{call} was not called: {self.describe()} still has views (a DLPack export); drop "
-                              "them first")
-        self.ended = PENDING_FREE
-        return PendingFree(self)
+        free nodes would free it twice), or a DLPack export of it is alive.  The tests and the change are one
+        step (_PENDING_LOCK): two threads adding a free node of it make one pending free, and refuse the other."""
+        with _PENDING_LOCK:
+            if self.ended == PENDING_FREE:
+                raise invalid(call, f"{self.describe()} has a free pending in another graph (it frees the memory "
+                                    "when that graph is launched): a second free node would free it twice; launch "
+                                    "that graph first, or drop it unlaunched")
+            if self.ended in (FREED_UNTIL_LAUNCH, NOT_ALLOCATED):
+                raise invalid(call, f"{graph} cannot free {self.describe()} from here: it is not allocated now "
+                                    f"({self.ended}); add the free node after a launch of its executable graph")
+            self.check(call)
+            if id(self) in EXPORTS and self.has_views():
+                raise BufferError(f"{call} was not called: {self.describe()} still has views (a DLPack export); "
+                                  "drop them first")
+            self.ended = PENDING_FREE
+            return PendingFree(self)
 
     def _capture_on(self, h: Any, call: str) -> Any:
         """The cuproc capture running on stream ``h`` (None when it is not being captured); refused for a
@@ -944,20 +992,9 @@ def adopt_graph_allocation(buffer: DeviceBuffer) -> GraphAllocation:
 
 
 class MemFreeNode(GraphNode):
-    """Frees graph-owned memory (cuGraphAddMemFreeNode).  Destroyed, it takes with it the pending free of
-    the graph allocation it frees (``free_async`` in a capture, ``Graph.add_free(buffer)``): launches of
-    executable graphs made from the graph afterwards free nothing there (those made before still do)."""
+    """Frees graph-owned memory (cuGraphAddMemFreeNode)."""
 
     type = "mem_free"
-
-    def _release(self) -> int:
-        out = ffi.new("CUdeviceptr *")
-        ctx = self.graph.context
-        known = not ctx.call_current(self.driver.cuGraphMemFreeNodeGetParams, self.handle, out)
-        rc = super()._release()
-        if not rc and known:
-            self.graph.forget_frees_at(int(out[0]))
-        return rc
 
     @property
     def address(self) -> int:

@@ -28,7 +28,7 @@ import weakref
 from ._ffi import ffi
 from ._resource import EPOCH, FORKED, Resource
 from ._support import arity, handle_int, invalid
-from .errors import ClosedResourceError
+from .errors import ClosedResourceError, refusal
 from .graph_nodes import (GraphNode, NodeRecord, kernel_node_params, launches_recorded, node_array, node_class,
                           runtime_objects)
 
@@ -161,10 +161,20 @@ class GraphStructure(Resource):
         graph_nodes.PendingFree)."""
         self.pending_frees = tuple(frees)
 
-    def forget_frees_at(self, address: int) -> None:
-        """The free node of ``address`` left this graph (cuGraphDestroyNode): its pending free is no longer this
-        graph's (undone once no executable graph holds it either)."""
-        self.pending_frees = tuple(p for p in self.pending_frees if p.allocation.address != address)
+    def has_memory_nodes(self) -> bool:
+        """Does this graph have a memory alloc or free node (the driver's node types, cuGraphNodeGetType)?  cuda.h
+        restricts such a graph: its nodes and edges cannot be removed, it cannot be cloned or be a child graph,
+        and it has at most one executable graph at a time (driver 580 answers CUDA_ERROR_NOT_SUPPORTED)."""
+        return any(self._node_type(h).type in ("mem_alloc", "mem_free") for h in self._handles("cuGraphGetNodes"))
+
+    def refuse_removal_in_memory_graph(self, call: str, what: str) -> None:
+        """Raise before ``call`` (removing ``what``) when this graph has memory nodes, which the driver refuses
+        (cuda.h; CUDA_ERROR_NOT_SUPPORTED) -- for a node, after cuproc had marked it destroyed."""
+        if self.has_memory_nodes():
+            raise refusal(call, f"{what} of {self.describe()} cannot be removed: the graph has memory alloc or free "
+                                "nodes, and cuda.h allows no node or edge of such a graph to be removed (the driver "
+                                "answers CUDA_ERROR_NOT_SUPPORTED); build the graph again without it",
+                          code_name="CUDA_ERROR_NOT_SUPPORTED")
 
     # ---------------------------------------------------------------- nodes
     def _forget(self, node: GraphNode) -> None:
@@ -310,6 +320,8 @@ class GraphStructure(Resource):
         drv = self.driver
         if not froms:
             return
+        if call == "cuGraphRemoveDependencies":
+            self.refuse_removal_in_memory_graph(call, "an edge")
         a, b = node_array(froms), node_array(tos)
         args = (self.handle, a, b, ffi.NULL, len(froms)) if arity(drv, call) == 5 else (self.handle, a, b, len(froms))
         drv.check(ctx.call_current(getattr(drv, call), *args), call)

@@ -233,7 +233,11 @@ struct gnode {
   struct { CUgraphConditionalHandle handle; int type; unsigned size; handle_t body[MAX_BODIES]; } cond;
 };
 
-struct gdata { int tag; size_t n, cap; handle_t *nodes; /* insertion order */ };
+/* owner, owner_serial: the executable graph that is this graph's one instantiation while the graph has memory
+ * alloc or free nodes (cuda.h: "at most one executable graph in existence for that graph at a time"; the real
+ * driver counts one updated with the graph too): its handle and serial, so a reused handle is no owner. */
+struct gdata { int tag; size_t n, cap; handle_t *nodes; /* insertion order */ handle_t owner;
+               unsigned long long owner_serial; };
 
 struct xnode {
   handle_t orig;           /* the node of the instantiated graph */
@@ -246,7 +250,8 @@ struct xnode {
   struct { CUgraphConditionalHandle handle; int type; unsigned size; struct xgraph *body[MAX_BODIES]; } cond;
 };
 struct xgraph { size_t n; struct xnode *nodes; size_t *order; };
-struct gexec { int tag, busy, dead; unsigned long long flags; struct xgraph *g; };
+struct gexec { int tag, busy, dead; unsigned long long flags; struct xgraph *g; unsigned long long serial; };
+static unsigned long long exec_serials;
 
 static void **side;
 static size_t nside;
@@ -911,6 +916,18 @@ static CUresult clone_graph(handle_t src, handle_t parent, handle_t *out) {
   return rc;
 }
 
+/* The one-instantiation rule of graphs with memory nodes (see struct gdata): is g's owner a live executable
+ * graph other than `except` (a handle; 0: none)?  own() makes e (handle h) its owner. */
+static int owner_alive(struct gdata *g, handle_t except) {
+  if (!g || !g->owner || g->owner == except) return 0;
+  struct gexec *e = side_of(g->owner, TAG_EXEC);   /* no stale use: a destroyed owner is simply none */
+  return e && e->serial == g->owner_serial;
+}
+
+static void own(struct gdata *g, handle_t h, struct gexec *e) {
+  if (g) { g->owner = h; g->owner_serial = e->serial; }
+}
+
 /* Does graph h (or a child graph in it) have a memory alloc or free node?  cuGraphAddChildGraphNode clones
  * its child (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE) and refuses such a child, as cuda.h documents. */
 static int has_memory_nodes(handle_t h) {
@@ -1109,7 +1126,10 @@ static CUresult cuGraphNodeGetType(CUgraphNode node, int *type) {
 static CUresult cuGraphDestroyNode(CUgraphNode node) {
   ENTER("cuGraphDestroyNode");
   CUresult rc;
-  if (!node_of(node, &rc)) return rc;
+  struct gnode *n = node_of(node, &rc);
+  if (!n) return rc;
+  /* cuda.h: nodes of a graph with memory alloc or free nodes cannot be destroyed (driver 580: NOT_SUPPORTED) */
+  if (has_memory_nodes(n->graph)) return E_NOT_SUPPORTED;
   destroy_node_obj((handle_t)node);
   return OK;
 }
@@ -1266,6 +1286,8 @@ static CUresult cuGraphAddDependencies_v2(CUgraph graph, const CUgraphNode *from
 static CUresult cuGraphRemoveDependencies_v2(CUgraph graph, const CUgraphNode *from, const CUgraphNode *to,
                                              const CUgraphEdgeData *edges, size_t n) {
   ENTER("cuGraphRemoveDependencies");
+  /* cuda.h: no edge of a graph with memory alloc or free nodes is removed (driver 580: NOT_SUPPORTED) */
+  if (side_of((handle_t)graph, TAG_GRAPH) && has_memory_nodes((handle_t)graph)) return E_NOT_SUPPORTED;
   return edit_edges(graph, from, to, edges, n, 0);
 }
 
@@ -1368,6 +1390,8 @@ static CUresult instantiate(CUgraphExec *out, CUgraph graph, unsigned long long 
       return E_INVALID_VALUE;
     }
   }
+  int memory = has_memory_nodes((handle_t)graph);
+  if (memory && owner_alive(graph_of(graph, &rc), 0)) return E_NOT_SUPPORTED;   /* driver 580: 801 */
   struct xgraph *x = snapshot((handle_t)graph, in, &rc);
   if (!x) return rc;
   struct gexec *e = calloc(1, sizeof *e);
@@ -1376,7 +1400,9 @@ static CUresult instantiate(CUgraphExec *out, CUgraph graph, unsigned long long 
   e->tag = TAG_EXEC;
   e->flags = flags;
   e->g = x;
+  e->serial = ++exec_serials;
   *out = (CUgraphExec)o->h;
+  if (memory) own(graph_of(graph, &rc), o->h, e);
   return OK;
 }
 
@@ -1753,10 +1779,15 @@ static CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, CUgraphExe
   CUresult rc;
   struct gexec *x = exec_of(exec, &rc);
   if (!x) return rc;
-  if (!graph_of(graph, &rc)) return rc;
+  struct gdata *gd = graph_of(graph, &rc);
+  if (!gd) return rc;
+  memset(info, 0, sizeof *info);
+  int memory = has_memory_nodes((handle_t)graph);
+  /* driver 580: a graph with memory nodes whose instantiation is another live executable graph: 801, the
+   * result left SUCCESS; a successful update makes this executable graph that graph's instantiation */
+  if (memory && owner_alive(gd, (handle_t)exec)) return E_NOT_SUPPORTED;
   struct inst in = {0, 0, NULL, obj_at((handle_t)exec)->ctx};
   struct xgraph *y = snapshot((handle_t)graph, &in, &rc);
-  memset(info, 0, sizeof *info);
   if (!y) {
     if (rc != E_INVALID_VALUE) return rc;
     info->result = in.result == INST_MULTIPLE_CTXS ? UPD_UNSUPPORTED_FUNCTION_CHANGE : UPD_TOPOLOGY_CHANGED;
@@ -1772,6 +1803,7 @@ static CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, CUgraphExe
   }
   take_params(x->g, y);
   free_xgraph(y);
+  if (memory) own(gd, (handle_t)exec, x);
   return OK;
 }
 

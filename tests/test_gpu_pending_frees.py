@@ -151,21 +151,42 @@ def test_a_free_node_added_by_hand_frees_a_graph_allocation(kit):
     _relaunched_and_freed(kit, exe, buf)
 
 
-def test_a_destroyed_free_node_frees_nothing(kit):
-    """A captured graph's free node destroyed: an executable graph made afterwards frees nothing (the driver
-    still refuses the allocating graph's launch after it ran), and the buffer is usable again."""
+def test_no_node_of_a_graph_with_memory_nodes_is_destroyed(kit):
+    """cuda.h: nodes of a graph with memory alloc or free nodes cannot be destroyed.  The driver answers
+    CUDA_ERROR_NOT_SUPPORTED (raw call); cuproc refuses first and the node stays usable: the free it makes
+    still frees the memory (the driver then launches the allocating graph again)."""
     g, exe, buf, other, frees = _pending_free(kit)
     [node] = frees.nodes
-    node.destroy()
-    after = frees.instantiate()
-    after.launch(other)
-    other.synchronize()
     drv = kit.stream.context.driver
-    assert drv.cuGraphLaunch(exe.handle, kit.stream.handle) != 0     # the driver: the memory was not freed
-    del frees, after
-    gc.collect()
-    assert buf.allocated
-    np.testing.assert_array_equal(host(buf), np.full(N, 7.0, np.float32))
-    buf.free_async()
-    kit.stream.synchronize()
+    assert drv.cuGraphDestroyNode(node.handle) == drv.CUDA_ERROR_NOT_SUPPORTED
+    with pytest.raises(CudaError) as info:
+        node.destroy()
+    assert info.value.refused and info.value.code == drv.CUDA_ERROR_NOT_SUPPORTED and node.ended is None
+    assert node.address == buf.address
+    frees.instantiate().launch(other)
+    other.synchronize()
+    _relaunched_and_freed(kit, exe, buf)
+
+
+def test_a_graph_with_memory_nodes_has_one_executable_graph_at_a_time(kit):
+    """cuda.h: at most one executable graph of a graph with memory nodes; the driver counts one updated with
+    the graph too (both answered CUDA_ERROR_NOT_SUPPORTED, which the error explains)."""
+    from cuproc.graph import GraphInstantiateError, GraphUpdateError
+    g, exe, buf, other, frees = _pending_free(kit)
+    first = frees.instantiate()
+    with pytest.raises(GraphInstantiateError, match="one executable graph at a time"):
+        frees.instantiate()
+    by_hand = Graph()
+    by_hand.add_free(buf.address)
+    updated = by_hand.instantiate()
+    with pytest.raises(GraphUpdateError, match="one executable graph at a time"):
+        updated.update(frees)
+    first.destroy()
+    updated.update(frees)
+    with pytest.raises(GraphInstantiateError, match="one executable graph at a time"):
+        frees.instantiate()
+    updated.launch(other)
+    other.synchronize()
+    assert not buf.allocated
+    updated.destroy()
     _relaunched_and_freed(kit, exe, buf)
