@@ -232,8 +232,8 @@ class Graph(GraphStructure, GraphPicture):
         (:class:`~cuproc.graph_nodes.GraphAllocation`), or an address.
 
         A graph allocation's free is tracked as a captured ``free_async`` is: pending from now (the buffer
-        refuses use), made by this graph's launches, undone if none is made (the graph dropped unlaunched, or
-        the node destroyed).  A bare address is the driver's business alone: cuproc cannot tell that a buffer's
+        refuses use), made by this graph's launches, undone if none is made (the graph and its executable graph
+        dropped unlaunched).  Only in a graph cuproc owns (not a node's body, not another library's graph).  A bare address is the driver's business alone: cuproc cannot tell that a buffer's
         memory was freed by it, so pass the buffer where you have one."""
         call = "cuGraphAddMemFreeNode"
         self._ready(call)
@@ -241,10 +241,10 @@ class Graph(GraphStructure, GraphPicture):
         if isinstance(memory, MemAllocNode):
             address = memory.address
         elif isinstance(memory, GraphAllocation):
-            if self.owner is not None or self.adopted:
-                raise invalid(call, f"{self.describe()} is {'a node body' if self.owner is not None else 'another library'}"
-                                    "'s: free a graph allocation in a cuproc graph of its own (its launches, which "
-                                    "cuproc makes, are what free it)")
+            if not self.owned:     # a node's body, another library's graph or capture: launches cuproc never sees
+                raise invalid(call, f"{self.describe()} is not a graph cuproc owns (a node's body, another library's "
+                                    "graph or capture): free a graph allocation in a cuproc Graph of its own, whose "
+                                    "launches (cuproc's) are what free it")
             address = memory.address
             pending = memory.free_by_node(call, self.describe())
         elif isinstance(memory, int) and not isinstance(memory, bool):

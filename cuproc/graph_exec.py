@@ -65,21 +65,22 @@ def instantiate_flags(flags: int | Iterable[str]) -> int:
     return flag_value(flags, INSTANTIATE_FLAGS, "CUDA_GRAPH_INSTANTIATE_FLAG_", "cuGraphInstantiate")
 
 
-def one_executable_graph_note(graph: GraphStructure, rc: int) -> str:
-    """Why the driver answered CUDA_ERROR_NOT_SUPPORTED to an instantiation of ``graph``, or to an update with it,
-    where the graph has memory alloc or free nodes (cuda.h: such a graph has at most one executable graph at a
-    time; driver 580 counts one updated with the graph as its executable graph too); "" otherwise.  The driver
-    is the one that knows which executable graph that is (cuproc does not refuse first: dropped ones live until
-    collected, and the driver's bookkeeping decides)."""
-    if rc != _NOT_SUPPORTED:
+def one_executable_graph_note(graph: GraphStructure, rc: int, plausible: bool = True) -> str:
+    """Why the driver likely answered CUDA_ERROR_NOT_SUPPORTED to an instantiation of ``graph``, or to an update
+    with it, where the graph has memory alloc or free nodes (cuda.h: such a graph has at most one executable
+    graph at a time; driver 580 counts one updated with the graph as its executable graph too); "" otherwise,
+    or where the caller knows of another cause (``plausible`` False: a device launch, a result the driver
+    gave).  The driver is the one that knows which executable graph that is (cuproc does not refuse first:
+    dropped ones live until collected, and the driver's bookkeeping decides)."""
+    if rc != _NOT_SUPPORTED or not plausible:
         return ""
     try:
         memory = graph.has_memory_nodes()
     except CudaError:
         return ""
-    return ("the graph has memory alloc or free nodes, and such a graph has one executable graph at a time (the one "
-            "instantiated from it, or updated with it): destroy that one first (exe.destroy()), or update it "
-            "instead") if memory else ""
+    return ("likely: the graph has memory alloc or free nodes, and such a graph has one executable graph at a time "
+            "(the one instantiated from it, or updated with it): destroy that one first (exe.destroy()), or update "
+            "it instead") if memory else ""
 
 
 def instantiate(graph: GraphStructure, flags: int | Iterable[str] = 0, upload: Any = None) -> GraphExec:
@@ -119,7 +120,10 @@ def instantiate(graph: GraphStructure, flags: int | Iterable[str] = 0, upload: A
                    f"at {node.describe()}" if node is not None else "",
                    f"at node {handle_int(error_node):#x} (not found in the graph)"
                    if node is None and error_node != ffi.NULL else "",
-                   f"log: {log}" if log else "", one_executable_graph_note(graph, rc)]
+                   f"log: {log}" if log else "",
+                   one_executable_graph_note(graph, rc, result in (None, "CUDA_GRAPH_INSTANTIATE_SUCCESS",
+                                                                  "CUDA_GRAPH_INSTANTIATE_ERROR")
+                                             and not value & INSTANTIATE_FLAGS["CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH"])]
         raise with_details(GraphInstantiateError, drv.error(rc, call), ", ".join(filter(None, details)),
                            result=result, node=node, log=log)
     return GraphExec._made(graph, out[0], ctx, value)
@@ -434,10 +438,10 @@ class GraphExec(Resource):
         :meth:`launch` where buffers may end.  A graph with host nodes or host memory is refused here: each of
         its launches must keep them until it ran (use :meth:`launch`).
 
-        Its call compares the executable graph's own fast-path epoch (what :meth:`launch` compares), which an
-        :meth:`update` or :meth:`set_kernel_args` resets: after one, the next call checks again, under the
-        executable graph's lock, and refuses once the graph has host nodes, host memory or graph memory (an
-        update may bring them).  The driver call itself does not take the lock (:meth:`launch` does): a replay
+        Its call compares the resource epoch with the one it last checked at, and with the executable graph's
+        fast-path epoch (what :meth:`launch` compares), which an :meth:`update` or :meth:`set_kernel_args`
+        resets: after one, the next call checks again, under the executable graph's lock, and refuses once the
+        graph tracks graph memory (an update may bring a captured free).  The driver call itself does not take the lock (:meth:`launch` does): a replay
         racing an update or an argument change from another thread is the caller's to order, as for the
         driver's own executable graphs.
 
@@ -459,10 +463,16 @@ class GraphExec(Resource):
             raise invalid(call, f"{self.describe()} allocates or frees graph memory (alloc_async, free_async in a "
                                 "capture), which launches track: replay it with launch()")
         exe, launch, h, s = self, self._graph_launch, self.handle, stream.handle
+        seen = EPOCH[0]          # the epoch at which this replay last found exe and its stream alive
 
         def replay(_epoch: list[int] = EPOCH) -> None:
-            if exe._fast_at != _epoch[0]:        # something ended somewhere (or fork), or exe changed: check
+            nonlocal seen
+            # something ended somewhere (or fork), or exe changed (update, set_kernel_args: its _fast_at reset);
+            # seen is this replay's own: another caller's check of exe (launch on another stream) is not of s
+            if _epoch[0] != seen or exe._fast_at != seen:
+                epoch = _epoch[0]
                 exe._replay_checks(call, stream)
+                seen = epoch
             rc = launch(h, s)
             if rc:
                 exe._launch_failed(rc, s)
@@ -479,6 +489,7 @@ class GraphExec(Resource):
             self._verify(call)
             stream.check(call)
             if self._flight or self._tracks_memory:
+                self._fast_at = -1     # so every later call of the replay checks, and refuses, again
                 raise invalid(call, f"{self.describe()} has host nodes, host memory or graph memory now (an update "
                                     "brought them), which each launch must track: launch it with launch()")
 
@@ -534,7 +545,7 @@ class GraphExec(Resource):
             from_node = graph.find_node(other) if failed and other != ffi.NULL else None
             details = "; ".join(filter(None, [
                 f"the driver's reason: {reason}" + (f" at {error_node.describe()}" if error_node else ""),
-                one_executable_graph_note(graph, rc)]))
+                one_executable_graph_note(graph, rc, result == 0)]))
             raise with_details(GraphUpdateError, drv.error(rc, call), details, reason=reason, node=error_node,
                                from_node=from_node)
 

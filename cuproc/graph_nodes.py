@@ -51,7 +51,7 @@ from ._support import arity, handle_int, invalid
 from .allocation import EXPORTS
 from .context import Context
 from .device_memory import DeviceBuffer, DeviceView, GlobalView, after_last_work
-from .errors import CudaError, CudaWarning, SymbolNotFoundError, refusal
+from .errors import CudaError, CudaWarning, SymbolNotFoundError, refusal, result_code
 from .fill_args import check_element_bits, fill_count
 from .graph_errors import add_note, require_at_requested_version
 from .stream import Stream, stream_capturing, stream_handle
@@ -324,13 +324,26 @@ class GraphNode(Resource):
         return rc
 
     def destroy(self) -> None:
-        """cuGraphDestroyNode: remove this node (and its edges) from the graph.  Idempotent.  Refused before the
-        driver, the node left as it was, in a graph with memory alloc or free nodes: cuda.h allows no node of
-        such a graph to be destroyed (the driver answers CUDA_ERROR_NOT_SUPPORTED)."""
+        """cuGraphDestroyNode: remove this node (and its edges) from the graph.  Idempotent.  See :meth:`close`."""
         if self.ended is None:
             self.check("cuGraphDestroyNode")
-            self.graph.refuse_removal_in_memory_graph("cuGraphDestroyNode", self.describe())
         self.close()
+
+    def close(self) -> None:
+        """cuGraphDestroyNode (idempotent; ``destroy`` and ``with node:`` come here).  In a graph with memory
+        alloc or free nodes the driver refuses (cuda.h: no node of such a graph is removed; driver 580 answers
+        CUDA_ERROR_NOT_SUPPORTED): the node stays in the graph and usable (the claim made before the call is
+        taken back), and the error says why.  Asking the driver first costs nothing on the way that works."""
+        try:
+            super().close()
+        except CudaError as exc:
+            if exc.code != _NOT_SUPPORTED or self.ended != self._ended_word:
+                raise
+            self.ended = None                 # the driver kept the node
+            if self.graph.has_memory_nodes():
+                add_note(exc, f"{self.describe()} stays: its graph has memory alloc or free nodes, and cuda.h allows "
+                              "no node or edge of such a graph to be removed; build the graph again without it")
+            raise
 
     def _use(self, call: str) -> Context:
         """Check this node for ``call``; the context to run it in."""
@@ -716,6 +729,7 @@ FREED_UNTIL_LAUNCH = "freed (a graph allocation: the next launch of its executab
 PENDING_FREE = ("freed by a free node of a stream capture: the memory exists until a launch of that capture's "
                 "graph frees it (should that capture fail, or its graph and executable graphs go unlaunched, it "
                 "is allocated again and usable)")
+_NOT_SUPPORTED = result_code("CUDA_ERROR_NOT_SUPPORTED")
 #: How a graph allocation reads once it was collected while a free node of it was pending (a reference cycle
 #: through the freeing graph): its memory is freed when that free is undone (PendingFree.undo).
 DROPPED_PENDING = "dropped while a free of it was pending (freed once that free is undone)"
@@ -755,10 +769,16 @@ class PendingFree:
     __slots__ = ("allocation", "serial")
 
     def __init__(self, allocation: GraphAllocation) -> None:
-        """Made with _PENDING_LOCK held, right after ``allocation`` was set pending."""
+        """Made before _PENDING_LOCK is taken (making an object may run a collection, and with it an older pending
+        free's finalizer); :meth:`take_effect` then makes it the allocation's state."""
         self.allocation = allocation
         self.serial = next(_FREE_SERIALS)
-        _NEWEST_FREE[id(allocation)] = self.serial
+
+    def take_effect(self) -> None:
+        """With _PENDING_LOCK held and the allocation tested allocated: it is pending now, this its newest free.
+        Plain stores only (nothing that makes an object, so no collection runs an older free's undo between)."""
+        _NEWEST_FREE[id(self.allocation)] = self.serial
+        self.allocation.ended = PENDING_FREE
 
     def check_allocated(self, call: str, graph: str) -> None:
         """Refuse a launch of ``graph`` that would free the memory while it is not allocated (freed already,
@@ -931,34 +951,39 @@ class GraphAllocation(DeviceBuffer):
         if capture is None:
             self.ended = FREED_UNTIL_LAUNCH
             return
-        with _PENDING_LOCK:       # the test above and this change, as one step against a finalizer's undo
+        pending = PendingFree(self)
+        with _PENDING_LOCK:       # the test and the change as one step, against a finalizer's undo
             if self.ended is not None:
                 raise invalid(call, f"{self.describe()} was freed by another thread while this free was made: the "
                                     "capture now frees it twice; end it with an exception (its graph is discarded)")
-            self.ended = PENDING_FREE
-            pending = PendingFree(self)
+            pending.take_effect()
         capture.free_pending(pending)
 
     def free_by_node(self, call: str, graph: str) -> PendingFree:
         """A free node of this allocation is being added by hand (``Graph.add_free(buffer)``) to ``graph``:
         the free is pending from now, as a captured free is (:class:`PendingFree`, which the caller gives its
         graph).  Refused while the memory is not allocated now, or another graph's free of it is pending (two
-        free nodes would free it twice), or a DLPack export of it is alive.  The tests and the change are one
-        step (_PENDING_LOCK): two threads adding a free node of it make one pending free, and refuse the other."""
+        free nodes would free it twice), or a DLPack export of it is alive.  The last test and the change are
+        one step (_PENDING_LOCK, under which nothing else is called): two threads adding a free node of it make
+        one pending free, and refuse the other."""
+        if self.ended == PENDING_FREE:
+            raise invalid(call, f"{self.describe()} has a free pending in another graph (it frees the memory when "
+                                "that graph is launched): a second free node would free it twice; launch that "
+                                "graph first, or drop it unlaunched")
+        if self.ended in (FREED_UNTIL_LAUNCH, NOT_ALLOCATED):
+            raise invalid(call, f"{graph} cannot free {self.describe()} from here: it is not allocated now "
+                                f"({self.ended}); add the free node after a launch of its executable graph")
+        self.check(call)
+        if id(self) in EXPORTS and self.has_views():
+            raise BufferError(f"{call} was not called: {self.describe()} still has views (a DLPack export); drop "
+                              "them first")
+        pending = PendingFree(self)
         with _PENDING_LOCK:
-            if self.ended == PENDING_FREE:
-                raise invalid(call, f"{self.describe()} has a free pending in another graph (it frees the memory "
-                                    "when that graph is launched): a second free node would free it twice; launch "
-                                    "that graph first, or drop it unlaunched")
-            if self.ended in (FREED_UNTIL_LAUNCH, NOT_ALLOCATED):
-                raise invalid(call, f"{graph} cannot free {self.describe()} from here: it is not allocated now "
-                                    f"({self.ended}); add the free node after a launch of its executable graph")
-            self.check(call)
-            if id(self) in EXPORTS and self.has_views():
-                raise BufferError(f"{call} was not called: {self.describe()} still has views (a DLPack export); "
-                                  "drop them first")
-            self.ended = PENDING_FREE
-            return PendingFree(self)
+            if self.ended is not None:
+                raise invalid(call, f"{self.describe()} was freed, or a free node of it added, by another thread "
+                                    "meanwhile: nothing is left for this free node to free")
+            pending.take_effect()
+        return pending
 
     def _capture_on(self, h: Any, call: str) -> Any:
         """The cuproc capture running on stream ``h`` (None when it is not being captured); refused for a

@@ -28,10 +28,12 @@ import weakref
 from ._ffi import ffi
 from ._resource import EPOCH, FORKED, Resource
 from ._support import arity, handle_int, invalid
-from .errors import ClosedResourceError, refusal
+from .errors import ClosedResourceError, result_code
+from .graph_errors import add_note
 from .graph_nodes import (GraphNode, NodeRecord, kernel_node_params, launches_recorded, node_array, node_class,
                           runtime_objects)
 
+_NOT_SUPPORTED = result_code("CUDA_ERROR_NOT_SUPPORTED")
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -164,17 +166,10 @@ class GraphStructure(Resource):
     def has_memory_nodes(self) -> bool:
         """Does this graph have a memory alloc or free node (the driver's node types, cuGraphNodeGetType)?  cuda.h
         restricts such a graph: its nodes and edges cannot be removed, it cannot be cloned or be a child graph,
-        and it has at most one executable graph at a time (driver 580 answers CUDA_ERROR_NOT_SUPPORTED)."""
+        and it has at most one executable graph at a time (driver 580 answers CUDA_ERROR_NOT_SUPPORTED).  Asked
+        only once the driver refused something (it walks every node)."""
         return any(self._node_type(h).type in ("mem_alloc", "mem_free") for h in self._handles("cuGraphGetNodes"))
 
-    def refuse_removal_in_memory_graph(self, call: str, what: str) -> None:
-        """Raise before ``call`` (removing ``what``) when this graph has memory nodes, which the driver refuses
-        (cuda.h; CUDA_ERROR_NOT_SUPPORTED) -- for a node, after cuproc had marked it destroyed."""
-        if self.has_memory_nodes():
-            raise refusal(call, f"{what} of {self.describe()} cannot be removed: the graph has memory alloc or free "
-                                "nodes, and cuda.h allows no node or edge of such a graph to be removed (the driver "
-                                "answers CUDA_ERROR_NOT_SUPPORTED); build the graph again without it",
-                          code_name="CUDA_ERROR_NOT_SUPPORTED")
 
     # ---------------------------------------------------------------- nodes
     def _forget(self, node: GraphNode) -> None:
@@ -320,11 +315,15 @@ class GraphStructure(Resource):
         drv = self.driver
         if not froms:
             return
-        if call == "cuGraphRemoveDependencies":
-            self.refuse_removal_in_memory_graph(call, "an edge")
         a, b = node_array(froms), node_array(tos)
         args = (self.handle, a, b, ffi.NULL, len(froms)) if arity(drv, call) == 5 else (self.handle, a, b, len(froms))
-        drv.check(ctx.call_current(getattr(drv, call), *args), call)
+        rc = ctx.call_current(getattr(drv, call), *args)
+        if rc:
+            err = drv.error(rc, call)
+            if rc == _NOT_SUPPORTED and call == "cuGraphRemoveDependencies" and self.has_memory_nodes():
+                add_note(err, f"{self.describe()} has memory alloc or free nodes, and cuda.h allows no node or edge "
+                              "of such a graph to be removed; build the graph again without the edge")
+            raise err
 
     def add_dependencies(self, before: Any, after: Any) -> None:
         """Edges from each node of ``before`` to each node of ``after`` (cuGraphAddDependencies)."""

@@ -166,7 +166,9 @@ _state = _fork.per_thread()         # .prohibiting: this thread's running captur
 _global = [0]                       # running captures in mode "global" (any thread)
 _total = [0]                        # running captures not in mode "relaxed" (any thread)
 _deferred: list[Resource] = []
-_lock = _fork.lock()
+#: Re-entrant: code holding it allocates, so a collection can run a finalizer there whose drop is put off
+#: (_defer_drop takes it again); a plain lock deadlocked the thread on itself.
+_lock = _fork.rlock()
 
 
 def _forget_after_fork() -> None:
@@ -215,6 +217,8 @@ def _began(mode: int) -> None:
 def _ended(mode: int) -> None:
     """A capture in ``mode`` begun on this thread ended: release what was kept, once nothing prohibits it.  The
     last capture that prohibited releases clears the DEFER_DROP hook."""
+    global _deferred
+    fresh: list[Resource] = []
     with _lock:
         if mode != MODES["relaxed"]:
             _state.prohibiting = max(getattr(_state, "prohibiting", 0) - 1, 0)
@@ -224,7 +228,8 @@ def _ended(mode: int) -> None:
                 _resource.DEFER_DROP[0] = None
         kept: list[Resource] = []
         if not _prohibited():
-            kept, _deferred[:] = _deferred[:], []
+            # a swap, no allocation: a finalizer run by a collection here appends to the list it then finds
+            kept, _deferred = _deferred, fresh
     for resource in kept:
         if resource.ended is None:
             resource._end_drop(resource._drop)
