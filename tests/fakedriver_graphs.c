@@ -234,8 +234,9 @@ struct gnode {
 };
 
 /* owner, owner_serial: the executable graph that is this graph's one instantiation while the graph has memory
- * alloc or free nodes (cuda.h: "at most one executable graph in existence for that graph at a time"; the real
- * driver counts one updated with the graph too): its handle and serial, so a reused handle is no owner. */
+ * alloc or free nodes (cuda.h: "at most one executable graph in existence for that graph at a time"; driver 580
+ * counts one updated with the graph too, and one updated away from it no more): its handle and serial, so a
+ * reused handle is no owner; the executable graph's `owns` says which graph it is the instantiation of now. */
 struct gdata { int tag; size_t n, cap; handle_t *nodes; /* insertion order */ handle_t owner;
                unsigned long long owner_serial; };
 
@@ -250,7 +251,8 @@ struct xnode {
   struct { CUgraphConditionalHandle handle; int type; unsigned size; struct xgraph *body[MAX_BODIES]; } cond;
 };
 struct xgraph { size_t n; struct xnode *nodes; size_t *order; };
-struct gexec { int tag, busy, dead; unsigned long long flags; struct xgraph *g; unsigned long long serial; };
+struct gexec { int tag, busy, dead; unsigned long long flags; struct xgraph *g; unsigned long long serial;
+               handle_t owns; };
 static unsigned long long exec_serials;
 
 static void **side;
@@ -918,10 +920,10 @@ static CUresult clone_graph(handle_t src, handle_t parent, handle_t *out) {
 
 /* The one-instantiation rule of graphs with memory nodes (see struct gdata): is g's owner a live executable
  * graph other than `except` (a handle; 0: none)?  own() makes e (handle h) its owner. */
-static int owner_alive(struct gdata *g, handle_t except) {
+static int owner_alive(handle_t graph, struct gdata *g, handle_t except) {
   if (!g || !g->owner || g->owner == except) return 0;
   struct gexec *e = side_of(g->owner, TAG_EXEC);   /* no stale use: a destroyed owner is simply none */
-  return e && e->serial == g->owner_serial;
+  return e && e->serial == g->owner_serial && e->owns == graph;
 }
 
 static void own(struct gdata *g, handle_t h, struct gexec *e) {
@@ -1391,7 +1393,7 @@ static CUresult instantiate(CUgraphExec *out, CUgraph graph, unsigned long long 
     }
   }
   int memory = has_memory_nodes((handle_t)graph);
-  if (memory && owner_alive(graph_of(graph, &rc), 0)) return E_NOT_SUPPORTED;   /* driver 580: 801 */
+  if (memory && owner_alive((handle_t)graph, graph_of(graph, &rc), 0)) return E_NOT_SUPPORTED;   /* 801 */
   struct xgraph *x = snapshot((handle_t)graph, in, &rc);
   if (!x) return rc;
   struct gexec *e = calloc(1, sizeof *e);
@@ -1401,6 +1403,7 @@ static CUresult instantiate(CUgraphExec *out, CUgraph graph, unsigned long long 
   e->flags = flags;
   e->g = x;
   e->serial = ++exec_serials;
+  e->owns = (handle_t)graph;
   *out = (CUgraphExec)o->h;
   if (memory) own(graph_of(graph, &rc), o->h, e);
   return OK;
@@ -1785,7 +1788,7 @@ static CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, CUgraphExe
   int memory = has_memory_nodes((handle_t)graph);
   /* driver 580: a graph with memory nodes whose instantiation is another live executable graph: 801, the
    * result left SUCCESS; a successful update makes this executable graph that graph's instantiation */
-  if (memory && owner_alive(gd, (handle_t)exec)) return E_NOT_SUPPORTED;
+  if (memory && owner_alive((handle_t)graph, gd, (handle_t)exec)) return E_NOT_SUPPORTED;
   struct inst in = {0, 0, NULL, obj_at((handle_t)exec)->ctx};
   struct xgraph *y = snapshot((handle_t)graph, &in, &rc);
   if (!y) {
@@ -1803,6 +1806,7 @@ static CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, CUgraphExe
   }
   take_params(x->g, y);
   free_xgraph(y);
+  x->owns = (handle_t)graph;       /* the graph it was updated with: no more the one it had */
   if (memory) own(gd, (handle_t)exec, x);
   return OK;
 }
