@@ -233,8 +233,9 @@ class Graph(GraphStructure, GraphPicture):
 
         A graph allocation's free is tracked as a captured ``free_async`` is: pending from now (the buffer
         refuses use), made by this graph's launches, undone if none is made (the graph and its executable graph
-        dropped unlaunched).  Only in a graph cuproc owns (not a node's body, not another library's graph).  A bare address is the driver's business alone: cuproc cannot tell that a buffer's
-        memory was freed by it, so pass the buffer where you have one."""
+        dropped unlaunched).  Only in a graph cuproc owns (not a node's body, not another library's graph).  A
+        bare address is the driver's business alone: cuproc cannot tell that a buffer's memory was freed by it,
+        so pass the buffer where you have one."""
         call = "cuGraphAddMemFreeNode"
         self._ready(call)
         pending = None

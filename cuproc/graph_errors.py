@@ -16,7 +16,11 @@ Policy
 from __future__ import annotations
 
 from ._support import invalid
-from .errors import CudaError
+from .errors import CudaError, result_code
+
+#: The driver's answer to what cuda.h forbids a graph with memory alloc or free nodes (removing a node or an
+#: edge, a second executable graph; measured on driver 580)
+NOT_SUPPORTED = result_code("CUDA_ERROR_NOT_SUPPORTED")
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:

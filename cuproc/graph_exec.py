@@ -40,7 +40,7 @@ from ._immortal import keep_forever
 from ._resource import EPOCH, Resource, report
 from ._support import arity, handle_int, invalid
 from .errors import ClosedResourceError, CudaError, result_code
-from .graph_errors import GraphInstantiateError, GraphUpdateError, flag_value, with_details
+from .graph_errors import NOT_SUPPORTED, GraphInstantiateError, GraphUpdateError, flag_value, with_details
 from .graph_nodes import PENDING_FREE, KernelNode, NodeRecord, PendingFree, kernel_parts, kernel_struct, runtime_objects
 from .graph_structure import GraphStructure
 from .stream import Stream, stream_handle
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from .context import Context
 
 _UPDATE_FAILURE = result_code("CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE")
-_NOT_SUPPORTED = result_code("CUDA_ERROR_NOT_SUPPORTED")
 INSTANTIATE_FLAGS = ffi.typeof("CUgraphInstantiate_flags").relements
 _INSTANTIATE_RESULTS = ffi.typeof("CUgraphInstantiateResult").elements
 _UPDATE_RESULTS = ffi.typeof("CUgraphExecUpdateResult").elements
@@ -72,7 +71,7 @@ def one_executable_graph_note(graph: GraphStructure, rc: int, plausible: bool = 
     or where the caller knows of another cause (``plausible`` False: a device launch, a result the driver
     gave).  The driver is the one that knows which executable graph that is (cuproc does not refuse first:
     dropped ones live until collected, and the driver's bookkeeping decides)."""
-    if rc != _NOT_SUPPORTED or not plausible:
+    if rc != NOT_SUPPORTED or not plausible:
         return ""
     try:
         memory = graph.has_memory_nodes()
@@ -115,15 +114,16 @@ def instantiate(graph: GraphStructure, flags: int | Iterable[str] = 0, upload: A
         rc = ctx.call_current(drv.cuGraphInstantiateWithFlags, out, graph.handle, value)
         error_node = ffi.NULL
     if rc:
+        # the one-executable-graph rule is the likely cause of an 801 unless the driver gave a result of its own
+        # or the graph was made for device launch (other causes of the same code)
+        plausible = result in (None, "CUDA_GRAPH_INSTANTIATE_SUCCESS", "CUDA_GRAPH_INSTANTIATE_ERROR") \
+            and not value & INSTANTIATE_FLAGS["CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH"]
         node = graph.find_node(error_node) if error_node != ffi.NULL else None
         details = [f"the driver's result: {result}" if result else "",
                    f"at {node.describe()}" if node is not None else "",
                    f"at node {handle_int(error_node):#x} (not found in the graph)"
                    if node is None and error_node != ffi.NULL else "",
-                   f"log: {log}" if log else "",
-                   one_executable_graph_note(graph, rc, result in (None, "CUDA_GRAPH_INSTANTIATE_SUCCESS",
-                                                                  "CUDA_GRAPH_INSTANTIATE_ERROR")
-                                             and not value & INSTANTIATE_FLAGS["CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH"])]
+                   f"log: {log}" if log else "", one_executable_graph_note(graph, rc, plausible)]
         raise with_details(GraphInstantiateError, drv.error(rc, call), ", ".join(filter(None, details)),
                            result=result, node=node, log=log)
     return GraphExec._made(graph, out[0], ctx, value)
@@ -425,7 +425,8 @@ class GraphExec(Resource):
     def replay(self, stream: Stream) -> Callable[[], None]:
         """A callable that launches this executable graph on ``stream`` (the raw ``drv.cuGraphLaunch`` on the
         two handles, its result tested as :meth:`launch` tests it), for a hot loop: everything is checked here,
-        and each call compares one number, the resource epoch, before the driver call.  A fork moves the
+        and each call compares two numbers with the epoch it last checked at (below) before the driver call.
+        A fork moves the
         epoch too (a child's call then raises ForkedProcessError from the checks), which is why the raw call
         needs no fork test of its own: ``drv.checked.cuGraphLaunch``, which has one, cost about 125 ns more
         per call (benchmarks/overhead_fake.py), the whole difference from the Python floor.
@@ -441,9 +442,9 @@ class GraphExec(Resource):
         Its call compares the resource epoch with the one it last checked at, and with the executable graph's
         fast-path epoch (what :meth:`launch` compares), which an :meth:`update` or :meth:`set_kernel_args`
         resets: after one, the next call checks again, under the executable graph's lock, and refuses once the
-        graph tracks graph memory (an update may bring a captured free).  The driver call itself does not take the lock (:meth:`launch` does): a replay
-        racing an update or an argument change from another thread is the caller's to order, as for the
-        driver's own executable graphs.
+        graph tracks graph memory (an update may bring a captured free).  The driver call itself does not take
+        the lock (:meth:`launch` does): a replay racing an update or an argument change from another thread is
+        the caller's to order, as for the driver's own executable graphs.
 
         It is a closure, not an instance of a class: calling an instance runs its ``__call__`` through the
         interpreter's slower slot (about 160 ns more per call than a function, CPython 3.11), which is the

@@ -46,14 +46,14 @@ from . import _fork
 from ._ffi import ffi
 from ._immortal import keep_forever
 from ._namedtuple import NamedTuple
-from ._resource import DEFER_DROP, Resource
+from ._resource import Resource
 from ._support import arity, handle_int, invalid
 from .allocation import EXPORTS
 from .context import Context
 from .device_memory import DeviceBuffer, DeviceView, GlobalView, after_last_work
-from .errors import CudaError, CudaWarning, SymbolNotFoundError, refusal, result_code
+from .errors import CudaError, CudaWarning, SymbolNotFoundError, refusal
 from .fill_args import check_element_bits, fill_count
-from .graph_errors import add_note, require_at_requested_version
+from .graph_errors import NOT_SUPPORTED, add_note, require_at_requested_version
 from .stream import Stream, stream_capturing, stream_handle
 
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
@@ -337,12 +337,10 @@ class GraphNode(Resource):
         try:
             super().close()
         except CudaError as exc:
-            if exc.code != _NOT_SUPPORTED or self.ended != self._ended_word:
+            if exc.code != NOT_SUPPORTED or self.ended != self._ended_word:
                 raise
             self.ended = None                 # the driver kept the node
-            if self.graph.has_memory_nodes():
-                add_note(exc, f"{self.describe()} stays: its graph has memory alloc or free nodes, and cuda.h allows "
-                              "no node or edge of such a graph to be removed; build the graph again without it")
+            self.graph.note_removal_refused(exc, self.describe())
             raise
 
     def _use(self, call: str) -> Context:
@@ -729,7 +727,6 @@ FREED_UNTIL_LAUNCH = "freed (a graph allocation: the next launch of its executab
 PENDING_FREE = ("freed by a free node of a stream capture: the memory exists until a launch of that capture's "
                 "graph frees it (should that capture fail, or its graph and executable graphs go unlaunched, it "
                 "is allocated again and usable)")
-_NOT_SUPPORTED = result_code("CUDA_ERROR_NOT_SUPPORTED")
 #: How a graph allocation reads once it was collected while a free node of it was pending (a reference cycle
 #: through the freeing graph): its memory is freed when that free is undone (PendingFree.undo).
 DROPPED_PENDING = "dropped while a free of it was pending (freed once that free is undone)"
@@ -857,12 +854,10 @@ class GraphAllocation(DeviceBuffer):
 
     def free_after_drop(self) -> None:
         """Free the memory of a graph allocation collected while a free of it was pending, once that free was
-        undone: what its finalizer would have done (put off while a stream capture prohibits the free)."""
+        undone: its finalizer, now that there is memory to free (the same steps: put off while a stream capture
+        prohibits the free)."""
         self.ended = None
-        defer = DEFER_DROP[0]
-        if defer is not None and defer(self):
-            return
-        self._end_drop(self._drop)
+        DeviceBuffer.__del__(self)
 
     @property
     def allocated(self) -> bool:
@@ -951,13 +946,8 @@ class GraphAllocation(DeviceBuffer):
         if capture is None:
             self.ended = FREED_UNTIL_LAUNCH
             return
-        pending = PendingFree(self)
-        with _PENDING_LOCK:       # the test and the change as one step, against a finalizer's undo
-            if self.ended is not None:
-                raise invalid(call, f"{self.describe()} was freed by another thread while this free was made: the "
-                                    "capture now frees it twice; end it with an exception (its graph is discarded)")
-            pending.take_effect()
-        capture.free_pending(pending)
+        capture.free_pending(self._pending(call, "the capture now frees it twice; end it with an exception (its "
+                                                 "graph is discarded)"))
 
     def free_by_node(self, call: str, graph: str) -> PendingFree:
         """A free node of this allocation is being added by hand (``Graph.add_free(buffer)``) to ``graph``:
@@ -977,11 +967,17 @@ class GraphAllocation(DeviceBuffer):
         if id(self) in EXPORTS and self.has_views():
             raise BufferError(f"{call} was not called: {self.describe()} still has views (a DLPack export); drop "
                               "them first")
+        return self._pending(call, "nothing is left for this free node to free")
+
+    def _pending(self, call: str, then: str) -> PendingFree:
+        """This allocation's free is pending from now (a free node made, captured or by hand): its PendingFree,
+        made before the lock is taken (see PendingFree), then the test that it is still allocated and the change,
+        as one step against a finalizer's undo.  ``then``: what it means that another thread freed it meanwhile."""
         pending = PendingFree(self)
         with _PENDING_LOCK:
             if self.ended is not None:
                 raise invalid(call, f"{self.describe()} was freed, or a free node of it added, by another thread "
-                                    "meanwhile: nothing is left for this free node to free")
+                                    f"meanwhile: {then}")
             pending.take_effect()
         return pending
 

@@ -28,12 +28,11 @@ import weakref
 from ._ffi import ffi
 from ._resource import EPOCH, FORKED, Resource
 from ._support import arity, handle_int, invalid
-from .errors import ClosedResourceError, result_code
-from .graph_errors import add_note
+from .errors import ClosedResourceError, CudaError
+from .graph_errors import NOT_SUPPORTED, add_note
 from .graph_nodes import (GraphNode, NodeRecord, kernel_node_params, launches_recorded, node_array, node_class,
                           runtime_objects)
 
-_NOT_SUPPORTED = result_code("CUDA_ERROR_NOT_SUPPORTED")
 TYPE_CHECKING = False   # typing.TYPE_CHECKING without importing typing at run time (startup, issue 9)
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -170,6 +169,13 @@ class GraphStructure(Resource):
         only once the driver refused something (it walks every node)."""
         return any(self._node_type(h).type in ("mem_alloc", "mem_free") for h in self._handles("cuGraphGetNodes"))
 
+    def note_removal_refused(self, err: CudaError, what: str) -> None:
+        """Say why on ``err``, the driver's error for removing ``what`` (a node, an edge) from this graph, where it
+        is CUDA_ERROR_NOT_SUPPORTED and the graph has memory nodes (cuda.h: none of such a graph's nodes or edges
+        is removed)."""
+        if err.code == NOT_SUPPORTED and self.has_memory_nodes():
+            add_note(err, f"{what} stays: {self.describe()} has memory alloc or free nodes, and cuda.h allows no node "
+                          "or edge of such a graph to be removed; build the graph again without it")
 
     # ---------------------------------------------------------------- nodes
     def _forget(self, node: GraphNode) -> None:
@@ -320,9 +326,8 @@ class GraphStructure(Resource):
         rc = ctx.call_current(getattr(drv, call), *args)
         if rc:
             err = drv.error(rc, call)
-            if rc == _NOT_SUPPORTED and call == "cuGraphRemoveDependencies" and self.has_memory_nodes():
-                add_note(err, f"{self.describe()} has memory alloc or free nodes, and cuda.h allows no node or edge "
-                              "of such a graph to be removed; build the graph again without the edge")
+            if call == "cuGraphRemoveDependencies":
+                self.note_removal_refused(err, "the edge")
             raise err
 
     def add_dependencies(self, before: Any, after: Any) -> None:
