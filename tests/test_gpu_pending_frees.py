@@ -39,6 +39,18 @@ def _pending_free(kit):
     return g, exe, buf, other, frees
 
 
+def _freed_and_allocated_again(kit):
+    """``_pending_free``, its free made by a launch of the freeing graph, then the allocating graph launched again
+    (the driver launches it only once the memory was freed): the buffer is allocated; (as _pending_free)."""
+    g, exe, buf, other, frees = _pending_free(kit)
+    frees.instantiate().launch(other)
+    other.synchronize()
+    exe.launch(kit.stream)
+    kit.stream.synchronize()
+    assert buf.allocated
+    return g, exe, buf, other, frees
+
+
 def _relaunched_and_freed(kit, exe, buf):
     """The allocating graph launched again (the driver does so only once the memory was freed): the buffer is
     allocated, filled again; then freed."""
@@ -88,12 +100,7 @@ def test_an_update_with_a_captured_graph_takes_its_pending_frees(kit):
 def test_closing_a_graph_allocation_during_a_global_capture_of_its_stream_is_refused(kit):
     """cuproc refuses the cuMemFree a global capture prohibits: the capture is not invalidated (its end hands
     out a graph), the buffer stays allocated, and closes afterwards."""
-    g, exe, buf, other, frees = _pending_free(kit)
-    freeing = frees.instantiate()
-    freeing.launch(other)
-    other.synchronize()
-    exe.launch(kit.stream)
-    kit.stream.synchronize()
+    g, exe, buf, other, frees = _freed_and_allocated_again(kit)
     with capture(kit.stream) as unrelated:
         with pytest.raises(CudaError) as info:
             buf.close()
@@ -109,16 +116,11 @@ def test_an_older_freeing_graph_let_go_leaves_a_newer_pending_free_pending(kit):
     second capture: dropping the first freeing graph leaves the buffer unusable (the second graph still frees
     the memory; the driver refuses the allocating graph's launch until it ran), and that launch frees it."""
     from cuproc.errors import ClosedResourceError
-    g, exe, buf, other, frees = _pending_free(kit)
-    freeing = frees.instantiate()
-    freeing.launch(other)
-    other.synchronize()
-    exe.launch(kit.stream)
-    kit.stream.synchronize()
+    g, exe, buf, other, frees = _freed_and_allocated_again(kit)
     third = Stream()
     with capture(third) as second:
         buf.free_async(third)
-    del frees, freeing
+    del frees
     gc.collect()
     assert not buf.allocated
     with pytest.raises(ClosedResourceError):
@@ -135,12 +137,7 @@ def test_an_older_freeing_graph_let_go_leaves_a_newer_pending_free_pending(kit):
 def test_a_free_node_added_by_hand_frees_a_graph_allocation(kit):
     """Graph.add_free(buffer): the hand-built graph's launch frees the memory (the driver then launches the
     allocating graph again, which it refuses while the memory is allocated)."""
-    g, exe, buf, other, frees = _pending_free(kit)
-    frees.instantiate().launch(other)                          # the captured free, made
-    other.synchronize()
-    exe.launch(kit.stream)                                     # allocated again
-    kit.stream.synchronize()
-    assert buf.allocated
+    g, exe, buf, other, frees = _freed_and_allocated_again(kit)
     by_hand = Graph()
     by_hand.add_free(buf)
     assert not buf.allocated

@@ -1813,12 +1813,7 @@ def test_an_older_freeing_graph_let_go_leaves_a_newer_pending_free_pending(kit):
     """One capture's free launched, the memory allocated again, then freed into a second capture: the first
     freeing graph, dropped now, must not make the buffer usable (the state is the second free's, and that
     graph's launch still frees the memory); the second, dropped unlaunched, does."""
-    g, exe, buf, other, frees = _pending_free(kit)
-    freeing = frees.instantiate()
-    freeing.launch(other)                                      # the first free made
-    other.synchronize()
-    exe.launch(kit.stream)                                     # allocated again
-    kit.stream.synchronize()
+    g, exe, buf, other, frees, freeing = _freed_and_allocated_again(kit)
     third = Stream()
     with cuproc.capture(third) as second:
         buf.free_async(third)
@@ -2008,12 +2003,7 @@ def test_an_older_pending_free_let_go_in_another_thread_never_undoes_a_newer_one
     import threading
     import time
     from cuproc import graph_nodes
-    g, exe, buf, other, frees = _pending_free(kit)
-    freeing = frees.instantiate()
-    freeing.launch(other)                                      # the older free made
-    other.synchronize()
-    exe.launch(kit.stream)                                     # allocated again
-    kit.stream.synchronize()
+    g, exe, buf, other, frees, freeing = _freed_and_allocated_again(kit)
 
     class Slow(dict):
         def get(self, key, default=None):
@@ -2050,12 +2040,7 @@ def test_two_freeing_graphs_of_one_allocation_launched_from_two_threads_free_it_
     of graph-memory launches are one step across executable graphs (one lock), so one frees and the other is
     refused before the driver (never a second free)."""
     import threading
-    g, exe, buf, other, frees = _pending_free(kit)
-    older = frees.instantiate()
-    older.launch(other)
-    other.synchronize()
-    exe.launch(kit.stream)
-    kit.stream.synchronize()
+    g, exe, buf, other, frees, older = _freed_and_allocated_again(kit)
     third = Stream()
     with cuproc.capture(third) as second:
         buf.free_async(third)
@@ -2094,12 +2079,7 @@ def test_a_collection_while_a_free_node_is_added_never_undoes_it(kit, monkeypatc
     (the collection triggered by making the new pending free) is no longer the newest by then: the buffer stays
     pending, the new graph's to free."""
     from cuproc import graph_nodes
-    g, exe, buf, other, frees = _pending_free(kit)
-    freeing = frees.instantiate()
-    freeing.launch(other)                                      # the older free made (its entry the newest)
-    other.synchronize()
-    exe.launch(kit.stream)                                     # allocated again
-    kit.stream.synchronize()
+    g, exe, buf, other, frees, freeing = _freed_and_allocated_again(kit)   # the older free's entry the newest
     frees.cycle = frees                                        # the older freeing graph ends by a collection only
     freeing.destroy()
     del frees, freeing
@@ -2295,6 +2275,20 @@ def _pending_free(kit):
         buf.free_async(other)
     assert not buf.allocated
     return g, exe, buf, other, frees
+
+
+def _freed_and_allocated_again(kit):
+    """``_pending_free``, its free made by a launch of the freeing graph, then the allocating graph launched again:
+    (the allocating graph, its executable graph, the buffer, the other stream, the freeing graph, its executable
+    graph); the buffer is allocated, and the freeing graph's pending free is the newest, committed."""
+    g, exe, buf, other, frees = _pending_free(kit)
+    freeing = frees.instantiate()
+    freeing.launch(other)                                      # the (older) free made
+    other.synchronize()
+    exe.launch(kit.stream)                                     # allocated again
+    kit.stream.synchronize()
+    assert buf.allocated
+    return g, exe, buf, other, frees, freeing
 
 
 def test_a_graph_that_frees_or_allocates_graph_memory_is_never_a_child_graph(kit):
