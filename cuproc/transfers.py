@@ -27,6 +27,7 @@ Policy
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Protocol
 
 from . import fastpath
@@ -34,7 +35,6 @@ from ._ffi import ffi
 from ._resource import EPOCH, FORKED, Resource
 from ._support import get_driver, handle_int, invalid
 from .allocation import Allocation
-from .arrays import CudaArray, MipmappedArray, copy_whole
 from .context import Context
 from .device_memory import DeviceBuffer, DeviceView, GlobalView, order_after
 from .driver import Driver
@@ -44,7 +44,15 @@ from .interop import LEGACY_STREAM, PER_THREAD_STREAM, DLPackArray, read_cai, wa
 from .stream import Stream, as_stream, stream_handle
 
 
-_ARRAYS = (CudaArray, MipmappedArray)   # what memory.copy gives to cuproc.arrays (a mipmapped one: refused there)
+def _arrays_of(dst: Any, src: Any) -> Any:
+    """cuproc.arrays, where ``dst`` or ``src`` is one of its arrays (what memory.copy gives to it: a mipmapped one
+    is refused there); else None.  The module is not imported for a copy: no array exists before it was (it
+    costs memory's import a few ms, and most programs make no array)."""
+    arrays = sys.modules.get("cuproc.arrays")
+    if arrays is None:
+        return None
+    kinds = (arrays.CudaArray, arrays.MipmappedArray)
+    return arrays if isinstance(dst, kinds) or isinstance(src, kinds) else None
 
 
 class _Side:
@@ -300,8 +308,9 @@ def copy(dst: Any, src: Any, nbytes: int | None = None, *, stream: Stream | Any 
     if stream is None and driver is None and isinstance(dst, Allocation) and isinstance(src, Allocation) \
             and _copied_between_allocations(dst, src, nbytes):
         return
-    if isinstance(dst, _ARRAYS) or isinstance(src, _ARRAYS):
-        copy_whole(dst, src, nbytes, stream=stream)
+    arrays = _arrays_of(dst, src)
+    if arrays is not None:
+        arrays.copy_whole(dst, src, nbytes, stream=stream)
         return
     d, s = _side(dst, "cuMemcpy", writable=True), _side(src, "cuMemcpy", writable=False)
     n = _checked_size("cuMemcpy", nbytes, d, s)

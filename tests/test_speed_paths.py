@@ -158,6 +158,17 @@ def test_a_first_allocation_imports_only_what_it_needs(fake):
                           "ctypes", "_ctypes"}
 
 
+def test_a_first_copy_imports_no_arrays_module(fake):
+    """memory.copy hands CUDA arrays to cuproc.arrays, but does not import it to ask: no array exists before that
+    module was imported (it and the header tables it reads are a few ms of memory's import)."""
+    code = ("import sys, numpy as np, cuproc; from cuproc import memory; pc = cuproc.use_device(0); "
+            "b = cuproc.DeviceBuffer(256); memory.copy(b, np.zeros(64, np.float32)); b.free(); "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('cuproc'))))")
+    out = run_python(code, env={**os.environ, "CUPROC_LIBCUDA": str(fake.path)})
+    modules = set(out.stdout.split())
+    assert "cuproc.transfers" in modules and "cuproc.arrays" not in modules
+
+
 def test_a_first_allocation_imports_none_of_the_slow_stdlib_modules(fake):
     """typing, re and enum together are a few ms of a fresh process's startup (issue 9): cuproc names
     types for checkers only and compiles its few patterns where they are used; collections, functools
