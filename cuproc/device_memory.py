@@ -44,7 +44,7 @@ from .allocation import EXPORTS, Allocation
 from .context import (Context, is_default_stream, pushing_failed, register_stream_ordered_memory,
                       synchronize_context)
 from .driver import DEFAULT_HANDLE, Driver
-from .errors import CudaError, result_code
+from .errors import CudaError, add_note, result_code
 from .interop import KDL_CUDA, DeviceArrayExports, cai, default_marker, typestr_of
 from .stream import Stream, as_stream, default_stream, foreign_context, stream_capturing, stream_handle
 
@@ -343,7 +343,9 @@ class DeviceBuffer(DeviceArrayExports, Allocation):
             _free_failed(ctx, rc, address, h, self, rebind=False)
 
 
-DeviceBuffer.copy_class = DeviceBuffer          # DLPack copies (interop.DeviceArrayExports), subclasses too
+# DLPack copies of every device allocation (interop.DeviceArrayExports: a DeviceBuffer, imported and mapped
+# memory too, whose classes import this module), set here once: interop sits below this module
+DeviceArrayExports.copy_class = DeviceBuffer
 
 
 def alloc_async(nbytes: int, stream: Stream | Any | None = None, *, pool: MemoryPool | None = None,
@@ -463,10 +465,7 @@ def _kept_if_captured(buffer: DeviceBuffer, stream: Any, err: CudaError) -> None
     note = (f"{buffer.describe()} was allocated outside the stream capture running on its stream: during a "
             "capture cuMemFreeAsync frees only memory allocated in the capture (a graph's); it was not freed and "
             "stays usable: free it after the capture (after the graph's last launch that uses it)")
-    if hasattr(err, "add_note"):
-        err.add_note(note)
-    else:  # pragma: no cover - Python 3.10
-        err.__notes__ = [*getattr(err, "__notes__", ()), note]  # type: ignore[attr-defined]
+    add_note(err, note)
 
 
 # With the fast path, ``alloc_async``, ``DeviceBuffer.free_async`` and ``DeviceBuffer.__del__`` are C

@@ -28,6 +28,15 @@ def result_code(name: str) -> int:
     return ffi.typeof("CUresult").relements[name]
 
 
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` (3.11+); on 3.10, which has no ``add_note``, the note is kept in ``__notes__`` all
+    the same (what traceback prints from 3.11 on, and what tests read)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # pragma: no cover - Python 3.10
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # type: ignore[attr-defined]
+
+
 # What to do, per error.  Keyed by name so the table reads like the driver documentation.
 _HINTS = {
     "CUDA_ERROR_NOT_INITIALIZED": "call cuInit(0) first (the object layer does this for you)",

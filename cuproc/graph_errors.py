@@ -16,7 +16,7 @@ Policy
 from __future__ import annotations
 
 from ._support import invalid
-from .errors import CudaError, result_code
+from .errors import CudaError, add_note, result_code
 
 #: The driver's answer to what cuda.h forbids a graph with memory alloc or free nodes (removing a node or an
 #: edge, a second executable graph; measured on driver 580)
@@ -57,14 +57,6 @@ def with_details(cls: type, base: CudaError, details: str, **attributes: Any) ->
     for key, value in attributes.items():
         setattr(err, key, value)
     return err
-
-
-def add_note(exc: BaseException, note: str) -> None:
-    """``exc.add_note(note)`` (3.11+); on 3.10 the note is kept in ``__notes__`` all the same."""
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
-    else:  # pragma: no cover - Python 3.10
-        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # type: ignore[attr-defined]
 
 
 def require_at_requested_version(driver: Driver, name: str) -> None:

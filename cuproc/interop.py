@@ -172,8 +172,8 @@ class DeviceArrayExports:
     shape: tuple[int, ...]
     typestr: str
     nbytes: int
-    #: What a copy (``__dlpack__(copy=True)``) is made in: ``copy_class(nbytes, context=...)``, set by the module
-    #: that defines the allocation (DeviceBuffer for all of them: an imported or mapped allocation's constructor
+    #: What a copy (``__dlpack__(copy=True)``) is made in: ``copy_class(nbytes, context=...)``, set once by
+    #: cuproc.device_memory (DeviceBuffer for every allocation: an imported or mapped allocation's constructor
     #: takes a handle or a reservation, not a size; this module sits below cuproc.device_memory).
     copy_class: Any = None
 

@@ -46,7 +46,7 @@ from .allocation import Allocation
 from .context import Context
 from .device_memory import DeviceBuffer, DeviceView
 from .driver import Driver
-from .errors import CudaError, InvalidContextError, refusal, result_code
+from .errors import CudaError, InvalidContextError, add_note, refusal, result_code
 from .interop import LinearDeviceExports
 from .pools import FABRIC_HANDLE_BYTES, HANDLE_TYPES, MemoryPool, shareable_error
 from .stream import Event
@@ -192,11 +192,11 @@ def _opened(drv: Driver, rc: int, call: str, what: str) -> CudaError:
     """The driver's refusal of an import, with what to check."""
     err = drv.error(rc, call)
     if rc == _INVALID_CONTEXT:
-        err.add_note(f"the driver answers this for {what} exported by this very process (bytes made elsewhere "
-                     f"than export_*, or a forked child): open it in another process")
+        add_note(err, f"the driver answers this for {what} exported by this very process (bytes made elsewhere "
+                      f"than export_*, or a forked child): open it in another process")
     else:
-        err.add_note(f"check that {what} came unchanged from export_* in a process that is still running and still "
-                     f"holds the exported object")
+        add_note(err, f"check that {what} came unchanged from export_* in a process that is still running and "
+                      f"still holds the exported object")
     return err
 
 
@@ -227,9 +227,6 @@ class _ImportedBuffer(LinearDeviceExports, Allocation):
     def view(self, dtype: Any, shape: tuple[int, ...] | int | None = None) -> DeviceView:
         """A typed, shaped view (it holds this memory)."""
         return DeviceView(self, dtype, shape)   # type: ignore[arg-type]
-
-
-_ImportedBuffer.copy_class = DeviceBuffer       # DLPack copies (interop.DeviceArrayExports)
 
 
 class IpcBuffer(_ImportedBuffer):
@@ -347,8 +344,8 @@ def import_pool(handle: int | bytes, *, driver: Driver | None = None) -> MemoryP
     rc = drv.cuMemPoolImportFromShareableHandle(out, os_handle, HANDLE_TYPES[kind], 0)
     if rc:
         err = shareable_error(drv, rc, call, kind)
-        err.add_note("the handle must be one that export_pool gave in another, running process (a pool is "
-                     "not imported into the process that made it: use the pool itself there)")
+        add_note(err, "the handle must be one that export_pool gave in another, running process (a pool is "
+                      "not imported into the process that made it: use the pool itself there)")
         raise err
     pool = MemoryPool(out[0], driver=drv, owned=True)
     pool.handle_type, pool.imported = kind, True

@@ -24,7 +24,7 @@ from ._resource import Resource
 from ._support import get_driver, handle_int, invalid
 from .device import Device
 from .driver import Driver
-from .errors import CudaError, InvalidValueError, refusal, result_code
+from .errors import CudaError, InvalidValueError, add_note, refusal, result_code
 
 #: CU_MEM_HANDLE_TYPE_* by cuproc's name: what pools and VMM memory (cuproc.virtual_memory) are shared by
 HANDLE_TYPES: dict[str | None, int] = {None: 0, "posix_fd": 1, "fabric": 8}
@@ -85,8 +85,8 @@ def shareable_error(drv: Driver, rc: int, call: str, handle_type: str | None) ->
     process needs an IMEX channel: CUDA_ERROR_NOT_PERMITTED otherwise, as cuMemCreate documents)."""
     err = drv.error(rc, call)
     if handle_type == "fabric" and rc == _NOT_PERMITTED:
-        err.add_note("fabric handles need an IMEX channel this user may open (/dev/nvidia-caps-imex-channels/"
-                     "channel*), the same one in the exporting and the importing process")
+        add_note(err, "fabric handles need an IMEX channel this user may open (/dev/nvidia-caps-imex-channels/"
+                      "channel*), the same one in the exporting and the importing process")
     return err
 
 
@@ -141,8 +141,7 @@ class MemoryPool(Resource):
                 pool._claim("left undestroyed: its fabric export failed")
                 note = (f"{pool.describe()} was left undestroyed: its fabric export failed, and destroying such a "
                         "pool aborted the process on driver 580")
-                if hasattr(exc, "add_note"):
-                    exc.add_note(note)
+                add_note(exc, note)
             else:
                 pool.close()
             raise

@@ -48,9 +48,9 @@ from ._support import get_driver, invalid
 from .allocation import Allocation
 from .context import Context, synchronize_context
 from .device import Device
-from .device_memory import DeviceBuffer, DeviceView
+from .device_memory import DeviceView
 from .driver import Driver
-from .errors import CudaError, InvalidValueError, refusal
+from .errors import CudaError, InvalidValueError, add_note, refusal
 from .interop import LinearDeviceExports
 from .pools import FABRIC_HANDLE_BYTES, HANDLE_TYPES, shareable_error, shareable_handle_type
 
@@ -223,8 +223,8 @@ class PhysicalMemory(Resource):
         if rc:
             err = shareable_error(drv, rc, call, handle_type)
             method = "export_fd" if handle_type == "posix_fd" else "export_fabric"
-            err.add_note(f"the handle must be one that cuMemExportToShareableHandle gave (PhysicalMemory.{method}) "
-                         f"for memory made with handle_type={handle_type!r}, its memory not yet released")
+            add_note(err, f"the handle must be one that cuMemExportToShareableHandle gave (PhysicalMemory.{method}) "
+                          f"for memory made with handle_type={handle_type!r}, its memory not yet released")
             raise err
         mem = cls.__new__(cls)
         prop = ffi.new("CUmemAllocationProp *")
@@ -398,9 +398,6 @@ class _VirtualDeviceMemory(LinearDeviceExports, Allocation):
         if FORKED[0] or self._gone_with_parent():
             return 0
         return self._release()
-
-
-_VirtualDeviceMemory.copy_class = DeviceBuffer       # DLPack copies (interop.DeviceArrayExports)
 
 
 class Mapping(_VirtualDeviceMemory):
