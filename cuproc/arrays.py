@@ -612,3 +612,7 @@ def copy_whole(dst: Any, src: Any, nbytes: int | None = None, *, stream: Stream 
 
 __all__ = ["CUBEMAP", "FORMATS", "LAYERED", "STRUCT_PARAMETERS", "SURFACE_LDST", "TEXTURE_GATHER", "CudaArray",
            "MipmappedArray", "copy", "copy_whole", "descriptor_type", "dtype_name", "struct_name"]
+
+#: What memory.copy hands to this module (a mipmapped array: refused in copy_whole).  The module's last line:
+#: cuproc.transfers reads it from sys.modules, where a module another thread is still importing lacks it.
+COPY_KINDS = (CudaArray, MipmappedArray)

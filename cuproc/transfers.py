@@ -44,15 +44,18 @@ from .interop import LEGACY_STREAM, PER_THREAD_STREAM, DLPackArray, read_cai, wa
 from .stream import Stream, as_stream, stream_handle
 
 
+_ARRAYS_MODULE = __name__.rpartition(".")[0] + ".arrays"    # cuproc.arrays, under whatever name cuproc has
+
+
 def _arrays_of(dst: Any, src: Any) -> Any:
     """cuproc.arrays, where ``dst`` or ``src`` is one of its arrays (what memory.copy gives to it: a mipmapped one
     is refused there); else None.  The module is not imported for a copy: no array exists before it was (it
-    costs memory's import a few ms, and most programs make no array)."""
-    arrays = sys.modules.get("cuproc.arrays")
-    if arrays is None:
+    costs memory's import a few ms, and most programs make no array).  Its COPY_KINDS, set by its last line, is
+    what is read: a module another thread is still importing does not have it yet (and has no array yet)."""
+    kinds = getattr(sys.modules.get(_ARRAYS_MODULE), "COPY_KINDS", None)
+    if kinds is None or not (isinstance(dst, kinds) or isinstance(src, kinds)):
         return None
-    kinds = (arrays.CudaArray, arrays.MipmappedArray)
-    return arrays if isinstance(dst, kinds) or isinstance(src, kinds) else None
+    return sys.modules[_ARRAYS_MODULE]
 
 
 class _Side:

@@ -169,6 +169,18 @@ def test_a_first_copy_imports_no_arrays_module(fake):
     assert "cuproc.transfers" in modules and "cuproc.arrays" not in modules
 
 
+def test_a_copy_during_another_threads_first_import_of_arrays_copies(fake):
+    """While another thread is still importing cuproc.arrays, sys.modules holds the module half made: a copy that
+    asks whether a side is an array copies as ever (no array exists yet).  The half-made module is stood for by
+    an empty one under the same name."""
+    code = ("import sys, types, numpy as np, cuproc; from cuproc import memory; pc = cuproc.use_device(0); "
+            "sys.modules['cuproc.arrays'] = types.ModuleType('cuproc.arrays'); "
+            "b = cuproc.DeviceBuffer(256); memory.copy(b, np.arange(64, dtype=np.float32)); "
+            "out = np.zeros(64, np.float32); memory.copy(out, b); b.free(); print(int(out.sum()))")
+    out = run_python(code, env={**os.environ, "CUPROC_LIBCUDA": str(fake.path)})
+    assert out.stdout.strip() == str(sum(range(64)))
+
+
 def test_a_first_allocation_imports_none_of_the_slow_stdlib_modules(fake):
     """typing, re and enum together are a few ms of a fresh process's startup (issue 9): cuproc names
     types for checkers only and compiles its few patterns where they are used; collections, functools
